@@ -1,0 +1,25 @@
+"""Transformer encoder-decoder, as the replaced system trained it.
+
+Variants: `configs/transformer.py` (default) and `configs/transformer.py:tiny`
+(a few synthetic series and a small model, for tests and the offline demo).
+"""
+
+from cpbjax import config as config_lib
+
+
+def get_config(arg=None):
+    c = config_lib.base_config()
+    c.model.name = "transformer"
+    c.model.d_model = 128  # Width of every attention and residual stream.
+    c.model.num_heads = 8  # Attention heads; d_model must divide by it.
+    c.model.num_encoder_layers = 2  # Post-LN encoder layers.
+    c.model.num_decoder_layers = 2  # Post-LN decoder layers.
+    c.model.ff_dim = 512  # Feed-forward width (GELU).
+    c.model.dropout = 0.1  # Dropout inside attention and feed-forward blocks.
+    c.train.optimizer = "adamw"
+    c.train.learning_rate = 1e-3
+    c.train.weight_decay = 1e-2
+    c.train.batch_size = 128
+    c.train.epochs = 50
+    c.train.patience = 10
+    return config_lib.apply_variant(c, arg)

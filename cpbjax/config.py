@@ -1,0 +1,307 @@
+"""The config schema shared by every configs/*.py file, and its validation.
+
+`base_config()` returns every field with the default of the system being
+replaced; the files in configs/ pick a model and adjust a few values.
+`validate()` checks the whole config before anything downloads or compiles,
+and raises `ConfigError` naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+from typing import Any
+
+import ml_collections
+
+DEFAULT_SYMBOLS = (
+    "BTCUSDT", "ETHUSDT", "BNBUSDT", "XRPUSDT", "LTCUSDT", "ADAUSDT", "SOLUSDT",
+    "DOGEUSDT", "AVAXUSDT", "LINKUSDT", "UNIUSDT", "ATOMUSDT", "NEARUSDT", "DYDXUSDT",
+    "ARBUSDT", "OPUSDT", "PEPEUSDT", "INJUSDT", "SHIBUSDT", "LUNAUSDT",
+)  # fmt: skip
+DEFAULT_INTERVALS = ("15m", "1h")
+
+# Interval name -> length in milliseconds (the Binance Vision names).
+INTERVAL_MS = {
+    "1m": 60_000, "3m": 180_000, "5m": 300_000, "15m": 900_000, "30m": 1_800_000,
+    "1h": 3_600_000, "2h": 7_200_000, "4h": 14_400_000, "6h": 21_600_000,
+    "8h": 28_800_000, "12h": 43_200_000, "1d": 86_400_000,
+}  # fmt: skip
+
+SOURCES = ("binance", "local", "synthetic")
+MODELS = ("transformer", "gru", "lstm")
+FEATURES = (
+    "open", "high", "low", "close", "volume", "log_return", "rsi", "macd", "macd_signal",
+    "roc", "bb_upper", "bb_lower", "bb_width", "bb_position", "volatility", "atr",
+    "volume_norm",
+)  # fmt: skip
+_SYMBOL_RE = re.compile(r"^[A-Z0-9]{2,20}$")
+
+
+class ConfigError(ValueError):
+    """A config value that is not allowed; the message names field, value and rule."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every field of a cpbjax run, with the defaults of the replaced system."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # Root PRNG seed; each coin gets its own stream folded from it.
+    c.platform = "auto"  # cpu | gpu | tpu | auto. `gpu` without a usable GPU is an error.
+    c.matmul_precision = "default"  # highest | high | default (JAX's counterpart of TF32).
+    c.dtype = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
+
+    c.data = d = ml_collections.ConfigDict()
+    d.source = "binance"  # binance | local | synthetic (see cpbjax/data/sources.py).
+    d.symbols = DEFAULT_SYMBOLS  # Binance spot symbols, a tuple.
+    d.intervals = DEFAULT_INTERVALS  # Kline intervals, a tuple.
+    d.base_url = "https://data.binance.vision"  # Host, local mirror dir or file:// URL.
+    d.local_dir = ""  # `local` source: folder of <SYMBOL>-<INTERVAL>.csv/.parquet files.
+    d.cache_dir = "~/.cache/cpbjax"  # Where verified downloads are kept.
+    d.months = 12  # Newest monthly files per series.
+    d.end = ""  # Last month to use, YYYY-MM; "" = the last complete month.
+    d.include_daily = False  # Also fetch the current month's daily files.
+    d.max_candles = 5000  # Keep the newest this many candles of each series.
+    d.min_candles = 5000  # Skip a series with fewer usable candles than this.
+    d.bad_rows = "skip_series"  # skip_series | drop_rows: what invalid candles do.
+    d.features = ("open", "high", "low", "close")  # Model inputs (FEATURES).
+    d.lookback = 30  # Input candles per window (L).
+    d.horizon = 10  # Forecast candles per window (H); targets are OHLC.
+    d.splits = (0.70, 0.15, 0.15)  # Chronological train / val / test fractions.
+    d.normalization = "last_close"  # last_close | zscore | candle_minmax (lossy, legacy).
+    d.download_workers = 8  # Parallel downloads.
+    d.timeout_seconds = 30.0  # Per-request timeout.
+    d.retries = 5  # Retries per request (connection errors, 429, 5xx).
+    d.synthetic_candles = 6000  # `synthetic` source: candles generated per series.
+
+    c.model = m = ml_collections.ConfigDict()
+    m.name = "transformer"  # transformer | gru | lstm (see cpbjax/models/__init__.py).
+    m.decoding = "autoregressive"  # autoregressive | direct.
+
+    c.train = t = ml_collections.ConfigDict()
+    t.optimizer = "adamw"  # adam | adamw.
+    t.learning_rate = 1e-3  # Peak learning rate.
+    t.weight_decay = 1e-2  # AdamW decoupled decay, or Adam's L2 term.
+    t.batch_size = 128  # Windows per step per coin.
+    t.epochs = 50  # Maximum epochs.
+    t.patience = 10  # Early stopping: epochs without val improvement.
+    t.min_delta = 0.0  # Improvement below this does not reset patience.
+    t.grad_clip = 1.0  # Global-norm gradient clipping.
+    t.warmup_fraction = 0.05  # Share of all steps spent in linear warmup.
+    t.warmup_init_factor = 0.01  # Warmup starts at this x learning_rate.
+    t.final_lr_factor = 0.01  # Cosine decay ends at this x learning_rate.
+    t.reduce_on_plateau = False  # Also halve the lr after a plateau of val loss.
+    t.plateau_factor = 0.5  # Reduce-on-plateau multiplier.
+    t.plateau_patience = 8  # Reduce-on-plateau patience, in epochs.
+    t.teacher_forcing = 0.5  # Per-step probability of feeding the true candle.
+    t.group_size = 0  # Coins per compiled program; 0 = all series of one shape.
+
+    c.ckpt = k = ml_collections.ConfigDict()
+    k.every_epochs = 5  # Save the full group train state this often.
+    k.keep = 2  # Checkpoints kept per group.
+
+    c.eval = e = ml_collections.ConfigDict()
+    e.save_forecasts = False  # Write forecasts/<SERIES>.npz of every test window.
+    e.plots = True  # Write PNG plots under <workdir>/plots/.
+    e.plot_windows = 3  # Test windows drawn per series.
+
+    c.predict = p = ml_collections.ConfigDict()
+    p.symbols = ()  # --mode predict: symbols to forecast; () = all with a model.
+    p.intervals = ()  # --mode predict: intervals; () = all with a model.
+
+    c.logging = g = ml_collections.ConfigDict()
+    g.progress = "auto"  # auto | rich | plain: live progress on a TTY, log lines elsewhere.
+    g.tensorboard = False  # Also write TensorBoard event files under <workdir>/tb/.
+    return c
+
+
+def load(path_and_arg: str) -> ml_collections.ConfigDict:
+    """Loads `configs/x.py[:arg]` the way config_flags does, for tests and notebooks."""
+    path, _, arg = path_and_arg.partition(":")
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
+def _fail(field: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"config.{field}={value!r} is not allowed: expected {allowed}")
+
+
+def _check(ok: bool, field: str, value: Any, allowed: str) -> None:
+    if not ok:
+        _fail(field, value, allowed)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int_range(c, field: str, lo: int, hi: int | None = None) -> None:
+    v = _get(c, field)
+    ok = _is_int(v) and v >= lo and (hi is None or v <= hi)
+    _check(ok, field, v, f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+
+
+def _num_range(c, field: str, lo: float, hi: float, lo_open=False, hi_open=False) -> None:
+    v = _get(c, field)
+    ok = _is_num(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    lb = f"{'>' if lo_open else '>='} {lo}"
+    ub = f"{'<' if hi_open else '<='} {hi}"
+    _check(ok, field, v, f"a number {lb} and {ub}")
+
+
+def _choice(c, field: str, allowed) -> None:
+    v = _get(c, field)
+    _check(v in allowed, field, v, "one of " + ", ".join(map(str, allowed)))
+
+
+def _get(c, field: str):
+    for part in field.split("."):
+        c = c[part]
+    return c
+
+
+def _validate_top(c) -> None:
+    _int_range(c, "seed", 0)
+    _choice(c, "platform", ("cpu", "gpu", "tpu", "auto"))
+    _choice(c, "matmul_precision", ("highest", "high", "default"))
+    _choice(c, "dtype", ("float32", "bfloat16"))
+
+
+def _validate_data(c) -> None:
+    d = c.data
+    _choice(c, "data.source", SOURCES)
+    for field, names, check, allowed in (
+        ("data.symbols", d.symbols, _SYMBOL_RE.match, "Binance symbols like BTCUSDT"),
+        ("data.intervals", d.intervals, INTERVAL_MS.__contains__, ", ".join(INTERVAL_MS)),
+        ("data.features", d.features, FEATURES.__contains__, ", ".join(FEATURES)),
+    ):
+        _check(isinstance(names, (tuple, list)) and len(names) > 0, field, names, "a non-empty tuple")
+        for name in names:
+            _check(isinstance(name, str) and bool(check(name)), field, name, allowed)
+        _check(len(set(names)) == len(names), field, names, "no repeated entries")
+    _check(isinstance(d.base_url, str) and bool(d.base_url), "data.base_url", d.base_url,
+           "an http(s):// URL, a file:// URL or a directory")  # fmt: skip
+    if d.source == "local":
+        _check(os.path.isdir(os.path.expanduser(d.local_dir)), "data.local_dir", d.local_dir,
+               "an existing directory when data.source='local'")  # fmt: skip
+    _int_range(c, "data.months", 1, 120)
+    _check(d.end == "" or re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", d.end) is not None,
+           "data.end", d.end, "'' or a month as YYYY-MM")  # fmt: skip
+    _int_range(c, "data.lookback", 1, 4096)
+    _int_range(c, "data.horizon", 1, 1024)
+    _int_range(c, "data.max_candles", 1)
+    _int_range(c, "data.min_candles", 1)
+    _check(d.min_candles <= d.max_candles, "data.min_candles", d.min_candles,
+           f"<= data.max_candles ({d.max_candles})")  # fmt: skip
+    _choice(c, "data.bad_rows", ("skip_series", "drop_rows"))
+    _choice(c, "data.normalization", ("last_close", "zscore", "candle_minmax"))
+    splits = d.splits
+    ok = (isinstance(splits, (tuple, list)) and len(splits) == 3
+          and all(_is_num(s) and s > 0 for s in splits) and abs(sum(splits) - 1) < 1e-6)  # fmt: skip
+    _check(ok, "data.splits", splits, "three positive fractions (train, val, test) summing to 1")
+    _int_range(c, "data.download_workers", 1, 64)
+    _num_range(c, "data.timeout_seconds", 0, 600, lo_open=True)
+    _int_range(c, "data.retries", 0, 20)
+    _int_range(c, "data.synthetic_candles", 1)
+    _check(tuple(d.features[:4]) == ("open", "high", "low", "close"), "data.features",
+           d.features, "a tuple starting with open, high, low, close (the targets)")  # fmt: skip
+
+
+def _validate_model(c) -> None:
+    m = c.model
+    _choice(c, "model.name", MODELS)
+    _choice(c, "model.decoding", ("autoregressive", "direct"))
+    for field in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers",
+                  "ff_dim", "hidden", "num_layers", "attention_heads"):  # fmt: skip
+        if field in m:
+            _int_range(c, f"model.{field}", 1, 65536)
+    if "dropout" in m:
+        _num_range(c, "model.dropout", 0, 1, hi_open=True)
+    if "d_model" in m and "num_heads" in m:
+        _check(m.d_model % m.num_heads == 0, "model.d_model", m.d_model,
+               f"a multiple of model.num_heads ({m.num_heads})")  # fmt: skip
+    if "hidden" in m and "attention_heads" in m:
+        _check(m.hidden % m.attention_heads == 0, "model.hidden", m.hidden,
+               f"a multiple of model.attention_heads ({m.attention_heads})")  # fmt: skip
+
+
+def _validate_train(c) -> None:
+    t = c.train
+    _choice(c, "train.optimizer", ("adam", "adamw"))
+    _num_range(c, "train.learning_rate", 0, 10, lo_open=True)
+    _num_range(c, "train.weight_decay", 0, 1)
+    _int_range(c, "train.batch_size", 1, 65536)
+    _int_range(c, "train.epochs", 1, 100_000)
+    _int_range(c, "train.patience", 1)
+    _num_range(c, "train.min_delta", 0, 1e6)
+    _num_range(c, "train.grad_clip", 0, 1e6, lo_open=True)
+    _num_range(c, "train.warmup_fraction", 0, 1, hi_open=True)
+    _num_range(c, "train.warmup_init_factor", 0, 1)
+    _num_range(c, "train.final_lr_factor", 0, 1)
+    _num_range(c, "train.plateau_factor", 0, 1, lo_open=True, hi_open=True)
+    _int_range(c, "train.plateau_patience", 1)
+    _num_range(c, "train.teacher_forcing", 0, 1)
+    _int_range(c, "train.group_size", 0)
+    _check(isinstance(t.reduce_on_plateau, bool), "train.reduce_on_plateau",
+           t.reduce_on_plateau, "True or False")  # fmt: skip
+
+
+def _validate_rest(c) -> None:
+    _int_range(c, "ckpt.every_epochs", 1)
+    _int_range(c, "ckpt.keep", 1)
+    _check(isinstance(c.eval.save_forecasts, bool), "eval.save_forecasts",
+           c.eval.save_forecasts, "True or False")  # fmt: skip
+    _int_range(c, "eval.plot_windows", 0, 100)
+    for name in c.predict.symbols:
+        _check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
+    for name in c.predict.intervals:
+        _check(name in INTERVAL_MS, "predict.intervals", name, ", ".join(INTERVAL_MS))
+    _choice(c, "logging.progress", ("auto", "rich", "plain"))
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Checks every field; raises ConfigError on the first bad one. Returns config."""
+    _validate_top(config)
+    _validate_data(config)
+    _validate_model(config)
+    _validate_train(config)
+    _validate_rest(config)
+    return config
+
+
+# Model-width fields that the `tiny` variant shrinks, with their tiny values.
+_TINY_MODEL = {"d_model": 32, "num_heads": 4, "ff_dim": 64, "hidden": 32, "attention_heads": 4}
+
+
+def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+    """Applies a named variant: None (the default run) or `tiny`.
+
+    `tiny` is the offline demo and the tests' config: synthetic data for a few
+    symbols at both intervals, small models and few epochs, so a run finishes
+    in seconds to minutes on a 2-core CPU.
+    """
+    if arg in (None, ""):
+        return c
+    if arg != "tiny":
+        raise ConfigError(f"config variant {arg!r} is not allowed: expected '' or 'tiny'")
+    c.data.source = "synthetic"
+    c.data.symbols = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
+    c.data.max_candles = 1200
+    c.data.min_candles = 600
+    c.data.synthetic_candles = 1400
+    for field, value in _TINY_MODEL.items():
+        if field in c.model:
+            c.model[field] = value
+    c.train.batch_size = 32
+    c.train.epochs = 3
+    c.train.patience = 2
+    c.ckpt.every_epochs = 1
+    c.eval.plot_windows = 1
+    return c
