@@ -182,7 +182,9 @@ def _validate_data(c) -> None:
         ("data.intervals", d.intervals, INTERVAL_MS.__contains__, ", ".join(INTERVAL_MS)),
         ("data.features", d.features, FEATURES.__contains__, ", ".join(FEATURES)),
     ):
-        _check(isinstance(names, (tuple, list)) and len(names) > 0, field, names, "a non-empty tuple")
+        _check(
+            isinstance(names, (tuple, list)) and len(names) > 0, field, names, "a non-empty tuple"
+        )
         for name in names:
             _check(isinstance(name, str) and bool(check(name)), field, name, allowed)
         _check(len(set(names)) == len(names), field, names, "no repeated entries")

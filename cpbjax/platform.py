@@ -1,0 +1,49 @@
+"""Backend choice, matmul precision and device logging, checked before any compile."""
+
+from __future__ import annotations
+
+import jax
+from absl import logging
+
+_BACKENDS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
+
+
+class PlatformError(RuntimeError):
+    """The requested platform is not usable here; never fall back silently."""
+
+
+def configure(config) -> str:
+    """Applies config.platform and config.matmul_precision; returns the backend used.
+
+    Raises:
+      PlatformError: `gpu` or `tpu` asked for on a machine that has none. The
+        replaced system silently fell back to the CPU, which cost users hours.
+    """
+    jax.config.update("jax_default_matmul_precision", config.matmul_precision)
+    if config.platform == "auto":
+        backend = jax.default_backend()
+        logging.info("platform=auto chose backend %r", backend)
+        return backend
+    # Restrict JAX to the asked backend BEFORE it initialises any, so a missing GPU
+    # is an error here rather than a silent CPU run.
+    jax.config.update("jax_platforms", _BACKENDS[config.platform])
+    try:
+        jax.devices()
+    except Exception:  # noqa: BLE001 (jax raises RuntimeError or AssertionError here)
+        raise PlatformError(
+            f"config.platform={config.platform!r} but JAX finds no usable "
+            f"{config.platform.upper()} on this machine. On a GPU machine install "
+            '`pip install -e ".[cuda12]"`; otherwise use --config.platform=cpu or auto.'
+        ) from None
+    return config.platform
+
+
+def describe_devices() -> dict:
+    """JSON-ready facts about the devices JAX will use."""
+    devices = jax.devices()
+    return {
+        "backend": jax.default_backend(),
+        "device_count": len(devices),
+        "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in devices],
+        "jax": jax.__version__,
+    }

@@ -1,0 +1,75 @@
+"""Entry point: flags, workdir, device log, then one call into the cpbjax package.
+
+python launch.py --config configs/transformer.py [--config.train.learning_rate=3e-4]
+    [--workdir runs/my-run] [--mode train|evaluate|predict]
+"""
+
+import os
+import re
+import sys
+import time
+
+# One XLA host device per core, set before jax is imported, so the coin axis can be
+# sharded over the CPU cores (measured +30-40% throughput on a 2-core machine).
+# A user's own XLA_FLAGS win.
+if "XLA_FLAGS" not in os.environ:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from cpbjax import config as config_lib  # noqa: E402
+from cpbjax import platform  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "evaluate", "predict"], "What to run.")
+flags.mark_flags_as_required(["config"])
+
+
+def _parse_flags(argv):
+    """absl parsing, but an unknown or mistyped config key exits 2 with one clear line."""
+    try:
+        return flags.FLAGS(argv)
+    except (AttributeError, KeyError) as e:
+        # ml_collections reports only the last path component, e.g. "'lr_typo'".
+        key = re.findall(r"'([^']+)'", str(e))
+        given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+        print(f"error: unknown config key {key[-1] if key else e!s} (given: {given})",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    except (TypeError, ValueError, flags.Error) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    try:
+        config_lib.validate(config)
+        platform.configure(config)
+    except (config_lib.ConfigError, platform.PlatformError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if _MODE.value != "train" and not _WORKDIR.value:
+        print(f"error: --mode {_MODE.value} needs --workdir of a trained run", file=sys.stderr)
+        sys.exit(2)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    workdir = _WORKDIR.value or os.path.join("runs", f"{config.model.name}-{stamp}")
+    logging.info("cpbjax %s: workdir %s, devices %s", _MODE.value, workdir,
+                 platform.describe_devices())  # fmt: skip
+
+    if _MODE.value == "train":
+        from cpbjax import train
+
+        train.train_and_evaluate(config, workdir)
+    else:
+        from cpbjax import predict
+
+        run = predict.run_evaluate if _MODE.value == "evaluate" else predict.run_predict
+        run(config, workdir)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,143 @@
+"""Tests for the config files, the tiny variant, overrides and every validation rule."""
+
+import pytest
+
+from cpbjax import config as config_lib
+
+CONFIGS = ("configs/transformer.py", "configs/gru.py", "configs/lstm.py")
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+@pytest.mark.parametrize("variant", ["", ":tiny"])
+def test_configs_load_and_validate(path, variant):
+    config = config_lib.load(path + variant)
+    assert config_lib.validate(config) is config
+
+
+def test_defaults_reproduce_the_replaced_system():
+    t, g, m = (config_lib.load(p) for p in CONFIGS)
+    assert (t.model.d_model, t.model.num_heads, t.model.ff_dim) == (128, 8, 512)
+    assert (t.model.num_encoder_layers, t.model.num_decoder_layers) == (2, 2)
+    assert (t.train.optimizer, t.train.batch_size, t.train.epochs, t.train.patience) == (
+        "adamw", 128, 50, 10)  # fmt: skip
+    assert (g.model.hidden, g.model.num_layers, g.model.dropout) == (128, 2, 0.3)
+    assert (g.train.optimizer, g.train.batch_size, g.train.epochs, g.train.patience) == (
+        "adam", 64, 100, 15)  # fmt: skip
+    assert (m.model.hidden, m.model.attention_heads, m.train.weight_decay) == (256, 4, 1e-5)
+    assert (m.train.batch_size, m.train.epochs, m.train.patience) == (32, 200, 20)
+    for c in (t, g, m):
+        assert len(c.data.symbols) == 20 and c.data.intervals == ("15m", "1h")
+        assert (c.data.lookback, c.data.horizon, c.data.months) == (30, 10, 12)
+        assert (c.data.max_candles, c.train.grad_clip, c.seed) == (5000, 1.0, 0)
+        assert c.data.features == ("open", "high", "low", "close")
+        assert c.train.learning_rate == 1e-3
+
+
+def test_tiny_variant_is_offline_and_small():
+    c = config_lib.load("configs/lstm.py:tiny")
+    assert c.data.source == "synthetic"
+    assert c.model.hidden == 32 and c.train.epochs <= 3
+
+
+def test_unknown_variant_is_rejected():
+    with pytest.raises(config_lib.ConfigError, match="huge"):
+        config_lib.load("configs/gru.py:huge")
+
+
+def test_locked_config_rejects_unknown_keys():
+    c = config_lib.load("configs/gru.py")
+    c.lock()
+    with pytest.raises(AttributeError, match="lr_typo"):
+        c.train.lr_typo = 1
+
+
+# (field, bad value, fragment of the message). Each is one validation rule.
+BAD_VALUES = [
+    ("seed", -1, "integer >= 0"),
+    ("platform", "quantum", "one of cpu"),
+    ("matmul_precision", "fastest", "one of highest"),
+    ("dtype", "float16", "one of float32"),
+    ("data.source", "kraken", "one of binance"),
+    ("data.symbols", ("btc-usd",), "Binance symbols"),
+    ("data.symbols", (), "non-empty"),
+    ("data.symbols", ("BTCUSDT", "BTCUSDT"), "no repeated"),
+    ("data.intervals", ("7m",), "15m"),
+    ("data.features", ("open", "high", "low", "close", "sentiment"), "rsi"),
+    ("data.features", ("close", "open", "high", "low"), "starting with open"),
+    ("data.base_url", "", "URL"),
+    ("data.months", 0, "integer >= 1"),
+    ("data.end", "2024-13", "YYYY-MM"),
+    ("data.lookback", 0, "integer >= 1"),
+    ("data.horizon", 0, "integer >= 1"),
+    ("data.max_candles", 0, "integer >= 1"),
+    ("data.min_candles", 9000, "<= data.max_candles"),
+    ("data.bad_rows", "ignore", "skip_series"),
+    ("data.normalization", "minmax", "last_close"),
+    ("data.splits", (0.8, 0.15, 0.15), "summing to 1"),
+    ("data.splits", (1.0, 0.0, 0.0), "three positive"),
+    ("data.download_workers", 0, "integer >= 1"),
+    ("data.timeout_seconds", 0.0, "> 0"),
+    ("data.retries", -1, "integer >= 0"),
+    ("data.synthetic_candles", 0, "integer >= 1"),
+    ("model.name", "mamba", "one of transformer"),
+    ("model.decoding", "beam", "autoregressive"),
+    ("model.d_model", 100, "multiple of model.num_heads"),
+    ("model.dropout", 1.0, "< 1"),
+    ("model.num_heads", 0, "integer >= 1"),
+    ("train.optimizer", "sgd", "one of adam"),
+    ("train.learning_rate", -1.0, "> 0"),
+    ("train.learning_rate", 0.0, "> 0"),
+    ("train.weight_decay", -0.1, ">= 0"),
+    ("train.batch_size", 0, "integer >= 1"),
+    ("train.epochs", 0, "integer >= 1"),
+    ("train.patience", 0, "integer >= 1"),
+    ("train.grad_clip", 0.0, "> 0"),
+    ("train.warmup_fraction", 1.0, "< 1"),
+    ("train.warmup_init_factor", 2.0, "<= 1"),
+    ("train.final_lr_factor", -0.5, ">= 0"),
+    ("train.plateau_factor", 1.0, "< 1"),
+    ("train.plateau_patience", 0, "integer >= 1"),
+    ("train.teacher_forcing", 1.5, "<= 1"),
+    ("train.group_size", -2, "integer >= 0"),
+    ("train.reduce_on_plateau", 1, "True or False"),
+    ("ckpt.every_epochs", 0, "integer >= 1"),
+    ("ckpt.keep", 0, "integer >= 1"),
+    ("eval.save_forecasts", "yes", "True or False"),
+    ("eval.plot_windows", -1, "integer >= 0"),
+    ("predict.symbols", ("eth",), "Binance symbols"),
+    ("predict.intervals", ("2m",), "15m"),
+    ("logging.progress", "fancy", "one of auto"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "allowed"), BAD_VALUES)
+def test_each_rule_names_field_value_and_rule(field, value, allowed):
+    config = config_lib.load("configs/transformer.py")
+    parent = config
+    *path, leaf = field.split(".")
+    for part in path:
+        parent = parent[part]
+    with parent.ignore_type():
+        parent[leaf] = value
+    with pytest.raises(config_lib.ConfigError) as info:
+        config_lib.validate(config)
+    message = str(info.value)
+    assert f"config.{field}=" in message or f"config.{field.rsplit('.', 1)[0]}" in message
+    assert allowed in message
+
+
+def test_rnn_attention_heads_must_divide_hidden():
+    config = config_lib.load("configs/lstm.py")
+    config.model.hidden = 250
+    with pytest.raises(config_lib.ConfigError, match="model.hidden=250"):
+        config_lib.validate(config)
+
+
+def test_local_source_needs_an_existing_directory(tmp_path):
+    config = config_lib.load("configs/gru.py")
+    config.data.source = "local"
+    config.data.local_dir = str(tmp_path / "missing")
+    with pytest.raises(config_lib.ConfigError, match="data.local_dir"):
+        config_lib.validate(config)
+    config.data.local_dir = str(tmp_path)
+    config_lib.validate(config)
