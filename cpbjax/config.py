@@ -278,32 +278,34 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
-# Model-width fields that the `tiny` variant shrinks, with their tiny values.
+# Model widths (and heads) of the `tiny` variant; `demo` uses twice each.
 _TINY_MODEL = {"d_model": 32, "num_heads": 4, "ff_dim": 64, "hidden": 32, "attention_heads": 4}
 
 
 def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-    """Applies a named variant: None (the default run) or `tiny`.
+    """Applies a named variant: None (the default run), `demo` or `tiny`.
 
-    `tiny` is the offline demo and the tests' config: synthetic data for a few
-    symbols at both intervals, small models and few epochs, so a run finishes
-    in seconds to minutes on a 2-core CPU.
+    `demo` is the README's offline run: all 40 default series from the synthetic
+    source, with smaller models and fewer epochs, so every stage runs in a few
+    minutes on a 2-core CPU. `tiny` is what the tests run: 8 synthetic series,
+    very small models, 3 epochs.
     """
     if arg in (None, ""):
         return c
-    if arg != "tiny":
-        raise ConfigError(f"config variant {arg!r} is not allowed: expected '' or 'tiny'")
+    if arg not in ("demo", "tiny"):
+        raise ConfigError(f"config variant {arg!r} is not allowed: expected '', 'demo' or 'tiny'")
     c.data.source = "synthetic"
-    c.data.symbols = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
-    c.data.max_candles = 1200
-    c.data.min_candles = 600
-    c.data.synthetic_candles = 1400
+    c.data.max_candles = 3000 if arg == "demo" else 1200
+    c.data.min_candles = c.data.max_candles // 2
+    c.data.synthetic_candles = c.data.max_candles + 200
+    c.train.epochs = 8 if arg == "demo" else 3
+    c.train.patience = 3 if arg == "demo" else 2
+    c.ckpt.every_epochs = 2 if arg == "demo" else 1
+    if arg == "tiny":
+        c.data.symbols = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
+        c.train.batch_size = 32
+        c.eval.plot_windows = 1
     for field, value in _TINY_MODEL.items():
         if field in c.model:
-            c.model[field] = value
-    c.train.batch_size = 32
-    c.train.epochs = 3
-    c.train.patience = 2
-    c.ckpt.every_epochs = 1
-    c.eval.plot_windows = 1
+            c.model[field] = value if arg == "tiny" else 2 * value
     return c

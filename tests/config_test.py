@@ -8,7 +8,7 @@ CONFIGS = ("configs/transformer.py", "configs/gru.py", "configs/lstm.py")
 
 
 @pytest.mark.parametrize("path", CONFIGS)
-@pytest.mark.parametrize("variant", ["", ":tiny"])
+@pytest.mark.parametrize("variant", ["", ":demo", ":tiny"])
 def test_configs_load_and_validate(path, variant):
     config = config_lib.load(path + variant)
     assert config_lib.validate(config) is config
@@ -37,6 +37,13 @@ def test_tiny_variant_is_offline_and_small():
     c = config_lib.load("configs/lstm.py:tiny")
     assert c.data.source == "synthetic"
     assert c.model.hidden == 32 and c.train.epochs <= 3
+
+
+def test_demo_variant_is_offline_and_covers_all_40_series():
+    c = config_lib.load("configs/transformer.py:demo")
+    assert c.data.source == "synthetic"
+    assert len(c.data.symbols) * len(c.data.intervals) == 40
+    assert c.model.d_model == 64 and c.train.epochs < 50
 
 
 def test_unknown_variant_is_rejected():
