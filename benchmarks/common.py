@@ -1,0 +1,147 @@
+"""Shared benchmark helpers: median timing, machine facts, markdown tables, dated notes."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+# Packages whose versions every recorded figure carries (absent ones are left out).
+_VERSIONED = ("jax", "jaxlib", "flax", "optax", "torch", "numpy")
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]]:
+    """Calls `fn` `repeats` times and returns (median seconds, every call's seconds).
+
+    `fn` must finish its work before returning (e.g. `jax.block_until_ready` or a
+    `.item()`), or the time measured is only the time to dispatch it. The median,
+    not the mean, is reported because the machine is shared and noisy.
+
+    Raises:
+      ValueError: if `repeats` < 1.
+    """
+    if repeats < 1:
+        raise ValueError(f"median_time: repeats={repeats} must be >= 1")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def _cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib(meminfo: str = "/proc/meminfo") -> float | None:
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)  # kB -> GiB
+    except OSError:
+        pass
+    return None
+
+
+def machine_facts() -> dict:
+    """Facts that make a figure reproducible: CPU, cores, memory, versions, date.
+
+    Versions come from the installed package metadata, so nothing heavy is
+    imported; a package that is not installed is left out.
+    """
+    facts = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+    }
+    for name in _VERSIONED:
+        try:
+            facts[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return facts
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    """A GitHub markdown table of `rows` (dicts) with one column per key in `columns`.
+
+    Floats are printed to 4 significant digits; a missing key is an empty cell.
+    """
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _facts_line(facts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in facts.items() if k != "date")
+
+
+def append_to_build_notes(
+    path: str, title: str, command: str, table_md: str, facts: dict | None = None
+) -> str:
+    """Appends a dated section (title, machine, versions, command, table) to `path`.
+
+    The file is rewritten atomically (temp file + os.replace), so a reader never
+    sees half a section. A missing file is created.
+
+    Args:
+      path: the notes file, usually BUILD_NOTES.md.
+      title: the section heading, e.g. "Torch baseline, seconds per model-epoch".
+      command: the exact command line that produced the table.
+      table_md: a table from `markdown_table`.
+      facts: machine facts; None measures them now with `machine_facts()`.
+
+    Returns:
+      The section that was appended.
+    """
+    facts = machine_facts() if facts is None else facts
+    section = (
+        f"\n### {title} ({facts.get('date', '')})\n\n"
+        f"Machine: {_facts_line(facts)}.\n\n"
+        f"Command: `{command}`\n\n{table_md}"
+    )
+    try:
+        with open(path) as f:
+            old = f.read()
+        mode = os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        old, mode = "", 0o644
+    if old and not old.endswith("\n"):
+        old += "\n"
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".notes-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(old + section)
+        os.chmod(tmp, mode)  # mkstemp makes 0600; keep the notes file's own mode.
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return section

@@ -1,0 +1,447 @@
+"""The replaced system's PyTorch training loop, kept as slow as it was: the speed baseline.
+
+What is faithful to the old system, on purpose (cpbjax removes each of these):
+  - one model per series, trained one after another;
+  - windows materialised as tensors, a Python loop over shuffled index batches, and
+    `loss.item()` (a host synchronisation) after every step;
+  - the transformer re-runs its UNMASKED decoder over the whole growing target
+    sequence at every one of the H steps (O(H^2)), decides teacher forcing per step
+    with a host `random.random()`, and uses teacher forcing even in validation;
+  - the GRU decides teacher forcing once per batch (all or nothing) with a host draw;
+    the LSTM does the same, and its nn.MultiheadAttention re-projects the encoder
+    keys and values at every decoding step.
+The batches are index gathers on pre-built tensors rather than a torch DataLoader,
+which is slightly faster than the old loop, so the baseline errs in torch's favour.
+
+Data, batch sizes and optimiser settings are read from cpbjax's own default configs
+(configs/<model>.py), and windows are normalised like cpbjax's default `last_close`:
+x = log(ohlc[t-L+1..t] / close[t]), y = log(ohlc[t+1..t+H] / close[t]).
+
+Threads: torch.set_num_threads(os.cpu_count()) unless --threads says otherwise, so
+torch uses every core the way cpbjax's XLA does.
+
+Usage:
+  python benchmarks/torch_baseline.py --model gru --series 2 --epochs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+if __package__ in (None, ""):  # Run as a script: make the repo root importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402
+from cpbjax import config as config_lib  # noqa: E402
+from cpbjax.data import windows  # noqa: E402
+from cpbjax.data.series import Series  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ("transformer", "gru", "lstm")
+NUM_FEATURES = NUM_TARGETS = 4  # OHLC in, OHLC out, as the old system had it.
+EXPECTED_PARAMS = {"transformer": 926_852, "gru": 334_597, "lstm": 1_984_772}
+_INTERVAL_MS = 3_600_000  # Synthetic series are hourly.
+
+
+# ---------------------------------------------------------------- the old models
+
+
+class PositionalEncoding(nn.Module):
+    """Fixed sinusoidal positional encoding added to a [B, S, D] sequence."""
+
+    def __init__(self, d_model: int, max_len: int = 512):
+        super().__init__()
+        pos_S1 = torch.arange(max_len, dtype=torch.float32)[:, None]
+        freq = torch.exp(
+            torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(1e4) / d_model)
+        )
+        pe_SD = torch.zeros(max_len, d_model)
+        pe_SD[:, 0::2] = torch.sin(pos_S1 * freq)
+        pe_SD[:, 1::2] = torch.cos(pos_S1 * freq)
+        self.register_buffer("pe_SD", pe_SD)  # A buffer: not a parameter.
+
+    def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
+        return x_BSD + self.pe_SD[: x_BSD.shape[1]]
+
+
+class TransformerSeq2Seq(nn.Module):
+    """The old encoder-decoder transformer with its O(H^2) unmasked decoding."""
+
+    teacher_forcing_in_validation = True  # The old system's quirk, kept.
+
+    def __init__(self, horizon: int, d_model=128, nhead=8, layers=2, ff_dim=512, dropout=0.1):
+        super().__init__()
+        self.horizon = horizon
+        self.input_proj = nn.Linear(NUM_FEATURES, d_model)
+        self.pos = PositionalEncoding(d_model)
+        block = dict(dim_feedforward=ff_dim, dropout=dropout, activation="gelu", batch_first=True)
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d_model, nhead, **block), layers, enable_nested_tensor=False
+        )
+        self.decoder = nn.TransformerDecoder(
+            nn.TransformerDecoderLayer(d_model, nhead, **block), layers
+        )
+        self.output_proj = nn.Linear(d_model, NUM_TARGETS)
+
+    def forward(self, x_BLF, y_BHC=None, teacher_forcing: float = 0.0):
+        memory_BLD = self.encoder(self.pos(self.input_proj(x_BLF)))
+        tokens = [x_BLF.new_zeros(x_BLF.shape[0], 1, memory_BLD.shape[-1])]  # The zero token.
+        preds = []
+        for t in range(self.horizon):
+            # No mask and no cache: the whole sequence so far goes through again.
+            out_BTD = self.decoder(self.pos(torch.cat(tokens, dim=1)), memory_BLD)
+            pred_BC = self.output_proj(out_BTD[:, -1])
+            preds.append(pred_BC)
+            if t + 1 < self.horizon:
+                use_true = y_BHC is not None and random.random() < teacher_forcing
+                tokens.append(self.input_proj(y_BHC[:, t] if use_true else pred_BC)[:, None])
+        return torch.stack(preds, dim=1)
+
+
+class GRUSeq2Seq(nn.Module):
+    """The old GRU seq2seq: attention-pooled context, step-by-step GRU decoder."""
+
+    teacher_forcing_in_validation = False
+
+    def __init__(self, horizon: int, hidden=128, layers=2, dropout=0.3):
+        super().__init__()
+        self.horizon = horizon
+        self.encoder = nn.GRU(NUM_FEATURES, hidden, layers, dropout=dropout, batch_first=True)
+        self.attention = nn.Linear(hidden, 1)
+        self.decoder = nn.GRU(NUM_TARGETS, hidden, layers, dropout=dropout, batch_first=True)
+        self.head = nn.Sequential(
+            nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, NUM_TARGETS)
+        )
+
+    def forward(self, x_BLF, y_BHC=None, teacher_forcing: float = 0.0):
+        enc_BLH, state = self.encoder(x_BLF)
+        weights_BL1 = torch.softmax(self.attention(enc_BLH), dim=1)
+        context_BH = (weights_BL1 * enc_BLH).sum(dim=1)
+        use_true = y_BHC is not None and random.random() < teacher_forcing  # Once per batch.
+        inp_B1C = x_BLF.new_zeros(x_BLF.shape[0], 1, NUM_TARGETS)
+        preds = []
+        for t in range(self.horizon):
+            dec_B1H, state = self.decoder(inp_B1C, state)
+            pred_BC = self.head(torch.cat([dec_B1H[:, 0], context_BH], dim=-1))
+            preds.append(pred_BC)
+            inp_B1C = (y_BHC[:, t] if use_true else pred_BC)[:, None]
+        return torch.stack(preds, dim=1)
+
+
+class LSTMSeq2Seq(nn.Module):
+    """The old LSTM seq2seq: 4-head attention from each decoder step over the encoder."""
+
+    teacher_forcing_in_validation = False
+
+    def __init__(self, horizon: int, hidden=256, layers=2, dropout=0.3, heads=4):
+        super().__init__()
+        self.horizon = horizon
+        self.encoder = nn.LSTM(NUM_FEATURES, hidden, layers, dropout=dropout, batch_first=True)
+        self.decoder = nn.LSTM(NUM_TARGETS, hidden, layers, dropout=dropout, batch_first=True)
+        self.attention = nn.MultiheadAttention(hidden, heads, batch_first=True)
+        self.head = nn.Sequential(
+            nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, NUM_TARGETS)
+        )
+
+    def forward(self, x_BLF, y_BHC=None, teacher_forcing: float = 0.0):
+        enc_BLH, state = self.encoder(x_BLF)
+        use_true = y_BHC is not None and random.random() < teacher_forcing  # Once per batch.
+        inp_B1C = x_BLF.new_zeros(x_BLF.shape[0], 1, NUM_TARGETS)
+        preds = []
+        for t in range(self.horizon):
+            dec_B1H, state = self.decoder(inp_B1C, state)
+            # Keys/values of the encoder are projected again at every step.
+            att_B1H, _ = self.attention(dec_B1H, enc_BLH, enc_BLH)
+            pred_BC = self.head(torch.cat([dec_B1H[:, 0], att_B1H[:, 0]], dim=-1))
+            preds.append(pred_BC)
+            inp_B1C = (y_BHC[:, t] if use_true else pred_BC)[:, None]
+        return torch.stack(preds, dim=1)
+
+
+_MODEL_CLASSES = {"transformer": TransformerSeq2Seq, "gru": GRUSeq2Seq, "lstm": LSTMSeq2Seq}
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of trainable parameters (buffers such as the positional table excluded)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def build_model(name: str, horizon: int = 10) -> nn.Module:
+    """Builds one old model at its fixed old size and checks its parameter count.
+
+    Raises:
+      ValueError: for an unknown model name.
+      RuntimeError: if the parameter count differs from cpbjax's (EXPECTED_PARAMS).
+    """
+    if name not in _MODEL_CLASSES:
+        raise ValueError(f"model {name!r} is not one of {', '.join(MODELS)}")
+    model = _MODEL_CLASSES[name](horizon)
+    n = count_params(model)
+    if n != EXPECTED_PARAMS[name]:
+        raise RuntimeError(f"torch {name} has {n:,} parameters, expected {EXPECTED_PARAMS[name]:,}")
+    return model
+
+
+# ---------------------------------------------------------------- data
+
+
+def synthetic_series(seed: int, n_candles: int, symbol: str = "SYNUSDT") -> Series:
+    """A geometric-Brownian-motion OHLCV series on an hourly grid (no gaps).
+
+    Stands in for cpbjax's synthetic source until that lands; any `Series` works.
+    """
+    rng = np.random.default_rng(seed)
+    close = 100.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n_candles)))
+    open_ = np.concatenate([[100.0], close[:-1]])
+    wick = np.exp(np.abs(rng.normal(0.0, 0.004, (2, n_candles))))
+    high = np.maximum(open_, close) * wick[0]
+    low = np.minimum(open_, close) / wick[1]
+    volume = rng.lognormal(10.0, 1.0, n_candles)
+    times = 1_600_000_000_000 + _INTERVAL_MS * np.arange(n_candles, dtype=np.int64)
+    ohlcv = np.stack([open_, high, low, close, volume], axis=1)
+    return Series(symbol=symbol, interval="1h", open_time_ms=times, ohlcv=ohlcv)
+
+
+def materialise_windows(ohlc_T4: np.ndarray, ends_N: np.ndarray, lookback: int, horizon: int):
+    """All windows ending at `ends_N`, as the old loop held them: one big tensor each.
+
+    Returns:
+      x_NLF: float32 [N, L, 4] = log(ohlc[t-L+1..t] / close[t]);
+      y_NHC: float32 [N, H, 4] = log(ohlc[t+1..t+H] / close[t]).
+    """
+    close_N = ohlc_T4[ends_N, 3]
+    in_idx_NL = ends_N[:, None] + np.arange(-lookback + 1, 1)[None, :]
+    out_idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
+    x_NLF = np.log(ohlc_T4[in_idx_NL] / close_N[:, None, None])
+    y_NHC = np.log(ohlc_T4[out_idx_NH] / close_N[:, None, None])
+    return torch.from_numpy(x_NLF.astype(np.float32)), torch.from_numpy(y_NHC.astype(np.float32))
+
+
+def prepare_windows(series: list[Series], data_cfg) -> list[dict]:
+    """Materialised train/val windows of each series, split and purged by cpbjax.
+
+    Returns:
+      One dict per series: {"name", "train": (x_NLF, y_NHC), "val": (x_NLF, y_NHC)}.
+
+    Raises:
+      ValueError: if the data config is not OHLC features with last_close windows.
+    """
+    if tuple(data_cfg.features) != ("open", "high", "low", "close"):
+        raise ValueError(f"data.features={tuple(data_cfg.features)!r}: the baseline is OHLC only")
+    if data_cfg.normalization != "last_close":
+        raise ValueError(f"data.normalization={data_cfg.normalization!r}: expected last_close")
+    out = []
+    for s in series:
+        prep = windows.prepare_series(s, data_cfg)
+        split = {
+            k: materialise_windows(prep.ohlc, prep.ends[k], data_cfg.lookback, data_cfg.horizon)
+            for k in ("train", "val")
+        }
+        out.append({"name": s.name, **split})
+    return out
+
+
+def default_config(model_name: str):
+    """cpbjax's default config for `model_name` (configs/<model>.py)."""
+    if model_name not in MODELS:
+        raise ValueError(f"model {model_name!r} is not one of {', '.join(MODELS)}")
+    return config_lib.load(str(REPO / "configs" / f"{model_name}.py"))
+
+
+def benchmark_windows(model_name: str, n_series: int, n_candles: int, seed: int = 0) -> list[dict]:
+    """Windows of `n_series` synthetic series of `n_candles`, with the model's data config."""
+    data_cfg = default_config(model_name).data
+    data_cfg.max_candles = data_cfg.min_candles = n_candles
+    series = [synthetic_series(seed + i, n_candles, f"SYN{i}USDT") for i in range(n_series)]
+    return prepare_windows(series, data_cfg)
+
+
+# ---------------------------------------------------------------- the old loop
+
+
+def make_optimizer(model: nn.Module, train_cfg) -> torch.optim.Optimizer:
+    """Adam (L2 weight decay) or AdamW (decoupled), as cpbjax's config names it."""
+    opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[train_cfg.optimizer]
+    return opt(model.parameters(), lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay)
+
+
+def train_epoch(model, opt, x_NLF, y_NHC, train_cfg, generator=None) -> float:
+    """One pass over shuffled batches; returns the mean training MSE."""
+    model.train()
+    perm = torch.randperm(len(x_NLF), generator=generator)
+    total = 0.0
+    for i in range(0, len(perm), train_cfg.batch_size):
+        idx = perm[i : i + train_cfg.batch_size]
+        x_BLF, y_BHC = x_NLF[idx], y_NHC[idx]
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x_BLF, y_BHC, train_cfg.teacher_forcing), y_BHC)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+        opt.step()
+        total += loss.item() * len(idx)  # A host sync every step, as the old loop had.
+    return total / len(perm)
+
+
+@torch.no_grad()
+def validate_epoch(model, x_NLF, y_NHC, train_cfg) -> float:
+    """The mean validation MSE (teacher forcing only where the old model used it)."""
+    model.eval()
+    tf = train_cfg.teacher_forcing if model.teacher_forcing_in_validation else 0.0
+    total = 0.0
+    for i in range(0, len(x_NLF), train_cfg.batch_size):
+        x_BLF, y_BHC = x_NLF[i : i + train_cfg.batch_size], y_NHC[i : i + train_cfg.batch_size]
+        total += nn.functional.mse_loss(model(x_BLF, y_BHC, tf), y_BHC).item() * len(x_BLF)
+    return total / len(x_NLF)
+
+
+def _train_one_series(model_name, windows_s, epochs, train_cfg, horizon, seed) -> list[dict]:
+    """Trains one fresh model on one series; returns per-epoch timings and losses."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    model = build_model(model_name, horizon)
+    opt = make_optimizer(model, train_cfg)
+    gen = torch.Generator().manual_seed(seed)
+    stats = []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        train_loss = train_epoch(model, opt, *windows_s["train"], train_cfg, gen)
+        t1 = time.perf_counter()
+        val_loss = validate_epoch(model, *windows_s["val"], train_cfg)
+        t2 = time.perf_counter()
+        stats.append(
+            {
+                "train_s": t1 - t0,
+                "val_s": t2 - t1,
+                "epoch_s": t2 - t0,
+                "train_loss": train_loss,
+                "val_loss": val_loss,
+            }
+        )
+    return stats
+
+
+def time_torch_epochs(
+    model_name: str, series_windows: list[dict], epochs: int, threads=None, seed: int = 0
+) -> dict:
+    """Trains one model per series, one after another, and times every model-epoch.
+
+    A model-epoch is one training pass plus one validation pass of one series'
+    model. The very first model-epoch of the run is the warm-up (torch's allocator
+    and thread pool) and is reported apart; the figure is the median of the rest.
+
+    Args:
+      model_name: transformer | gru | lstm; hyperparameters come from configs/<model>.py.
+      series_windows: from `prepare_windows` / `benchmark_windows`.
+      epochs: epochs per series.
+      threads: torch intra-op threads; None = os.cpu_count().
+      seed: seeds torch, the host `random` and the shuffles (series i uses seed + i).
+
+    Returns:
+      {"model", "params", "series", "epochs", "threads", "warmup_epoch_s",
+       "seconds_per_model_epoch", "train_s", "val_s" (medians), "epoch_s" (all),
+       "train_loss", "val_loss" (last model's last epoch)}.
+
+    Raises:
+      ValueError: if fewer than two model-epochs would run (nothing left to measure).
+    """
+    if len(series_windows) * epochs < 2:
+        raise ValueError(f"{len(series_windows)} series x {epochs} epochs: need >= 2 model-epochs")
+    cfg = default_config(model_name)
+    threads = os.cpu_count() if threads is None else threads
+    torch.set_num_threads(threads)
+    stats = []
+    for i, windows_s in enumerate(series_windows):
+        stats += _train_one_series(
+            model_name, windows_s, epochs, cfg.train, cfg.data.horizon, seed + i
+        )
+    measured = stats[1:]
+    return {
+        "model": model_name,
+        "params": EXPECTED_PARAMS[model_name],
+        "series": len(series_windows),
+        "epochs": epochs,
+        "threads": threads,
+        "warmup_epoch_s": stats[0]["epoch_s"],
+        "seconds_per_model_epoch": statistics.median(s["epoch_s"] for s in measured),
+        "train_s": statistics.median(s["train_s"] for s in measured),
+        "val_s": statistics.median(s["val_s"] for s in measured),
+        "epoch_s": [s["epoch_s"] for s in stats],
+        "train_loss": stats[-1]["train_loss"],
+        "val_loss": stats[-1]["val_loss"],
+    }
+
+
+# ---------------------------------------------------------------- command line
+
+_COLUMNS = (
+    "model",
+    "params",
+    "threads",
+    "series",
+    "epochs",
+    "train_windows",
+    "batch_size",
+    "warmup_epoch_s",
+    "seconds_per_model_epoch",
+    "train_s",
+    "val_s",
+)
+
+
+def _parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="transformer,gru,lstm", help="comma-separated models")
+    p.add_argument("--series", type=int, default=2, help="series, one model each")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per series")
+    p.add_argument("--candles", type=int, default=5000, help="candles per synthetic series")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--notes", default="", help="append the table to this file (BUILD_NOTES.md)")
+    args = p.parse_args(argv)
+    args.models = [m.strip() for m in args.model.split(",") if m.strip()]
+    for m in args.models:
+        if m not in MODELS:
+            p.error(f"--model: {m!r} is not one of {', '.join(MODELS)}")
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    """Runs the baseline for each model and prints seconds per model-epoch."""
+    args = _parse_args(argv)
+    rows = []
+    for name in args.models:
+        series_windows = benchmark_windows(name, args.series, args.candles, args.seed)
+        row = time_torch_epochs(name, series_windows, args.epochs, args.threads, args.seed)
+        row["train_windows"] = len(series_windows[0]["train"][0])
+        row["batch_size"] = default_config(name).train.batch_size
+        rows.append(row)
+        print(
+            f"{name}: {row['seconds_per_model_epoch']:.3f} s per model-epoch "
+            f"(warm-up {row['warmup_epoch_s']:.3f} s; all {np.round(row['epoch_s'], 3)})",
+            flush=True,
+        )
+    table = common.markdown_table(rows, _COLUMNS)
+    print(table)
+    if args.notes:
+        command = "python benchmarks/torch_baseline.py " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        common.append_to_build_notes(
+            args.notes, "Torch baseline: seconds per model-epoch", command, table
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Tests for benchmarks/torch_baseline.py (skipped without torch) and benchmarks/common.py."""
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from benchmarks import common
+
+L, H = 30, 10
+
+
+@pytest.fixture(scope="module")
+def tb():
+    """The baseline module; the tests that use it skip when torch is not installed."""
+    pytest.importorskip("torch")
+    from benchmarks import torch_baseline  # noqa: PLC0415 (needs torch)
+
+    return torch_baseline
+
+
+# ---------------------------------------------------------------- benchmarks/common.py
+
+
+def test_median_time_reports_the_median_of_every_call(monkeypatch):
+    ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 25.0])  # Calls take 3, 1 and 5 seconds.
+    monkeypatch.setattr(common.time, "perf_counter", lambda: next(ticks))
+    calls = []
+    median, times = common.median_time(lambda: calls.append(1), repeats=3)
+    assert (median, times, len(calls)) == (3.0, [3.0, 1.0, 5.0], 3)
+    with pytest.raises(ValueError, match="repeats=0"):
+        common.median_time(lambda: None, repeats=0)
+
+
+def test_markdown_table_formats_floats_and_missing_cells():
+    rows = [{"model": "gru", "s": 1.234567, "n": 3}, {"model": "a|b", "s": None}]
+    expected = "| model | s | n |\n|---|---|---|\n| gru | 1.235 | 3 |\n| a\\|b |  |  |\n"
+    assert common.markdown_table(rows, ["model", "s", "n"]) == expected
+
+
+def test_machine_facts_names_cores_and_installed_versions():
+    facts = common.machine_facts()
+    assert facts["cores"] == os.cpu_count()
+    assert facts["numpy"] == np.__version__
+    assert facts["cpu"] and facts["date"].endswith("UTC")
+
+
+def test_append_to_build_notes_keeps_the_file_and_adds_a_dated_section(tmp_path):
+    path = tmp_path / "NOTES.md"
+    path.write_text("# notes\nold line")
+    os.chmod(path, 0o640)
+    facts = {"date": "2026-01-02 03:04 UTC", "cpu": "Test CPU", "cores": 2}
+    table = common.markdown_table([{"a": 1}], ["a"])
+    common.append_to_build_notes(str(path), "Title", "python x.py --y", table, facts=facts)
+    expected = (
+        "# notes\nold line\n\n### Title (2026-01-02 03:04 UTC)\n\n"
+        "Machine: cpu Test CPU, cores 2.\n\nCommand: `python x.py --y`\n\n| a |\n|---|\n| 1 |\n"
+    )
+    assert path.read_text() == expected
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["NOTES.md"]  # No temp file left.
+
+
+# ---------------------------------------------------------------- the old models
+
+
+@pytest.mark.parametrize(
+    "name, expected", [("transformer", 926_852), ("gru", 334_597), ("lstm", 1_984_772)]
+)
+def test_parameter_counts_equal_cpbjax(tb, name, expected):
+    model = tb.build_model(name)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_unknown_model_is_named(tb):
+    with pytest.raises(ValueError, match="'cnn'"):
+        tb.build_model("cnn")
+
+
+def _batch(torch, seed=0, batch=3):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, L, 4, generator=g) * 0.01, torch.randn(
+        batch, H, 4, generator=g
+    ) * 0.01
+
+
+def test_transformer_reruns_unmasked_decoder_over_growing_sequence(tb, monkeypatch):
+    torch = pytest.importorskip("torch")
+    model = tb.build_model("transformer", H).eval()
+    calls = []
+    model.decoder.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append((args[0].shape[1], kwargs.get("tgt_mask"))),
+        with_kwargs=True,
+    )
+    draws = []
+    monkeypatch.setattr(tb.random, "random", lambda: draws.append(1) or 0.7)
+    x, y = _batch(torch)
+    assert model(x, y, 0.5).shape == (3, H, 4)
+    assert calls == [(t, None) for t in range(1, H + 1)]  # H calls of length 1..H: O(H^2).
+    assert len(draws) == H - 1  # One host draw per step that feeds a next input.
+
+
+@pytest.mark.parametrize("name, draws_per_batch", [("transformer", H - 1), ("gru", 1), ("lstm", 1)])
+def test_teacher_forcing_follows_the_host_random_number(tb, monkeypatch, name, draws_per_batch):
+    torch = pytest.importorskip("torch")
+    model = tb.build_model(name, H).eval()  # eval: no dropout, so outputs are comparable.
+    x, y1 = _batch(torch, seed=1)
+    y2 = y1 + 1.0
+    draws = []
+    with torch.no_grad():
+        for value in (0.0, 0.99):  # Below 0.5 feeds the true candle, above feeds the forecast.
+            monkeypatch.setattr(tb.random, "random", lambda v=value: draws.append(v) or v)
+            same = torch.equal(model(x, y1, 0.5), model(x, y2, 0.5))
+            assert same == (value > 0.5)
+    assert len(draws) == 4 * draws_per_batch
+
+
+@pytest.mark.parametrize("name", ["transformer", "gru", "lstm"])
+def test_one_epoch_per_series_trains_with_finite_loss(tb, name):
+    series_windows = tb.benchmark_windows(name, n_series=2, n_candles=160)
+    result = tb.time_torch_epochs(name, series_windows, epochs=1, threads=1)
+    assert (result["model"], result["series"], result["epochs"]) == (name, 2, 1)
+    assert len(result["epoch_s"]) == 2 and result["seconds_per_model_epoch"] > 0
+    assert np.isfinite(result["train_loss"]) and np.isfinite(result["val_loss"])
+    assert result["seconds_per_model_epoch"] == result["epoch_s"][1]  # First is warm-up.
+
+
+def test_train_epoch_updates_every_parameter(tb):
+    torch = pytest.importorskip("torch")
+    cfg = tb.default_config("gru").train
+    model = tb.build_model("gru", H)
+    start = [p.detach().clone() for p in model.parameters()]
+    x, y = _batch(torch, batch=70)  # 64 + a last partial batch of 6.
+    loss = tb.train_epoch(model, tb.make_optimizer(model, cfg), x, y, cfg)
+    assert np.isfinite(loss)
+    assert all(not torch.equal(a, b) for a, b in zip(start, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    "name, opt, wd, batch",
+    [("transformer", "AdamW", 1e-2, 128), ("gru", "Adam", 0.0, 64), ("lstm", "Adam", 1e-5, 32)],
+)
+def test_optimiser_and_batch_follow_cpbjax_defaults(tb, name, opt, wd, batch):
+    cfg = tb.default_config(name).train
+    optimiser = tb.make_optimizer(tb.build_model(name), cfg)
+    group = optimiser.param_groups[0]
+    assert (type(optimiser).__name__, group["lr"], group["weight_decay"]) == (opt, 1e-3, wd)
+    assert (cfg.batch_size, cfg.grad_clip) == (batch, 1.0)
+
+
+def test_fewer_than_two_model_epochs_is_an_error(tb):
+    windows = tb.benchmark_windows("gru", n_series=1, n_candles=160)
+    with pytest.raises(ValueError, match="1 series x 1 epochs"):
+        tb.time_torch_epochs("gru", windows, epochs=1)
+
+
+# ---------------------------------------------------------------- same numbers as cpbjax
+
+
+def test_windows_equal_cpbjax_gather_and_a_plain_reference(tb):
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from cpbjax.data import windows  # noqa: PLC0415
+
+    data_cfg = tb.default_config("gru").data
+    data_cfg.max_candles = data_cfg.min_candles = 300
+    series = tb.synthetic_series(3, 300)
+    prep = windows.prepare_series(series, data_cfg)
+    (x_t, y_t), ends = tb.prepare_windows([series], data_cfg)[0]["train"], prep.ends["train"]
+    arrays = (prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends)
+    x_j, y_j = windows.gather(*map(jnp.asarray, arrays), L, H)
+    np.testing.assert_allclose(x_t.numpy(), np.asarray(x_j), atol=2e-6)
+    np.testing.assert_allclose(y_t.numpy(), np.asarray(y_j), atol=2e-6)
+    ohlc = series.ohlcv[:, :4]
+    for i in range(0, len(ends), max(len(ends) // 5, 1)):
+        t = ends[i]
+        close = ohlc[t, 3]
+        np.testing.assert_allclose(
+            x_t[i].numpy(), np.log(ohlc[t - L + 1 : t + 1] / close), atol=1e-6
+        )
+        np.testing.assert_allclose(
+            y_t[i].numpy(), np.log(ohlc[t + 1 : t + H + 1] / close), atol=1e-6
+        )
