@@ -1,0 +1,128 @@
+"""The data-source registry (binance, local, synthetic) and `load_all`.
+
+A source is one function `(data_cfg, pairs) -> (name -> Series, name -> reason)`
+registered with `@register("name")`; `data.source` picks it. Every source passes
+its candles through `parsing.build_series`, so validation is the same for all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from absl import logging
+
+from cpbjax.config import ConfigError
+from cpbjax.data import binance, parsing, synthetic
+from cpbjax.data.series import Series, SeriesSkipped
+
+Pairs = list[tuple[str, str]]
+Loader = Callable[..., tuple[dict[str, Series], dict[str, str]]]
+SOURCES: dict[str, Loader] = {}
+# The `synthetic` source's data seed: fixed, so every run sees the same series.
+SYNTHETIC_SEED = synthetic.DEFAULT_SEED
+
+
+def register(name: str) -> Callable[[Loader], Loader]:
+    """Decorator that registers a loader `(data_cfg, pairs) -> (loaded, skipped)`."""
+
+    def wrap(loader: Loader) -> Loader:
+        if name in SOURCES:
+            raise ValueError(f"data source {name!r} is registered twice")
+        SOURCES[name] = loader
+        return loader
+
+    return wrap
+
+
+def _each(pairs: Pairs, load_one) -> tuple[dict[str, Series], dict[str, str]]:
+    """Calls load_one(symbol, interval) per pair; a skip or bad file never stops the rest."""
+    loaded, skipped = {}, {}
+    for symbol, interval in pairs:
+        name = f"{symbol}-{interval}"
+        try:
+            loaded[name] = load_one(symbol, interval)
+        except (SeriesSkipped, parsing.KlineError) as e:
+            skipped[name] = str(e)
+    return loaded, skipped
+
+
+@register("binance")
+def load_binance(data_cfg, pairs: Pairs):
+    """Binance Vision over HTTP(S), or a directory / file:// mirror of it."""
+    return binance.load(data_cfg, pairs)
+
+
+@register("local")
+def load_local(data_cfg, pairs: Pairs):
+    """One <SYMBOL>-<INTERVAL>.csv or .parquet per series in data.local_dir.
+
+    File names and column names are matched case-insensitively; see
+    `parsing.read_local_file` for the columns and time formats. The whole file
+    is used: data.months and data.end apply to the binance source only.
+    """
+    folder = os.path.expanduser(data_cfg.local_dir)
+    files = {name.lower(): name for name in os.listdir(folder)}
+
+    def load_one(symbol: str, interval: str) -> Series:
+        stem = f"{symbol}-{interval}".lower()
+        found = [files[stem + ext] for ext in (".parquet", ".csv") if stem + ext in files]
+        if not found:
+            raise SeriesSkipped(f"no {symbol}-{interval}.csv or .parquet in {folder}")
+        path = os.path.join(folder, found[0])
+        parts = [parsing.read_local_file(path)]
+        notes = {"source": "local", "file": path}
+        return parsing.build_series(symbol, interval, parts, data_cfg, notes)
+
+    return _each(pairs, load_one)
+
+
+@register("synthetic")
+def load_synthetic(data_cfg, pairs: Pairs):
+    """data.synthetic_candles GARCH candles per series, ending at synthetic.END_MS."""
+
+    def load_one(symbol: str, interval: str) -> Series:
+        s = synthetic.generate(symbol, interval, data_cfg.synthetic_candles, SYNTHETIC_SEED)
+        parts = [(s.open_time_ms, s.ohlcv)]
+        return parsing.build_series(symbol, interval, parts, data_cfg, s.notes)
+
+    return _each(pairs, load_one)
+
+
+def summary_lines(series: list[Series], skipped: dict[str, str]) -> list[str]:
+    """One line per series that was skipped or only partly loaded, saying why."""
+    lines = [f"{name}: skipped: {reason}" for name, reason in skipped.items()]
+    for s in series:
+        failed = s.notes.get("failed_months", {})
+        parts = [f"{p} {r}" for p, r in failed.items()]
+        if s.notes.get("dropped_rows"):
+            parts.append(f"{s.notes['dropped_rows']} invalid candles dropped")
+        if parts:
+            lines.append(f"{s.name}: partly loaded: " + "; ".join(parts))
+    return lines
+
+
+def load_all(data_cfg) -> tuple[list[Series], dict[str, str]]:
+    """Loads every (symbol, interval) of data.symbols x data.intervals from data.source.
+
+    Args:
+      data_cfg: the `data` config group (validated).
+    Returns:
+      (the loaded series in config order, series name -> skip reason).
+    Raises:
+      ConfigError: data.source is not registered, or the source's location is unusable.
+    """
+    if data_cfg.source not in SOURCES:
+        raise ConfigError(
+            f"config.data.source={data_cfg.source!r} is not allowed: expected one of "
+            + ", ".join(SOURCES)
+        )
+    pairs = [(s, i) for s in data_cfg.symbols for i in data_cfg.intervals]
+    loaded, skipped = SOURCES[data_cfg.source](data_cfg, pairs)
+    names = [f"{s}-{i}" for s, i in pairs]
+    series = [loaded[n] for n in names if n in loaded]
+    skipped = {n: skipped.get(n, "the source returned nothing") for n in names if n not in loaded}
+    for line in summary_lines(series, skipped):
+        logging.warning("%s", line)
+    logging.info("Loaded %d of %d series from %s.", len(series), len(names), data_cfg.source)
+    return series, skipped

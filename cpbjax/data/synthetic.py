@@ -1,0 +1,218 @@
+"""Synthetic OHLCV (GARCH(1,1) with Student-t shocks) and Binance-Vision-layout mirrors.
+
+Log returns follow eps_t = sigma_t z_t, sigma_t^2 = omega + alpha eps_{t-1}^2 +
+beta sigma_{t-1}^2, z ~ Student-t(DOF) scaled to unit variance, times an intraday
+volatility profile that peaks at the US session. Each candle's OHLC comes from a
+Brownian bridge inside the candle that ends at the candle's return, so
+low <= min(open, close) <= max(open, close) <= high holds by construction. Volume
+follows its own intraday profile and rises with |return|. Everything is
+deterministic for each (seed, symbol, interval).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import math
+import os
+import zipfile
+import zlib
+
+import numpy as np
+import pandas as pd
+
+from cpbjax.config import INTERVAL_MS
+from cpbjax.data import parsing
+from cpbjax.data.series import Series
+
+DEFAULT_SEED = 0
+# The synthetic source's series end here, so every run sees the same candles.
+END_MS = int(datetime.datetime(2025, 7, 1, tzinfo=datetime.timezone.utc).timestamp() * 1000) - 1
+# Binance Vision spot files switched open_time to microseconds from this month.
+MICROSECONDS_FROM = "2025-01"
+
+ALPHA, BETA, DOF = 0.10, 0.85, 5.0  # GARCH(1,1) and Student-t shape.
+SUBSTEPS = 8  # Points of the intra-candle path that sets high and low.
+_YEAR_MS = 365 * 86_400_000
+_HOUR_MS = 3_600_000
+# Base asset -> (typical price in USDT, annualised volatility).
+_PROFILES = {
+    "BTC": (60_000.0, 0.55), "ETH": (3_000.0, 0.70), "BNB": (500.0, 0.60),
+    "XRP": (0.6, 0.85), "LTC": (80.0, 0.80), "ADA": (0.5, 0.85), "SOL": (150.0, 0.95),
+    "DOGE": (0.15, 1.00), "AVAX": (30.0, 1.00), "LINK": (15.0, 0.90), "UNI": (8.0, 0.95),
+    "ATOM": (8.0, 0.90), "NEAR": (5.0, 1.00), "DYDX": (2.0, 1.10), "ARB": (1.0, 1.00),
+    "OP": (2.0, 1.05), "PEPE": (1e-5, 1.30), "INJ": (25.0, 1.10), "SHIB": (2e-5, 1.10),
+    "LUNA": (0.6, 1.20),
+}  # fmt: skip
+_QUOTES = ("USDT", "USDC", "FDUSD", "BUSD", "TUSD", "BTC", "ETH", "BNB", "EUR", "TRY")
+_COLUMNS = (
+    "open_time", "open", "high", "low", "close", "volume", "close_time", "quote_volume",
+    "trades", "taker_buy_base_volume", "taker_buy_quote_volume", "ignore",
+)  # fmt: skip
+
+
+def _rng(seed: int, *names: str) -> np.random.Generator:
+    # crc32, not hash(): Python salts str hashes per process.
+    return np.random.default_rng([seed, *(zlib.crc32(n.encode()) for n in names)])
+
+
+def _profile(symbol: str) -> tuple[float, float]:
+    """(typical price, annual volatility) for a symbol; unknown bases get a stable draw."""
+    base = next((symbol[: -len(q)] for q in _QUOTES if symbol.endswith(q) and symbol != q), symbol)
+    if base in _PROFILES:
+        return _PROFILES[base]
+    u = _rng(0, base).uniform(size=2)
+    return float(10 ** (-4 + 7 * u[0])), float(0.5 + 0.8 * u[1])
+
+
+def _intraday(times_ms: np.ndarray, peak_hour: float, amplitude: float) -> np.ndarray:
+    """1 + amplitude * cos(...) peaking at `peak_hour` UTC; [T]."""
+    hour = (times_ms % 86_400_000) / _HOUR_MS
+    return 1.0 + amplitude * np.cos(2 * np.pi * (hour - peak_hour) / 24)
+
+
+def _garch(z: np.ndarray, sigma_bar: float) -> tuple[np.ndarray, np.ndarray]:
+    """GARCH(1,1) innovations eps [T] and conditional sigma [T] from unit shocks z [T].
+
+    The recursion is sequential by nature; a plain loop over Python floats takes
+    about 3 ms for T=6000.
+    """
+    omega = sigma_bar**2 * (1 - ALPHA - BETA)
+    var = sigma_bar**2
+    sigma = []
+    for zi in z.tolist():
+        sigma.append(math.sqrt(var))
+        e = sigma[-1] * zi
+        var = omega + ALPHA * e * e + BETA * var
+    sigma = np.asarray(sigma)
+    return sigma * z, sigma
+
+
+def _candles(log_p0: float, r_T: np.ndarray, sigma_T: np.ndarray, rng) -> np.ndarray:
+    """OHLC [T, 4] from returns r [T] via a Brownian bridge of SUBSTEPS points per candle."""
+    n = len(r_T)
+    inc_TM = rng.standard_normal((n, SUBSTEPS)) * (sigma_T[:, None] / math.sqrt(SUBSTEPS))
+    bridge_TM = inc_TM - inc_TM.mean(axis=1, keepdims=True) + r_T[:, None] / SUBSTEPS
+    path_TM = np.cumsum(bridge_TM, axis=1)  # log price relative to the candle's open
+    log_close = log_p0 + np.cumsum(path_TM[:, -1])
+    log_open = np.concatenate([[log_p0], log_close[:-1]])
+    o, c = np.exp(log_open), np.exp(log_close)
+    # The path's extremes, widened to cover open and close exactly despite rounding.
+    h = np.maximum(np.exp(log_open + path_TM.max(axis=1)), np.maximum(o, c))
+    low = np.minimum(np.exp(log_open + path_TM.min(axis=1)), np.minimum(o, c))
+    return np.stack([o, h, low, c], axis=1)
+
+
+def generate(symbol: str, interval: str, n_candles: int, seed: int = DEFAULT_SEED,
+             end_ms: int = END_MS) -> Series:  # fmt: skip
+    """Generates one synthetic series, deterministic for each (seed, symbol, interval).
+
+    Args:
+      symbol: e.g. "BTCUSDT"; the base asset sets the price level and volatility.
+      interval: a key of config.INTERVAL_MS.
+      n_candles: candles to generate, gap-free.
+      seed: data seed.
+      end_ms: the last candle opens at end_ms floored to the interval grid.
+    Returns:
+      A Series with notes {"source": "synthetic", "seed": seed}.
+    """
+    rng = _rng(seed, symbol, interval)
+    step = INTERVAL_MS[interval]
+    times = (end_ms // step - np.arange(n_candles - 1, -1, -1, dtype=np.int64)) * step
+    price, annual_vol = _profile(symbol)
+    sigma_bar = annual_vol * math.sqrt(step / _YEAR_MS)
+    z = rng.standard_t(DOF, n_candles) * math.sqrt((DOF - 2) / DOF)
+    eps, sigma = _garch(z, sigma_bar)
+    vol_season = _intraday(times, peak_hour=14.5, amplitude=0.35)
+    r = eps * vol_season
+    log_p0 = math.log(price) + rng.uniform(-0.3, 0.3)
+    ohlc = _candles(log_p0, r, sigma * vol_season, rng)
+    quote_per_candle = 2e6 * step / 900_000 * math.exp(rng.uniform(-1, 1))
+    activity = (0.4 + 0.6 * np.abs(eps) / sigma_bar) * rng.lognormal(0, 0.3, n_candles)
+    volume = quote_per_candle * _intraday(times, 15.0, 0.5) * activity / ohlc[:, 3]
+    ohlcv = np.concatenate([ohlc, volume[:, None]], axis=1)
+    return Series(symbol, interval, times, ohlcv, {"source": "synthetic", "seed": seed})
+
+
+def _period_bounds(period: str) -> tuple[int, int]:
+    """[start, end) epoch ms of a month "YYYY-MM" or a day "YYYY-MM-DD" (UTC)."""
+    start = pd.Timestamp(period, tz="UTC")
+    end = start + (pd.DateOffset(months=1) if len(period) == 7 else pd.Timedelta(days=1))
+    return int(start.value // 1_000_000), int(end.value // 1_000_000)
+
+
+def kline_csv(times_ms: np.ndarray, ohlcv: np.ndarray, interval: str, microseconds: bool):
+    """The 12-column headerless Binance kline CSV of candles, as bytes."""
+    unit = 1000 if microseconds else 1
+    open_time = times_ms * unit
+    frame = pd.DataFrame(
+        {
+            "open_time": open_time,
+            **{name: ohlcv[:, j] for j, name in enumerate(parsing.OHLCV)},
+            "close_time": open_time + INTERVAL_MS[interval] * unit - 1,
+            "quote_volume": ohlcv[:, 4] * ohlcv[:, 3],
+            "trades": 0,
+            "taker_buy_base_volume": 0.0,
+            "taker_buy_quote_volume": 0.0,
+            "ignore": 0,
+        }  # fmt: skip
+    )
+    return frame[list(_COLUMNS)].to_csv(header=False, index=False, float_format="%.8f").encode()
+
+
+def write_zip(path: str, csv_bytes: bytes) -> str:
+    """Writes `path` (a zip holding <stem>.csv) and `path`.CHECKSUM atomically; returns sha256."""
+    stem = os.path.basename(path)[: -len(".zip")]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(f"{stem}.csv", csv_bytes)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    _write_atomic(path, data)
+    _write_atomic(path + ".CHECKSUM", f"{digest}  {os.path.basename(path)}\n".encode())
+    return digest
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_vision_mirror(root: str, symbols, intervals, months, seed: int = DEFAULT_SEED,
+                        days=()) -> list[str]:  # fmt: skip
+    """Writes synthetic klines in the Binance Vision layout, with CHECKSUM files.
+
+    Files are root/data/spot/{monthly,daily}/klines/<SYM>/<INT>/<SYM>-<INT>-<period>.zip.
+    Open times are in ms before MICROSECONDS_FROM and in us from then on, as on
+    Binance Vision. One gap-free series spans all periods of a (symbol, interval).
+
+    Args:
+      root: the mirror root (what data.base_url points at).
+      symbols, intervals: the series to write.
+      months: monthly files to write, "YYYY-MM".
+      seed: data seed for `generate`.
+      days: daily files to write, "YYYY-MM-DD".
+    Returns:
+      The paths of the zips written.
+    """
+    periods = [("monthly", p) for p in months] + [("daily", p) for p in days]
+    bounds = [_period_bounds(p) for _, p in periods]
+    start, end = min(b[0] for b in bounds), max(b[1] for b in bounds)
+    written = []
+    for symbol in symbols:
+        for interval in intervals:
+            step = INTERVAL_MS[interval]
+            s = generate(symbol, interval, (end - start) // step, seed, end - 1)
+            for (kind, period), (lo, hi) in zip(periods, bounds, strict=True):
+                rows = (s.open_time_ms >= lo) & (s.open_time_ms < hi)
+                csv = kline_csv(s.open_time_ms[rows], s.ohlcv[rows], interval,
+                                period[:7] >= MICROSECONDS_FROM)  # fmt: skip
+                name = f"{symbol}-{interval}-{period}.zip"
+                path = os.path.join(root, "data", "spot", kind, "klines", symbol, interval, name)
+                write_zip(path, csv)
+                written.append(path)
+    return written
