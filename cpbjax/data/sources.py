@@ -7,6 +7,7 @@ its candles through `parsing.build_series`, so validation is the same for all.
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable
 
@@ -89,12 +90,31 @@ def load_synthetic(data_cfg, pairs: Pairs):
     return _each(pairs, load_one)
 
 
+def _period_index(period: str) -> int:
+    if len(period) == 7:
+        return int(period[:4]) * 12 + int(period[5:7])
+    return datetime.date.fromisoformat(period).toordinal()
+
+
+def format_failed(failed: dict[str, str]) -> str:
+    """failed_months as text, consecutive periods with one reason merged: "2023-01..2023-05 ..."."""
+    runs = []  # [first, last, reason]
+    for period, reason in sorted(failed.items()):
+        last = runs[-1] if runs else None
+        if (last and last[2] == reason and len(last[1]) == len(period)
+                and _period_index(last[1]) + 1 == _period_index(period)):  # fmt: skip
+            last[1] = period
+        else:
+            runs.append([period, period, reason])
+    return "; ".join(f"{a}..{b} {r}" if a != b else f"{a} {r}" for a, b, r in runs)
+
+
 def summary_lines(series: list[Series], skipped: dict[str, str]) -> list[str]:
     """One line per series that was skipped or only partly loaded, saying why."""
     lines = [f"{name}: skipped: {reason}" for name, reason in skipped.items()]
     for s in series:
         failed = s.notes.get("failed_months", {})
-        parts = [f"{p} {r}" for p, r in failed.items()]
+        parts = [format_failed(failed)] if failed else []
         if s.notes.get("dropped_rows"):
             parts.append(f"{s.notes['dropped_rows']} invalid candles dropped")
         if parts:
