@@ -17,6 +17,19 @@ Normalisation is arranged so that the device only ever subtracts an anchor:
     anchor = 0. Lossy: the price level is gone, so no price-space metric exists.
 Non-price features (volume, RSI, ...) are z-scored with train-split statistics in
 every mode.
+
+Indicators are computed on the whole series (they are causal), then the newest
+`max_candles` candles after the warm-up are kept, so warm-up rows are dropped,
+never zero-filled, and never cost the kept series any candles. Indicators run
+across a gap as if the candles were consecutive; windows never span a gap.
+
+Splits are chronological over the gap-free windows. Purging is by candle index:
+a window of one split is kept only if its last target candle comes before the
+last input candle of the next split's first window, so the target candles of
+the splits are disjoint however the gaps fall (without gaps this is exactly
+"drop the H windows before each boundary"). "Train candles" are the candles
+some training window reads (inputs or targets); zscore statistics are fitted on
+them alone, so changing any later candle changes nothing in training.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from cpbjax.config import INTERVAL_MS
 from cpbjax.data import features as features_lib
 from cpbjax.data.series import Series, SeriesSkipped
 
@@ -50,7 +64,7 @@ class PreparedSeries:
       ends: split name -> int64 [N] window end indices t (gap-free, purged).
       norm: how to map back: {"kind", "log_p0"} or {"kind", "mean", "std"}.
       price_mask: float32 [F], 1 on price-valued feature columns.
-      notes: the Series notes plus window counts.
+      notes: the Series notes plus "used_candles" (T) and "windows" (split -> count).
     """
 
     name: str
@@ -87,6 +101,7 @@ class GroupArrays:
     test_mask: jax.Array  # bool [K, N_test]
 
     def ends(self, split: str) -> tuple[jax.Array, jax.Array]:
+        """(ends int32 [K, N_split], mask bool [K, N_split]) of one split."""
         return getattr(self, f"{split}_ends"), getattr(self, f"{split}_mask")
 
 
@@ -103,84 +118,114 @@ def _contiguous_ends(open_time_ms: np.ndarray, step_ms: int, lookback: int, hori
     return starts[ok] + lookback - 1
 
 
+def _boundaries(n, splits):
+    """Split boundaries (b1, b2) for n windows; elementwise when n is an array."""
+    n = np.asarray(n, np.int64)
+    b1 = np.minimum(np.round(n * splits[0]).astype(np.int64), n)
+    b2 = np.minimum(np.round(n * (splits[0] + splits[1])).astype(np.int64), n)
+    return b1, b2
+
+
 def split_ends(ends: np.ndarray, splits, horizon: int) -> dict:
     """Chronological train/val/test split of window ends, purged at each boundary.
 
-    The H windows just before each boundary are dropped, so no target candle of
-    one split is also a target candle of the next split.
+    Args:
+      ends: int [N] increasing window end indices (gap-free windows).
+      splits: (train, val, test) fractions of the N windows.
+      horizon: H, the number of target candles after each end.
+
+    Returns:
+      split name -> int64 [N_split] ends. A window ending at t has targets t+1..t+H;
+      it is kept only if t + H < e, with e the end of the next split's first window.
+      So its targets end before that window's last input candle e (the anchor of its
+      forecasts) and before its first target e + 1. Without gaps this drops exactly
+      the H windows before each boundary; with gaps, only windows that come that close.
     """
+    ends = np.asarray(ends, np.int64)
     n = len(ends)
-    b1 = int(round(n * splits[0]))
-    b2 = int(round(n * (splits[0] + splits[1])))
-    # Purge by time, not by count, so gaps near a boundary cannot reintroduce overlap:
-    # a window ending at t uses targets up to t+H, and must end before the next split's
-    # first window's first target (its end + 1).
-    train = ends[:b1][ends[:b1] + horizon <= ends[b1]] if b1 < n else ends[:b1]
-    val = ends[b1:b2][ends[b1:b2] + horizon <= ends[b2]] if b2 < n else ends[b1:b2]
-    return {"train": train, "val": val, "test": ends[b2:]}
+    b1, b2 = (int(b) for b in _boundaries(n, splits))
+    parts = {"train": ends[:b1], "val": ends[b1:b2], "test": ends[b2:]}
+    for split, boundary in (("train", b1), ("val", b2)):
+        if boundary < n:
+            part = parts[split]
+            parts[split] = part[part + horizon < ends[boundary]]
+    return parts
 
 
-def _normalise(ohlc, feats, names, train_rows, kind):
-    """Returns (inputs [T,F], targets [T,4], anchor [T], norm) as float64."""
+def _train_stats(x_NC: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column mean and population std of the train candles; std 1 where it is 0."""
+    sd = x_NC.std(axis=0)
+    return x_NC.mean(axis=0), np.where(sd > 0, sd, 1.0)
+
+
+def _normalise(ohlc, feats, names, n_train: int, kind: str):
+    """Returns (inputs [T,F], targets [T,4], anchor [T], norm) as float64.
+
+    Statistics are fitted on the first `n_train` candles (the train candles) only.
+    """
     price = _price_mask(names).astype(bool)
-    inputs = np.empty_like(feats)
-    # Non-price features: train-split z-score in every mode.
-    mu = feats[train_rows].mean(axis=0)
-    sd = feats[train_rows].std(axis=0) + 1e-12
-    inputs[:, ~price] = (feats[:, ~price] - mu[~price]) / sd[~price]
+    mu, sd = _train_stats(feats[:n_train])
+    # Non-price columns keep this z-score in every mode; zscore keeps it for all columns.
+    inputs = (feats - mu) / sd
     if kind == "last_close":
-        log_p0 = math.log(ohlc[train_rows][0, 3])
-        inputs[:, price] = np.log(feats[:, price]) - log_p0
+        log_p0 = math.log(ohlc[0, 3])
+        with np.errstate(divide="ignore", invalid="ignore"):  # a band <= 0 is caught later
+            inputs[:, price] = np.log(feats[:, price]) - log_p0
         targets = np.log(ohlc) - log_p0
-        anchor = targets[:, 3].copy()
-        return inputs, targets, anchor, {"kind": kind, "log_p0": log_p0}
+        return inputs, targets, targets[:, 3].copy(), {"kind": kind, "log_p0": log_p0}
     anchor = np.zeros(len(ohlc))
     if kind == "zscore":
-        inputs[:, price] = (feats[:, price] - mu[price]) / sd[price]
-        t_mu, t_sd = ohlc[train_rows].mean(axis=0), ohlc[train_rows].std(axis=0) + 1e-12
-        targets = (ohlc - t_mu) / t_sd
-        return inputs, targets, anchor, {"kind": kind, "mean": t_mu, "std": t_sd}
-    low, high = ohlc[:, 2:3], ohlc[:, 1:2]
-    rng = np.where(high - low > 0, high - low, 1.0)
-    inputs[:, price] = (feats[:, price] - low) / rng
-    targets = (ohlc - low) / rng
-    return inputs, targets, anchor, {"kind": kind}
+        t_mu, t_sd = _train_stats(ohlc[:n_train])
+        return inputs, (ohlc - t_mu) / t_sd, anchor, {"kind": kind, "mean": t_mu, "std": t_sd}
+    if kind == "candle_minmax":
+        low, high = ohlc[:, 2:3], ohlc[:, 1:2]
+        rng = np.where(high - low > 0, high - low, 1.0)
+        inputs[:, price] = (feats[:, price] - low) / rng
+        return inputs, (ohlc - low) / rng, anchor, {"kind": kind}
+    raise ValueError(
+        f"data.normalization={kind!r} is not allowed: expected last_close, zscore or candle_minmax"
+    )
+
+
+def _kept_rows(series: Series, data_cfg, names):
+    """(open times, ohlcv, features) of the newest max_candles candles past the warm-up."""
+    feats, first_valid = features_lib.compute(series.ohlcv, names)
+    start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
+    return series.open_time_ms[start:], series.ohlcv[start:], feats[start:], first_valid
 
 
 def prepare_series(series: Series, data_cfg) -> PreparedSeries:
     """Features, gap-free windows, split and normalisation for one series.
 
+    Args:
+      series: validated candles of one symbol and interval.
+      data_cfg: the `config.data` group.
+
+    Returns:
+      The PreparedSeries (host arrays; see the module docstring).
+
     Raises:
-      SeriesSkipped: if too few candles or windows remain.
+      SeriesSkipped: if fewer than data.min_candles candles remain after the warm-up,
+        if a split has no gap-free window, or if a normalised value is not finite.
     """
     names = tuple(data_cfg.features)
     L, H = data_cfg.lookback, data_cfg.horizon
-    ohlcv = series.ohlcv[-data_cfg.max_candles :]
-    times = series.open_time_ms[-data_cfg.max_candles :]
-    feats, first = features_lib.compute(ohlcv, names)
-    ohlcv, times, feats = ohlcv[first:], times[first:], feats[first:]
+    times, ohlcv, feats, warmup = _kept_rows(series, data_cfg, names)
     if len(ohlcv) < data_cfg.min_candles:
         raise SeriesSkipped(
-            f"only {len(ohlcv)} usable candles after indicator warm-up, "
-            f"need data.min_candles={data_cfg.min_candles}"
+            f"only {len(ohlcv)} usable candles ({len(series.ohlcv)} loaded, the first "
+            f"{warmup} are indicator warm-up), need data.min_candles={data_cfg.min_candles}"
         )
-    from cpbjax.config import INTERVAL_MS  # noqa: PLC0415 (avoid a cycle at import)
-
     ends = split_ends(_contiguous_ends(times, INTERVAL_MS[series.interval], L, H),
                       data_cfg.splits, H)  # fmt: skip
     for split in SPLITS:
         if len(ends[split]) == 0:
             raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
-    # Candles a training window can touch: statistics are fitted on these alone.
-    train_rows = np.arange(ends["train"][-1] + H + 1)
+    n_train = int(ends["train"][-1]) + H + 1  # every candle a training window reads
     ohlc = ohlcv[:, :4]
-    inputs, targets, anchor, norm = _normalise(
-        ohlc, feats, names, train_rows, data_cfg.normalization
-    )
-    if not (np.isfinite(inputs).all() and np.isfinite(targets).all()):
-        bad = sorted({names[j] for j in np.nonzero(~np.isfinite(inputs).all(axis=0))[0]})
-        raise SeriesSkipped(f"non-finite values after normalisation in features {bad}")
-    notes = dict(series.notes, windows={s: int(len(e)) for s, e in ends.items()})
+    inputs, targets, anchor, norm = _normalise(ohlc, feats, names, n_train, data_cfg.normalization)
+    _check_finite(inputs, names)
+    notes = dict(series.notes, used_candles=len(ohlc), windows={s: len(e) for s, e in ends.items()})
     return PreparedSeries(
         name=series.name, symbol=series.symbol, interval=series.interval,
         open_time_ms=times, ohlc=ohlc, inputs=inputs.astype(np.float32),
@@ -189,29 +234,75 @@ def prepare_series(series: Series, data_cfg) -> PreparedSeries:
     )  # fmt: skip
 
 
+def _check_finite(inputs_TF: np.ndarray, names) -> None:
+    bad = [names[j] for j in np.nonzero(~np.isfinite(inputs_TF).all(axis=0))[0]]
+    if bad:
+        raise SeriesSkipped(
+            f"non-finite normalised values in features {bad} "
+            "(under last_close a price feature such as bb_lower must stay > 0)"
+        )
+
+
 def _price_mask(names) -> np.ndarray:
     return np.array([n in features_lib.PRICE_FEATURES for n in names], np.float32)
 
 
 def padded_sizes(data_cfg) -> dict:
-    """Fixed T and per-split N for a config, so every group has one shape."""
+    """Fixed T and per-split window counts for a config, so every group has one shape.
+
+    A prepared series has at most data.max_candles candles, so at most
+    n_max = max_candles - L - H + 1 windows. Each split's size is the largest count
+    `split_ends` gives that split for any n <= n_max windows (purging only removes),
+    so it bounds every series of the run, whatever its length and gaps.
+
+    Returns:
+      {"T": max_candles, "train": N_train, "val": N_val, "test": N_test}, each >= 1.
+    """
     t_max = data_cfg.max_candles
-    n = max(t_max - data_cfg.lookback - data_cfg.horizon + 1, 1)
-    sizes = {"T": t_max}
-    for split, frac in zip(SPLITS, data_cfg.splits, strict=True):
-        sizes[split] = int(math.ceil(frac * n)) + 1
-    return sizes
+    n_max = max(t_max - data_cfg.lookback - data_cfg.horizon + 1, 0)
+    n = np.arange(n_max + 1)
+    b1, b2 = _boundaries(n, data_cfg.splits)
+    counts = {"train": b1, "val": b2 - b1, "test": n - b2}
+    return {"T": t_max, **{split: max(int(counts[split].max()), 1) for split in SPLITS}}
+
+
+def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> None:
+    if not preps or len(preps) > group_size:
+        raise ValueError(f"stack_group: {len(preps)} series for group_size={group_size}")
+    width = preps[0].inputs.shape[1]
+    for p in preps:
+        counts = {split: len(p.ends[split]) for split in SPLITS}
+        if (len(p.inputs) > sizes["T"] or p.inputs.shape[1] != width
+                or any(counts[s] > sizes[s] for s in SPLITS)):  # fmt: skip
+            raise ValueError(
+                f"stack_group: {p.name} has {len(p.inputs)} candles, {p.inputs.shape[1]} "
+                f"features and windows {counts}, which do not fit the padded sizes {sizes} "
+                f"with {width} features: prepare every series with the same data config"
+            )
 
 
 def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, sharding=None):
     """Pads `preps` to `group_size` coins and fixed sizes; places them on the device.
 
-    Returns a GroupArrays. Padded coins repeat nothing: they are zeros with all
-    masks False, so they add no loss, no gradient and no metric.
+    Args:
+      preps: 1..group_size series prepared with this `data_cfg`.
+      group_size: K, the coin axis length of every group in the run.
+      data_cfg: the `config.data` group (sizes come from `padded_sizes`).
+      sharding: optional `jax.sharding.Sharding` for the [K, ...] arrays.
+
+    Returns:
+      A GroupArrays. Padded coins repeat nothing: they are zeros with all masks
+      False, so they add no loss, no gradient and no metric. Padded window slots
+      (of real and padded coins) have mask False and end L - 1, so every gather
+      stays in bounds.
+
+    Raises:
+      ValueError: if there are no series, more than group_size, or one exceeds the
+        padded sizes or has another feature width.
     """
     sizes = padded_sizes(data_cfg)
-    k, t = group_size, sizes["T"]
-    f = preps[0].inputs.shape[1]
+    _check_fits(preps, group_size, sizes)
+    k, t, f = group_size, sizes["T"], preps[0].inputs.shape[1]
     host = {
         "inputs": np.zeros((k, t, f), np.float32),
         "targets": np.zeros((k, t, NUM_TARGETS), np.float32),
@@ -253,28 +344,49 @@ def gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, lookback: int,
 def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) -> np.ndarray:
     """Maps normalised forecasts back to float64 prices [N, H, 4].
 
+    Args:
+      prep: the series the windows come from.
+      ends_N: int [N] window end indices into prep (e.g. prep.ends["test"]).
+      pred_NHC: [N, H, 4] forecasts in the normalised space `gather` produces.
+
+    Returns:
+      float64 [N, H, 4] OHLC prices; exact (up to float64) for last_close.
+
     Raises:
       ValueError: for candle_minmax, which discards the price level.
     """
     pred = np.asarray(pred_NHC, np.float64)
     kind = prep.norm["kind"]
     if kind == "last_close":
-        return prep.ohlc[ends_N, 3][:, None, None] * np.exp(pred)
+        return prep.ohlc[np.asarray(ends_N), 3][:, None, None] * np.exp(pred)
     if kind == "zscore":
         return pred * prep.norm["std"] + prep.norm["mean"]
     raise ValueError(
-        "data.normalization='candle_minmax' keeps no price level, so forecasts "
-        "cannot be mapped to prices; use last_close or zscore"
+        f"{prep.name}: data.normalization='candle_minmax' keeps no price level, so "
+        "forecasts cannot be mapped to prices; use last_close or zscore"
     )
 
 
 def actual_prices(prep: PreparedSeries, ends_N: np.ndarray, horizon: int) -> np.ndarray:
     """The true next H candles of each window, float64 [N, H, 4]."""
+    ends_N = np.asarray(ends_N)
     return prep.ohlc[ends_N[:, None] + np.arange(1, horizon + 1)[None, :]]
 
 
 def latest_window(prep: PreparedSeries, lookback: int) -> np.ndarray:
-    """The newest L candles as one normalised window, float32 [1, L, F]."""
+    """The newest L candles as one normalised window, float32 [1, L, F].
+
+    Raises:
+      ValueError: if the newest L candles are fewer than L or span a gap (the
+        models never saw such a window, and no candle is invented to fill it).
+    """
     t = len(prep.inputs) - 1
+    steps = np.diff(prep.open_time_ms[max(t - lookback + 1, 0) :])
+    if t + 1 < lookback or np.any(steps != INTERVAL_MS[prep.interval]):
+        raise ValueError(
+            f"{prep.name}: the newest {lookback} candles (data.lookback) are not "
+            f"{lookback} consecutive {prep.interval} candles, so there is no window to "
+            "forecast from"
+        )
     x_LF = prep.inputs[t - lookback + 1 : t + 1] - prep.anchor[t] * prep.price_mask
     return x_LF[None].astype(np.float32)

@@ -1,0 +1,275 @@
+"""Tests of cpbjax.data.windows: split, purge, leakage, normalisation and device gathers."""
+
+import math
+
+import chex
+import jax
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from cpbjax import config as config_lib
+from cpbjax.data import features, windows
+from cpbjax.data.series import Series, SeriesSkipped
+
+STEP_MS = config_lib.INTERVAL_MS["1h"]
+L, H = 8, 3
+INDICATORS = (
+    "open", "high", "low", "close", "volume_norm", "rsi", "macd", "macd_signal",
+    "bb_upper", "bb_lower", "bb_width", "log_return",
+)  # fmt: skip
+NORMALIZATIONS = ("last_close", "zscore", "candle_minmax")
+
+
+def _series(n=420, seed=0, missing=()):
+    """A random 1h series of n grid candles with the rows in `missing` left out."""
+    rng = np.random.default_rng(seed)
+    close = 50.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n)))
+    open_ = np.concatenate([[50.0], close[:-1]])
+    high = np.maximum(open_, close) * (1.0 + rng.uniform(0.0, 0.01, n))
+    low = np.minimum(open_, close) * (1.0 - rng.uniform(0.0, 0.01, n))
+    ohlcv = np.stack([open_, high, low, close, rng.uniform(1.0, 9.0, n)], axis=1)
+    times = 1_700_000_000_000 // STEP_MS * STEP_MS + STEP_MS * np.arange(n, dtype=np.int64)
+    keep = np.setdiff1d(np.arange(n), np.asarray(missing, np.int64))
+    return Series("TESTUSDT", "1h", times[keep], ohlcv[keep])
+
+
+def _data_cfg(**overrides):
+    d = config_lib.base_config().data
+    d.lookback, d.horizon, d.max_candles, d.min_candles = L, H, 360, 200
+    for key, value in overrides.items():
+        d[key] = value
+    return d
+
+
+def _reference_windows(series, prep, names, kind, ends):
+    """Normalised windows of `ends`, from the raw candles, written out plainly (float64)."""
+    feats, _ = features.compute(series.ohlcv, names)
+    offset = len(series.ohlcv) - len(prep.ohlc)  # kept rows are the newest ones
+    assert (series.open_time_ms[offset:] == prep.open_time_ms).all()
+    feats, ohlc = feats[offset:], series.ohlcv[offset:, :4]
+    n_train = prep.ends["train"][-1] + H + 1
+    mu, sd = feats[:n_train].mean(axis=0), feats[:n_train].std(axis=0)
+    o_mu, o_sd = ohlc[:n_train].mean(axis=0), ohlc[:n_train].std(axis=0)
+    xs, ys = [], []
+    for t in ends:
+        x = np.empty((L, len(names)))
+        for i, row in enumerate(range(t - L + 1, t + 1)):
+            for j, name in enumerate(names):
+                value = feats[row, j]
+                if name not in features.PRICE_FEATURES or kind == "zscore":
+                    x[i, j] = (value - mu[j]) / sd[j]
+                elif kind == "last_close":
+                    x[i, j] = math.log(value / ohlc[t, 3])
+                else:
+                    x[i, j] = (value - ohlc[row, 2]) / (ohlc[row, 1] - ohlc[row, 2])
+        y = ohlc[t + 1 : t + H + 1]
+        if kind == "last_close":
+            y = np.log(y / ohlc[t, 3])
+        elif kind == "zscore":
+            y = (y - o_mu) / o_sd
+        else:
+            y = (y - y[:, 2:3]) / (y[:, 1:2] - y[:, 2:3])
+        xs.append(x)
+        ys.append(y)
+    return np.stack(xs), np.stack(ys)
+
+
+def _vmapped_gather(inputs, targets, anchor, price_mask, ends):
+    return jax.vmap(windows.gather, in_axes=(0, 0, 0, None, 0, None, None))(
+        inputs, targets, anchor, price_mask, ends, L, H
+    )
+
+
+class GatherTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*NORMALIZATIONS)
+    def test_gather_matches_plain_numpy(self, kind):
+        series = _series()
+        prep = windows.prepare_series(series, _data_cfg(features=INDICATORS, normalization=kind))
+        ends = np.concatenate(
+            [prep.ends[s][:: max(len(prep.ends[s]) // 4, 1)] for s in windows.SPLITS]
+        )
+        gather = self.variant(lambda *a: windows.gather(*a, L, H))
+        x, y = gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends)
+        chex.assert_shape(x, (len(ends), L, len(INDICATORS)))
+        chex.assert_shape(y, (len(ends), H, 4))
+        x_ref, y_ref = _reference_windows(series, prep, INDICATORS, kind, ends)
+        np.testing.assert_allclose(x, x_ref, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(y, y_ref, rtol=2e-5, atol=2e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_vmapped_gather_equals_per_coin(self):
+        cfg = _data_cfg(features=INDICATORS)
+        preps = [windows.prepare_series(_series(n=400 + 10 * k, seed=k), cfg) for k in range(3)]
+        group = windows.stack_group(preps, 4, cfg)
+        ends_KB = group.train_ends[:, 5:21]
+        x_KBLF, y_KBHC = self.variant(_vmapped_gather)(
+            group.inputs, group.targets, group.anchor, group.price_mask, ends_KB
+        )
+        for k, prep in enumerate(preps):
+            x, y = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
+                                  prep.ends["train"][5:21], L, H)  # fmt: skip
+            np.testing.assert_array_equal(x_KBLF[k], x)
+            np.testing.assert_array_equal(y_KBHC[k], y)
+
+
+def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
+    prep = windows.prepare_series(_series(), _data_cfg())
+    ends = prep.ends["test"]
+    actual = windows.actual_prices(prep, ends, H)
+    y_true = np.log(actual / prep.ohlc[ends, 3][:, None, None])  # float64, on the host
+    np.testing.assert_allclose(windows.to_prices(prep, ends, y_true), actual, rtol=1e-12)
+    _, y_device = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
+                                 ends, L, H)  # fmt: skip
+    np.testing.assert_allclose(windows.to_prices(prep, ends, y_device), actual, rtol=2e-6)
+
+
+def test_zscore_round_trip_on_device():
+    prep = windows.prepare_series(_series(), _data_cfg(normalization="zscore"))
+    ends = prep.ends["val"]
+    _, y_device = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
+                                 ends, L, H)  # fmt: skip
+    np.testing.assert_allclose(
+        windows.to_prices(prep, ends, y_device), windows.actual_prices(prep, ends, H), rtol=1e-5
+    )
+
+
+def test_candle_minmax_has_no_prices():
+    prep = windows.prepare_series(_series(), _data_cfg(normalization="candle_minmax"))
+    with pytest.raises(ValueError, match="candle_minmax"):
+        windows.to_prices(prep, prep.ends["test"], np.zeros((len(prep.ends["test"]), H, 4)))
+
+
+def _train_view(prep):
+    """Everything training reads: train ends and the rows, inputs and targets they touch."""
+    n_train = prep.ends["train"][-1] + H + 1
+    x, y = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
+                          prep.ends["train"], L, H)  # fmt: skip
+    return prep.ends["train"], prep.inputs[:n_train], prep.targets[:n_train], x, y
+
+
+def _perturbed(series, first_row, seed=1):
+    """A copy with every candle from `first_row` on rescaled (OHLC rules still hold)."""
+    rng = np.random.default_rng(seed)
+    ohlcv = series.ohlcv.copy()
+    ohlcv[first_row:] *= rng.uniform(0.5, 2.0, (len(ohlcv) - first_row, 1))
+    return Series(series.symbol, series.interval, series.open_time_ms, ohlcv)
+
+
+@pytest.mark.parametrize("kind", ["last_close", "zscore"])
+def test_later_candles_do_not_leak_into_training(kind):
+    cfg = _data_cfg(features=INDICATORS, normalization=kind)
+    series = _series(missing=(150, 300))
+    prep = windows.prepare_series(series, cfg)
+    offset = len(series.ohlcv) - len(prep.ohlc)
+    boundary = offset + prep.ends["train"][-1] + H + 1  # first candle no training window reads
+    assert boundary <= offset + prep.ends["val"][0] + 1  # ... at or before val's first target
+    changed = windows.prepare_series(_perturbed(series, boundary), cfg)
+    for before, after in zip(_train_view(prep), _train_view(changed), strict=True):
+        np.testing.assert_array_equal(before, after)
+    for key, value in prep.norm.items():
+        np.testing.assert_array_equal(changed.norm[key], value)
+    assert not np.array_equal(prep.inputs, changed.inputs)  # the change did reach val/test
+    # One candle earlier is a training target: the check above would catch it.
+    touched = windows.prepare_series(_perturbed(series, boundary - 1), cfg)
+    assert not np.array_equal(_train_view(prep)[4], _train_view(touched)[4])
+
+
+@pytest.mark.parametrize("missing", [(), (260,), (250, 251, 298, 301, 305)])
+def test_purged_splits_share_no_target_candle(missing):
+    prep = windows.prepare_series(_series(missing=missing), _data_cfg())
+    e = prep.ends
+    assert e["train"].max() + H < e["val"].min() + 1  # last train target < first val target
+    assert e["val"].max() + H < e["test"].min() + 1
+    if not missing:  # without gaps, exactly the H windows before each boundary go
+        all_ends = windows._contiguous_ends(prep.open_time_ms, STEP_MS, L, H)
+        assert sum(len(v) for v in e.values()) == len(all_ends) - 2 * H
+
+
+def test_split_ends_purges_by_index_across_gaps():
+    ends = np.concatenate([np.arange(10, 18), np.arange(30, 38)])  # a gap after 17
+    parts = windows.split_ends(ends, (0.5, 0.25, 0.25), horizon=3)
+    # The gap already keeps train's targets (<= 20) before val's first window (30), so no
+    # train window goes; val's 31..33 would read targets at or after test's anchor 34.
+    np.testing.assert_array_equal(parts["train"], np.arange(10, 18))
+    np.testing.assert_array_equal(parts["val"], [30])
+    np.testing.assert_array_equal(parts["test"], np.arange(34, 38))
+
+
+def test_windows_never_span_a_gap_and_no_candle_is_invented():
+    series = _series(missing=(200, 201, 330))
+    prep = windows.prepare_series(series, _data_cfg())
+    assert np.isin(prep.open_time_ms, series.open_time_ms).all()
+    assert len(np.unique(prep.open_time_ms)) == len(prep.open_time_ms)
+    ends = np.concatenate([prep.ends[s] for s in windows.SPLITS])
+    for t in ends:
+        span = prep.open_time_ms[t - L + 1 : t + H + 1]
+        assert (np.diff(span) == STEP_MS).all()
+    # Every gap-free end that survives purging is used: the gaps removed only spanning ones.
+    gap_rows = np.nonzero(np.diff(prep.open_time_ms) != STEP_MS)[0]
+    assert len(gap_rows) == 2
+    for g in gap_rows:  # a window spans the gap after row g if t-L+1 <= g < t+H
+        assert not ((ends - L + 1 <= g) & (g < ends + H)).any()
+
+
+@pytest.mark.parametrize("splits", [(0.7, 0.15, 0.15), (0.5, 0.3, 0.2), (1 / 3, 1 / 3, 1 / 3)])
+def test_padded_sizes_bound_every_series(splits):
+    cfg = _data_cfg(splits=splits, min_candles=60)
+    sizes = windows.padded_sizes(cfg)
+    n_max = cfg.max_candles - L - H + 1
+    for n in range(n_max + 1):  # every possible window count, purged or not
+        parts = windows.split_ends(np.arange(n) + L - 1, splits, H)
+        assert all(len(parts[s]) <= sizes[s] for s in windows.SPLITS), n
+    for n_candles, missing in [(60, ()), (200, (50,)), (361, ()), (500, (400, 420)), (900, ())]:
+        prep = windows.prepare_series(_series(n=n_candles, missing=missing), cfg)
+        assert len(prep.inputs) <= sizes["T"]
+        assert all(len(prep.ends[s]) <= sizes[s] for s in windows.SPLITS)
+
+
+def test_stack_group_pads_and_masks():
+    cfg = _data_cfg(min_candles=100)
+    preps = [windows.prepare_series(_series(n=n, seed=n), cfg) for n in (360, 150)]
+    group = windows.stack_group(preps, 3, cfg)
+    sizes = windows.padded_sizes(cfg)
+    chex.assert_shape(group.inputs, (3, sizes["T"], 4))
+    chex.assert_shape(group.targets, (3, sizes["T"], 4))
+    for split in windows.SPLITS:
+        ends, mask = (np.asarray(a) for a in group.ends(split))
+        chex.assert_shape(ends, (3, sizes[split]))
+        assert ends.min() >= L - 1 and ends.max() + H < sizes["T"]
+        assert not mask[2].any()
+        for k, prep in enumerate(preps):
+            n = len(prep.ends[split])
+            np.testing.assert_array_equal(ends[k, :n], prep.ends[split])
+            assert mask[k, :n].all() and not mask[k, n:].any()
+    np.testing.assert_array_equal(group.inputs[1, : len(preps[1].inputs)], preps[1].inputs)
+    assert not np.asarray(group.inputs[1, len(preps[1].inputs) :]).any()
+    assert not np.asarray(group.inputs[2]).any()
+    with pytest.raises(ValueError, match="group_size=1"):
+        windows.stack_group(preps, 1, cfg)
+
+
+def test_warmup_is_dropped_and_costs_no_kept_candle():
+    series = _series(n=420)
+    prep = windows.prepare_series(series, _data_cfg(features=INDICATORS))
+    assert len(prep.inputs) == 360  # history before the kept candles fills the warm-up
+    short = windows.prepare_series(_series(n=300), _data_cfg(features=INDICATORS))
+    assert len(short.inputs) == 300 - 33  # macd_signal's warm-up rows are dropped
+    assert np.isfinite(short.inputs).all()
+
+
+def test_too_few_candles_is_skipped_with_the_field_named():
+    with pytest.raises(SeriesSkipped, match=r"data\.min_candles=200"):
+        windows.prepare_series(_series(n=210), _data_cfg(features=INDICATORS))
+
+
+def test_latest_window_is_the_newest_normalised_window():
+    series = _series()
+    prep = windows.prepare_series(series, _data_cfg())
+    x = windows.latest_window(prep, L)
+    expected = np.log(series.ohlcv[-L:, :4] / series.ohlcv[-1, 3])
+    np.testing.assert_allclose(x[0], expected, atol=1e-6)
+    gap = windows.prepare_series(_series(missing=(415,)), _data_cfg())
+    with pytest.raises(ValueError, match="TESTUSDT-1h"):
+        windows.latest_window(gap, L)
