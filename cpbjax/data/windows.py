@@ -188,7 +188,10 @@ def _normalise(ohlc, feats, names, n_train: int, kind: str):
 
 
 def _kept_rows(series: Series, data_cfg, names):
-    """(open times, ohlcv, features) of the newest max_candles candles past the warm-up."""
+    """(open times, ohlcv, features) of the newest max_candles candles past the warm-up.
+
+    Also returns first_valid, the number of warm-up rows of the whole series.
+    """
     feats, first_valid = features_lib.compute(series.ohlcv, names)
     start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
     return series.open_time_ms[start:], series.ohlcv[start:], feats[start:], first_valid
