@@ -1,0 +1,145 @@
+"""Tests of cpbjax/report.py: the table, report.md and the PNG plots."""
+
+import io
+import os
+
+import numpy as np
+from rich.console import Console
+
+from cpbjax import config as config_lib
+from cpbjax import evaluate, report
+
+H = 3
+STEP = 3_600_000
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _record(name, seed, n=12):
+    """A tiny forecasts record: a random walk, forecasts = actual plus noise."""
+    rng = np.random.default_rng(seed)
+    close = 100.0 * np.exp(np.cumsum(rng.normal(0, 0.01, n + H)))
+    ohlc = np.stack([close, close * 1.01, close * 0.99, close], axis=1)  # [T, 4]
+    idx = np.arange(n)[:, None] + np.arange(1, H + 1)[None, :]
+    actual = ohlc[idx]
+    return {
+        "series": np.array(name),
+        "symbol": np.array(name.split("-")[0]),
+        "interval": np.array("1h"),
+        "columns": np.array(evaluate.COLUMNS),
+        "last_open_time_ms": 1_700_000_000_000 + STEP * np.arange(n, dtype=np.int64),
+        "last_candle": ohlc[:n],
+        "target_open_time_ms": 1_700_000_000_000 + STEP * idx,
+        "actual": actual,
+        "predicted": actual * np.exp(rng.normal(0, 0.003, actual.shape)),
+    }
+
+
+def _results(records):
+    series = {}
+    for i, (name, rec) in enumerate(records.items()):
+        test = evaluate.score_prices(rec["last_candle"], rec["actual"], rec["predicted"])
+        series[name] = {"status": "stopped_early", "best_val_loss": 0.5 + i, "epochs_run": 3,
+                        "train_seconds": 1.25, "test": test}  # fmt: skip
+    return {
+        "run": {"versions": {"jax": "0.10.2"}, "devices": ["cpu:0"], "wall_seconds": 9.5},
+        "series": series,
+        "skipped": {"LUNAUSDT-1h": "only 10 usable candles"},
+    }
+
+
+def _history(names):
+    return [{"group": 0, "epoch": e, "series": list(names), "train_loss": [1.0 / e, None],
+             "val_loss": [1.5 / e, 2.0], "lr": 1e-3, "active": [True, True], "seconds": 0.1}
+            for e in (1, 2, 3)]  # fmt: skip
+
+
+def _config(plots=True):
+    c = config_lib.load("configs/gru.py:tiny")
+    c.eval.plots = plots
+    c.eval.plot_windows = 2
+    c.data.lookback = 4
+    return c
+
+
+def _is_png(path):
+    with open(path, "rb") as f:
+        return f.read(8) == PNG_MAGIC
+
+
+def test_table_row_cells():
+    records = {"BTCUSDT-1h": _record("BTCUSDT-1h", 0)}
+    results = _results(records)
+    test = results["series"]["BTCUSDT-1h"]["test"]
+    row = report.table_rows(results, "gru")[0]
+    assert row[:5] == ["BTCUSDT-1h", "gru", "stopped_early", "3", "0.5"]
+    close = test["columns"]["close"]
+    assert row[5] == format(close["mae"], ".4g")
+    assert row[8] == format(100 * close["skill"], "+.2f")
+    d = test["direction"]
+    assert row[9] == f"{100 * d['accuracy']:.1f} ({100 * d['up_share']:.1f})"
+    assert row[11] == "1.2"  # 1.25 s
+
+
+def test_summary_counts_skill_and_significance():
+    def entry(skill, p):
+        return {"test": {"columns": {"close": {"skill": skill}}, "dm": {"p_value_better": p}}}
+
+    results = {"series": {"A-1h": entry(0.02, 0.01), "B-1h": entry(-0.005, 0.7),
+                          "C-1h": entry(0.001, 0.2), "D-1h": {"status": "diverged"}}}  # fmt: skip
+    lines = report.summary_lines(results)
+    assert "median +0.10%" in lines[0] and "positive on 2 of 3" in lines[0]
+    assert "p < 0.05: 1 of 3" in lines[1]
+    assert lines[2].startswith("2 of 3 series have |skill| < 1%")
+
+
+def test_write_reports_files(tmp_path):
+    workdir = str(tmp_path)
+    names = ("BTCUSDT-1h", "ETHUSDT-1h")
+    records = {n: _record(n, i) for i, n in enumerate(names)}
+    results = _results(records)
+    out = io.StringIO()
+    path = report.write_reports(workdir, results, _config(), history=_history(names),
+                                forecasts=records, console=Console(file=out, width=250))  # fmt: skip
+    assert path == os.path.join(workdir, "report.md")
+    printed = out.getvalue()
+    assert "BTCUSDT-1h" in printed and "skipped LUNAUSDT-1h: only 10 usable candles" in printed
+    with open(path) as f:
+        md = f.read()
+    assert "| BTCUSDT-1h | gru | stopped_early | 3 |" in md
+    assert "- LUNAUSDT-1h: only 10 usable candles" in md
+    assert "- wall_seconds: 9.5" in md and "- versions.jax: 0.10.2" in md
+    plots = sorted(os.listdir(os.path.join(workdir, "plots")))
+    expected = ["skill.png"] + [f"{k}-{n}.png" for k in ("forecast", "loss") for n in names]
+    assert plots == sorted(expected)
+    assert all(_is_png(os.path.join(workdir, "plots", p)) for p in plots)
+    assert "![skill.png](plots/skill.png)" in md
+
+
+def test_forecasts_read_from_saved_files_and_stem(tmp_path):
+    workdir = str(tmp_path)
+    rec = _record("BTCUSDT-1h", 3)
+    os.makedirs(os.path.join(workdir, "forecasts"))
+    np.savez(os.path.join(workdir, "forecasts", "BTCUSDT-1h.npz"), **rec)
+    results = _results({"BTCUSDT-1h": rec})
+    report.write_reports(workdir, results, _config(), history=[], stem="eval-20240101-000000",
+                         console=Console(file=io.StringIO()))  # fmt: skip
+    folder = os.path.join(workdir, "plots", "eval-20240101-000000")
+    assert sorted(os.listdir(folder)) == ["forecast-BTCUSDT-1h.png", "skill.png"]
+    assert os.path.exists(os.path.join(workdir, "eval-20240101-000000.md"))
+    assert not os.path.exists(os.path.join(workdir, "report.md"))
+
+
+def test_plots_off(tmp_path):
+    workdir = str(tmp_path)
+    records = {"BTCUSDT-1h": _record("BTCUSDT-1h", 0)}
+    report.write_reports(workdir, _results(records), _config(plots=False), forecasts=records,
+                         console=Console(file=io.StringIO()))  # fmt: skip
+    assert os.listdir(workdir) == ["report.md"]
+
+
+def test_loss_curves_from_history():
+    curves = report.loss_curves(_history(("A-1h", "B-1h")))
+    epochs, train, val = curves["A-1h"]
+    assert epochs == [1, 2, 3]
+    np.testing.assert_allclose(val, [1.5, 0.75, 0.5])
+    assert np.isnan(curves["B-1h"][1]).all()
