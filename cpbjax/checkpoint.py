@@ -1,0 +1,123 @@
+"""Every Orbax call of cpbjax: group train-state checkpoints and per-series best models.
+
+Layout under a workdir:
+  checkpoints/group-000/<epoch>/   the full train state of one group (Orbax CheckpointManager)
+  models/<SYMBOL>-<INTERVAL>/      params/ (Orbax) + meta.json: one series' best model,
+                                   loadable alone with `load_series_model`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import orbax.checkpoint as ocp
+from absl import logging
+
+from cpbjax import writers
+
+META_FILE = "meta.json"
+PARAMS_DIR = "params"
+
+
+class GroupCheckpoints:
+    """Saves a group's train state every `every_epochs` epochs and keeps the newest `keep`.
+
+    Orbax writes each checkpoint to a temporary folder and renames it when complete,
+    so a process killed mid-save leaves no half checkpoint among the steps.
+    """
+
+    def __init__(self, directory: str, every_epochs: int, keep: int):
+        self.directory = os.path.abspath(directory)
+        self.every_epochs = every_epochs
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, cleanup_tmp_directories=True
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def maybe_save(self, epoch: int, state, force: bool = False) -> bool:
+        """Saves `state` as step `epoch` if it is a multiple of every_epochs or `force`.
+
+        The save is asynchronous: it returns once the arrays are copied off the
+        device, so the caller may donate `state` to the next epoch.
+        """
+        if not force and epoch % self.every_epochs:
+            return False
+        if epoch in self._manager.all_steps():
+            return False
+        self._manager.save(epoch, args=ocp.args.StandardSave(state))
+        return True
+
+    def restore_latest(self, abstract_state):
+        """Restores the newest readable checkpoint into the structure of `abstract_state`.
+
+        Args:
+          abstract_state: pytree of jax.ShapeDtypeStruct (with shardings) of the state.
+
+        Returns:
+          (state, epoch), or None if there is no checkpoint. A checkpoint that cannot
+          be read is reported with a warning naming its folder, deleted (so training
+          can save that epoch again) and the previous one is tried.
+        """
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+                return state, step
+            except Exception as e:  # noqa: BLE001 (Orbax/TensorStore raise many kinds)
+                path = os.path.join(self.directory, str(step))
+                logging.warning("checkpoint %s is unreadable (%s: %s); deleting it and "
+                                "falling back to the previous one", path, type(e).__name__, e)  # fmt: skip
+                self._delete(step, path)
+        return None
+
+    def _delete(self, step: int, path: str) -> None:
+        try:
+            self._manager.delete(step)
+        except Exception:  # noqa: BLE001 (a corrupt step may not even delete cleanly)
+            shutil.rmtree(path, ignore_errors=True)
+        self._manager.reload()
+
+    def close(self) -> None:
+        """Waits for a pending save to finish and releases the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def save_series_model(path: str, params, meta: dict) -> None:
+    """Writes one series' params (Orbax) and meta.json into folder `path`, replacing it.
+
+    Args:
+      path: e.g. <workdir>/models/BTCUSDT-1h.
+      params: the Flax params pytree of ONE coin (host or device arrays).
+      meta: JSON-able facts needed to use the params alone (model and data config,
+        normalisation, num_params, ...).
+    """
+    path = os.path.abspath(path)
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
+    writers.write_json(os.path.join(tmp, META_FILE), meta)
+    # Replace the whole folder so params and meta always come from the same save.
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def load_series_model(path: str):
+    """Loads a folder written by `save_series_model`.
+
+    Returns:
+      (params, meta): the params pytree (arrays) and the meta dict.
+
+    Raises:
+      FileNotFoundError: if `path` has no saved model, naming the path.
+    """
+    path = os.path.abspath(path)
+    meta_path = os.path.join(path, META_FILE)
+    if not os.path.exists(meta_path):
+        raise FileNotFoundError(f"no saved model in {path} (missing {META_FILE})")
+    meta = writers.read_json(meta_path)
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore(os.path.join(path, PARAMS_DIR))
+    return params, meta

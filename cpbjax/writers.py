@@ -1,0 +1,237 @@
+"""Where run outputs go: atomic JSON files, metrics.jsonl and the per-epoch progress display.
+
+Every file is written so that a crash never leaves a torn one: JSON files go to a
+temporary sibling, are fsynced and then `os.replace`d; metrics.jsonl is appended
+line by line with an fsync, and a reader ignores a final line without its newline
+(the only thing a crash mid-append can leave).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+from absl import logging
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+RESULTS_FILE = "results.json"
+
+
+def to_jsonable(obj):
+    """Converts numpy values, tuples, dataclasses and ConfigDicts to plain JSON types.
+
+    Non-finite floats become None (JSON has no NaN), so `json.dumps(..., allow_nan=False)`
+    always succeeds on the result.
+    """
+    if hasattr(obj, "to_dict"):  # ml_collections.ConfigDict
+        obj = obj.to_dict()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray) or (hasattr(obj, "shape") and hasattr(obj, "dtype")):
+        return to_jsonable(np.asarray(obj).tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, str):
+        return obj
+    raise TypeError(f"cannot write {type(obj).__name__} value {obj!r} as JSON")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, obj) -> None:
+    """Writes `obj` as indented JSON to `path` atomically (temp file, fsync, os.replace).
+
+    If anything fails before the replace, the previous file at `path` is untouched.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def read_json(path: str):
+    """Reads a JSON file; raises ValueError naming the file if it does not parse."""
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+def write_config(workdir: str, config) -> None:
+    """Writes the resolved config to <workdir>/config.json."""
+    write_json(os.path.join(workdir, CONFIG_FILE), config)
+
+
+def write_results(workdir: str, results: dict) -> None:
+    """Writes <workdir>/results.json."""
+    write_json(os.path.join(workdir, RESULTS_FILE), results)
+
+
+class MetricsLog:
+    """<workdir>/metrics.jsonl: one JSON object per line, appended with an fsync."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, METRICS_FILE)
+
+    def records(self) -> list[dict]:
+        """All complete lines; a torn final line (no newline) is ignored."""
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            lines = f.read().split("\n")
+        # The element after the last "\n" is "" for a clean file, a fragment if torn.
+        return [json.loads(line) for line in lines[:-1] if line]
+
+    def keep(self, predicate: Callable[[dict], bool]) -> None:
+        """Atomically rewrites the file with only the records `predicate` accepts.
+
+        A resumed group calls this to drop the epochs after its checkpoint (they are
+        re-run) and any torn line, before appending again.
+        """
+        kept = [r for r in self.records() if predicate(r)]
+        self._write_all(kept)
+
+    def append(self, record: dict) -> None:
+        """Appends one record as a line and fsyncs it."""
+        line = json.dumps(to_jsonable(record), allow_nan=False) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _write_all(self, records: Iterable[dict]) -> None:
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix=f".{METRICS_FILE}.", dir=directory)
+        with os.fdopen(fd, "w") as f:
+            for r in records:
+                f.write(json.dumps(to_jsonable(r), allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+def _fmt_loss(values) -> str:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "-"
+    return f"{min(finite):.4g}/{statistics.median(finite):.4g}"
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+@dataclasses.dataclass
+class _GroupInfo:
+    name: str
+    num_series: int
+    max_epochs: int
+    start_epoch: int
+    started: float
+
+
+class PlainProgress:
+    """One absl log line per epoch (CI, log files)."""
+
+    def __init__(self):
+        self._group = None
+
+    def start_group(self, name: str, num_series: int, max_epochs: int, start_epoch: int) -> None:
+        self._group = _GroupInfo(name, num_series, max_epochs, start_epoch, time.monotonic())
+        resumed = f", resumed after epoch {start_epoch}" if start_epoch else ""
+        logging.info("%s: training %d series for up to %d epochs%s",
+                     name, num_series, max_epochs, resumed)  # fmt: skip
+
+    def update(self, record: dict, memory_bytes: int | None) -> None:
+        g = self._group
+        done = record["epoch"] - g.start_epoch
+        eta = (time.monotonic() - g.started) / max(done, 1) * (g.max_epochs - record["epoch"])
+        logging.info(
+            "%s epoch %d/%d: active %d/%d, train loss min/median %s, best val min/median %s, "
+            "lr %.3g, %.2fs, ETA <= %.0fs, device memory %s",
+            g.name, record["epoch"], g.max_epochs, sum(record["active"]), g.num_series,
+            _fmt_loss(record["train_loss"]), _fmt_loss(record["best_val_loss"]),
+            record["lr"], record["seconds"], eta, _fmt_bytes(memory_bytes),
+        )  # fmt: skip
+
+    def end_group(self) -> None:
+        logging.info("%s: done in %.1fs", self._group.name, time.monotonic() - self._group.started)
+
+
+class RichProgress:
+    """A live rich progress bar per group (interactive terminals)."""
+
+    def __init__(self):
+        from rich import progress as rp  # noqa: PLC0415 (only needed on a TTY)
+
+        self._progress = rp.Progress(
+            rp.TextColumn("{task.description}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TextColumn("active {task.fields[active]}"),
+            rp.TextColumn("best val min/med {task.fields[best]}"),
+            rp.TimeRemainingColumn(),
+            rp.TextColumn("{task.fields[memory]}"),
+        )
+        self._task = None
+        self._num_series = 0
+
+    def start_group(self, name: str, num_series: int, max_epochs: int, start_epoch: int) -> None:
+        self._num_series = num_series
+        self._progress.start()
+        self._task = self._progress.add_task(
+            name, total=max_epochs, completed=start_epoch,
+            active=f"{num_series}/{num_series}", best="-", memory="",
+        )  # fmt: skip
+
+    def update(self, record: dict, memory_bytes: int | None) -> None:
+        self._progress.update(
+            self._task, completed=record["epoch"],
+            active=f"{sum(record['active'])}/{self._num_series}",
+            best=_fmt_loss(record["best_val_loss"]), memory=_fmt_bytes(memory_bytes),
+        )  # fmt: skip
+
+    def end_group(self) -> None:
+        self._progress.stop()
+
+
+def make_progress(mode: str) -> PlainProgress | RichProgress:
+    """config.logging.progress: `rich`, `plain`, or `auto` (rich on a TTY, else plain)."""
+    if mode == "rich" or (mode == "auto" and sys.stderr.isatty()):
+        return RichProgress()
+    return PlainProgress()
