@@ -158,7 +158,7 @@ def _times_to_ms(column: pd.Series, name: str) -> np.ndarray:
         raise KlineError(f"{name}: time column is neither epoch numbers nor ISO times") from e
     if stamps.isna().any():
         raise KlineError(f"{name}: time column has missing values")
-    return stamps.astype("datetime64[ms, UTC]").to_numpy().view(np.int64).copy()
+    return stamps.dt.as_unit("ms").astype(np.int64).to_numpy()
 
 
 def invalid_rows(times: np.ndarray, ohlcv: np.ndarray, step_ms: int) -> dict[str, np.ndarray]:
