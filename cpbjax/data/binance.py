@@ -273,13 +273,20 @@ class HttpMirror:
             data, status, reason = self._get(url)
             problem = reason if data is None else _checksum_problem(data, expected)
             if problem is None:
-                _write_atomic(path, data)
-                _write_atomic(path + ".CHECKSUM", text)  # Written last: marks `path` verified.
-                return _parsed(ref, data)
+                return self._store(ref, path, data, text)
             problems.append(problem)
             if status not in (None, 200):  # urllib3 has already retried status errors.
                 break
         return Fetched(ref, "failed", reason=" / then ".join(problems))
+
+    def _store(self, ref: FileRef, path: str, data: bytes, checksum: bytes) -> Fetched:
+        """Caches a verified zip, then its CHECKSUM (which marks it verified); parses it."""
+        try:
+            _write_atomic(path, data)
+            _write_atomic(path + ".CHECKSUM", checksum)
+        except OSError as e:
+            return Fetched(ref, "failed", reason=f"cannot write to the cache ({e})")
+        return _parsed(ref, data)
 
     def _read_cache(self, path: str, name: str) -> bytes | None:
         """A cached zip whose cached CHECKSUM still matches; a corrupt pair is deleted."""
