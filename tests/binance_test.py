@@ -233,7 +233,7 @@ def _expected_cache(loaded):
 def test_http_download_with_injected_faults(server, tmp_path):
     base_url, root, faults = server
     symbols = ["BTCUSDT", "ETHUSDT", "BNBUSDT", "SOLUSDT", "PEPEUSDT", "XRPUSDT", "ADAUSDT",
-               "LTCUSDT"]  # fmt: skip
+               "LTCUSDT", "AVAXUSDT"]  # fmt: skip
     _mirror(root, symbols)
     faulty = "2025-01"
     faults.queues[_url_path("BTCUSDT", faulty)] = ["500"]  # then success
@@ -242,6 +242,7 @@ def test_http_download_with_injected_faults(server, tmp_path):
     faults.queues[_url_path("SOLUSDT", faulty)] = ["truncate", "truncate"]
     faults.queues[_url_path("PEPEUSDT", faulty)] = ["truncate"]  # fetched once more: fine
     faults.queues[_url_path("ADAUSDT", faulty)] = ["html", "html"]
+    faults.queues[_url_path("AVAXUSDT", faulty)] = ["500"] * 10  # more than data.retries
     with open(_zip(root, "XRPUSDT", faulty) + ".CHECKSUM", "w") as f:
         f.write("0" * 64 + f"  XRPUSDT-1h-{faulty}.zip\n")
     for suffix in ("", ".CHECKSUM"):
@@ -263,6 +264,9 @@ def test_http_download_with_injected_faults(server, tmp_path):
         assert notes["failed_months"][faulty].startswith(reason), (symbol, notes)
         assert " / then " in notes["failed_months"][faulty]  # It was fetched twice.
         assert faults.hits[_url_path(symbol, faulty)] == 2, symbol
+    avax = loaded["AVAXUSDT-1h"].notes
+    assert avax["failed_months"][faulty].startswith("HTTP 500 for http://127.0.0.1")
+    assert faults.hits[_url_path("AVAXUSDT", faulty)] == 3  # 1 + data.retries, not fetched again.
     ltc = loaded["LTCUSDT-1h"].notes
     assert ltc["months"] == ["2024-11", "2025-01", "2025-02"]
     assert ltc["failed_months"] == {"2024-12": "missing (HTTP 404)"}

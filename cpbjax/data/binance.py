@@ -269,13 +269,13 @@ class HttpMirror:
         except ValueError as e:
             return Fetched(ref, "failed", reason=str(e))
         problems = []
-        for _ in range(2):  # A bad body is fetched once more, then the month fails.
+        for _ in range(2):  # A bad or cut body is fetched once more, then the month fails.
             data, status, reason = self._get(url)
             problem = reason if data is None else _checksum_problem(data, expected)
             if problem is None:
                 return self._store(ref, path, data, text)
             problems.append(problem)
-            if status not in (None, 200):  # urllib3 has already retried status errors.
+            if status != 200:  # No body came: urllib3 has already retried the request.
                 break
         return Fetched(ref, "failed", reason=" / then ".join(problems))
 
