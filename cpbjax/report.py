@@ -179,7 +179,8 @@ def render_markdown(results: dict, config, plots: list[str], title: str = "cpbja
     return "\n".join(lines)
 
 
-def _write_text(path: str, text: str) -> None:
+def write_text(path: str, text: str) -> None:
+    """Writes a text file atomically (temp file in the same folder, then os.replace)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
@@ -351,5 +352,5 @@ def write_reports(workdir, results, config, history=None, forecasts=None, stem="
         plots = write_plots(folder, results, config, history, forecasts)
     path = os.path.join(workdir, f"{stem}.md")
     rel = [os.path.relpath(p, workdir) for p in plots]
-    _write_text(path, render_markdown(results, config, rel, title=f"cpbjax {stem}"))
+    write_text(path, render_markdown(results, config, rel, title=f"cpbjax {stem}"))
     return path

@@ -1,0 +1,161 @@
+"""Tests of cpbjax/predict.py: --mode predict and --mode evaluate on a tiny workdir."""
+
+import csv
+import glob
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from cpbjax import checkpoint, models, predict, writers
+from cpbjax import config as config_lib
+from cpbjax.config import INTERVAL_MS
+from cpbjax.data import sources, windows
+
+SYMBOLS = ("BTCUSDT", "ETHUSDT")
+
+
+def _config():
+    c = config_lib.load("configs/gru.py:tiny")
+    c.data.symbols = SYMBOLS
+    c.data.intervals = ("1h",)
+    c.eval.plot_windows = 1
+    return c
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A workdir with one saved (untrained) model per series and a results.json."""
+    path = str(tmp_path_factory.mktemp("run"))
+    config = _config()
+    module = models.build(models.make_config(config))
+    x = np.zeros((1, config.data.lookback, len(config.data.features)), np.float32)
+    params = jax.jit(module.init)(jax.random.key(0), x, None)["params"]
+    for symbol in SYMBOLS:
+        checkpoint.save_series_model(os.path.join(path, "models", f"{symbol}-1h"), params,
+                                     {"config": config.to_dict()})  # fmt: skip
+    writers.write_json(os.path.join(path, "config.json"), config)
+    writers.write_results(path, {
+        "run": {}, "skipped": {"SOLUSDT-1h": "only 5 usable candles"},
+        "series": {f"{s}-1h": {"status": "trained", "epochs_run": 3, "best_val_loss": 0.1,
+                               "train_seconds": 1.0, "test": {"stale": True}} for s in SYMBOLS},
+    })  # fmt: skip
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Selecting series.
+
+AVAILABLE = ("BTCUSDT-15m", "BTCUSDT-1h", "ETHUSDT-1h")
+
+
+def test_select_all_and_by_symbol_or_interval():
+    assert predict.select_series(AVAILABLE, (), ())[0] == list(AVAILABLE)
+    assert predict.select_series(AVAILABLE, ("BTCUSDT",), ())[0] == ["BTCUSDT-15m", "BTCUSDT-1h"]
+    assert predict.select_series(AVAILABLE, (), ("1h",))[0] == ["BTCUSDT-1h", "ETHUSDT-1h"]
+    assert predict.select_series(AVAILABLE, ("ETHUSDT",), ("1h",))[0] == ["ETHUSDT-1h"]
+
+
+@pytest.mark.parametrize(
+    "symbols, intervals, named",
+    [
+        (("ETHUSDT",), ("15m",), "ETHUSDT-15m"),
+        (("SOLUSDT",), (), "symbol SOLUSDT"),
+        ((), ("4h",), "interval 4h"),
+    ],
+)
+def test_select_missing_lists_available(symbols, intervals, named):
+    with pytest.raises(predict.ModelNotFound) as e:
+        predict.select_series(AVAILABLE, symbols, intervals)
+    assert named in str(e.value)
+    assert "BTCUSDT-15m, BTCUSDT-1h, ETHUSDT-1h" in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_select_excuses_series_skipped_in_training():
+    names, skipped = predict.select_series(
+        AVAILABLE, ("BTCUSDT", "SOLUSDT"), ("1h",), excused={"SOLUSDT-1h": "too short"}
+    )
+    assert names == ["BTCUSDT-1h"]
+    assert skipped == {"SOLUSDT-1h": "no model (skipped in training: too short)"}
+
+
+def test_no_models_folder(tmp_path):
+    with pytest.raises(predict.ModelNotFound, match="train with --workdir"):
+        predict.available_models(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# --mode predict.
+
+
+def test_predict_continues_the_grid_and_matches_the_model(workdir):
+    config = _config()
+    config.predict.intervals = ("1h",)
+    doc = predict.run_predict(config, workdir)
+    with open(os.path.join(workdir, "forecast.json")) as f:
+        assert json.load(f) == json.loads(json.dumps(doc))
+    assert sorted(doc["series"]) == ["BTCUSDT-1h", "ETHUSDT-1h"]
+    series = {s.name: s for s in sources.load_all(config.data)[0]}
+    step = INTERVAL_MS["1h"]
+    L, H = config.data.lookback, config.data.horizon
+    for name, fc in doc["series"].items():
+        last_ms = int(series[name].open_time_ms[-1])
+        assert fc["last_open_time_ms"] == last_ms
+        times = [c["open_time_ms"] for c in fc["forecast"]]
+        assert times == [last_ms + step * h for h in range(1, H + 1)]
+        assert all(t % step == 0 for t in times)
+        assert fc["forecast"][0]["open_time"].endswith("Z")
+        # Independently: the model applied to the newest window, mapped to prices.
+        module, params, trained = predict.load_model(os.path.join(workdir, "models", name))
+        prep = windows.prepare_series(series[name], trained.data)
+        y = np.asarray(module.apply({"params": params}, windows.latest_window(prep, L), None))
+        expected = series[name].ohlcv[-1, 3] * np.exp(y[0].astype(np.float64))
+        got = np.array([[c[k] for k in ("open", "high", "low", "close")] for c in fc["forecast"]])
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+    with open(os.path.join(workdir, "forecast.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * H
+    assert float(rows[0]["close"]) == doc["series"][rows[0]["series"]]["forecast"][0]["close"]
+
+
+def test_predict_unknown_interval_is_a_clear_error(workdir):
+    config = _config()
+    config.predict.intervals = ("4h",)
+    with pytest.raises(predict.ModelNotFound, match=r"interval 4h.*BTCUSDT-1h, ETHUSDT-1h"):
+        predict.run_predict(config, workdir)
+
+
+# ---------------------------------------------------------------------------
+# --mode evaluate.
+
+
+def test_evaluate_writes_metrics_and_report(workdir):
+    config = _config()
+    config.data.symbols = ("BTCUSDT", "ETHUSDT", "SOLUSDT")
+    config.data.synthetic_candles = 1300  # other data than training saw
+    config.eval.save_forecasts = True
+    results = predict.run_evaluate(config, workdir)
+    (path,) = glob.glob(os.path.join(workdir, "eval-*.json"))
+    stem = os.path.basename(path)[:-5]
+    assert writers.read_json(path) == json.loads(json.dumps(results))
+    assert results["skipped"] == {
+        "SOLUSDT-1h": "no model (skipped in training: only 5 usable candles)"
+    }
+    entry = results["series"]["BTCUSDT-1h"]
+    assert entry["status"] == "trained" and "stale" not in entry["test"]
+    for split in ("val", "test"):
+        assert entry[split]["columns"]["close"]["mae"] > 0
+        assert entry[split]["windows"] == entry["data"]["windows"][split]
+    assert os.path.exists(os.path.join(workdir, f"{stem}.md"))
+    assert os.path.exists(os.path.join(workdir, "plots", stem, "skill.png"))
+    assert os.path.exists(os.path.join(workdir, stem, "forecasts", "ETHUSDT-1h.npz"))
+
+
+def test_evaluate_series_without_model_is_a_clear_error(workdir):
+    config = _config()
+    config.data.symbols = ("BTCUSDT", "XRPUSDT")
+    with pytest.raises(predict.ModelNotFound, match="XRPUSDT-1h; series with a model: BTCUSDT-1h"):
+        predict.run_evaluate(config, workdir)
