@@ -4,7 +4,8 @@ Times `sources.load_all` on a Binance Vision directory mirror (sha256 checks,
 zip + CSV parsing, validation; no download, no processed-series cache, so every
 run is a cold run of the data layer, with the OS page cache warm after the
 first) and then `windows.prepare_series` (features, windows, normalisation) for
-every loaded series. Also times the synthetic source for the same series.
+every loaded series, with the default OHLC features and with every feature.
+Also times the synthetic source for the same series.
 
 Usage:
   python benchmarks/data_bench.py --mirror ../shared/data/binance-vision --repeats 5
@@ -70,8 +71,10 @@ def main(argv=None) -> list[dict]:
     config = config_lib.validate(config_lib.load(args.config))
     config.data.base_url = args.mirror
     rows = [_median_row("binance (directory mirror)", config.data, args.repeats)]
+    config.data.features = config_lib.FEATURES
+    rows.append(_median_row("binance, all features", config.data, args.repeats))
     config.data.source = "synthetic"
-    rows.append(_median_row("synthetic", config.data, args.repeats))
+    rows.append(_median_row("synthetic, all features", config.data, args.repeats))
     columns = ["source", "series", "skipped", "prepared", "candles", "first_total_s",
                "median_load_s", "median_prepare_s", "median_total_s"]  # fmt: skip
     table = common.markdown_table(rows, columns)
