@@ -1,0 +1,676 @@
+"""The compiled group program (one jitted call = one epoch of K coins) and the run driver.
+
+A group of K series ("coins") trains as ONE program: params and optimizer state carry a
+leading coin axis [K, ...], every per-coin function is `jax.vmap`ped over it, and a
+single jitted, state-donating call runs a whole epoch on device-resident data:
+shuffle each coin's training windows, `lax.scan` over the batches, validation loss,
+per-coin early stopping. The host reads back only per-coin scalars once per epoch.
+
+Masking rules: a padded window or coin adds nothing to any loss, gradient or metric; a
+coin whose batch has no valid window, or that has stopped or diverged, keeps its params
+and optimizer state bit for bit (`jnp.where` on the whole update, so Adam's step count
+and moments do not move). Every reduction is per coin, so a NaN in one coin can never
+reach another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import itertools
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from flax import struct
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import cpbjax
+from cpbjax import checkpoint, evaluate, models, optimizer, platform, report, writers
+from cpbjax import config as config_lib
+from cpbjax.data import sources, windows
+from cpbjax.data.series import SeriesSkipped
+
+COIN_AXIS = "coins"
+
+
+@struct.dataclass
+class GroupState:
+    """Everything a group needs to continue training; one Orbax checkpoint.
+
+    All leaves except `epoch` carry the coin axis K first. Epoch numbers are 1-based;
+    0 means "none yet".
+    """
+
+    params: Any  # Current Flax params [K, ...].
+    opt_state: Any  # Optax state of `optimizer.make_optimizer` [K, ...].
+    plateau: Any  # Reduce-on-plateau state [K, ...] (scale stays 1 when disabled).
+    best_params: Any  # Params at each coin's best validation loss [K, ...].
+    best_val: jax.Array  # float32 [K], inf before the first epoch.
+    best_epoch: jax.Array  # int32 [K].
+    bad_epochs: jax.Array  # int32 [K]: epochs since the last improvement.
+    active: jax.Array  # bool [K]: still training (False for padded coins).
+    diverged: jax.Array  # bool [K].
+    diverged_epoch: jax.Array  # int32 [K].
+    epochs_run: jax.Array  # int32 [K]: epochs this coin trained.
+    key: jax.Array  # uint32 [K, 2]: per-coin training key; epoch keys fold in the epoch.
+    epoch: jax.Array  # int32 []: epochs completed by the group.
+
+
+def coin_mesh(devices=None) -> Mesh:
+    """A 1-D mesh named `coins` over all (or the given) devices."""
+    return Mesh(np.array(devices if devices is not None else jax.devices()), (COIN_AXIS,))
+
+
+def coin_keys(seed: int, series_indices) -> np.ndarray:
+    """uint32 [K, 2] keys fold_in(PRNGKey(seed), index): a coin's stream is its own.
+
+    The index is the series' position in the run, so a coin trains the same
+    whichever group or slot it lands in.
+    """
+    root = jax.random.PRNGKey(seed)
+    return np.stack([np.asarray(jax.random.fold_in(root, int(i))) for i in series_indices])
+
+
+def _select(take_K: jax.Array, new, old):
+    """Per-coin choice between two [K, ...] pytrees (take_K: bool [K])."""
+
+    def pick(n, o):
+        return jnp.where(take_K.reshape(take_K.shape + (1,) * (n.ndim - 1)), n, o)
+
+    return jax.tree.map(pick, new, old)
+
+
+def _window_sq_err(y_hat_BHC: jax.Array, y_BHC: jax.Array) -> jax.Array:
+    """Mean squared error of each window, float32 [B]."""
+    return jnp.mean(jnp.square(y_hat_BHC.astype(jnp.float32) - y_BHC), axis=(1, 2))
+
+
+class GroupTrainer:
+    """Builds the jitted one-epoch program for groups of `num_coins` coins.
+
+    The program depends only on the config, the module and K, so every group of a
+    run (same padded shapes) reuses one compilation.
+
+    Attributes:
+      train_steps: batches per epoch (ceil of the padded train windows / batch size).
+      val_steps: validation batches per epoch.
+      schedule: global step -> base learning rate.
+      state_sharding: NamedShardings of GroupState (coin axis over the mesh).
+      coin_sharding: NamedSharding for [K, ...] data (pass it to `windows.stack_group`).
+    """
+
+    def __init__(self, config, module, num_coins: int, mesh: Mesh | None = None,
+                 max_traces: int | None = None):  # fmt: skip
+        """Args:
+        config: the run config (data, train and matmul_precision are read).
+        module: the Flax Linen model (see cpbjax.models).
+        num_coins: K, a multiple of the mesh size.
+        mesh: a 1-D `coins` mesh; default `coin_mesh()`.
+        max_traces: if set, the epoch function is wrapped in
+          `chex.assert_max_traces(n=max_traces)` (tests use it to prove no recompiles).
+        """
+        self.config, self.module, self.num_coins = config, module, num_coins
+        self.mesh = mesh if mesh is not None else coin_mesh()
+        if num_coins % self.mesh.size:
+            raise ValueError(
+                f"num_coins={num_coins} is not a multiple of the {self.mesh.size} devices"
+            )
+        sizes = windows.padded_sizes(config.data)
+        batch = config.train.batch_size
+        self.train_steps = math.ceil(sizes["train"] / batch)
+        self.val_steps = math.ceil(sizes["val"] / batch)
+        self.tx = optimizer.make_optimizer(config.train)
+        self.schedule = optimizer.make_schedule(
+            config.train, optimizer.total_steps(config.train, self.train_steps)
+        )
+        self.plateau = optimizer.make_plateau(config.train)
+        self.coin_sharding = NamedSharding(self.mesh, P(COIN_AXIS))
+        self.state_sharding = jax.tree.map(
+            lambda leaf: NamedSharding(self.mesh, P(COIN_AXIS) if leaf.ndim else P()),
+            jax.eval_shape(self._init, *self._abstract_init_args()),
+        )
+        epoch_fn = self._epoch
+        if max_traces is not None:
+            epoch_fn = chex.assert_max_traces(epoch_fn, n=max_traces)
+        self._epoch_jit = jax.jit(
+            epoch_fn, donate_argnums=0, out_shardings=(self.state_sharding, None)
+        )
+        self._init_jit = jax.jit(self._init, out_shardings=self.state_sharding)
+
+    # -- public API ---------------------------------------------------------------------
+
+    def init_state(self, keys_K2, arrays: windows.GroupArrays) -> GroupState:
+        """A fresh GroupState: params from `jax.vmap(module.init)` over one key per coin.
+
+        Args:
+          keys_K2: uint32 [K, 2] coin keys (see `coin_keys`).
+          arrays: the group's data; a coin without train or val windows starts inactive.
+        """
+        with jax.default_matmul_precision(self.config.matmul_precision):
+            keys = jax.device_put(np.asarray(keys_K2, np.uint32), self.coin_sharding)
+            active_K = arrays.train_mask.any(axis=1) & arrays.val_mask.any(axis=1)
+            return self._init_jit(keys, active_K)
+
+    def abstract_state(self) -> GroupState:
+        """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""
+        shapes = jax.eval_shape(self._init, *self._abstract_init_args())
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            shapes, self.state_sharding,
+        )  # fmt: skip
+
+    def run_epoch(self, state: GroupState, arrays: windows.GroupArrays):
+        """Runs one epoch of every active coin; `state` is donated (do not reuse it).
+
+        Returns:
+          (new state, metrics): device arrays; metrics holds float32 [K] train_loss,
+          val_loss, best_val_loss, lr_scale, bool [K] active, diverged, and scalars
+          epoch (1-based, the epoch just run) and lr (base schedule lr of its last step).
+          Losses are NaN for coins that did not train this epoch.
+        """
+        with jax.default_matmul_precision(self.config.matmul_precision):
+            return self._epoch_jit(state, arrays)
+
+    def lowered_epoch(self, state: GroupState, arrays: windows.GroupArrays) -> jax.stages.Lowered:
+        """The lowered epoch program, e.g. `.compile().cost_analysis()` for benchmarks."""
+        with jax.default_matmul_precision(self.config.matmul_precision):
+            return self._epoch_jit.lower(state, arrays)
+
+    # -- init ------------------------------------------------------------------------
+
+    def _abstract_init_args(self):
+        k = self.num_coins
+        return (jax.ShapeDtypeStruct((k, 2), jnp.uint32), jax.ShapeDtypeStruct((k,), jnp.bool_))
+
+    def _init_coin(self, key):
+        d = self.config.data
+        init_key, train_key = jax.random.split(key)
+        params_key, dropout_key, teacher_key = jax.random.split(init_key, 3)
+        x_BLF = jnp.zeros((1, d.lookback, len(d.features)), jnp.float32)
+        y_BHC = jnp.zeros((1, d.horizon, windows.NUM_TARGETS), jnp.float32)
+        rngs = {"params": params_key, "dropout": dropout_key, "teacher": teacher_key}
+        params = self.module.init(rngs, x_BLF, y_BHC, train=False)["params"]
+        return params, self.tx.init(params), optimizer.init_plateau(self.plateau), train_key
+
+    def _init(self, keys_K2, active_K) -> GroupState:
+        params, opt_state, plateau, train_keys = jax.vmap(self._init_coin)(keys_K2)
+        k = self.num_coins
+        zeros_K = jnp.zeros((k,), jnp.int32)
+        return GroupState(
+            params=params, opt_state=opt_state, plateau=plateau,
+            best_params=jax.tree.map(jnp.copy, params),
+            best_val=jnp.full((k,), jnp.inf, jnp.float32), best_epoch=zeros_K,
+            bad_epochs=zeros_K, active=active_K, diverged=jnp.zeros((k,), bool),
+            diverged_epoch=zeros_K, epochs_run=zeros_K, key=train_keys,
+            epoch=jnp.zeros((), jnp.int32),
+        )  # fmt: skip
+
+    # -- one coin ------------------------------------------------------------------------
+
+    def _coin_train_step(self, params, opt_state, data, ends_B, mask_B, key, lr, active):
+        """One masked update of ONE coin. data = (inputs_TF, targets_TC, anchor_T, price_mask_F).
+
+        Returns (params, opt_state, loss_sum, num_windows, nonfinite) where the sums
+        cover the windows actually trained on.
+        """
+        d = self.config.data
+        x_BLF, y_BHC = windows.gather(*data, ends_B, d.lookback, d.horizon)
+        dropout_key, teacher_key = jax.random.split(key)
+        n = jnp.sum(mask_B)
+
+        def loss_fn(p):
+            y_hat_BHC = self.module.apply(
+                {"params": p}, x_BLF, y_BHC, train=True,
+                teacher_forcing=self.config.train.teacher_forcing,
+                rngs={"dropout": dropout_key, "teacher": teacher_key},
+            )  # fmt: skip
+            err_B = jnp.where(mask_B, _window_sq_err(y_hat_BHC, y_BHC), 0.0)
+            return jnp.sum(err_B) / jnp.maximum(n, 1)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, new_opt = self.tx.update(
+            grads, optimizer.with_learning_rate(opt_state, lr), params
+        )
+        finite = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads))
+        take = active & (n > 0) & finite
+        params = jax.tree.map(lambda a, b: jnp.where(take, a, b),
+                              optax.apply_updates(params, updates), params)  # fmt: skip
+        opt_state = jax.tree.map(lambda a, b: jnp.where(take, a, b), new_opt, opt_state)
+        n_taken = jnp.where(take, n, 0)
+        return params, opt_state, loss * n_taken, n_taken, active & (n > 0) & ~finite
+
+    def _coin_val_sums(self, params, data, ends_B, mask_B):
+        """Sum of per-window MSE over the valid val windows of ONE coin, and their count."""
+        d = self.config.data
+        x_BLF, y_BHC = windows.gather(*data, ends_B, d.lookback, d.horizon)
+        y_hat_BHC = self.module.apply({"params": params}, x_BLF, None, train=False)
+        err_B = jnp.where(mask_B, _window_sq_err(y_hat_BHC, y_BHC), 0.0)
+        return jnp.sum(err_B), jnp.sum(mask_B)
+
+    # -- the epoch ---------------------------------------------------------------------
+
+    def _batches(self, ends_KN, mask_KN, num_steps, keys_K=None):
+        """[S, K, B] window ends and masks; shuffled per coin (valid first) if keys_K given."""
+        if keys_K is not None:
+
+            def shuffle(key, ends_N, mask_N):
+                u_N = jnp.where(mask_N, jax.random.uniform(key, mask_N.shape), 2.0)
+                order_N = jnp.argsort(u_N)  # Valid windows in random order, padding last.
+                return ends_N[order_N], mask_N[order_N]
+
+            ends_KN, mask_KN = jax.vmap(shuffle)(keys_K, ends_KN, mask_KN)
+        k, n = ends_KN.shape
+        batch = self.config.train.batch_size
+        pad = num_steps * batch - n
+        ends_KN = jnp.pad(
+            ends_KN, ((0, 0), (0, pad)), constant_values=self.config.data.lookback - 1
+        )
+        mask_KN = jnp.pad(mask_KN, ((0, 0), (0, pad)))
+        # [K, S*B] -> [K, S, B] -> [S, K, B]: scan over S, vmap over K.
+        to_skb = lambda a: a.reshape(k, num_steps, batch).swapaxes(0, 1)
+        return to_skb(ends_KN), to_skb(mask_KN)
+
+    def _train_pass(self, state: GroupState, arrays: windows.GroupArrays):
+        """Scan over this epoch's batches; returns params, opt state and per-coin sums."""
+        epoch_keys_K = jax.vmap(jax.random.fold_in, (0, None))(state.key, state.epoch)
+        pair_K22 = jax.vmap(jax.random.split)(epoch_keys_K)
+        shuffle_keys_K, step_keys_K = pair_K22[:, 0], pair_K22[:, 1]
+        ends_SKB, mask_SKB = self._batches(
+            arrays.train_ends, arrays.train_mask, self.train_steps, shuffle_keys_K
+        )
+        data = (arrays.inputs, arrays.targets, arrays.anchor, arrays.price_mask)
+        lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
+        step = jax.vmap(self._coin_train_step, in_axes=(0, 0, (0, 0, 0, None), 0, 0, 0, 0, 0))
+
+        def body(carry, xs):
+            params, opt_state, loss_K, n_K, bad_K = carry
+            s, ends_KB, mask_KB = xs
+            lr = self.schedule(state.epoch * self.train_steps + s)
+            keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
+            params, opt_state, loss_b, n_b, bad_b = step(
+                params, opt_state, data, ends_KB, mask_KB, keys_K, lr * lr_scale_K, state.active
+            )
+            return (params, opt_state, loss_K + loss_b, n_K + n_b, bad_K | bad_b), None
+
+        k = self.num_coins
+        carry = (state.params, state.opt_state, jnp.zeros((k,), jnp.float32),
+                 jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool))  # fmt: skip
+        xs = (jnp.arange(self.train_steps), ends_SKB, mask_SKB)
+        carry, _ = jax.lax.scan(body, carry, xs)
+        return carry
+
+    def _val_loss(self, params, arrays: windows.GroupArrays) -> jax.Array:
+        """Masked mean validation loss per coin, float32 [K] (NaN for a coin without windows)."""
+        ends_SKB, mask_SKB = self._batches(arrays.val_ends, arrays.val_mask, self.val_steps)
+        data = (arrays.inputs, arrays.targets, arrays.anchor, arrays.price_mask)
+        sums = jax.vmap(self._coin_val_sums, in_axes=(0, (0, 0, 0, None), 0, 0))
+
+        def body(carry, xs):
+            err_K, n_K = sums(params, data, *xs)
+            return (carry[0] + err_K, carry[1] + n_K), None
+
+        k = self.num_coins
+        (err_K, n_K), _ = jax.lax.scan(
+            body, (jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.int32)), (ends_SKB, mask_SKB)
+        )
+        return jnp.where(n_K > 0, err_K / jnp.maximum(n_K, 1), jnp.nan)
+
+    def _epoch(self, state: GroupState, arrays: windows.GroupArrays):
+        params, opt_state, loss_K, n_K, nonfinite_K = self._train_pass(state, arrays)
+        val_K = self._val_loss(params, arrays)
+        train_K = jnp.where(state.active & (n_K > 0), loss_K / jnp.maximum(n_K, 1), jnp.nan)
+        return self._end_epoch(state, params, opt_state, train_K, val_K, nonfinite_K)
+
+    def _end_epoch(self, state: GroupState, params, opt_state, train_K, val_K, nonfinite_K):
+        """Per-coin early stopping, divergence and plateau bookkeeping after one epoch."""
+        t = self.config.train
+        epoch = state.epoch + 1
+        ran_K = state.active
+        diverged_K = ran_K & (nonfinite_K | ~jnp.isfinite(val_K))
+        improved_K = ran_K & ~diverged_K & (val_K < state.best_val - t.min_delta)
+        best_params = _select(improved_K, params, state.best_params)
+        bad_K = jnp.where(improved_K, 0, state.bad_epochs + ran_K.astype(jnp.int32))
+        plateau = state.plateau
+        if t.reduce_on_plateau:
+            stepped = jax.vmap(optimizer.step_plateau, (None, 0, 0))(self.plateau, plateau, val_K)
+            plateau = _select(ran_K & ~diverged_K, stepped, plateau)
+        active_K = ran_K & ~diverged_K & (bad_K < t.patience)
+        new_state = state.replace(
+            params=_select(diverged_K, best_params, params), opt_state=opt_state,
+            plateau=plateau, best_params=best_params,
+            best_val=jnp.where(improved_K, val_K, state.best_val),
+            best_epoch=jnp.where(improved_K, epoch, state.best_epoch), bad_epochs=bad_K,
+            active=active_K, diverged=state.diverged | diverged_K,
+            diverged_epoch=jnp.where(diverged_K, epoch, state.diverged_epoch),
+            epochs_run=state.epochs_run + ran_K.astype(jnp.int32), epoch=epoch,
+        )  # fmt: skip
+        metrics = {
+            "epoch": epoch, "lr": self.schedule(epoch * self.train_steps - 1),
+            "train_loss": train_K, "val_loss": jnp.where(ran_K, val_K, jnp.nan),
+            "best_val_loss": new_state.best_val, "lr_scale": jax.vmap(optimizer.plateau_scale)(plateau),
+            "active": active_K, "diverged": new_state.diverged,
+        }  # fmt: skip
+        return new_state, metrics
+
+
+# ---------------------------------------------------------------------------------------
+# The run driver.
+
+LEDGER_FILE = "groups.json"  # Under checkpoints/: the group plan and finished groups.
+MAX_GROUP_SIZE = 64  # train.group_size=0 puts up to this many series in one program.
+
+
+def group_size(num_series: int, train_cfg, num_devices: int) -> int:
+    """Coins per program: train.group_size (0 = min(#series, 64)), capped at #series and
+    rounded up to a multiple of the device count so the coin axis shards evenly."""
+    k = min(train_cfg.group_size or MAX_GROUP_SIZE, num_series)
+    return -(-k // num_devices) * num_devices
+
+
+def _prepare_all(config) -> tuple[list, dict]:
+    """Loads and prepares every series; returns (PreparedSeries list, name -> skip reason)."""
+    series, skipped = sources.load_all(config.data)
+    preps = []
+    for s in series:
+        try:
+            preps.append(windows.prepare_series(s, config.data))
+        except SeriesSkipped as e:
+            skipped[s.name] = str(e)
+            logging.warning("%s: skipped: %s", s.name, e)
+    return preps, skipped
+
+
+def _fingerprint(config, plan: list[list[str]]) -> dict:
+    """What a resumed run must share with the run that wrote the checkpoints."""
+    keys = ("seed", "dtype", "matmul_precision", "data", "model", "train")
+    return writers.to_jsonable({"config": {k: config[k] for k in keys}, "groups": plan})
+
+
+def _differences(old, new, prefix="") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new))
+                for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]  # fmt: skip
+    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
+class _Ledger:
+    """<workdir>/checkpoints/groups.json: the run's group plan and each finished group's entries.
+
+    A rerun with the same --workdir skips the groups recorded here and refuses to mix
+    in a different config or set of series.
+    """
+
+    def __init__(self, workdir: str, fingerprint: dict):
+        self.path = os.path.join(workdir, "checkpoints", LEDGER_FILE)
+        self.data = {"fingerprint": fingerprint, "finished": {}}
+        if os.path.exists(self.path):
+            old = writers.read_json(self.path)
+            diffs = _differences(old["fingerprint"], fingerprint)
+            if diffs:
+                raise ValueError(
+                    f"{workdir} holds a run with a different config or series, so it cannot be "
+                    f"resumed ({'; '.join(diffs[:5])}); rerun the same command or use a new --workdir"
+                )
+            self.data = old
+        writers.write_json(self.path, self.data)
+
+    def finished(self, group: str) -> dict | None:
+        return self.data["finished"].get(group)
+
+    def finish(self, group: str, entries: dict) -> None:
+        self.data["finished"][group] = entries
+        writers.write_json(self.path, self.data)
+
+
+def _memory_bytes() -> tuple[int | None, int | None]:
+    """(bytes in use, peak bytes) summed over local devices, or Nones where unsupported."""
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    if not all(stats):
+        return None, None
+    peak = [s.get("peak_bytes_in_use") for s in stats]
+    return sum(s.get("bytes_in_use", 0) for s in stats), (None if None in peak else sum(peak))
+
+
+@dataclasses.dataclass
+class _Run:
+    """What every group of one run shares."""
+
+    config: Any
+    workdir: str
+    module: Any
+    trainer: GroupTrainer
+    ledger: _Ledger
+    log: writers.MetricsLog
+    progress: Any
+    index: dict  # series name -> position in the run (its key's fold-in index)
+    forecasts: dict = dataclasses.field(default_factory=dict)  # name -> test forecast record
+
+    def checkpoints(self, group: str) -> checkpoint.GroupCheckpoints:
+        c = self.config.ckpt
+        path = os.path.join(self.workdir, "checkpoints", group)
+        return checkpoint.GroupCheckpoints(path, c.every_epochs, c.keep)
+
+
+def _epoch_record(group: str, names: list[str], m: dict, seconds: float, plateau: bool) -> dict:
+    """One metrics.jsonl line from the host copy of `run_epoch`'s metrics (real coins only)."""
+    n = len(names)
+    record = {
+        "group": group, "epoch": int(m["epoch"]), "series": names,
+        "train_loss": m["train_loss"][:n], "val_loss": m["val_loss"][:n],
+        "best_val_loss": m["best_val_loss"][:n], "lr": float(m["lr"]),
+        "active": m["active"][:n], "seconds": seconds,
+    }  # fmt: skip
+    if plateau:
+        record["lr_scale"] = m["lr_scale"][:n]
+    return writers.to_jsonable(record)
+
+
+def _run_epochs(run: _Run, group: str, names: list[str], state, arrays, start: int):
+    """Runs epochs until every coin stopped or train.epochs; checkpoints as configured.
+
+    Returns:
+      (final state, training seconds, peak device memory bytes or None).
+    """
+    epochs, plateau = run.config.train.epochs, run.config.train.reduce_on_plateau
+    ckpts = run.checkpoints(group)
+    run.progress.start_group(group, len(names), epochs, start)
+    began = time.monotonic()
+    finished = start >= epochs or not jax.device_get(state.active).any()
+    while not finished:
+        t0 = time.monotonic()
+        state, metrics = run.trainer.run_epoch(state, arrays)
+        m = jax.device_get(metrics)
+        record = _epoch_record(group, names, m, time.monotonic() - t0, plateau)
+        run.log.append(record)
+        run.progress.update(record, _memory_bytes()[0])
+        finished = record["epoch"] >= epochs or not m["active"].any()
+        ckpts.maybe_save(record["epoch"], state, force=finished)
+    ckpts.close()
+    run.progress.end_group()
+    return state, time.monotonic() - began, _memory_bytes()[1]
+
+
+def _train_group(run: _Run, group: str, preps: list) -> dict:
+    """Trains one group from scratch or from its latest checkpoint; returns its entries."""
+    trainer, names = run.trainer, [p.name for p in preps]
+    arrays = windows.stack_group(preps, trainer.num_coins, run.config.data, trainer.coin_sharding)
+    ckpts = run.checkpoints(group)
+    restored = ckpts.restore_latest(trainer.abstract_state())
+    ckpts.close()
+    if restored is None:
+        pad = [len(run.index) + i for i in range(trainer.num_coins - len(preps))]
+        keys = coin_keys(run.config.seed, [run.index[n] for n in names] + pad)
+        state, start = trainer.init_state(keys, arrays), 0
+    else:
+        state, start = restored
+        logging.info("%s: resuming after epoch %d", group, start)
+    # Epochs after the checkpoint are re-run: drop their lines (and any torn line).
+    run.log.keep(lambda r: r["group"] != group or r["epoch"] <= start)
+    state, seconds, peak = _run_epochs(run, group, names, state, arrays, start)
+    return _finish_group(run, group, preps, state, seconds, peak)
+
+
+def _status(active: bool, diverged: bool) -> str:
+    return "diverged" if diverged else ("trained" if active else "stopped_early")
+
+
+def _model_meta(run: _Run, prep, entry: dict) -> dict:
+    """meta.json of a saved series model: enough to rebuild the module and map prices."""
+    return {
+        "series": prep.name, "symbol": prep.symbol, "interval": prep.interval,
+        "model": dataclasses.asdict(models.make_config(run.config)),
+        "config": run.config.to_dict(), "data": run.config.data.to_dict(),
+        "norm": prep.norm, "price_mask": prep.price_mask,
+        **{k: entry[k] for k in ("num_params", "status", "best_epoch", "best_val_loss")},
+    }  # fmt: skip
+
+
+def _evaluate(run: _Run, params, prep) -> dict:
+    """val and test metrics of one series; keeps (and optionally saves) its test forecasts."""
+    c = run.config
+    test = evaluate.forecast(run.module, params, prep, "test", c.data.lookback, c.data.horizon)
+    ends, prices, _ = test
+    if prices is not None:
+        if c.eval.save_forecasts:
+            evaluate.save_forecasts(run.workdir, prep, ends, prices, c.data.horizon)
+        run.forecasts[prep.name] = evaluate.forecast_record(prep, ends, prices, c.data.horizon)
+    return {
+        "val": evaluate.evaluate_series(run.module, params, prep, c, "val"),
+        "test": evaluate.evaluate_series(run.module, params, prep, c, "test", forecasts=test),
+    }
+
+
+def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds: float,
+                  peak_bytes: int | None) -> dict:  # fmt: skip
+    """Saves each series' best model, evaluates it and records the group as finished.
+
+    Returns:
+      series name -> results.json entry.
+    """
+    fields = ("best_params", "best_val", "best_epoch", "epochs_run", "active", "diverged",
+              "diverged_epoch")  # fmt: skip
+    host = jax.device_get({f: getattr(state, f) for f in fields})
+    leaves = jax.tree.leaves(host["best_params"])
+    num_params = sum(leaf.size for leaf in leaves) // run.trainer.num_coins
+    entries = {}
+    for i, prep in enumerate(preps):
+        params = jax.tree.map(lambda a, i=i: a[i], host["best_params"])
+        entry = {
+            "status": _status(host["active"][i], host["diverged"][i]),
+            "best_val_loss": host["best_val"][i],
+            "best_epoch": int(host["best_epoch"][i]) or None,
+            "epochs_run": int(host["epochs_run"][i]),
+            "diverged_epoch": int(host["diverged_epoch"][i]) or None,
+            "group": group, "train_seconds": seconds / len(preps), "group_train_seconds": seconds,
+            "num_params": num_params, "peak_memory_bytes": peak_bytes, "data": prep.notes,
+        }  # fmt: skip
+        path = os.path.join(run.workdir, "models", prep.name)
+        checkpoint.save_series_model(path, params, _model_meta(run, prep, entry))
+        entry.update(_evaluate(run, params, prep))
+        entries[prep.name] = writers.to_jsonable(entry)
+    run.ledger.finish(group, entries)
+    return entries
+
+
+def _reload_forecasts(run: _Run, preps: list) -> None:
+    """Test forecasts of a group finished by an earlier process, for the report's plots."""
+    c = run.config
+    if not (c.eval.plots and c.eval.plot_windows) or c.data.normalization == "candle_minmax":
+        return
+    for prep in preps:
+        params, _ = checkpoint.load_series_model(os.path.join(run.workdir, "models", prep.name))
+        ends, prices, _ = evaluate.forecast(run.module, params, prep, "test", c.data.lookback,
+                                            c.data.horizon)  # fmt: skip
+        run.forecasts[prep.name] = evaluate.forecast_record(prep, ends, prices, c.data.horizon)
+
+
+def _versions() -> dict:
+    names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy")
+    return {"python": sys.version.split()[0], "cpbjax": cpbjax.__version__,
+            **{n: importlib.metadata.version(n) for n in names}}  # fmt: skip
+
+
+def _results(config, entries: dict, skipped: dict, started: float, plan: list) -> dict:
+    """The results.json dict. `run.wall_seconds` counts this process only (not resumed parts)."""
+    devices = platform.describe_devices()
+    run = {
+        "model": config.model.name, "seed": config.seed, "versions": _versions(),
+        "platform": devices["backend"], "device_count": devices["device_count"],
+        "devices": devices["devices"], "groups": len(plan),
+        "group_size": max((len(g) for g in plan), default=0),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_seconds": time.time() - started,
+    }  # fmt: skip
+    return writers.to_jsonable({"run": run, "series": entries, "skipped": skipped})
+
+
+def _make_run(config, workdir: str, preps: list, mesh: Mesh) -> tuple[_Run, list]:
+    """Builds the shared context of a run and its plan (a list of groups of PreparedSeries)."""
+    k = group_size(len(preps), config.train, mesh.size)
+    plan = [preps[i : i + k] for i in range(0, len(preps), k)]
+    module = models.build(models.make_config(config))
+    pairs = itertools.product(config.data.symbols, config.data.intervals)
+    run = _Run(
+        config=config, workdir=workdir, module=module,
+        trainer=GroupTrainer(config, module, k, mesh),
+        ledger=_Ledger(workdir, _fingerprint(config, [[p.name for p in g] for g in plan])),
+        log=writers.MetricsLog(workdir), progress=writers.make_progress(config.logging.progress),
+        index={f"{s}-{i}": j for j, (s, i) in enumerate(pairs)},
+    )  # fmt: skip
+    return run, plan
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+    """Trains every series of `config` group by group, evaluates it, and writes the workdir.
+
+    Writes config.json, metrics.jsonl, checkpoints/, models/<SERIES>/, results.json
+    and the report. Rerunning with the same workdir resumes: finished groups are
+    skipped and an unfinished one continues from its latest checkpoint.
+
+    Args:
+      config: the run config (validated here again).
+      workdir: the run folder; created if missing.
+
+    Returns:
+      The results dict written to results.json.
+
+    Raises:
+      ConfigError: a bad config value. ValueError: the workdir holds a different run.
+      RuntimeError: no series could be trained (results.json still lists why).
+    """
+    config_lib.validate(config)
+    started = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    writers.write_config(workdir, config)
+    if config.logging.tensorboard:
+        logging.warning("logging.tensorboard=True: TensorBoard output is not available in this "
+                        "build (it would need TensorFlow or tensorboardX); see metrics.jsonl")  # fmt: skip
+    preps, skipped = _prepare_all(config)
+    if not preps:
+        writers.write_results(workdir, _results(config, {}, skipped, started, []))
+        raise RuntimeError(f"no series could be trained; skipped: {skipped}")
+    run, plan = _make_run(config, workdir, preps, coin_mesh())
+    entries = {}
+    for g, group_preps in enumerate(plan):
+        group = f"group-{g:03d}"
+        finished = run.ledger.finished(group)
+        if finished is None:
+            finished = _train_group(run, group, group_preps)
+        else:
+            logging.info("%s already finished in %s; skipping it", group, workdir)
+            _reload_forecasts(run, group_preps)
+        entries.update(finished)
+    results = _results(config, entries, skipped, started, plan)
+    writers.write_results(workdir, results)
+    report.write_reports(workdir, results, config, forecasts=run.forecasts)
+    return results
