@@ -5,7 +5,9 @@ and the data of the given config. What defines a model's windows (features,
 lookback, horizon, normalization) and the model itself always come from the
 model's own saved config; the data location and extent (source, mirror, months,
 end, candles) come from the given config, so a model can be scored on other
-months or another mirror.
+months or another mirror. Under the default last_close normalisation of OHLC
+nothing is fitted, so a window is normalised exactly as in training; zscore and
+non-price features re-fit their statistics on the loaded data (a warning says so).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import cpbjax
 from cpbjax import checkpoint, evaluate, models, report, writers
 from cpbjax import platform as platform_lib
 from cpbjax.config import INTERVAL_MS
+from cpbjax.data import features as features_lib
 from cpbjax.data import sources, windows
 from cpbjax.data.series import SeriesSkipped
 
@@ -130,6 +133,12 @@ def run_config(config, trained, names) -> ml_collections.ConfigDict:
             logging.warning("using the model's data.%s=%r, not the given %r",
                             field, trained.data[field], c.data[field])  # fmt: skip
             c.data[field] = trained.data[field]
+    refit = [f for f in c.data.features if f not in features_lib.PRICE_FEATURES]
+    if c.data.normalization == "zscore" or refit:
+        logging.warning(
+            "normalisation statistics (zscore prices, features %s) are re-fitted on the "
+            "train split of the data loaded now, not taken from the training run", refit
+        )  # fmt: skip
     c.model = ml_collections.ConfigDict(trained.model.to_dict())
     c.data.symbols = tuple(dict.fromkeys(_parse(n)[0] for n in names))
     c.data.intervals = tuple(dict.fromkeys(_parse(n)[1] for n in names))
@@ -210,8 +219,7 @@ def _evaluate_one(module, params, prep, config, out_dir):
         record = evaluate.forecast_record(prep, fc[0], fc[1], horizon)
         if config.eval.save_forecasts:
             evaluate.save_forecasts(out_dir, prep, fc[0], fc[1], horizon)
-    entry["data"] = {k: prep.notes[k] for k in ("first", "last", "used_candles", "windows")
-                     if k in prep.notes}  # fmt: skip
+    entry["data"] = prep.notes  # the evaluated data, as results.json records it
     return entry, record
 
 
