@@ -3,7 +3,16 @@
 Every number is computed from four arrays per split (the contents of a saved
 forecasts file): the last candle of each window, the actual next H candles and
 the predicted next H candles, all in price units. The test split is scored
-here and nowhere else; the fitted baselines see train+val windows only.
+here and nowhere else.
+
+Baselines, on the same windows:
+  - naive: persistence (every future OHLC = last close) and the last candle
+    repeated; each column's skill = 1 - MAE_model / MAE of whichever naive has the
+    lower MAE on that column and split.
+  - fitted, on the windows of the splits before the scored one only (train+val
+    for test, train for val): a ridge regression (fixed alpha) from the window's
+    close log returns and log(high/low) ranges to the H x 4 future log ratios,
+    and a band high/low = last close * exp(+-k_h * EWMA of log(high/low)).
 
 Significance, chosen to survive overlapping windows (stride 1, horizon H):
   - Diebold-Mariano for close: the loss differential d_t = mean_h |e_model| -
@@ -53,6 +62,11 @@ def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=
 
     Batches are padded to a power of two (capped at batch_size), so series of
     similar length share one compiled program.
+
+    Args:
+      module, params: the model, applied with train=False.
+      prep: windows.PreparedSeries. ends_N: int [N] window end indices.
+      lookback, horizon: L and H. batch_size: the largest batch per call.
 
     Returns:
       float32 [N, H, 4] normalised forecasts.
