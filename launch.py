@@ -68,7 +68,11 @@ def main(argv):
         from cpbjax import predict
 
         run = predict.run_evaluate if _MODE.value == "evaluate" else predict.run_predict
-        run(config, workdir)
+        try:
+            run(config, workdir)
+        except (predict.ModelNotFound, predict.NothingToForecast) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,10 @@ class ModelNotFound(ValueError):
     """A requested series or interval has no saved model; the message lists those that do."""
 
 
+class NothingToForecast(RuntimeError):
+    """Every requested series was skipped; the message lists each reason."""
+
+
 def available_models(workdir: str) -> dict[str, str]:
     """Series name -> folder of every saved best model under <workdir>/models/.
 
@@ -350,7 +354,7 @@ def run_predict(config, workdir: str) -> dict:
         except SeriesSkipped as e:
             skipped[name] = str(e)
     if not series:
-        raise RuntimeError(f"no series could be forecast: {skipped}")
+        raise NothingToForecast(f"no series could be forecast: {skipped}")
     doc = {"run": run_facts("predict", cfg, workdir, started), "model": cfg.model.name,
            "horizon": cfg.data.horizon, "series": series, "skipped": skipped}  # fmt: skip
     writers.write_json(os.path.join(workdir, FORECAST_JSON), doc)
