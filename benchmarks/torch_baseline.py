@@ -18,7 +18,10 @@ Data, batch sizes and optimiser settings are read from cpbjax's own default conf
 x = log(ohlc[t-L+1..t] / close[t]), y = log(ohlc[t+1..t+H] / close[t]).
 
 Threads: torch.set_num_threads(os.cpu_count()) unless --threads says otherwise, so
-torch uses every core the way cpbjax's XLA does.
+torch may use every core, as cpbjax's XLA does. On a shared, loaded machine torch's
+OpenMP workers spin-wait for each other, and a step can be far slower with 2 threads
+than with 1 (a GRU step: 1.7 s against 0.12 s at load 8 on 2 cores), so time torch
+at both thread counts and quote its faster figure; otherwise the ratio flatters cpbjax.
 
 Usage:
   python benchmarks/torch_baseline.py --model gru --series 2 --epochs 2
