@@ -47,14 +47,13 @@ if __package__ in (None, ""):  # Run as a script: make the repo root importable.
 
 from benchmarks import common  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax.data import windows  # noqa: E402
+from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.data.series import Series  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("transformer", "gru", "lstm")
 NUM_FEATURES = NUM_TARGETS = 4  # OHLC in, OHLC out, as the old system had it.
 EXPECTED_PARAMS = {"transformer": 926_852, "gru": 334_597, "lstm": 1_984_772}
-_INTERVAL_MS = 3_600_000  # Synthetic series are hourly.
 
 
 # ---------------------------------------------------------------- the old models
@@ -199,21 +198,21 @@ def build_model(name: str, horizon: int = 10) -> nn.Module:
 # ---------------------------------------------------------------- data
 
 
-def synthetic_series(seed: int, n_candles: int, symbol: str = "SYNUSDT") -> Series:
-    """A geometric-Brownian-motion OHLCV series on an hourly grid (no gaps).
+def load_series(data_cfg, n_series: int) -> list[Series]:
+    """The first `n_series` series of data.symbols x data.intervals, from cpbjax's source.
 
-    Stands in for cpbjax's synthetic source until that lands; any `Series` works.
+    Uses the first symbols of the config at every interval, in config order, so
+    the baseline trains on exactly the series a cpbjax run of that config loads.
+
+    Raises:
+      ValueError: if fewer than `n_series` series load (the skip reasons are named).
     """
-    rng = np.random.default_rng(seed)
-    close = 100.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n_candles)))
-    open_ = np.concatenate([[100.0], close[:-1]])
-    wick = np.exp(np.abs(rng.normal(0.0, 0.004, (2, n_candles))))
-    high = np.maximum(open_, close) * wick[0]
-    low = np.minimum(open_, close) / wick[1]
-    volume = rng.lognormal(10.0, 1.0, n_candles)
-    times = 1_600_000_000_000 + _INTERVAL_MS * np.arange(n_candles, dtype=np.int64)
-    ohlcv = np.stack([open_, high, low, close, volume], axis=1)
-    return Series(symbol=symbol, interval="1h", open_time_ms=times, ohlcv=ohlcv)
+    n_symbols = math.ceil(n_series / len(data_cfg.intervals))
+    data_cfg.symbols = tuple(data_cfg.symbols)[:n_symbols]
+    series, skipped = sources.load_all(data_cfg)
+    if len(series) < n_series:
+        raise ValueError(f"only {len(series)} of {n_series} series loaded; skipped: {skipped}")
+    return series[:n_series]
 
 
 def materialise_windows(ohlc_T4: np.ndarray, ends_N: np.ndarray, lookback: int, horizon: int):
@@ -262,12 +261,15 @@ def default_config(model_name: str):
     return config_lib.load(str(REPO / "configs" / f"{model_name}.py"))
 
 
-def benchmark_windows(model_name: str, n_series: int, n_candles: int, seed: int = 0) -> list[dict]:
-    """Windows of `n_series` synthetic series of `n_candles`, with the model's data config."""
+def benchmark_windows(model_name: str, n_series: int, n_candles: int) -> list[dict]:
+    """Windows of `n_series` synthetic series of `n_candles`, with the model's data config.
+
+    The series are cpbjax's `synthetic` source (GARCH candles) for the default symbols.
+    """
     data_cfg = default_config(model_name).data
-    data_cfg.max_candles = data_cfg.min_candles = n_candles
-    series = [synthetic_series(seed + i, n_candles, f"SYN{i}USDT") for i in range(n_series)]
-    return prepare_windows(series, data_cfg)
+    data_cfg.source = "synthetic"
+    data_cfg.synthetic_candles = data_cfg.max_candles = data_cfg.min_candles = n_candles
+    return prepare_windows(load_series(data_cfg, n_series), data_cfg)
 
 
 # ---------------------------------------------------------------- the old loop
@@ -409,7 +411,7 @@ def _parse_args(argv):
     p.add_argument("--epochs", type=int, default=2, help="epochs per series")
     p.add_argument("--candles", type=int, default=5000, help="candles per synthetic series")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="torch, host random and shuffle seed")
     p.add_argument("--notes", default="", help="append the table to this file (BUILD_NOTES.md)")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.model.split(",") if m.strip()]
@@ -424,7 +426,7 @@ def main(argv=None) -> list[dict]:
     args = _parse_args(argv)
     rows = []
     for name in args.models:
-        series_windows = benchmark_windows(name, args.series, args.candles, args.seed)
+        series_windows = benchmark_windows(name, args.series, args.candles)
         row = time_torch_epochs(name, series_windows, args.epochs, args.threads, args.seed)
         row["train_windows"] = len(series_windows[0]["train"][0])
         row["batch_size"] = default_config(name).train.batch_size

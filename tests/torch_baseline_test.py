@@ -14,8 +14,11 @@ L, H = 30, 10
 @pytest.fixture(scope="module")
 def tb():
     """The baseline module; the tests that use it skip when torch is not installed."""
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     from benchmarks import torch_baseline  # noqa: PLC0415 (needs torch)
+
+    # One thread: on the shared CI cores, torch's spinning OpenMP workers slow down 10x.
+    torch.set_num_threads(1)
 
     return torch_baseline
 
@@ -158,14 +161,20 @@ def test_fewer_than_two_model_epochs_is_an_error(tb):
 # ---------------------------------------------------------------- same numbers as cpbjax
 
 
+def test_series_are_cpbjax_synthetic_source_in_config_order(tb):
+    windows = tb.benchmark_windows("lstm", n_series=3, n_candles=160)
+    assert [w["name"] for w in windows] == ["BTCUSDT-15m", "BTCUSDT-1h", "ETHUSDT-15m"]
+    assert windows[0]["train"][0].shape[1:] == (L, 4)
+
+
 def test_windows_equal_cpbjax_gather_and_a_plain_reference(tb):
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from cpbjax.data import windows  # noqa: PLC0415
+    from cpbjax.data import synthetic, windows  # noqa: PLC0415
 
     data_cfg = tb.default_config("gru").data
     data_cfg.max_candles = data_cfg.min_candles = 300
-    series = tb.synthetic_series(3, 300)
+    series = synthetic.generate("ETHUSDT", "1h", 300)
     prep = windows.prepare_series(series, data_cfg)
     (x_t, y_t), ends = tb.prepare_windows([series], data_cfg)[0]["train"], prep.ends["train"]
     arrays = (prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends)
