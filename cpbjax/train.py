@@ -241,7 +241,7 @@ class GroupTrainer:
         updates, new_opt = self.tx.update(
             grads, optimizer.with_learning_rate(opt_state, lr), params
         )
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads))
+        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
         take = active & (n > 0) & finite
         params = jax.tree.map(lambda a, b: jnp.where(take, a, b),
                               optax.apply_updates(params, updates), params)  # fmt: skip
@@ -651,15 +651,16 @@ def train_and_evaluate(config, workdir: str) -> dict:
     config_lib.validate(config)
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
-    writers.write_config(workdir, config)
     if config.logging.tensorboard:
         logging.warning("logging.tensorboard=True: TensorBoard output is not available in this "
                         "build (it would need TensorFlow or tensorboardX); see metrics.jsonl")  # fmt: skip
     preps, skipped = _prepare_all(config)
     if not preps:
+        writers.write_config(workdir, config)
         writers.write_results(workdir, _results(config, {}, skipped, started, []))
         raise RuntimeError(f"no series could be trained; skipped: {skipped}")
-    run, plan = _make_run(config, workdir, preps, coin_mesh())
+    run, plan = _make_run(config, workdir, preps, coin_mesh())  # refuses a different run
+    writers.write_config(workdir, config)
     entries = {}
     for g, group_preps in enumerate(plan):
         group = f"group-{g:03d}"

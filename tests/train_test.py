@@ -1,0 +1,411 @@
+"""Tests of cpbjax.train: the compiled group epoch and the resumable run driver.
+
+The engine tests train the real GRU (tiny) on the synthetic source. The driver tests
+run `train_and_evaluate` in subprocesses that share a persistent compilation cache, so
+only the first of them pays for compiling.
+"""
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from absl import logging
+
+from cpbjax import checkpoint, models, train, writers
+from cpbjax import config as config_lib
+from cpbjax.data import sources, windows
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EPOCHS = 3
+NUM_COINS = 4  # 3 series + 1 padded coin
+
+
+def make_config():
+    """The tiny GRU config, shrunk further: 3 series of 300 candles, 1 layer of 16."""
+    c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
+    c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT", "SOLUSDT"), ("1h",)
+    c.data.max_candles, c.data.min_candles, c.data.synthetic_candles = 300, 200, 360
+    c.model.hidden, c.model.num_layers = 16, 1
+    c.train.epochs, c.train.patience = EPOCHS, EPOCHS
+    c.eval.plots = False
+    return config_lib.validate(c)
+
+
+@functools.cache
+def preps():
+    series, skipped = sources.load_all(make_config().data)
+    assert not skipped
+    return tuple(windows.prepare_series(s, make_config().data) for s in series)
+
+
+def make_trainer(num_coins, mesh=None, max_traces=None):
+    config = make_config()
+    module = models.build(models.make_config(config))
+    mesh = mesh if mesh is not None else train.coin_mesh(jax.devices()[:1])
+    return train.GroupTrainer(config, module, num_coins, mesh, max_traces=max_traces)
+
+
+@functools.cache
+def group_trainer():
+    """The shared K=4 one-device trainer; any retrace of its epoch raises (max_traces=1)."""
+    return make_trainer(NUM_COINS, max_traces=1)
+
+
+def run_group(trainer, group, indices, epochs=EPOCHS, poison=None):
+    """Trains `group` (PreparedSeries) from fresh coin keys; returns (state, per-epoch metrics)."""
+    arrays = windows.stack_group(list(group), trainer.num_coins, make_config().data,
+                                 trainer.coin_sharding)  # fmt: skip
+    if poison is not None:
+        arrays = arrays.replace(inputs=arrays.inputs.at[poison].set(jnp.inf))
+    state = trainer.init_state(train.coin_keys(0, indices), arrays)
+    history = []
+    for _ in range(epochs):
+        state, metrics = trainer.run_epoch(state, arrays)
+        history.append(jax.device_get(metrics))
+    return state, history
+
+
+@functools.cache
+def clean_group_run():
+    state, history = run_group(group_trainer(), preps(), range(NUM_COINS))
+    return jax.device_get(state), history
+
+
+def _coin(tree, i):
+    return jax.tree.map(lambda a: np.asarray(a)[i], tree)
+
+
+# Params compared across differently batched programs (vmapped vs one coin, 4 shards vs 1):
+# rounding differs at 1e-7, and Adam turns it into up to ~lr*1e-2 per step on a param whose
+# gradient is ~0 (the attention score bias: softmax ignores a shared shift). Real bugs (a
+# wrong key, a leak between coins) move params by ~1e-3 and more.
+CROSS_PROGRAM = {"rtol": 1e-4, "atol": 2e-5}
+
+
+def _assert_trees_close(a, b, **tol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, **tol)
+
+
+# ---------------------------------------------------------------------------------------
+# The compiled group program.
+
+
+def test_vmapped_group_equals_separate_one_coin_trainings():
+    group, history = clean_group_run()
+    fresh = group_trainer().init_state(
+        train.coin_keys(0, range(NUM_COINS)),
+        windows.stack_group(list(preps()), NUM_COINS, make_config().data),
+    )
+    single_trainer = make_trainer(1)
+    for i, prep in enumerate(preps()):
+        single, single_history = run_group(single_trainer, [prep], [i])
+        single = jax.device_get(single)
+        _assert_trees_close(_coin(group.params, i), _coin(single.params, 0), **CROSS_PROGRAM)
+        _assert_trees_close(_coin(group.best_params, i), _coin(single.best_params, 0),
+                            **CROSS_PROGRAM)  # fmt: skip
+        np.testing.assert_allclose([m["val_loss"][i] for m in history],
+                                   [m["val_loss"][0] for m in single_history], rtol=1e-4)  # fmt: skip
+        # Training moved the params, so the equality above is not init == init.
+        moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), _coin(group.params, i),
+                             _coin(jax.device_get(fresh.params), i))  # fmt: skip
+        assert max(jax.tree.leaves(moved)) > 1e-3
+
+
+def test_adam_counts_only_batches_with_windows_and_padded_coin_is_frozen():
+    group, history = clean_group_run()
+    batch = make_config().train.batch_size
+    expected = [EPOCHS * -(-len(p.ends["train"]) // batch) for p in preps()] + [0]
+    for _, count in optax.tree_utils.tree_get_all_with_path(group.opt_state, "count"):
+        np.testing.assert_array_equal(count, expected)
+    assert [bool(a) for a in history[-1]["active"]] == [True, True, True, False]
+    assert np.isnan(history[-1]["train_loss"][3]) and np.isnan(history[-1]["val_loss"][3])
+    _assert_trees_close(_coin(group.params, 3), _coin(group.best_params, 3), rtol=0, atol=0)
+    np.testing.assert_array_equal(group.epochs_run, [EPOCHS] * 3 + [0])
+
+
+def test_epoch_runs_under_transfer_guard():
+    trainer = group_trainer()
+    arrays = windows.stack_group(list(preps()), NUM_COINS, make_config().data,
+                                 trainer.coin_sharding)  # fmt: skip
+    state = trainer.init_state(train.coin_keys(0, range(NUM_COINS)), arrays)
+    with jax.transfer_guard("disallow"):
+        state, metrics = trainer.run_epoch(state, arrays)
+        jax.block_until_ready((state, metrics))
+        with pytest.raises(Exception, match="[Dd]isallowed"):  # the guard is really on
+            jax.block_until_ready(jnp.ones(3) + np.ones(3))
+    assert int(metrics["epoch"]) == 1
+
+
+def test_epochs_groups_and_restored_states_never_retrace(tmp_path):
+    trainer = group_trainer()  # wraps the epoch in chex.assert_max_traces(n=1)
+    data = make_config().data
+    group_a = windows.stack_group(list(preps()), NUM_COINS, data, trainer.coin_sharding)
+    group_b = windows.stack_group(list(preps()[:2]), NUM_COINS, data, trainer.coin_sharding)
+    state = trainer.init_state(train.coin_keys(0, range(4)), group_a)
+    for _ in range(2):
+        state, _ = trainer.run_epoch(state, group_a)
+    ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 1)
+    ckpts.maybe_save(2, state, force=True)
+    restored, epoch = ckpts.restore_latest(trainer.abstract_state())
+    ckpts.close()
+    assert epoch == 2
+    restored, metrics = trainer.run_epoch(restored, group_a)
+    assert int(metrics["epoch"]) == 3
+    other = trainer.init_state(train.coin_keys(0, [5, 6, 7, 8]), group_b)
+    for _ in range(2):
+        other, metrics = trainer.run_epoch(other, group_b)
+    assert [bool(a) for a in metrics["active"]] == [True, True, False, False]
+
+
+def test_diverging_coin_is_frozen_and_never_poisons_the_others():
+    clean, _ = clean_group_run()
+    state, history = run_group(group_trainer(), preps(), range(NUM_COINS), poison=1)
+    state = jax.device_get(state)
+    first = history[0]
+    assert bool(first["diverged"][1]) and not bool(first["active"][1])
+    assert not first["diverged"][[0, 2]].any()
+    assert int(state.diverged_epoch[1]) == 1 and int(state.epochs_run[1]) == 1
+    # Frozen with its best params: it never improved, so those are its initial params.
+    _assert_trees_close(_coin(state.params, 1), _coin(state.best_params, 1), rtol=0, atol=0)
+    chex.assert_tree_all_finite(state.params)
+    for i in (0, 2):  # bit for bit what they learn without the poisoned coin
+        for x, y in zip(jax.tree.leaves(_coin(state.params, i)),
+                        jax.tree.leaves(_coin(clean.params, i)), strict=True):  # fmt: skip
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal([m["val_loss"][i] for m in history],
+                                      [m["val_loss"][i] for m in clean_group_run()[1]])  # fmt: skip
+
+
+def _reference_early_stopping(vals, patience):
+    """Plain per-coin early stopping: (best, best_epoch, active, diverged, diverged_epoch)."""
+    best, best_epoch, bad, active, diverged, diverged_epoch = np.inf, 0, 0, True, False, 0
+    for epoch, val in enumerate(vals, start=1):
+        if not active:
+            continue
+        if not np.isfinite(val):
+            active, diverged, diverged_epoch = False, True, epoch
+            continue
+        if val < best:
+            best, best_epoch, bad = val, epoch, 0
+        else:
+            bad += 1
+        active = bad < patience
+    return best, best_epoch, active, diverged, diverged_epoch
+
+
+def test_early_stopping_bookkeeping_matches_a_plain_reference():
+    trainer = group_trainer()
+    patience = make_config().train.patience
+    vals = np.array([
+        [1.0, 0.9, 0.95, 0.97, 0.99, 0.5],  # stops after `patience` epochs without improving
+        [1.0, np.nan, 0.1, 0.1, 0.1, 0.1],  # diverges at epoch 2
+        [3.0, 2.0, 1.0, 0.5, 0.4, 0.3],  # improves every epoch
+        [9.0] * 6,  # a padded coin (inactive from the start)
+    ], np.float32)  # fmt: skip
+    arrays = windows.stack_group(list(preps()), NUM_COINS, make_config().data,
+                                 trainer.coin_sharding)  # fmt: skip
+    state = trainer.init_state(train.coin_keys(0, range(NUM_COINS)), arrays)
+    init_params = jax.device_get(state.params)
+    no = jnp.zeros(NUM_COINS, bool)
+    for e in range(vals.shape[1]):
+        # The params "of epoch e+1" for coins still training; a frozen coin's stay put.
+        trained = jax.tree.map(lambda p, e=e: p + e + 1.0, init_params)
+        params = train._select(state.active, trained, state.params)
+        val_K = jnp.asarray(vals[:, e])
+        state, _ = trainer._end_epoch(state, params, state.opt_state, val_K, val_K, no)
+    state = jax.device_get(state)
+    for i in range(3):
+        best, best_epoch, active, diverged, diverged_epoch = _reference_early_stopping(
+            vals[i], patience
+        )
+        assert (state.best_val[i], state.best_epoch[i]) == (best, best_epoch)
+        assert (state.active[i], state.diverged[i]) == (active, diverged)
+        assert state.diverged_epoch[i] == diverged_epoch
+        # best_params are the params of the best epoch: init + best_epoch.
+        expected = jax.tree.map(lambda p, i=i, b=best_epoch: p[i] + b, init_params)
+        _assert_trees_close(_coin(state.best_params, i), expected, rtol=1e-6, atol=1e-6)
+    # The diverged coin is reset to its best params; the padded coin never changes.
+    _assert_trees_close(_coin(state.params, 1), _coin(state.best_params, 1), rtol=0, atol=0)
+    assert state.epochs_run[3] == 0 and not state.active[3]
+
+
+_SHARDED = """
+import sys, jax, numpy as np
+from jax.sharding import PartitionSpec as P
+from cpbjax import train
+from tests import train_test as t
+assert jax.device_count() == 4, jax.devices()
+trainer = t.make_trainer(t.NUM_COINS, mesh=train.coin_mesh())
+state, history = t.run_group(trainer, t.preps(), range(t.NUM_COINS))
+leaf = jax.tree.leaves(state.params)[0]
+assert leaf.sharding.spec == P("coins") and len(leaf.sharding.device_set) == 4, leaf.sharding
+assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}
+np.savez(sys.argv[1], *jax.device_get(jax.tree.leaves(state.params)),
+         val=np.stack([m["val_loss"] for m in history]))
+"""
+
+
+def _env(**extra):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    return env
+
+
+def test_sharded_over_four_devices_equals_one_device(tmp_path):
+    out = str(tmp_path / "sharded.npz")
+    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    proc = subprocess.run([sys.executable, "-c", _SHARDED, out], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    clean, history = clean_group_run()
+    with np.load(out) as z:
+        leaves = [z[f"arr_{i}"] for i in range(len(jax.tree.leaves(clean.params)))]
+        np.testing.assert_allclose(z["val"], np.stack([m["val_loss"] for m in history]),
+                                   rtol=1e-5)  # fmt: skip
+    _assert_trees_close(leaves, jax.tree.leaves(clean.params), **CROSS_PROGRAM)
+
+
+def test_group_size_rounds_to_devices_and_caps_at_series():
+    t = make_config().train
+    t.group_size = 0
+    assert train.group_size(40, t, 1) == 40 and train.group_size(100, t, 1) == 64
+    assert train.group_size(3, t, 2) == 4
+    t.group_size = 5
+    assert train.group_size(40, t, 4) == 8 and train.group_size(2, t, 1) == 2
+
+
+# ---------------------------------------------------------------------------------------
+# The run driver, in real subprocesses.
+
+DRIVER_EPOCHS = 40
+TIMING = {"train_seconds", "group_train_seconds", "peak_memory_bytes"}
+_DRIVE = "import sys; from tests import train_test as t; t.drive(sys.argv[1])"
+
+
+def driver_config():
+    """Two series in two groups of one, trained for a fixed 40 epochs, checkpoint every 4."""
+    c = make_config()
+    c.data.symbols = ("BTCUSDT", "ETHUSDT")
+    c.train.group_size, c.train.epochs, c.train.patience = 1, DRIVER_EPOCHS, DRIVER_EPOCHS
+    c.ckpt.every_epochs, c.ckpt.keep = 4, 2
+    return config_lib.validate(c)
+
+
+def drive(workdir):
+    logging.set_verbosity(logging.INFO)  # what launch.py shows; the resume test reads it
+    train.train_and_evaluate(driver_config(), workdir)
+
+
+@pytest.fixture(scope="module")
+def driver_env(tmp_path_factory):
+    """Subprocess environment: one CPU device and a persistent compilation cache shared by
+    every driver run (so only the first compiles), at XLA optimisation level 0 (half the
+    compile time; what these tests check does not depend on code generation)."""
+    cache = tmp_path_factory.mktemp("jax-cache")
+    return _env(
+        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
+        JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )  # fmt: skip
+
+
+def _drive(workdir, env):
+    """Starts a driver run; its output goes to <workdir>.log (a pipe could fill and block it)."""
+    log = open(f"{workdir}.log", "w")  # noqa: SIM115 (closed by _finish)
+    cmd = [sys.executable, "-c", _DRIVE, str(workdir)]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+def _finish(proc, check=True) -> str:
+    proc.wait(timeout=600)
+    proc.log.close()
+    with open(proc.log.name) as f:
+        out = f.read()
+    assert proc.returncode == 0 or not check, out[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_run(driver_env, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("full")
+    _finish(_drive(workdir, driver_env))
+    return workdir
+
+
+def _comparable(workdir):
+    """results.json without wall-clock fields, and metrics.jsonl without seconds."""
+    results = writers.read_json(os.path.join(workdir, "results.json"))
+    series = {n: {k: v for k, v in e.items() if k not in TIMING}
+              for n, e in results["series"].items()}  # fmt: skip
+    run = {k: v for k, v in results["run"].items() if k not in ("started", "wall_seconds")}
+    metrics = [{k: v for k, v in r.items() if k != "seconds"}
+               for r in writers.MetricsLog(str(workdir)).records()]  # fmt: skip
+    return {"run": run, "series": series, "skipped": results["skipped"]}, metrics
+
+
+def test_driver_writes_the_workdir_contract(full_run):
+    results = writers.read_json(os.path.join(full_run, "results.json"))
+    assert set(results) == {"run", "series", "skipped"}
+    assert results["run"]["groups"] == 2 and results["run"]["group_size"] == 1
+    assert set(results["series"]) == {"BTCUSDT-1h", "ETHUSDT-1h"}
+    metrics = writers.MetricsLog(str(full_run)).records()
+    for name, entry in results["series"].items():
+        assert entry["status"] == "trained" and entry["epochs_run"] == DRIVER_EPOCHS
+        lines = [r for r in metrics if r["series"] == [name]]
+        assert [r["epoch"] for r in lines] == list(range(1, DRIVER_EPOCHS + 1))
+        vals = [r["val_loss"][0] for r in lines]
+        assert entry["best_val_loss"] == pytest.approx(min(vals))
+        assert entry["best_epoch"] == 1 + int(np.argmin(vals))
+        assert {"val", "test", "data", "num_params"} <= set(entry)
+        params, meta = checkpoint.load_series_model(os.path.join(full_run, "models", name))
+        assert meta["series"] == name and meta["num_params"] == entry["num_params"]
+        assert sum(np.size(x) for x in jax.tree.leaves(params)) == entry["num_params"]
+    config = writers.read_json(os.path.join(full_run, "config.json"))
+    assert config["train"]["epochs"] == DRIVER_EPOCHS
+    assert os.path.exists(os.path.join(full_run, "report.md"))
+    steps = sorted(int(d) for d in os.listdir(os.path.join(full_run, "checkpoints", "group-001")))
+    assert steps == [DRIVER_EPOCHS - 4, DRIVER_EPOCHS]  # every 4 epochs, keep 2
+
+
+def test_same_seed_twice_gives_identical_results(full_run, driver_env, tmp_path):
+    _finish(_drive(tmp_path / "again", driver_env))
+    assert _comparable(tmp_path / "again") == _comparable(full_run)
+
+
+def test_sigkilled_run_resumes_to_the_uninterrupted_result(full_run, driver_env, tmp_path):
+    workdir = tmp_path / "killed"
+    proc = _drive(workdir, driver_env)
+    second = workdir / "checkpoints" / "group-001"
+    deadline = time.monotonic() + 300
+    # Kill once the second group has a checkpoint: the first group is then finished.
+    while not (second.exists() and any(d.isdigit() for d in os.listdir(second))):
+        assert proc.poll() is None and time.monotonic() < deadline, _finish(proc, False)[-3000:]
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    _finish(proc, check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (workdir / "results.json").exists()
+    out = _finish(_drive(workdir, driver_env))
+    assert "group-000 already finished" in out and "group-001: resuming after epoch" in out
+    assert _comparable(workdir) == _comparable(full_run)
+
+
+def test_resume_refuses_a_different_config(full_run):
+    config = driver_config()
+    config.train.learning_rate = 0.5
+    with pytest.raises(ValueError, match="train.learning_rate"):
+        train.train_and_evaluate(config, str(full_run))
+    saved = writers.read_json(os.path.join(full_run, "config.json"))
+    assert saved["train"]["learning_rate"] == driver_config().train.learning_rate
