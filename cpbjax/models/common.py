@@ -1,0 +1,231 @@
+"""Pieces shared by the architectures: the config base, attention, teacher forcing, RNN seq2seq.
+
+Shape suffixes: B batch, L lookback, H horizon, F input features, C targets,
+D model width, N heads, K head width, S attended (key) positions, T query positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+PRECISIONS = {
+    "default": jax.lax.Precision.DEFAULT,
+    "high": jax.lax.Precision.HIGH,
+    "highest": jax.lax.Precision.HIGHEST,
+}
+DECODINGS = ("autoregressive", "direct")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Fields every architecture shares; `models.make_config` fills them from the run config."""
+
+    name: str  # Registry name (config.model.name).
+    decoding: str  # autoregressive | direct.
+    lookback: int  # L, input candles per window.
+    horizon: int  # H, forecast candles per window.
+    num_features: int  # F, input columns.
+    num_targets: int = 4  # C, OHLC.
+    dropout: float = 0.0  # Dropout rate; only active with train=True.
+    dtype: str = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
+    matmul_precision: str = "default"  # highest | high | default.
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def precision(self) -> jax.lax.Precision:
+        return PRECISIONS[self.matmul_precision]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RNNConfig(ModelConfig):
+    """Stacked-RNN encoder-decoder fields (config.model.hidden, .num_layers)."""
+
+    hidden: int  # State width of every encoder and decoder layer.
+    num_layers: int  # Stacked layers in the encoder and in the decoder.
+
+
+def dense(cfg: ModelConfig, features: int, **kwargs) -> nn.Dense:
+    """A Dense layer with float32 params, the configured compute dtype and matmul precision."""
+    return nn.Dense(
+        features,
+        dtype=cfg.compute_dtype,
+        param_dtype=jnp.float32,
+        precision=cfg.precision,
+        **kwargs,
+    )
+
+
+def check_inputs(cfg: ModelConfig, x_BLF: jax.Array, y_BHC: jax.Array | None) -> None:
+    """Raises ValueError when the window shapes do not match the model config."""
+    if x_BLF.ndim != 3 or x_BLF.shape[-1] != cfg.num_features:
+        raise ValueError(
+            f"{cfg.name}: inputs x have shape {x_BLF.shape}; expected [batch, lookback, "
+            f"{cfg.num_features}] (num_features = len(config.data.features))"
+        )
+    expected = (x_BLF.shape[0], cfg.horizon, cfg.num_targets)
+    if y_BHC is not None and tuple(y_BHC.shape) != expected:
+        raise ValueError(f"{cfg.name}: targets y have shape {y_BHC.shape}; expected {expected}")
+    if cfg.decoding not in DECODINGS:
+        raise ValueError(f"{cfg.name}: decoding={cfg.decoding!r}; expected one of {DECODINGS}")
+
+
+def uses_teacher(train: bool, y_BHC: jax.Array | None, ratio: float | jax.Array) -> bool:
+    """Whether teacher forcing can happen; static, so eval traces carry no coin flips."""
+    never = isinstance(ratio, (int, float)) and ratio == 0
+    return train and y_BHC is not None and not never
+
+
+def scanned_targets(cfg: ModelConfig, batch: int, y_BHC, teacher: bool) -> jax.Array:
+    """The true candles time-major [H, B, C] for the decoding scan; zeros when unused."""
+    if teacher:
+        return jnp.swapaxes(y_BHC, 0, 1).astype(jnp.float32)
+    return jnp.zeros((cfg.horizon, batch, cfg.num_targets), jnp.float32)
+
+
+def teacher_force(
+    module: nn.Module, y_hat_BC: jax.Array, y_true_BC: jax.Array, ratio: float | jax.Array
+) -> jax.Array:
+    """The next decoder input: the true candle with probability `ratio`, else the forecast.
+
+    One on-device draw per decoding step for the whole batch, as the replaced
+    system drew one per step; each coin has its own "teacher" stream under vmap.
+    """
+    coin = jax.random.bernoulli(module.make_rng("teacher"), ratio)
+    return jnp.where(coin, y_true_BC, y_hat_BC)
+
+
+class Attention(nn.Module):
+    """Multi-head dot-product attention with torch.nn.MultiheadAttention's parameters.
+
+    q, k, v and output projections, all with biases: 4·D² + 4·D parameters.
+    Keys and values come from `project_kv`, so callers can project a memory
+    once and attend to it many times (the KV cache, the cross-attention).
+    """
+
+    cfg: ModelConfig
+    features: int  # D.
+    num_heads: int  # N; D must divide by it.
+    dropout: float = 0.0  # On the attention weights, as in torch.
+
+    def setup(self):
+        self.query = dense(self.cfg, self.features)
+        self.key = dense(self.cfg, self.features)
+        self.value = dense(self.cfg, self.features)
+        self.out = dense(self.cfg, self.features)
+        self.weights_dropout = nn.Dropout(self.dropout)
+
+    def _heads(self, x_BTD: jax.Array) -> jax.Array:
+        return x_BTD.reshape(*x_BTD.shape[:-1], self.num_heads, -1)  # [B, T, N, K]
+
+    def project_kv(self, m_BSD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys and values of a memory, each [B, S, N, K]."""
+        return self._heads(self.key(m_BSD)), self._heads(self.value(m_BSD))
+
+    def __call__(self, x_BTD, k_BSNK, v_BSNK, mask=None, train: bool = False) -> jax.Array:
+        """Attends queries from x to projected keys/values; mask [..., T, S] True = visible."""
+        q_BTNK = self._heads(self.query(x_BTD))
+        scale = 1.0 / math.sqrt(q_BTNK.shape[-1])
+        prec = self.cfg.precision
+        logits_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK * scale, k_BSNK, precision=prec)
+        logits_BNTS = logits_BNTS.astype(jnp.float32)  # Softmax in float32 under bfloat16.
+        if mask is not None:
+            logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)
+        w_BNTS = jax.nn.softmax(logits_BNTS, axis=-1).astype(self.cfg.compute_dtype)
+        w_BNTS = self.weights_dropout(w_BNTS, deterministic=not train)
+        y_BTNK = jnp.einsum("bnts,bsnk->btnk", w_BNTS, v_BSNK, precision=prec)
+        return self.out(y_BTNK.reshape(*y_BTNK.shape[:2], -1))
+
+
+class RNNSeq2Seq(nn.Module):
+    """Stacked-RNN encoder, attention over its outputs, and a stacked-RNN decoder.
+
+    Subclasses name a `cell_type` (an nn.RNNCellBase built as cell_type(hidden, cfg))
+    and an `attention_type` (built as attention_type(cfg), with
+    `prepare(enc_BLD) -> memory` computed once and `__call__(memory, q_BD) -> ctx_BD`).
+    Dropout sits between stacked layers, as in torch's nn.GRU / nn.LSTM.
+    Autoregressive: the decoder starts from the encoder's final per-layer states
+    and a zero candle, and is fed its previous forecast (or, under teacher forcing,
+    the true candle); the head maps [decoder output; context] to C values per step.
+    Direct: the head maps [encoder's last output; context] to all H·C values at once.
+    """
+
+    cfg: RNNConfig
+    cell_type: ClassVar[Any]
+    attention_type: ClassVar[Any]
+
+    def setup(self):
+        cfg = self.cfg
+        self.encoder = [
+            nn.RNN(self.cell_type(cfg.hidden, cfg), return_carry=True)
+            for _ in range(cfg.num_layers)
+        ]
+        autoregressive = cfg.decoding == "autoregressive"
+        if autoregressive:
+            self.decoder = [self.cell_type(cfg.hidden, cfg) for _ in range(cfg.num_layers)]
+        self.attention = self.attention_type(cfg)
+        self.head_hidden = dense(cfg, cfg.hidden)
+        out = cfg.num_targets if autoregressive else cfg.horizon * cfg.num_targets
+        self.head_out = dense(cfg, out)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def __call__(self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0):
+        """Forecasts [B, H, C] float32 from windows x [B, L, F]; see the class docstring."""
+        cfg = self.cfg
+        check_inputs(cfg, x_BLF, y_BHC)
+        enc_BLD, states = self._encode(x_BLF, train)
+        memory = self.attention.prepare(enc_BLD)
+        if cfg.decoding == "direct":
+            last_BD = enc_BLD[:, -1]
+            y_BX = self._head(last_BD, self.attention(memory, last_BD))
+            return y_BX.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
+        return self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
+
+    def _encode(self, x_BLF, train):
+        h_BLD, states = x_BLF, []
+        for i, rnn in enumerate(self.encoder):
+            state, h_BLD = rnn(h_BLD)
+            states.append(state)
+            if i + 1 < len(self.encoder):
+                h_BLD = self.drop(h_BLD, deterministic=not train)
+        return h_BLD, states
+
+    def _head(self, h_BD, ctx_BD):
+        return self.head_out(nn.relu(self.head_hidden(jnp.concatenate([h_BD, ctx_BD], -1))))
+
+    def _autoregressive(self, states, memory, y_BHC, train, teacher_forcing):
+        cfg = self.cfg
+        teacher = uses_teacher(train, y_BHC, teacher_forcing)
+        batch = jax.tree_util.tree_leaves(states)[0].shape[0]
+        y_true_HBC = scanned_targets(cfg, batch, y_BHC, teacher)
+
+        def step(mdl, carry, y_true_BC, consts):
+            states, in_BC = carry
+            h_BD, new_states = in_BC, []
+            for i, cell in enumerate(mdl.decoder):
+                state, h_BD = cell(states[i], h_BD)
+                new_states.append(state)
+                if i + 1 < len(mdl.decoder):
+                    h_BD = mdl.drop(h_BD, deterministic=not train)
+            y_hat_BC = mdl._head(h_BD, mdl.attention(consts[0], h_BD)).astype(jnp.float32)
+            in_BC = teacher_force(mdl, y_hat_BC, y_true_BC, consts[1]) if teacher else y_hat_BC
+            return (new_states, in_BC), y_hat_BC
+
+        scan = nn.scan(
+            step,
+            variable_broadcast="params",
+            split_rngs={"params": False, "dropout": True, "teacher": True},
+            in_axes=(0, nn.broadcast),
+        )
+        in_BC = jnp.zeros((batch, cfg.num_targets), jnp.float32)
+        ratio = jnp.asarray(teacher_forcing, jnp.float32)
+        _, y_hat_HBC = scan(self, (states, in_BC), y_true_HBC, (memory, ratio))
+        return jnp.swapaxes(y_hat_HBC, 0, 1)
