@@ -203,7 +203,11 @@ class GroupTrainer:
         return params, self.tx.init(params), optimizer.init_plateau(self.plateau), train_key
 
     def _init(self, keys_K2, active_K) -> GroupState:
-        params, opt_state, plateau, train_keys = jax.vmap(self._init_coin)(keys_K2)
+        # lax.map, not vmap: a vmapped orthogonal init (GRU/LSTM recurrent kernels) is a
+        # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
+        # pool and deadlocks when the pool is small (seen with K >= 3 on 2 cores). Init
+        # runs once per group, so a sequential map costs nothing that matters.
+        params, opt_state, plateau, train_keys = jax.lax.map(self._init_coin, keys_K2)
         k = self.num_coins
         zeros_K = jnp.zeros((k,), jnp.int32)
         return GroupState(
