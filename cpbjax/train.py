@@ -16,6 +16,7 @@ reach another.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import itertools
 import math
@@ -81,6 +82,11 @@ def coin_keys(seed: int, series_indices) -> np.ndarray:
     return np.stack([np.asarray(jax.random.fold_in(root, int(i))) for i in series_indices])
 
 
+def _coin_specs(tree):
+    """PartitionSpecs of a pytree whose non-scalar leaves carry the coin axis first."""
+    return jax.tree.map(lambda leaf: P(COIN_AXIS) if leaf.ndim else P(), tree)
+
+
 def _select(take_K: jax.Array, new, old):
     """Per-coin choice between two [K, ...] pytrees (take_K: bool [K])."""
 
@@ -106,7 +112,11 @@ class GroupTrainer:
       val_steps: validation batches per epoch.
       schedule: global step -> base learning rate.
       state_sharding: NamedShardings of GroupState (coin axis over the mesh).
-      coin_sharding: NamedSharding for [K, ...] data (pass it to `windows.stack_group`).
+      coin_sharding: NamedSharding for [K, ...] data.
+
+    Init and epoch are `shard_map`ped over the coin axis: each device runs the program
+    for its own K / num_devices coins, so no collective can ever appear between devices
+    (coins are independent; a collective on XLA:CPU's host devices can also deadlock).
     """
 
     def __init__(self, config, module, num_coins: int, mesh: Mesh | None = None,
@@ -135,19 +145,54 @@ class GroupTrainer:
         )
         self.plateau = optimizer.make_plateau(config.train)
         self.coin_sharding = NamedSharding(self.mesh, P(COIN_AXIS))
-        self.state_sharding = jax.tree.map(
-            lambda leaf: NamedSharding(self.mesh, P(COIN_AXIS) if leaf.ndim else P()),
-            jax.eval_shape(self._init, *self._abstract_init_args()),
-        )
+        self._build_programs(max_traces)
+
+    def _build_programs(self, max_traces: int | None) -> None:
+        """Jits the shard_mapped init and epoch; specs come from abstract evaluation."""
+        arrays = self._abstract_arrays()
+        init_args = (arrays.train_mask, arrays.val_mask)
+        state = jax.eval_shape(self._init, jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32),
+                               *init_args)  # fmt: skip
+        metrics = jax.eval_shape(self._epoch, state, arrays)[1]
+        state_specs, metrics_specs = _coin_specs(state), _coin_specs(metrics)
+        arrays_specs = _coin_specs(arrays).replace(price_mask=P())
+        self.state_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), state_specs)
+        self.arrays_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), arrays_specs)
         epoch_fn = self._epoch
         if max_traces is not None:
             epoch_fn = chex.assert_max_traces(epoch_fn, n=max_traces)
+        # check_vma=False: the scalar outputs (epoch, lr) are computed from replicated
+        # inputs only, so they are the same on every device by construction.
+        per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
         self._epoch_jit = jax.jit(
-            epoch_fn, donate_argnums=0, out_shardings=(self.state_sharding, None)
-        )
-        self._init_jit = jax.jit(self._init, out_shardings=self.state_sharding)
+            per_device(epoch_fn, in_specs=(state_specs, arrays_specs),
+                       out_specs=(state_specs, metrics_specs)),
+            donate_argnums=0,
+        )  # fmt: skip
+        init_specs = (P(COIN_AXIS), P(COIN_AXIS), P(COIN_AXIS))
+        self._init_jit = jax.jit(per_device(self._init, in_specs=init_specs, out_specs=state_specs))
+
+    def _abstract_arrays(self) -> windows.GroupArrays:
+        """GroupArrays of ShapeDtypeStructs: the fixed padded shapes of this config."""
+        d, k = self.config.data, self.num_coins
+        sizes = windows.padded_sizes(d)
+        t, f = sizes["T"], len(d.features)
+        sds = jax.ShapeDtypeStruct
+        ends = {}
+        for split in windows.SPLITS:
+            ends[f"{split}_ends"] = sds((k, sizes[split]), jnp.int32)
+            ends[f"{split}_mask"] = sds((k, sizes[split]), jnp.bool_)
+        return windows.GroupArrays(
+            inputs=sds((k, t, f), jnp.float32), targets=sds((k, t, windows.NUM_TARGETS), jnp.float32),
+            anchor=sds((k, t), jnp.float32), price_mask=sds((f,), jnp.float32), **ends,
+        )  # fmt: skip
 
     # -- public API ---------------------------------------------------------------------
+
+    def stack(self, preps: list) -> windows.GroupArrays:
+        """`windows.stack_group` padded to K coins and placed with this trainer's shardings."""
+        arrays = windows.stack_group(preps, self.num_coins, self.config.data, self.coin_sharding)
+        return jax.device_put(arrays, self.arrays_sharding)
 
     def init_state(self, keys_K2, arrays: windows.GroupArrays) -> GroupState:
         """A fresh GroupState: params from `jax.vmap(module.init)` over one key per coin.
@@ -158,12 +203,13 @@ class GroupTrainer:
         """
         with jax.default_matmul_precision(self.config.matmul_precision):
             keys = jax.device_put(np.asarray(keys_K2, np.uint32), self.coin_sharding)
-            active_K = arrays.train_mask.any(axis=1) & arrays.val_mask.any(axis=1)
-            return self._init_jit(keys, active_K)
+            return self._init_jit(keys, arrays.train_mask, arrays.val_mask)
 
     def abstract_state(self) -> GroupState:
         """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""
-        shapes = jax.eval_shape(self._init, *self._abstract_init_args())
+        arrays = self._abstract_arrays()
+        keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)
+        shapes = jax.eval_shape(self._init, keys, arrays.train_mask, arrays.val_mask)
         return jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
             shapes, self.state_sharding,
@@ -188,10 +234,6 @@ class GroupTrainer:
 
     # -- init ------------------------------------------------------------------------
 
-    def _abstract_init_args(self):
-        k = self.num_coins
-        return (jax.ShapeDtypeStruct((k, 2), jnp.uint32), jax.ShapeDtypeStruct((k,), jnp.bool_))
-
     def _init_coin(self, key):
         d = self.config.data
         init_key, train_key = jax.random.split(key)
@@ -202,14 +244,17 @@ class GroupTrainer:
         params = self.module.init(rngs, x_BLF, y_BHC, train=False)["params"]
         return params, self.tx.init(params), optimizer.init_plateau(self.plateau), train_key
 
-    def _init(self, keys_K2, active_K) -> GroupState:
+    def _init(self, keys_K2, train_mask_KN, val_mask_KN) -> GroupState:
+        """The fresh state of the coins given (all K, or one device's share of them)."""
         # lax.map, not vmap: a vmapped orthogonal init (GRU/LSTM recurrent kernels) is a
         # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
         # pool and deadlocks when the pool is small (seen with K >= 3 on 2 cores). Init
         # runs once per group, so a sequential map costs nothing that matters.
         params, opt_state, plateau, train_keys = jax.lax.map(self._init_coin, keys_K2)
-        k = self.num_coins
+        k = keys_K2.shape[0]
         zeros_K = jnp.zeros((k,), jnp.int32)
+        # A coin without train or val windows (a padded one) never trains.
+        active_K = train_mask_KN.any(axis=1) & val_mask_KN.any(axis=1)
         return GroupState(
             params=params, opt_state=opt_state, plateau=plateau,
             best_params=jax.tree.map(jnp.copy, params),
@@ -306,7 +351,7 @@ class GroupTrainer:
             )
             return (params, opt_state, loss_K + loss_b, n_K + n_b, bad_K | bad_b), None
 
-        k = self.num_coins
+        k = state.active.shape[0]  # this device's coins
         carry = (state.params, state.opt_state, jnp.zeros((k,), jnp.float32),
                  jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool))  # fmt: skip
         xs = (jnp.arange(self.train_steps), ends_SKB, mask_SKB)
@@ -323,7 +368,7 @@ class GroupTrainer:
             err_K, n_K = sums(params, data, *xs)
             return (carry[0] + err_K, carry[1] + n_K), None
 
-        k = self.num_coins
+        k = ends_SKB.shape[1]  # this device's coins
         (err_K, n_K), _ = jax.lax.scan(
             body, (jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.int32)), (ends_SKB, mask_SKB)
         )
@@ -507,7 +552,7 @@ def _run_epochs(run: _Run, group: str, names: list[str], state, arrays, start: i
 def _train_group(run: _Run, group: str, preps: list) -> dict:
     """Trains one group from scratch or from its latest checkpoint; returns its entries."""
     trainer, names = run.trainer, [p.name for p in preps]
-    arrays = windows.stack_group(preps, trainer.num_coins, run.config.data, trainer.coin_sharding)
+    arrays = trainer.stack(preps)
     ckpts = run.checkpoints(group)
     restored = ckpts.restore_latest(trainer.abstract_state())
     ckpts.close()

@@ -62,8 +62,7 @@ def group_trainer():
 
 def run_group(trainer, group, indices, epochs=EPOCHS, poison=None):
     """Trains `group` (PreparedSeries) from fresh coin keys; returns (state, per-epoch metrics)."""
-    arrays = windows.stack_group(list(group), trainer.num_coins, make_config().data,
-                                 trainer.coin_sharding)  # fmt: skip
+    arrays = trainer.stack(list(group))
     if poison is not None:
         arrays = arrays.replace(inputs=arrays.inputs.at[poison].set(jnp.inf))
     state = trainer.init_state(train.coin_keys(0, indices), arrays)
@@ -104,7 +103,7 @@ def test_vmapped_group_equals_separate_one_coin_trainings():
     group, history = clean_group_run()
     fresh = group_trainer().init_state(
         train.coin_keys(0, range(NUM_COINS)),
-        windows.stack_group(list(preps()), NUM_COINS, make_config().data),
+        group_trainer().stack(list(preps())),
     )
     single_trainer = make_trainer(1)
     for i, prep in enumerate(preps()):
@@ -135,8 +134,7 @@ def test_adam_counts_only_batches_with_windows_and_padded_coin_is_frozen():
 
 def test_epoch_runs_under_transfer_guard():
     trainer = group_trainer()
-    arrays = windows.stack_group(list(preps()), NUM_COINS, make_config().data,
-                                 trainer.coin_sharding)  # fmt: skip
+    arrays = trainer.stack(list(preps()))
     state = trainer.init_state(train.coin_keys(0, range(NUM_COINS)), arrays)
     with jax.transfer_guard("disallow"):
         state, metrics = trainer.run_epoch(state, arrays)
@@ -148,9 +146,7 @@ def test_epoch_runs_under_transfer_guard():
 
 def test_epochs_groups_and_restored_states_never_retrace(tmp_path):
     trainer = group_trainer()  # wraps the epoch in chex.assert_max_traces(n=1)
-    data = make_config().data
-    group_a = windows.stack_group(list(preps()), NUM_COINS, data, trainer.coin_sharding)
-    group_b = windows.stack_group(list(preps()[:2]), NUM_COINS, data, trainer.coin_sharding)
+    group_a, group_b = trainer.stack(list(preps())), trainer.stack(list(preps()[:2]))
     state = trainer.init_state(train.coin_keys(0, range(4)), group_a)
     for _ in range(2):
         state, _ = trainer.run_epoch(state, group_a)
@@ -212,8 +208,7 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference():
         [3.0, 2.0, 1.0, 0.5, 0.4, 0.3],  # improves every epoch
         [9.0] * 6,  # a padded coin (inactive from the start)
     ], np.float32)  # fmt: skip
-    arrays = windows.stack_group(list(preps()), NUM_COINS, make_config().data,
-                                 trainer.coin_sharding)  # fmt: skip
+    arrays = trainer.stack(list(preps()))
     state = trainer.init_state(train.coin_keys(0, range(NUM_COINS)), arrays)
     init_params = jax.device_get(state.params)
     no = jnp.zeros(NUM_COINS, bool)
@@ -240,7 +235,7 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference():
 
 
 _SHARDED = """
-import sys, jax, numpy as np
+import re, sys, jax, numpy as np
 from jax.sharding import PartitionSpec as P
 from cpbjax import train
 from tests import train_test as t
@@ -250,6 +245,9 @@ state, history = t.run_group(trainer, t.preps(), range(t.NUM_COINS))
 leaf = jax.tree.leaves(state.params)[0]
 assert leaf.sharding.spec == P("coins") and len(leaf.sharding.device_set) == 4, leaf.sharding
 assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}
+# Coins are independent: the compiled per-device program holds no cross-device collective.
+hlo = trainer.lowered_epoch(state, trainer.stack(list(t.preps()))).compile().as_text()
+assert not re.search("all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter", hlo)
 np.savez(sys.argv[1], *jax.device_get(jax.tree.leaves(state.params)),
          val=np.stack([m["val_loss"] for m in history]))
 """
