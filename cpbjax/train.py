@@ -42,6 +42,9 @@ from cpbjax.data import sources, windows
 from cpbjax.data.series import SeriesSkipped
 
 COIN_AXIS = "coins"
+# What `GroupTrainer.run_epoch` returns; epoch and lr are scalars, the rest [K].
+EPOCH_METRICS = ("epoch", "lr", "train_loss", "val_loss", "best_val_loss", "lr_scale",
+                 "active", "diverged")  # fmt: skip
 
 
 @struct.dataclass
@@ -112,7 +115,8 @@ class GroupTrainer:
       val_steps: validation batches per epoch.
       schedule: global step -> base learning rate.
       state_sharding: NamedShardings of GroupState (coin axis over the mesh).
-      coin_sharding: NamedSharding for [K, ...] data.
+      arrays_sharding: NamedShardings of GroupArrays (see `stack`).
+      coin_sharding: NamedSharding of one [K, ...] array.
 
     Init and epoch are `shard_map`ped over the coin axis: each device runs the program
     for its own K / num_devices coins, so no collective can ever appear between devices
@@ -148,14 +152,11 @@ class GroupTrainer:
         self._build_programs(max_traces)
 
     def _build_programs(self, max_traces: int | None) -> None:
-        """Jits the shard_mapped init and epoch; specs come from abstract evaluation."""
-        arrays = self._abstract_arrays()
-        init_args = (arrays.train_mask, arrays.val_mask)
-        state = jax.eval_shape(self._init, jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32),
-                               *init_args)  # fmt: skip
-        metrics = jax.eval_shape(self._epoch, state, arrays)[1]
-        state_specs, metrics_specs = _coin_specs(state), _coin_specs(metrics)
-        arrays_specs = _coin_specs(arrays).replace(price_mask=P())
+        """Jits the shard_mapped init and epoch."""
+        state_specs = _coin_specs(self._state_shapes())
+        arrays_specs = _coin_specs(self._abstract_arrays()).replace(price_mask=P())
+        metrics_specs = {name: P() if name in ("epoch", "lr") else P(COIN_AXIS)
+                         for name in EPOCH_METRICS}  # fmt: skip
         self.state_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), state_specs)
         self.arrays_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), arrays_specs)
         epoch_fn = self._epoch
@@ -171,6 +172,11 @@ class GroupTrainer:
         )  # fmt: skip
         init_specs = (P(COIN_AXIS), P(COIN_AXIS), P(COIN_AXIS))
         self._init_jit = jax.jit(per_device(self._init, in_specs=init_specs, out_specs=state_specs))
+
+    def _state_shapes(self) -> GroupState:
+        arrays = self._abstract_arrays()
+        keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)
+        return jax.eval_shape(self._init, keys, arrays.train_mask, arrays.val_mask)
 
     def _abstract_arrays(self) -> windows.GroupArrays:
         """GroupArrays of ShapeDtypeStructs: the fixed padded shapes of this config."""
@@ -195,7 +201,7 @@ class GroupTrainer:
         return jax.device_put(arrays, self.arrays_sharding)
 
     def init_state(self, keys_K2, arrays: windows.GroupArrays) -> GroupState:
-        """A fresh GroupState: params from `jax.vmap(module.init)` over one key per coin.
+        """A fresh GroupState: `module.init` of each coin with its own key.
 
         Args:
           keys_K2: uint32 [K, 2] coin keys (see `coin_keys`).
@@ -207,12 +213,9 @@ class GroupTrainer:
 
     def abstract_state(self) -> GroupState:
         """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""
-        arrays = self._abstract_arrays()
-        keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)
-        shapes = jax.eval_shape(self._init, keys, arrays.train_mask, arrays.val_mask)
         return jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            shapes, self.state_sharding,
+            self._state_shapes(), self.state_sharding,
         )  # fmt: skip
 
     def run_epoch(self, state: GroupState, arrays: windows.GroupArrays):
