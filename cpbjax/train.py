@@ -442,10 +442,17 @@ def _prepare_all(config) -> tuple[list, dict]:
     return preps, skipped
 
 
+# Data fields that change where or how candles are fetched, never which candles.
+_FETCH_FIELDS = ("base_url", "cache_dir", "download_workers", "timeout_seconds", "retries")
+
+
 def _fingerprint(config, plan: list[list[str]]) -> dict:
     """What a resumed run must share with the run that wrote the checkpoints."""
     keys = ("seed", "dtype", "matmul_precision", "data", "model", "train")
-    return writers.to_jsonable({"config": {k: config[k] for k in keys}, "groups": plan})
+    fields = writers.to_jsonable({k: config[k] for k in keys})
+    for name in _FETCH_FIELDS:
+        del fields["data"][name]
+    return {"config": fields, "groups": plan}
 
 
 def _differences(old, new, prefix="") -> list[str]:

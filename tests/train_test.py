@@ -400,10 +400,16 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_result(full_run, driver_env,
     assert _comparable(workdir) == _comparable(full_run)
 
 
-def test_resume_refuses_a_different_config(full_run):
+def test_resume_refuses_a_different_config_but_not_a_different_fetch(full_run):
+    before = _comparable(full_run)
     config = driver_config()
     config.train.learning_rate = 0.5
     with pytest.raises(ValueError, match="train.learning_rate"):
         train.train_and_evaluate(config, str(full_run))
     saved = writers.read_json(os.path.join(full_run, "config.json"))
     assert saved["train"]["learning_rate"] == driver_config().train.learning_rate
+    # Fetch settings change where candles come from, not which: a finished run is reused.
+    config = driver_config()
+    config.data.retries, config.data.cache_dir = 1, "/nonexistent/cache"
+    train.train_and_evaluate(config, str(full_run))
+    assert _comparable(full_run)[0]["series"] == before[0]["series"]
