@@ -234,6 +234,26 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference():
     assert state.epochs_run[3] == 0 and not state.active[3]
 
 
+def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
+    config = make_config()
+    config.train.reduce_on_plateau, config.train.plateau_patience = True, 2
+    config.train.plateau_factor = 0.5
+    trainer = train.GroupTrainer(config, models.build(models.make_config(config)), NUM_COINS,
+                                 train.coin_mesh(jax.devices()[:1]))  # fmt: skip
+    # The plateau state always exists, so the shared trainer's fresh state fits this one.
+    shared = group_trainer()
+    state = shared.init_state(train.coin_keys(0, range(NUM_COINS)), shared.stack(list(preps())))
+    vals = np.array([[1.0, 1.0, 1.0], [3.0, 2.0, 1.0], [1.0, 1.0, 1.0], [1.0] * 3], np.float32)
+    scales = []
+    for e in range(3):
+        val_K = jnp.asarray(vals[:, e])
+        state, metrics = trainer._end_epoch(state, state.params, state.opt_state, val_K, val_K,
+                                            jnp.zeros(NUM_COINS, bool))  # fmt: skip
+        scales.append(np.asarray(metrics["lr_scale"])[:3].tolist())
+    # Two epochs without improvement halve the rate; an improving coin keeps 1.
+    assert scales == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.5, 1.0, 0.5]]
+
+
 _SHARDED = """
 import re, sys, jax, numpy as np
 from jax.sharding import PartitionSpec as P
