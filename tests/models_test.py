@@ -171,6 +171,22 @@ class BehaviourTest(chex.TestCase):
                     float(jnp.max(jnp.abs(changed[:, t + 1 :] - base[:, t + 1 :]))), 0
                 )
 
+    @parameterized.parameters(*NAMES)
+    def test_teacher_forcing_ratio_draws_on_device(self, name):
+        params = _params(_model(name)[1])
+        x, y = _data()
+        forward = _forward(name, train=True)
+        free = _forward(name)(params, x, y, 0.0, _rngs(0))  # Evaluation: own forecasts only.
+        np.testing.assert_allclose(forward(params, x, y, 0.0, _rngs(0)), free, atol=1e-6)
+        forced = forward(params, x, y, 1.0, _rngs(0))
+        self.assertGreater(float(jnp.max(jnp.abs(forced - free))), 1e-4)
+        # At 0.5 the draws differ by key; some key must mix fed and forecast candles.
+        mixes = [forward(params, x, y, 0.5, _rngs(seed)) for seed in range(6)]
+        self.assertTrue(any(
+            float(jnp.max(jnp.abs(m - free))) > 1e-4 and float(jnp.max(jnp.abs(m - forced))) > 1e-4
+            for m in mixes
+        ))  # fmt: skip
+
     @parameterized.product(name=NAMES, decoding=("autoregressive", "direct"))
     def test_evaluation_is_deterministic(self, name, decoding):
         # The model has dropout 0.3, and true targets with teacher forcing 1.0 and
@@ -311,10 +327,8 @@ class TransformerDecoderTest(parameterized.TestCase):
         self.assertEqual(params["target_proj"]["kernel"].shape, (C, cfg.d_model))
         self.assertEqual(params["input_proj"]["kernel"].shape, (5, cfg.d_model))
         x, y = _data(features=5)
-        y_hat = jax.jit(module.apply, static_argnames="train")(
-            {"params": params}, x, y, train=True, teacher_forcing=1.0, rngs=_rngs(0)
-        )
-        chex.assert_shape(y_hat, (B, H, C))
+        apply = functools.partial(module.apply, train=True, teacher_forcing=1.0, rngs=_rngs(0))
+        chex.assert_shape(jax.eval_shape(apply, {"params": params}, x, y), (B, H, C))
 
 
 class CellTest(parameterized.TestCase):

@@ -142,7 +142,22 @@ class Transformer(nn.Module):
             self.queries = self.param("queries", init, (cfg.horizon, cfg.d_model))
 
     def __call__(self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0):
-        """Forecasts [B, H, C]; y and teacher_forcing matter only with train=True."""
+        """Forecasts H candles from windows.
+
+        Args:
+          x_BLF: input windows [B, L, F].
+          y_BHC: true targets [B, H, C], used only for teacher forcing (train=True);
+            None at evaluation.
+          train: enables dropout and teacher forcing (needs rngs "dropout", "teacher").
+          teacher_forcing: per-step probability (float or traced scalar) of feeding
+            the true previous candle instead of the forecast.
+
+        Returns:
+          Forecasts [B, H, C] float32, in the normalised space of the targets.
+
+        Raises:
+          ValueError: window shapes that do not match the config.
+        """
         cfg = self.cfg
         common.check_inputs(cfg, x_BLF, y_BHC)
         memory_BLD = self._encode(x_BLF, train)
