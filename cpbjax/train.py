@@ -41,6 +41,15 @@ from cpbjax import config as config_lib
 from cpbjax.data import sources, windows
 from cpbjax.data.series import SeriesSkipped
 
+
+class RunMismatch(ValueError):
+    """--workdir holds a run of another config or series set, so it cannot resume."""
+
+
+class NothingTrained(RuntimeError):
+    """Every series was skipped; results.json lists each reason."""
+
+
 COIN_AXIS = "coins"
 # What `GroupTrainer.run_epoch` returns; epoch and lr are scalars, the rest [K].
 EPOCH_METRICS = ("epoch", "lr", "train_loss", "val_loss", "best_val_loss", "lr_scale",
@@ -476,7 +485,7 @@ class _Ledger:
             old = writers.read_json(self.path)
             diffs = _differences(old["fingerprint"], fingerprint)
             if diffs:
-                raise ValueError(
+                raise RunMismatch(
                     f"{workdir} holds a run with a different config or series, so it cannot be "
                     f"resumed ({'; '.join(diffs[:5])}); rerun the same command or use a new --workdir"
                 )
@@ -704,20 +713,17 @@ def train_and_evaluate(config, workdir: str) -> dict:
       The results dict written to results.json.
 
     Raises:
-      ConfigError: a bad config value. ValueError: the workdir holds a different run.
-      RuntimeError: no series could be trained (results.json still lists why).
+      ConfigError: a bad config value. RunMismatch: the workdir holds a different run.
+      NothingTrained: every series was skipped (results.json still lists why).
     """
     config_lib.validate(config)
     started = time.time()
     os.makedirs(workdir, exist_ok=True)
-    if config.logging.tensorboard:
-        logging.warning("logging.tensorboard=True: TensorBoard output is not available in this "
-                        "build (it would need TensorFlow or tensorboardX); see metrics.jsonl")  # fmt: skip
     preps, skipped = _prepare_all(config)
     if not preps:
         writers.write_config(workdir, config)
         writers.write_results(workdir, _results(config, {}, skipped, started, []))
-        raise RuntimeError(f"no series could be trained; skipped: {skipped}")
+        raise NothingTrained(f"no series could be trained; skipped: {skipped}")
     run, plan = _make_run(config, workdir, preps, coin_mesh())  # refuses a different run
     writers.write_config(workdir, config)
     entries = {}
