@@ -43,7 +43,7 @@ def test_demo_variant_is_offline_and_covers_all_40_series():
     c = config_lib.load("configs/transformer.py:demo")
     assert c.data.source == "synthetic"
     assert len(c.data.symbols) * len(c.data.intervals) == 40
-    assert c.model.d_model == 64 and c.train.epochs < 50
+    assert c.model.d_model == 32 and c.train.epochs < 50
 
 
 def test_unknown_variant_is_rejected():
