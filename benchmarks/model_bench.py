@@ -10,7 +10,7 @@ Every figure is a median.
 
 Usage:
   python benchmarks/model_bench.py [--models transformer,gru,lstm]
-      [--decoding autoregressive] [--compile_repeats 3] [--repeats 20]
+      [--decoding autoregressive] [--dtype float32] [--compile_repeats 3] [--repeats 20]
       [--threefry_partitionable default|true|false] [--notes BUILD_NOTES.md]
 """
 
@@ -55,9 +55,10 @@ def _train_step_fn(module, optimizer):
     return jax.jit(step)
 
 
-def _bench_model(name: str, decoding: str, compile_repeats: int, repeats: int) -> dict:
-    config = config_lib.validate(config_lib.load(str(REPO / f"configs/{name}.py")))
-    config.model.decoding = decoding
+def _bench_model(name: str, args) -> dict:
+    config = config_lib.load(str(REPO / f"configs/{name}.py"))
+    config.model.decoding, config.dtype = args.decoding, args.dtype
+    config = config_lib.validate(config)
     model_cfg = models.make_config(config)
     module = models.build(model_cfg)
     batch = config.train.batch_size
@@ -66,24 +67,27 @@ def _bench_model(name: str, decoding: str, compile_repeats: int, repeats: int) -
     y = jnp.float32(0.01 * rng.normal(size=(batch, model_cfg.horizon, model_cfg.num_targets)))
     params = jax.jit(lambda k: module.init({"params": k}, x, y)["params"])(jax.random.key(0))
     optimizer = optax.adam(config.train.learning_rate)
-    args = (params, optimizer.init(params), x, y, jax.random.key(1))
+    inputs = (params, optimizer.init(params), x, y, jax.random.key(1))
 
     trace_s, compile_s = [], []
-    for _ in range(compile_repeats):
+    for _ in range(args.compile_repeats):
         start = time.perf_counter()
-        lowered = _train_step_fn(module, optimizer).lower(*args)
+        lowered = _train_step_fn(module, optimizer).lower(*inputs)
         traced = time.perf_counter()
         step = lowered.compile()
         trace_s.append(traced - start)
         compile_s.append(time.perf_counter() - traced)
 
-    step_s, _ = common.median_time(lambda: jax.block_until_ready(step(*args)), repeats)
+    step_s, _ = common.median_time(lambda: jax.block_until_ready(step(*inputs)), args.repeats)
     forward = jax.jit(lambda p, x: module.apply({"params": p}, x))
     jax.block_until_ready(forward(params, x))  # Compile outside the timing.
-    forward_s, _ = common.median_time(lambda: jax.block_until_ready(forward(params, x)), repeats)
+    forward_s, _ = common.median_time(
+        lambda: jax.block_until_ready(forward(params, x)), args.repeats
+    )
     return {
         "model": name,
-        "decoding": decoding,
+        "decoding": args.decoding,
+        "dtype": args.dtype,
         "params": sum(leaf.size for leaf in jax.tree_util.tree_leaves(params)),
         "batch": batch,
         "trace_s": statistics.median(trace_s),
@@ -97,6 +101,7 @@ def _args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="transformer,gru,lstm")
     p.add_argument("--decoding", default="autoregressive", choices=["autoregressive", "direct"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--compile_repeats", type=int, default=3)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threefry_partitionable", default="default",
@@ -110,15 +115,12 @@ def main(argv=None) -> list[dict]:
     args = _args(argv)
     if args.threefry_partitionable != "default":
         jax.config.update("jax_threefry_partitionable", args.threefry_partitionable == "true")
-    rows = [
-        _bench_model(name, args.decoding, args.compile_repeats, args.repeats)
-        for name in args.models.split(",")
-    ]
+    rows = [_bench_model(name, args) for name in args.models.split(",")]
     facts = common.machine_facts()
     facts["device"] = jax.devices()[0].device_kind
     facts["threefry_partitionable"] = jax.config.jax_threefry_partitionable
-    columns = ["model", "decoding", "params", "batch", "trace_s", "compile_s", "step_ms",
-               "forward_ms"]  # fmt: skip
+    columns = ["model", "decoding", "dtype", "params", "batch", "trace_s", "compile_s",
+               "step_ms", "forward_ms"]  # fmt: skip
     table = common.markdown_table(rows, columns)
     command = "python benchmarks/model_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"Command: {command}")
