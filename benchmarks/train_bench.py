@@ -1,0 +1,627 @@
+"""Training speed: cpbjax's compiled group epoch against the hardware and the old torch loop.
+
+For each model at its default config (configs/<model>.py) and each group size K:
+  - trace+lower and compile seconds of the one-epoch program, apart from running it;
+  - seconds per epoch (median over measured epochs, metrics blocked on);
+  - achieved matmul FLOP/s and its share of a large-matmul peak measured in the same run;
+  - per-device program memory (XLA's memory analysis) and the process's peak memory.
+Then, side by side in ONE run, for each model: the old torch loop (benchmarks/
+torch_baseline.py) and cpbjax at K = --torch-coins, alternated A B A B, and
+  ratio = torch seconds per model-epoch x K / cpbjax seconds per epoch of K coins,
+with torch timed at 1 thread and at all cores and its FASTER figure used (on a loaded
+machine torch's spinning OpenMP workers can make all cores slower than one).
+Last, the time to train the whole suite (all series of the config) at default epochs.
+
+FLOPs: XLA's `cost_analysis()` counts the body of a while loop ONCE, whatever its trip
+count (seen on jax 0.10.2 CPU: a 10-step scan of matmuls reports the flops of one),
+and a sharded program reports one device's share. The epoch is a scan over batches
+around models that scan over time, so its XLA figure is far too small. The FLOPs used
+here are counted from the epoch's jaxpr instead: 2 x output size x contracted size of
+every dot_general, times the length of every enclosing scan, for all coins (global).
+Elementwise work is not counted, so the achieved figure is a matmul FLOP/s, comparable
+with the matmul peak. XLA's own figure is shown beside it (`xla_flops`).
+
+Usage:
+  python benchmarks/train_bench.py --models transformer,gru,lstm --coins 1,4,8,20,40
+      [--torch-coins 20] [--repeats 3] [--epochs-measured 2] [--candles 5000]
+      [--source synthetic|binance --base-url DIR] [--decoding autoregressive,direct]
+      [--dtype float32,bfloat16] [--device cpu|cuda] [--notes BUILD_NOTES.md] [--quick]
+  --quick: a smoke test (tiny configs, K=2, 200 candles, one round; about a minute per
+  model on 2 cores). --torch-coins 0 or no torch installed: cpbjax only. On a GPU
+  machine JAX uses the GPU by itself; --device cuda puts the torch loop there too.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One XLA host device per core, set before jax is imported (as launch.py does), so the
+# coin axis is sharded over the CPU cores. A user's own XLA_FLAGS win.
+if "XLA_FLAGS" not in os.environ:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import itertools  # noqa: E402
+import math  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+if __package__ in (None, ""):  # Run as a script: make the repo root importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+from cpbjax import config as config_lib  # noqa: E402
+from cpbjax import models, train  # noqa: E402
+from cpbjax.data import sources, windows  # noqa: E402
+from cpbjax.data.series import SeriesSkipped  # noqa: E402
+
+try:  # The torch side is optional: `pip install -e ".[bench]"`.
+    import torch
+
+    from benchmarks import torch_baseline
+except ImportError as _torch_error:
+    torch = torch_baseline = None
+    _TORCH_MISSING = str(_torch_error)
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ("transformer", "gru", "lstm")
+MIB = 2**20
+
+
+# ---------------------------------------------------------------- FLOPs and memory
+
+
+def _sub_jaxprs(params: dict):
+    """The jaxprs held in an equation's params (a Jaxpr, a ClosedJaxpr or tuples of them)."""
+    for value in params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(v, "eqns"):
+                yield v
+            elif hasattr(getattr(v, "jaxpr", None), "eqns"):
+                yield v.jaxpr
+
+
+def matmul_flops(jaxpr) -> float:
+    """FLOPs of every dot_general in `jaxpr`, scans counted `length` times.
+
+    A cond counts its costliest branch; a while loop (unknown trip count) counts
+    its body once; a shard_map body (one device's share) counts once per device of
+    its manual mesh axes. Other nested jaxprs (jit, custom_jvp, remat) count once.
+    """
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs_shape = eqn.invars[0].aval.shape
+            out_size = math.prod(eqn.outvars[0].aval.shape)
+            total += 2.0 * out_size * math.prod(lhs_shape[d] for d in contract)
+            continue
+        inner = [matmul_flops(j) for j in _sub_jaxprs(eqn.params)]
+        if name == "cond":
+            total += max(inner, default=0.0)
+        elif name == "scan":
+            total += eqn.params["length"] * sum(inner)
+        elif name == "shard_map":
+            mesh = eqn.params["mesh"]
+            axes = eqn.params.get("newly_manual_axes") or mesh.axis_names
+            total += math.prod(mesh.shape[a] for a in axes) * sum(inner)
+        else:
+            total += sum(inner)
+    return total
+
+
+def _xla_flops(compiled) -> float | None:
+    """XLA's cost_analysis flops (a dict, or a list of one dict per module in older jax)."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else {}
+    return (analysis or {}).get("flops")
+
+
+def _program_mib(compiled) -> float | None:
+    """Per-device memory of one compiled program: arguments + outputs + temporaries - aliased."""
+    try:
+        m = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):
+        return None
+    if m is None:
+        return None
+    used = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+    return (used - m.alias_size_in_bytes) / MIB
+
+
+def peak_memory() -> tuple[float, str]:
+    """(MiB, what it is): the devices' peak bytes in use, or the process's max RSS on CPU.
+
+    Both are peaks since the process started, so a row shows the largest program
+    measured so far (rows run in increasing K).
+    """
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    if all(s and "peak_bytes_in_use" in s for s in stats):
+        return sum(s["peak_bytes_in_use"] for s in stats) / MIB, "device peak"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process max RSS"
+
+
+# ---------------------------------------------------------------- the matmul peak
+
+# Timed products of the peak. They are cheap, and on a GPU a few short ones vary by
+# over 1.5x (4096^2 on an H100: 141 to 242 TFLOP/s in three runs of 2 repeats).
+_PEAK_REPEATS = 5
+
+
+def matmul_peak(size: int, dtype: str, repeats: int, precision: str) -> dict:
+    """FLOP/s of a jitted [D, n, n] @ [D, n, n] with D = the device count, sharded over them.
+
+    Every device multiplies its own n x n pair at once, the layout the coin axis uses.
+    """
+    mesh = train.coin_mesh()
+    sharding = NamedSharding(mesh, P(train.COIN_AXIS))
+    rng = np.random.default_rng(0)
+    shape = (mesh.size, size, size)
+    a, b = (jax.device_put(rng.standard_normal(shape, np.float32), sharding) for _ in "ab")
+    a, b = a.astype(dtype), b.astype(dtype)
+    with jax.default_matmul_precision(precision):
+        matmul = jax.jit(jnp.matmul).lower(a, b).compile()
+    jax.block_until_ready(matmul(a, b))  # First call outside the timing.
+    seconds, _ = common.median_time(lambda: jax.block_until_ready(matmul(a, b)), repeats)
+    flops = 2.0 * mesh.size * size**3
+    return {"dtype": dtype, "shape": f"{mesh.size}x{size}x{size}", "seconds": seconds,
+            "tflops": flops / seconds / 1e12}  # fmt: skip
+
+
+# ---------------------------------------------------------------- data
+
+
+def bench_config(model: str, args, decoding: str, dtype: str):
+    """The model's default config (`tiny` under --quick) with the benchmark's data settings."""
+    config = config_lib.load(
+        str(REPO / "configs" / f"{model}.py") + (":tiny" if args.quick else "")
+    )
+    d = config.data
+    d.source = args.source
+    d.max_candles = args.candles
+    d.min_candles = min(d.min_candles, args.candles)
+    if args.source == "synthetic":
+        d.synthetic_candles = d.min_candles = args.candles
+    else:
+        d.base_url = args.base_url
+    config.model.decoding, config.dtype = decoding, dtype
+    return config_lib.validate(config)
+
+
+def load_group_data(config) -> tuple[list, list]:
+    """(Series, PreparedSeries) of every series of the config that loads and prepares.
+
+    Raises:
+      ValueError: if no series is usable (the skip reasons are named).
+    """
+    series, skipped = sources.load_all(config.data)
+    kept, preps = [], []
+    for s in series:
+        try:
+            preps.append(windows.prepare_series(s, config.data))
+            kept.append(s)
+        except SeriesSkipped as e:
+            skipped[s.name] = str(e)
+    if not preps:
+        raise ValueError(f"no usable series from data.source={config.data.source!r}: {skipped}")
+    return kept, preps
+
+
+# ---------------------------------------------------------------- cpbjax
+
+
+@dataclasses.dataclass
+class Group:
+    """One compiled group epoch of K coins and its state, ready to be timed."""
+
+    k: int
+    k_padded: int
+    compiled: object
+    state: object
+    arrays: object
+    lower_s: float
+    compile_s: float
+    flops: float  # Matmul FLOPs of one epoch, all coins (from the jaxpr).
+    xla_flops: float | None
+    program_mib: float | None
+
+    def epoch(self) -> float:
+        """Runs one epoch (the state is donated and replaced); returns its seconds."""
+        start = time.perf_counter()
+        self.state, metrics = self.compiled(self.state, self.arrays)
+        jax.block_until_ready(metrics)
+        return time.perf_counter() - start
+
+
+def build_group(config, preps: list, k: int) -> Group:
+    """Stacks K series (cycling through `preps`), inits, lowers and compiles one epoch.
+
+    K is padded up to a multiple of the device count, as the run driver does; the
+    padded coins are inactive but still computed.
+    """
+    mesh = train.coin_mesh()
+    k_padded = -(-k // mesh.size) * mesh.size
+    module = models.build(models.make_config(config))
+    trainer = train.GroupTrainer(config, module, k_padded, mesh)
+    arrays = trainer.stack([preps[i % len(preps)] for i in range(k)])
+    state = trainer.init_state(train.coin_keys(config.seed, range(k_padded)), arrays)
+    jax.block_until_ready(state)
+    start = time.perf_counter()
+    lowered = trainer.lowered_epoch(state, arrays)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    compiled_at = time.perf_counter()
+    flops = matmul_flops(jax.make_jaxpr(trainer.run_epoch)(state, arrays).jaxpr)
+    return Group(k=k, k_padded=k_padded, compiled=compiled, state=state, arrays=arrays,
+                 lower_s=lowered_at - start, compile_s=compiled_at - lowered_at, flops=flops,
+                 xla_flops=_xla_flops(compiled), program_mib=_program_mib(compiled))  # fmt: skip
+
+
+def throughput_row(config, group: Group, epoch_s: list[float]) -> dict:
+    """One throughput table row from a group and its measured epoch seconds.
+
+    `pct_of_peak` is filled in by `add_peak_share` once the matmul peak is measured.
+    """
+    seconds = statistics.median(epoch_s)
+    memory, memory_kind = peak_memory()
+    return {
+        "model": config.model.name, "decoding": config.model.decoding, "dtype": config.dtype,
+        "K": group.k, "K_padded": group.k_padded, "lower_s": group.lower_s,
+        "compile_s": group.compile_s, "epochs": len(epoch_s), "s_per_epoch": seconds,
+        "s_per_coin_epoch": seconds / group.k, "gflop_per_epoch": group.flops / 1e9,
+        "xla_flops": group.xla_flops, "achieved_tflops": group.flops / seconds / 1e12,
+        "program_mib": group.program_mib, "peak_mib": memory, "peak_kind": memory_kind,
+        "epoch_s_all": [round(s, 3) for s in epoch_s],
+    }  # fmt: skip
+
+
+def measure_group(config, preps, k: int, warmup: int, epochs: int) -> tuple[Group, list[float]]:
+    """Builds a group, runs `warmup` epochs untimed, then times `epochs` epochs."""
+    group = build_group(config, preps, k)
+    for _ in range(warmup):
+        group.epoch()
+    return group, [group.epoch() for _ in range(epochs)]
+
+
+# ---------------------------------------------------------------- torch
+
+
+@contextlib.contextmanager
+def torch_on(device: str):
+    """While open, torch_baseline builds its models on `device`.
+
+    `time_torch_epochs` has no device argument. Its loop runs unchanged on any device
+    once the model and the window tensors live there (the shuffle index stays on the
+    host, which torch's indexing accepts), so only the model's placement is swapped in.
+    """
+    if device == "cpu":
+        yield
+        return
+    build = torch_baseline.build_model
+    torch_baseline.build_model = lambda name, horizon=10: build(name, horizon).to(device)
+    try:
+        yield
+    finally:
+        torch_baseline.build_model = build
+
+
+def torch_windows(series: list, config, n_series: int, device: str) -> list[dict]:
+    """torch_baseline's materialised windows of the first `n_series` series, on `device`."""
+    chosen = [series[i % len(series)] for i in range(n_series)]
+    out = torch_baseline.prepare_windows(chosen, config.data)
+    for w in out:
+        for split in ("train", "val"):
+            w[split] = tuple(t.to(device) for t in w[split])
+    return out
+
+
+def torch_samples(model: str, series_windows: list, threads: int, device: str) -> list[float]:
+    """Seconds of each model-epoch of one `time_torch_epochs` call, its warm-up left out."""
+    with torch_on(device):
+        result = torch_baseline.time_torch_epochs(model, series_windows, 1, threads)
+    return result["epoch_s"][1:]
+
+
+def thread_settings(device: str) -> list[int]:
+    """Torch intra-op threads to time: 1 and all cores on CPU; all cores on a GPU."""
+    cores = os.cpu_count() or 1
+    return sorted({1, cores}) if device == "cpu" else [cores]
+
+
+# A thread setting this many times slower than the fastest after round 1 cannot become
+# the faster figure, so later rounds skip it (on a loaded 2-core machine torch at 2
+# threads was seen 8-23x slower than at 1, which would have cost tens of minutes).
+_HOPELESS = 2.0
+
+
+def side_by_side(model, group: Group, tw: list, rounds: int, device: str) -> tuple:
+    """Alternates torch (every thread setting) and one cpbjax epoch, `rounds` times.
+
+    After the first round, a thread setting more than _HOPELESS times slower than the
+    fastest is skipped; its samples are still reported.
+
+    Returns:
+      (torch seconds per model-epoch by thread count: all samples, cpbjax epoch seconds).
+    """
+    torch_s = {threads: [] for threads in thread_settings(device)}
+    cpbjax_s = []
+    for r in range(rounds):
+        fastest = min((statistics.median(s) for s in torch_s.values() if s), default=None)
+        for threads, samples in torch_s.items():
+            if r and statistics.median(samples) > _HOPELESS * fastest:
+                continue
+            samples += torch_samples(model, tw, threads, device)
+            print(f"  round {r + 1} torch {threads} thread(s): {samples[-1]:.2f} s", flush=True)
+        cpbjax_s.append(group.epoch())
+        print(f"  round {r + 1} cpbjax K={group.k}: {cpbjax_s[-1]:.2f} s", flush=True)
+    return torch_s, cpbjax_s
+
+
+def ratio_row(config, k: int, torch_s: dict, cpbjax_epoch_s: float, alternated: bool) -> dict:
+    """The headline ratio (torch s/model-epoch x K) / (cpbjax s/epoch of K coins)."""
+    medians = {t: statistics.median(s) for t, s in torch_s.items()}
+    best_threads = min(medians, key=medians.get)
+    row = {"model": config.model.name, "decoding": config.model.decoding, "dtype": config.dtype,
+           "K": k, "cpbjax_s_per_epoch": cpbjax_epoch_s, "torch_best_threads": best_threads,
+           "ratio": medians[best_threads] * k / cpbjax_epoch_s,
+           "alternated": "yes (A B A B)" if alternated else "no (torch of the same run)"}  # fmt: skip
+    for threads, seconds in medians.items():
+        row[f"torch_{threads}t_s"] = seconds
+        row[f"torch_{threads}t_n"] = len(torch_s[threads])
+    return row
+
+
+# ---------------------------------------------------------------- suite estimate
+
+
+def suite_rows(config, rows: list[dict], torch_s: dict | None, n_series: int) -> list[dict]:
+    """Time to train all `n_series` series at config.train.epochs, per measured K and torch.
+
+    cpbjax: compile once (every group shares the program) + groups x epochs x s/epoch.
+    Early stopping can only shorten these (a group stops when its last coin stops),
+    and no typical stopping epoch was measured, so that column is an upper bound.
+    """
+    epochs = config.train.epochs
+    out = []
+    for r in rows:
+        groups = math.ceil(n_series / r["K"])
+        seconds = r["lower_s"] + r["compile_s"] + groups * epochs * r["s_per_epoch"]
+        out.append({"model": r["model"], "decoding": r["decoding"], "dtype": r["dtype"],
+                    "system": f"cpbjax K={r['K']}", "groups": groups, "epochs": epochs,
+                    "compile_s": r["lower_s"] + r["compile_s"], "no_early_stop_min": seconds / 60,
+                    "early_stop_min": f"<= {seconds / 60:.4g} (upper bound)"})  # fmt: skip
+    if torch_s:
+        best = min(statistics.median(s) for s in torch_s.values())
+        seconds = n_series * epochs * best
+        out.append({"model": config.model.name, "system": "torch loop", "groups": n_series,
+                    "epochs": epochs, "no_early_stop_min": seconds / 60,
+                    "early_stop_min": f"<= {seconds / 60:.4g} (upper bound)"})  # fmt: skip
+    return out
+
+
+def add_peak_share(rows: list[dict], peaks: dict) -> None:
+    """Sets each row's `pct_of_peak`: achieved FLOP/s over the peak of its compute dtype."""
+    for row in rows:
+        peak = peaks.get(row["dtype"])
+        row["pct_of_peak"] = 100 * row["achieved_tflops"] / peak["tflops"] if peak else None
+
+
+# ---------------------------------------------------------------- one model
+
+
+@dataclasses.dataclass
+class Results:
+    """Every table's rows, filled model by model."""
+
+    throughput: list = dataclasses.field(default_factory=list)
+    ratios: list = dataclasses.field(default_factory=list)
+    suite: list = dataclasses.field(default_factory=list)
+
+
+def _group_sizes(args, with_torch: bool) -> list[int]:
+    return sorted(set(args.coins) | ({args.torch_coins} if with_torch else set()))
+
+
+def run_model(model: str, args, results: Results) -> None:
+    """Throughput of every variant and K, the side-by-side rounds and the suite estimate."""
+    variants = list(itertools.product(args.decodings, args.dtypes))
+    base = bench_config(model, args, *variants[0])
+    series, preps = load_group_data(base)
+    with_torch = torch_baseline is not None and args.torch_coins > 0
+    tw = torch_windows(series, base, args.torch_series, args.device) if with_torch else None
+    n_suite = len(base.data.symbols) * len(base.data.intervals)
+    torch_s = None
+    for v, (decoding, dtype) in enumerate(variants):
+        config = bench_config(model, args, decoding, dtype)
+        rows = []
+        for k in _group_sizes(args, with_torch):
+            print(f"{model} {decoding} {dtype} K={k}: compiling", flush=True)
+            if with_torch and v == 0 and k == args.torch_coins:
+                group = build_group(config, preps, k)
+                for _ in range(args.warmup_epochs):
+                    group.epoch()
+                torch_s, epoch_s = side_by_side(model, group, tw, args.repeats, args.device)
+            else:
+                group, epoch_s = measure_group(
+                    config, preps, k, args.warmup_epochs, args.epochs_measured
+                )
+            rows.append(throughput_row(config, group, epoch_s))
+            print(f"  {rows[-1]}", flush=True)
+            del group  # Frees the device state and data before the next K.
+            if torch_s is not None and k == args.torch_coins:
+                ratio = ratio_row(config, k, torch_s, rows[-1]["s_per_epoch"], v == 0)
+                results.ratios.append(ratio)
+        results.throughput += rows
+        results.suite += suite_rows(config, rows, torch_s if v == 0 else None, n_suite)
+
+
+# ---------------------------------------------------------------- report
+
+
+_THROUGHPUT_COLUMNS = (
+    "model", "decoding", "dtype", "K", "K_padded", "lower_s", "compile_s", "epochs",
+    "s_per_epoch", "s_per_coin_epoch", "gflop_per_epoch", "xla_flops", "achieved_tflops",
+    "pct_of_peak", "program_mib", "peak_mib", "peak_kind", "epoch_s_all",
+)  # fmt: skip
+_SUITE_COLUMNS = ("model", "decoding", "dtype", "system", "groups", "epochs", "compile_s",
+                  "no_early_stop_min", "early_stop_min")  # fmt: skip
+
+
+def _ratio_columns(rows: list[dict]) -> list[str]:
+    torch_cols = sorted(
+        {c for r in rows for c in r if c.startswith("torch_") and c.endswith(("t_s", "t_n"))}
+    )
+    return ["model", "decoding", "dtype", "K", *torch_cols, "torch_best_threads",
+            "cpbjax_s_per_epoch", "ratio", "alternated"]  # fmt: skip
+
+
+def report(results: Results, peaks: dict, notes: list[str]) -> str:
+    """The markdown sections: matmul peak, throughput, side by side, suite estimate."""
+    parts = [
+        "Matmul peak (jitted, one n x n product per device at once, median):\n",
+        common.markdown_table(list(peaks.values()), ("dtype", "shape", "seconds", "tflops")),
+        "\ncpbjax throughput (seconds are wall time of one jitted epoch, metrics blocked on;"
+        " FLOPs are matmul FLOPs counted from the jaxpr, scans times their length):\n",
+        common.markdown_table(results.throughput, _THROUGHPUT_COLUMNS),
+    ]
+    if results.ratios:
+        parts += ["\nSide by side, ratio = torch s/model-epoch x K / cpbjax s/epoch"
+                  " (torch: median model-epoch, warm-up of each call left out; the faster"
+                  " thread setting counts):\n",
+                  common.markdown_table(results.ratios, _ratio_columns(results.ratios))]  # fmt: skip
+    parts += ["\nWhole-suite estimate at default epochs:\n",
+              common.markdown_table(results.suite, _SUITE_COLUMNS)]  # fmt: skip
+    return "".join(parts) + "".join(f"\n{line}\n" for line in notes)
+
+
+# ---------------------------------------------------------------- command line
+
+# Flag defaults, and what --quick shrinks them to (a flag given explicitly wins).
+_DEFAULTS = {"coins": "1,4,8,20,40", "torch_coins": 20, "repeats": 3, "epochs_measured": 2,
+             "warmup_epochs": 1, "candles": 5000, "peak_size": 0}  # fmt: skip
+_QUICK = {"coins": "2", "torch_coins": 2, "repeats": 1, "epochs_measured": 1,
+          "warmup_epochs": 0, "candles": 200, "peak_size": 1024}  # fmt: skip
+
+
+def _csv(text: str, allowed=None, kind=str, flag=""):
+    items = [kind(x.strip()) for x in text.split(",") if x.strip()]
+    bad = [x for x in items if allowed is not None and x not in allowed]
+    if not items or bad:
+        raise argparse.ArgumentTypeError(f"{flag}={text!r}: expected a comma list of {allowed}")
+    return items
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS), help="comma list of models")
+    p.add_argument("--coins", help=f"comma list of group sizes K (default {_DEFAULTS['coins']})")
+    p.add_argument("--torch-coins", type=int, help="K of the side-by-side ratio; 0 = no torch")
+    p.add_argument("--torch-series", type=int, default=2, help="series torch trains per call")
+    p.add_argument("--repeats", type=int, help="side-by-side rounds (torch A, cpbjax B)")
+    p.add_argument("--epochs-measured", type=int, help="timed epochs per throughput row")
+    p.add_argument("--warmup-epochs", type=int, help="untimed epochs after compiling")
+    p.add_argument("--candles", type=int, help="candles per series (data.max_candles)")
+    p.add_argument("--source", default="synthetic", choices=["synthetic", "binance"])
+    p.add_argument("--base-url", default="", help="binance mirror directory or URL")
+    p.add_argument("--decoding", default="autoregressive", help="autoregressive,direct")
+    p.add_argument("--dtype", default="float32", help="float32,bfloat16")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="torch's device")
+    p.add_argument("--peak-size", type=int, help="n of the matmul peak; 0 = 4096 CPU, 8192 GPU")
+    p.add_argument("--notes", default="", help="append the tables to this file (BUILD_NOTES.md)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: tiny configs, K=2, 200 candles, one round")  # fmt: skip
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parses and checks the flags; --quick fills the ones not given with small values."""
+    p = _parser()
+    args = p.parse_args(argv)
+    for key, value in (_QUICK if args.quick else _DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    try:
+        args.models = _csv(args.models, MODELS, flag="--models")
+        args.coins = _csv(str(args.coins), kind=int, flag="--coins")
+        args.decodings = _csv(args.decoding, ("autoregressive", "direct"), flag="--decoding")
+        args.dtypes = _csv(args.dtype, ("float32", "bfloat16"), flag="--dtype")
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        p.error(str(e))
+    positive = ("repeats", "epochs_measured", "candles")
+    for key in positive:
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')}={getattr(args, key)} must be >= 1")
+    if min(args.coins) < 1 or min(args.torch_coins, args.warmup_epochs, args.peak_size) < 0:
+        p.error("--coins must be >= 1; --torch-coins, --warmup-epochs and --peak-size >= 0")
+    if args.torch_series < 2:
+        p.error("--torch-series must be >= 2 (the first model-epoch of each call is a warm-up)")
+    return args
+
+
+def _check_torch(args) -> list[str]:
+    """Notes about the torch side; exits 2 if --device cuda has no CUDA device."""
+    if torch_baseline is None:
+        return [f"torch side skipped: torch is not installed ({_TORCH_MISSING}); "
+                'install it with `pip install -e ".[bench]"`.']  # fmt: skip
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        sys.exit(2)
+    return []
+
+
+def _facts(args) -> dict:
+    facts = common.machine_facts()
+    devices = jax.devices()
+    facts.update({"jax_backend": jax.default_backend(), "jax_devices": len(devices),
+                  "device": devices[0].device_kind, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+                  "torch_device": args.device,
+                  "load_avg_start": " ".join(f"{x:.2f}" for x in os.getloadavg())})  # fmt: skip
+    return facts
+
+
+def main(argv=None) -> Results:
+    """Runs every model, then the matmul peak; prints (and optionally appends) the tables."""
+    args = parse_args(argv)
+    notes = _check_torch(args)
+    for line in notes:
+        print(line, flush=True)
+    command = "python benchmarks/train_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    facts = _facts(args)
+    print(f"Command: {command}\nMachine: {facts}", flush=True)
+    results = Results()
+    for model in args.models:
+        run_model(model, args, results)
+    # The peak runs last, so its buffers do not count in the training rows' memory.
+    precision = bench_config(args.models[0], args, "autoregressive", "float32").matmul_precision
+    peak_dtypes = ["float32"]
+    if jax.default_backend() != "cpu" or "bfloat16" in args.dtypes:
+        peak_dtypes.append("bfloat16")
+    size = args.peak_size or (4096 if jax.default_backend() == "cpu" else 8192)
+    peaks = {d: matmul_peak(size, d, _PEAK_REPEATS, precision) for d in peak_dtypes}
+    add_peak_share(results.throughput, peaks)
+    facts["load_avg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    notes.append(f"Load average (1, 5, 15 min) at start {facts['load_avg_start']}, "
+                 f"at end {facts['load_avg_end']}.")  # fmt: skip
+    text = report(results, peaks, notes)
+    print(text, flush=True)
+    if args.notes:
+        title = "Training throughput: cpbjax group epoch vs the torch loop"
+        common.append_to_build_notes(args.notes, title, command, text, facts)
+    return results
+
+
+if __name__ == "__main__":
+    main()
