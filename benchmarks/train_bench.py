@@ -370,6 +370,14 @@ def side_by_side(model, group: Group, tw: list, rounds: int, device: str) -> tup
     return torch_s, cpbjax_s
 
 
+def _alternation(alternated: bool, torch_s: dict) -> str:
+    """How the torch and cpbjax timings were interleaved, for the ratio table."""
+    if not alternated:
+        return "no (torch of the same run)"
+    rounds = max(len(s) for s in torch_s.values())
+    return "yes (A B A B)" if rounds > 1 else "one round (A B)"
+
+
 def ratio_row(config, k: int, torch_s: dict, cpbjax_epoch_s: float, alternated: bool) -> dict:
     """The headline ratio (torch s/model-epoch x K) / (cpbjax s/epoch of K coins)."""
     medians = {t: statistics.median(s) for t, s in torch_s.items()}
@@ -377,7 +385,7 @@ def ratio_row(config, k: int, torch_s: dict, cpbjax_epoch_s: float, alternated: 
     row = {"model": config.model.name, "decoding": config.model.decoding, "dtype": config.dtype,
            "K": k, "cpbjax_s_per_epoch": cpbjax_epoch_s, "torch_best_threads": best_threads,
            "ratio": medians[best_threads] * k / cpbjax_epoch_s,
-           "alternated": "yes (A B A B)" if alternated else "no (torch of the same run)"}  # fmt: skip
+           "alternated": _alternation(alternated, torch_s)}  # fmt: skip
     for threads, seconds in medians.items():
         row[f"torch_{threads}t_s"] = seconds
         row[f"torch_{threads}t_n"] = len(torch_s[threads])
