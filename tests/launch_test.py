@@ -1,5 +1,6 @@
-"""Tests for launch.py: bad flags exit 2 with one clear line naming what is wrong."""
+"""Tests for launch.py: bad flags exit 2 with one clear line; train and predict end to end."""
 
+import json
 import os
 import subprocess
 import sys
@@ -50,3 +51,30 @@ def test_evaluate_mode_needs_a_workdir():
     proc = _launch("--config", "configs/gru.py:tiny", "--mode", "evaluate")
     assert proc.returncode == 2
     assert "--workdir" in proc.stderr
+
+
+def test_train_then_predict_through_launch(tmp_path):
+    """The README's commands end to end: train (tiny, 2 series), then --mode predict."""
+    workdir = str(tmp_path / "run")
+    small = ["--config.data.symbols=('BTCUSDT',)", "--config.train.epochs=1"]
+    proc = _launch("--config", "configs/gru.py:tiny", "--workdir", workdir, *small, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("config.json", "metrics.jsonl", "results.json", "report.md"):
+        assert os.path.exists(os.path.join(workdir, name)), name
+    for series in ("BTCUSDT-15m", "BTCUSDT-1h"):
+        assert os.path.isdir(os.path.join(workdir, "models", series))
+    proc = _launch("--config", "configs/gru.py:tiny", "--workdir", workdir, "--mode", "predict",
+                   "--config.predict.intervals=('1h',)", *small, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(os.path.join(workdir, "forecast.json")) as f:
+        forecast = json.load(f)
+    assert list(forecast["series"]) == ["BTCUSDT-1h"]
+    assert len(forecast["series"]["BTCUSDT-1h"]["forecast"]) == 10
+
+
+def test_predict_for_a_series_without_a_model_exits_2(tmp_path):
+    workdir = str(tmp_path / "empty")
+    os.makedirs(os.path.join(workdir, "models"))
+    proc = _launch("--config", "configs/gru.py:tiny", "--workdir", workdir, "--mode", "predict")
+    assert proc.returncode == 2
+    assert "error:" in proc.stderr
