@@ -74,7 +74,7 @@ def main(argv):
 
         try:
             train.train_and_evaluate(config, workdir)
-        except (train.RunMismatch, train.NothingTrained) as e:
+        except (config_lib.ConfigError, train.RunMismatch, train.NothingTrained) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
     else:
@@ -83,7 +83,7 @@ def main(argv):
         run = predict.run_evaluate if _MODE.value == "evaluate" else predict.run_predict
         try:
             run(config, workdir)
-        except (predict.ModelNotFound, predict.NothingToForecast) as e:
+        except (config_lib.ConfigError, predict.ModelNotFound, predict.NothingToForecast) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 
