@@ -1,0 +1,55 @@
+"""Compares finished run workdirs on their test-split results (e.g. decoding modes).
+
+  python benchmarks/compare_runs.py runs/gru-autoregressive runs/gru-direct
+
+Prints one markdown row per workdir: model, decoding, series scored, median close
+skill against the better naive forecast (and how many series are positive), how many
+beat naive at Diebold-Mariano p < 0.05, median directional accuracy against the median
+up-share, and the training seconds of all groups.
+"""
+
+import json
+import os
+import statistics
+import sys
+
+COLUMNS = ("workdir", "model", "decoding", "series", "close_skill_median_pct", "skill_positive",
+           "dm_better_p05", "dir_acc_median_pct", "up_share_median_pct", "train_seconds")  # fmt: skip
+
+
+def summarise(workdir: str) -> dict:
+    """One row of the comparison from <workdir>/results.json and config.json."""
+    with open(os.path.join(workdir, "results.json")) as f:
+        results = json.load(f)
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = json.load(f)
+    tests = [s["test"] for s in results["series"].values() if s.get("test")]
+    skills = [t["columns"]["close"]["skill"] for t in tests]
+    dm = [t["dm"]["p_value_better"] for t in tests]
+    groups = {s["group"]: s["group_train_seconds"] for s in results["series"].values()}
+    return {
+        "workdir": workdir,
+        "model": config["model"]["name"],
+        "decoding": config["model"]["decoding"],
+        "series": len(tests),
+        "close_skill_median_pct": round(100 * statistics.median(skills), 2),
+        "skill_positive": sum(s > 0 for s in skills),
+        "dm_better_p05": sum(p is not None and p < 0.05 for p in dm),
+        "dir_acc_median_pct": round(100 * statistics.median(t["direction"]["accuracy"] for t in tests), 1),
+        "up_share_median_pct": round(100 * statistics.median(t["direction"]["up_share"] for t in tests), 1),
+        "train_seconds": round(sum(groups.values()), 1),
+    }  # fmt: skip
+
+
+def main(workdirs: list[str]) -> None:
+    rows = [summarise(w) for w in workdirs]
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for row in rows:
+        print("| " + " | ".join(str(row[c]) for c in COLUMNS) + " |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
