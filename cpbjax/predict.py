@@ -166,14 +166,9 @@ def _load_models(available, names):
 def prepare(config, names) -> tuple[dict, dict]:
     """Loads and prepares the series `names`; returns (name -> PreparedSeries, skipped)."""
     series, skipped = sources.load_all(config.data)
-    preps = {}
-    for s in series:
-        if s.name in names:
-            try:
-                preps[s.name] = windows.prepare_series(s, config.data)
-            except SeriesSkipped as e:
-                skipped[s.name] = str(e)
-    return preps, {n: r for n, r in skipped.items() if n in names}
+    preps, unusable = windows.prepare_all([s for s in series if s.name in names], config.data)
+    skipped.update(unusable)
+    return {p.name: p for p in preps}, {n: r for n, r in skipped.items() if n in names}
 
 
 def run_facts(mode: str, config, workdir: str, started: float) -> dict:

@@ -39,7 +39,6 @@ import cpbjax
 from cpbjax import checkpoint, evaluate, models, optimizer, platform, report, writers
 from cpbjax import config as config_lib
 from cpbjax.data import sources, windows
-from cpbjax.data.series import SeriesSkipped
 
 
 class RunMismatch(ValueError):
@@ -441,14 +440,8 @@ def group_size(num_series: int, train_cfg, num_devices: int) -> int:
 def _prepare_all(config) -> tuple[list, dict]:
     """Loads and prepares every series; returns (PreparedSeries list, name -> skip reason)."""
     series, skipped = sources.load_all(config.data)
-    preps = []
-    for s in series:
-        try:
-            preps.append(windows.prepare_series(s, config.data))
-        except SeriesSkipped as e:
-            skipped[s.name] = str(e)
-            logging.warning("%s: skipped: %s", s.name, e)
-    return preps, skipped
+    preps, unusable = windows.prepare_all(series, config.data)
+    return preps, {**skipped, **unusable}
 
 
 # Data fields that change where or how candles are fetched, never which candles.

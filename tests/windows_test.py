@@ -264,6 +264,15 @@ def test_too_few_candles_is_skipped_with_the_field_named():
         windows.prepare_series(_series(n=210), _data_cfg(features=INDICATORS))
 
 
+def test_prepare_all_skips_one_bad_series_and_keeps_the_rest():
+    good, short = _series(), _series(n=150, seed=2)
+    short.symbol = "SHORTUSDT"
+    preps, skipped = windows.prepare_all([good, short], _data_cfg())
+    assert [p.name for p in preps] == ["TESTUSDT-1h"]
+    assert list(skipped) == ["SHORTUSDT-1h"]
+    assert "data.min_candles=200" in skipped["SHORTUSDT-1h"]
+
+
 def test_latest_window_is_the_newest_normalised_window():
     series = _series()
     prep = windows.prepare_series(series, _data_cfg())

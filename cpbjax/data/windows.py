@@ -40,6 +40,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import struct
 
 from cpbjax.config import INTERVAL_MS
@@ -235,6 +236,22 @@ def prepare_series(series: Series, data_cfg) -> PreparedSeries:
         targets=targets.astype(np.float32), anchor=anchor.astype(np.float32),
         ends=ends, norm=norm, price_mask=_price_mask(names), notes=notes,
     )  # fmt: skip
+
+
+def prepare_all(series_list: list[Series], data_cfg) -> tuple[list[PreparedSeries], dict]:
+    """`prepare_series` for each series; one that cannot be used is skipped, not fatal.
+
+    Returns:
+      (prepared series in input order, series name -> reason it was skipped).
+    """
+    preps, skipped = [], {}
+    for series in series_list:
+        try:
+            preps.append(prepare_series(series, data_cfg))
+        except SeriesSkipped as e:
+            skipped[series.name] = str(e)
+            logging.warning("%s: skipped: %s", series.name, e)
+    return preps, skipped
 
 
 def _check_finite(inputs_TF: np.ndarray, names) -> None:
