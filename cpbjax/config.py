@@ -112,6 +112,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.logging = g = ml_collections.ConfigDict()
     g.progress = "auto"  # auto | rich | plain: live progress on a TTY, log lines elsewhere.
+    g.tensorboard = False  # Also write the epoch scalars as TensorBoard files under <workdir>/tb/.
     return c
 
 
@@ -265,6 +266,8 @@ def _validate_rest(c) -> None:
     for name in c.predict.intervals:
         _check(name in INTERVAL_MS, "predict.intervals", name, ", ".join(INTERVAL_MS))
     _choice(c, "logging.progress", ("auto", "rich", "plain"))
+    _check(isinstance(c.logging.tensorboard, bool), "logging.tensorboard",
+           c.logging.tensorboard, "True or False")  # fmt: skip
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
