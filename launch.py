@@ -51,19 +51,26 @@ def _quiet_orbax() -> None:
     )
 
 
+def _exit(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
     del argv
     _quiet_orbax()
     config = _CONFIG.value
+    if _MODE.value != "train" and not _WORKDIR.value:
+        _exit(f"--mode {_MODE.value} needs --workdir of a trained run")
     try:
         config_lib.validate(config)
+        if config.distributed.enabled and (_MODE.value != "train" or not _WORKDIR.value):
+            # Every process must write into the same folder; evaluate and predict run on one.
+            _exit("config.distributed.enabled=True needs --mode train and a --workdir on a "
+                  "filesystem that all processes share")  # fmt: skip
         platform.configure(config)
     except (config_lib.ConfigError, platform.PlatformError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    if _MODE.value != "train" and not _WORKDIR.value:
-        print(f"error: --mode {_MODE.value} needs --workdir of a trained run", file=sys.stderr)
-        sys.exit(2)
+        _exit(str(e))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.model.name}-{stamp}")
     logging.info("cpbjax %s: workdir %s, devices %s", _MODE.value, workdir,
@@ -75,8 +82,7 @@ def main(argv):
         try:
             train.train_and_evaluate(config, workdir)
         except (config_lib.ConfigError, train.RunMismatch, train.NothingTrained) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+            _exit(str(e))
     else:
         from cpbjax import predict
 
@@ -84,8 +90,7 @@ def main(argv):
         try:
             run(config, workdir)
         except (config_lib.ConfigError, predict.ModelNotFound, predict.NothingToForecast) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+            _exit(str(e))
 
 
 if __name__ == "__main__":

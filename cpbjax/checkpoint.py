@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -83,6 +84,17 @@ class GroupCheckpoints:
         self._manager.close()
 
 
+def _process_local_checkpointer() -> ocp.StandardCheckpointer:
+    """A checkpointer for host arrays that this process alone reads or writes.
+
+    Orbax's default waits at barriers for every process of a multi-host run; a series
+    model is saved by process 0 alone, which would then wait forever.
+    """
+    me = jax.process_index()
+    options = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    return ocp.StandardCheckpointer(multiprocessing_options=options)
+
+
 def save_series_model(path: str, params, meta: dict) -> None:
     """Writes one series' params (Orbax) and meta.json into folder `path`, replacing it.
 
@@ -96,7 +108,7 @@ def save_series_model(path: str, params, meta: dict) -> None:
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    with ocp.StandardCheckpointer() as checkpointer:
+    with _process_local_checkpointer() as checkpointer:
         checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
     writers.write_json(os.path.join(tmp, META_FILE), meta)
     # Replace the whole folder so params and meta always come from the same save.
@@ -118,6 +130,6 @@ def load_series_model(path: str):
     if not os.path.exists(meta_path):
         raise FileNotFoundError(f"no saved model in {path} (missing {META_FILE})")
     meta = writers.read_json(meta_path)
-    with ocp.StandardCheckpointer() as checkpointer:
+    with _process_local_checkpointer() as checkpointer:
         params = checkpointer.restore(os.path.join(path, PARAMS_DIR))
     return params, meta

@@ -52,6 +52,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.matmul_precision = "default"  # highest | high | default (JAX's counterpart of TF32).
     c.dtype = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
 
+    # Multi-host training (BUILD_NOTES "Multi-host runs"); all processes run the same command.
+    c.distributed = h = ml_collections.ConfigDict()
+    h.enabled = False  # Call jax.distributed.initialize() before anything touches a device.
+    h.coordinator_address = ""  # host:port of process 0; "" = auto-detect (SLURM, Open MPI).
+    h.num_processes = 0  # Processes in the run; 0 = auto-detect.
+    h.process_id = -1  # This process' index; -1 = auto-detect.
+
     c.data = d = ml_collections.ConfigDict()
     d.source = "binance"  # binance | local | synthetic (see cpbjax/data/sources.py).
     d.symbols = DEFAULT_SYMBOLS  # Binance spot symbols, a tuple.
@@ -172,6 +179,23 @@ def _validate_top(c) -> None:
     _choice(c, "platform", ("cpu", "gpu", "tpu", "auto"))
     _choice(c, "matmul_precision", ("highest", "high", "default"))
     _choice(c, "dtype", ("float32", "bfloat16"))
+    _validate_distributed(c)
+
+
+def _validate_distributed(c) -> None:
+    h = c.distributed
+    _check(isinstance(h.enabled, bool), "distributed.enabled", h.enabled, "True or False")
+    address = h.coordinator_address
+    _check(address == "" or re.fullmatch(r"[^\s:]+:\d{1,5}", address) is not None,
+           "distributed.coordinator_address", address, "'' or host:port")  # fmt: skip
+    _int_range(c, "distributed.num_processes", 0)
+    _int_range(c, "distributed.process_id", -1)
+    explicit = (address != "", h.num_processes > 0, h.process_id >= 0)
+    _check(all(explicit) or not any(explicit), "distributed", h.to_dict(),
+           "coordinator_address, num_processes and process_id all set, or none (auto-detect)")  # fmt: skip
+    if all(explicit):
+        _check(h.process_id < h.num_processes, "distributed.process_id", h.process_id,
+               f"< distributed.num_processes ({h.num_processes})")  # fmt: skip
 
 
 def _validate_data(c) -> None:

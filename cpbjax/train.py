@@ -32,11 +32,12 @@ import numpy as np
 import optax
 from absl import logging
 from flax import struct
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import cpbjax
-from cpbjax import checkpoint, evaluate, models, optimizer, platform, report, writers
+from cpbjax import checkpoint, evaluate, models, optimizer, platform, report, tensorboard, writers
 from cpbjax import config as config_lib
 from cpbjax.data import sources, windows
 
@@ -205,8 +206,7 @@ class GroupTrainer:
 
     def stack(self, preps: list) -> windows.GroupArrays:
         """`windows.stack_group` padded to K coins and placed with this trainer's shardings."""
-        arrays = windows.stack_group(preps, self.num_coins, self.config.data, self.coin_sharding)
-        return jax.device_put(arrays, self.arrays_sharding)
+        return windows.stack_group(preps, self.num_coins, self.config.data, self.arrays_sharding)
 
     def init_state(self, keys_K2, arrays: windows.GroupArrays) -> GroupState:
         """A fresh GroupState: `module.init` of each coin with its own key.
@@ -216,7 +216,9 @@ class GroupTrainer:
           arrays: the group's data; a coin without train or val windows starts inactive.
         """
         with jax.default_matmul_precision(self.config.matmul_precision):
-            keys = jax.device_put(np.asarray(keys_K2, np.uint32), self.coin_sharding)
+            keys_K2 = np.asarray(keys_K2, np.uint32)
+            keys = jax.make_array_from_callback(keys_K2.shape, self.coin_sharding,
+                                                lambda i: keys_K2[i])  # fmt: skip
             return self._init_jit(keys, arrays.train_mask, arrays.val_mask)
 
     def abstract_state(self) -> GroupState:
@@ -430,6 +432,29 @@ LEDGER_FILE = "groups.json"  # Under checkpoints/: the group plan and finished g
 MAX_GROUP_SIZE = 64  # train.group_size=0 puts up to this many series in one program.
 
 
+def _is_primary() -> bool:
+    """Whether this process writes the workdir's files (process 0 of a multi-host run)."""
+    return jax.process_index() == 0
+
+
+def _to_host(tree):
+    """Numpy copy of a pytree of [K, ...] device arrays.
+
+    In a multi-host run each process holds only its own coins' shards, so the arrays
+    are gathered from every process (a collective: every process must call this).
+    """
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def _wait_for_all(barrier: str) -> None:
+    """Multi-host: every process waits here until all arrive (process 0 is the slow one,
+    as it alone evaluates and writes), so none runs ahead into the next collective."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(barrier)
+
+
 def group_size(num_series: int, train_cfg, num_devices: int) -> int:
     """Coins per program: train.group_size (0 = min(#series, 64)), capped at #series and
     rounded up to a multiple of the device count so the coin axis shards evenly."""
@@ -483,14 +508,18 @@ class _Ledger:
                     f"resumed ({'; '.join(diffs[:5])}); rerun the same command or use a new --workdir"
                 )
             self.data = old
-        writers.write_json(self.path, self.data)
+        self._write()
 
     def finished(self, group: str) -> dict | None:
         return self.data["finished"].get(group)
 
     def finish(self, group: str, entries: dict) -> None:
         self.data["finished"][group] = entries
-        writers.write_json(self.path, self.data)
+        self._write()
+
+    def _write(self) -> None:
+        if _is_primary():
+            writers.write_json(self.path, self.data)
 
 
 def _memory_bytes() -> tuple[int | None, int | None]:
@@ -514,6 +543,7 @@ class _Run:
     log: writers.MetricsLog
     progress: Any
     index: dict  # series name -> position in the run (its key's fold-in index)
+    tensorboard: tensorboard.TensorBoardLog | None  # with logging.tensorboard, process 0
     forecasts: dict = dataclasses.field(default_factory=dict)  # name -> test forecast record
 
     def checkpoints(self, group: str) -> checkpoint.GroupCheckpoints:
@@ -544,20 +574,28 @@ def _run_epochs(run: _Run, group: str, names: list[str], state, arrays, start: i
     """
     epochs, plateau = run.config.train.epochs, run.config.train.reduce_on_plateau
     ckpts = run.checkpoints(group)
-    run.progress.start_group(group, len(names), epochs, start)
+    primary = _is_primary()
+    if primary:
+        run.progress.start_group(group, len(names), epochs, start)
+        if run.tensorboard:
+            run.tensorboard.start_group(group, start)
     began = time.monotonic()
-    finished = start >= epochs or not jax.device_get(state.active).any()
+    finished = start >= epochs or not _to_host(state.active).any()
     while not finished:
         t0 = time.monotonic()
         state, metrics = run.trainer.run_epoch(state, arrays)
-        m = jax.device_get(metrics)
+        m = _to_host(metrics)
         record = _epoch_record(group, names, m, time.monotonic() - t0, plateau)
-        run.log.append(record)
-        run.progress.update(record, _memory_bytes()[0])
+        if primary:
+            run.log.append(record)
+            run.progress.update(record, _memory_bytes()[0])
+            if run.tensorboard:
+                run.tensorboard.append(record)
         finished = record["epoch"] >= epochs or not m["active"].any()
-        ckpts.maybe_save(record["epoch"], state, force=finished)
+        ckpts.maybe_save(record["epoch"], state, force=finished)  # All processes save.
     ckpts.close()
-    run.progress.end_group()
+    if primary:
+        run.progress.end_group()
     return state, time.monotonic() - began, _memory_bytes()[1]
 
 
@@ -575,8 +613,8 @@ def _train_group(run: _Run, group: str, preps: list) -> dict:
     else:
         state, start = restored
         logging.info("%s: resuming after epoch %d", group, start)
-    # Epochs after the checkpoint are re-run: drop their lines (and any torn line).
-    run.log.keep(lambda r: r["group"] != group or r["epoch"] <= start)
+    if _is_primary():  # Epochs after the checkpoint are re-run: drop their lines.
+        run.log.keep(lambda r: r["group"] != group or r["epoch"] <= start)
     state, seconds, peak = _run_epochs(run, group, names, state, arrays, start)
     return _finish_group(run, group, preps, state, seconds, peak)
 
@@ -616,11 +654,11 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
     """Saves each series' best model, evaluates it and records the group as finished.
 
     Returns:
-      series name -> results.json entry.
+      series name -> results.json entry (without evaluation on processes other than 0).
     """
     fields = ("best_params", "best_val", "best_epoch", "epochs_run", "active", "diverged",
               "diverged_epoch")  # fmt: skip
-    host = jax.device_get({f: getattr(state, f) for f in fields})
+    host = _to_host({f: getattr(state, f) for f in fields})
     leaves = jax.tree.leaves(host["best_params"])
     num_params = sum(leaf.size for leaf in leaves) // run.trainer.num_coins
     entries = {}
@@ -635,18 +673,21 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
             "group": group, "train_seconds": seconds / len(preps), "group_train_seconds": seconds,
             "num_params": num_params, "peak_memory_bytes": peak_bytes, "data": prep.notes,
         }  # fmt: skip
-        path = os.path.join(run.workdir, "models", prep.name)
-        checkpoint.save_series_model(path, params, _model_meta(run, prep, entry))
-        entry.update(_evaluate(run, params, prep))
+        if _is_primary():
+            path = os.path.join(run.workdir, "models", prep.name)
+            checkpoint.save_series_model(path, params, _model_meta(run, prep, entry))
+            entry.update(_evaluate(run, params, prep))
         entries[prep.name] = writers.to_jsonable(entry)
     run.ledger.finish(group, entries)
+    _wait_for_all(f"cpbjax {group} finished")
     return entries
 
 
 def _reload_forecasts(run: _Run, preps: list) -> None:
     """Test forecasts of a group finished by an earlier process, for the report's plots."""
     c = run.config
-    if not (c.eval.plots and c.eval.plot_windows) or c.data.normalization == "candle_minmax":
+    plots = c.eval.plots and c.eval.plot_windows and c.data.normalization != "candle_minmax"
+    if not (plots and _is_primary()):
         return
     for prep in preps:
         params, _ = checkpoint.load_series_model(os.path.join(run.workdir, "models", prep.name))
@@ -667,6 +708,7 @@ def _results(config, entries: dict, skipped: dict, started: float, plan: list) -
     run = {
         "model": config.model.name, "seed": config.seed, "versions": _versions(),
         "platform": devices["backend"], "device_count": devices["device_count"],
+        "process_count": devices["process_count"],
         "devices": devices["devices"], "groups": len(plan),
         "group_size": max((len(g) for g in plan), default=0),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -687,6 +729,8 @@ def _make_run(config, workdir: str, preps: list, mesh: Mesh) -> tuple[_Run, list
         ledger=_Ledger(workdir, _fingerprint(config, [[p.name for p in g] for g in plan])),
         log=writers.MetricsLog(workdir), progress=writers.make_progress(config.logging.progress),
         index={f"{s}-{i}": j for j, (s, i) in enumerate(pairs)},
+        tensorboard=(tensorboard.TensorBoardLog(workdir)
+                     if config.logging.tensorboard and _is_primary() else None),
     )  # fmt: skip
     return run, plan
 
@@ -697,6 +741,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     Writes config.json, metrics.jsonl, checkpoints/, models/<SERIES>/, results.json
     and the report. Rerunning with the same workdir resumes: finished groups are
     skipped and an unfinished one continues from its latest checkpoint.
+
+    In a multi-host run (config.distributed) every process runs this with the same
+    config and a workdir on a shared filesystem: the coin axis is sharded over all
+    processes' devices, every process saves its shards of the group checkpoints, and
+    process 0 alone writes the other files and evaluates.
 
     Args:
       config: the run config (validated here again).
@@ -711,25 +760,34 @@ def train_and_evaluate(config, workdir: str) -> dict:
     """
     config_lib.validate(config)
     started = time.time()
+    primary = _is_primary()
     os.makedirs(workdir, exist_ok=True)
     preps, skipped = _prepare_all(config)
     if not preps:
-        writers.write_config(workdir, config)
-        writers.write_results(workdir, _results(config, {}, skipped, started, []))
+        if primary:
+            writers.write_config(workdir, config)
+            writers.write_results(workdir, _results(config, {}, skipped, started, []))
         raise NothingTrained(f"no series could be trained; skipped: {skipped}")
     run, plan = _make_run(config, workdir, preps, coin_mesh())  # refuses a different run
-    writers.write_config(workdir, config)
+    if primary:
+        writers.write_config(workdir, config)
     entries = {}
-    for g, group_preps in enumerate(plan):
-        group = f"group-{g:03d}"
-        finished = run.ledger.finished(group)
-        if finished is None:
-            finished = _train_group(run, group, group_preps)
-        else:
-            logging.info("%s already finished in %s; skipping it", group, workdir)
-            _reload_forecasts(run, group_preps)
-        entries.update(finished)
+    try:
+        for g, group_preps in enumerate(plan):
+            group = f"group-{g:03d}"
+            finished = run.ledger.finished(group)
+            if finished is None:
+                finished = _train_group(run, group, group_preps)
+            else:
+                logging.info("%s already finished in %s; skipping it", group, workdir)
+                _reload_forecasts(run, group_preps)
+            entries.update(finished)
+    finally:
+        if run.tensorboard:
+            run.tensorboard.close()
     results = _results(config, entries, skipped, started, plan)
-    writers.write_results(workdir, results)
-    report.write_reports(workdir, results, config, forecasts=run.forecasts)
+    if primary:
+        writers.write_results(workdir, results)
+        report.write_reports(workdir, results, config, forecasts=run.forecasts)
+    _wait_for_all("cpbjax run finished")
     return results

@@ -114,7 +114,23 @@ BAD_VALUES = [
     ("predict.symbols", ("eth",), "Binance symbols"),
     ("predict.intervals", ("2m",), "15m"),
     ("logging.progress", "fancy", "one of auto"),
+    ("logging.tensorboard", "yes", "True or False"),
+    ("distributed.enabled", 1, "True or False"),
+    ("distributed.coordinator_address", "10.0.0.1", "host:port"),
+    ("distributed.num_processes", -1, "integer >= 0"),
+    ("distributed.process_id", -2, "integer >= -1"),
+    ("distributed.num_processes", 2, "all set, or none"),
 ]
+
+
+def test_distributed_process_id_must_be_below_num_processes():
+    config = config_lib.load("configs/gru.py")
+    h = config.distributed
+    h.coordinator_address, h.num_processes, h.process_id = "host0:1234", 2, 2
+    with pytest.raises(config_lib.ConfigError, match=r"process_id=2 .*< distributed.num_processes"):
+        config_lib.validate(config)
+    h.process_id = 1
+    config_lib.validate(config)
 
 
 @pytest.mark.parametrize(("field", "value", "allowed"), BAD_VALUES)

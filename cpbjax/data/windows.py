@@ -301,14 +301,16 @@ def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> No
             )
 
 
-def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, sharding=None):
-    """Pads `preps` to `group_size` coins and fixed sizes; places them on the device.
+def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, shardings=None):
+    """Pads `preps` to `group_size` coins and fixed sizes; places them on the devices.
 
     Args:
       preps: 1..group_size series prepared with this `data_cfg`.
       group_size: K, the coin axis length of every group in the run.
       data_cfg: the `config.data` group (sizes come from `padded_sizes`).
-      sharding: optional `jax.sharding.Sharding` for the [K, ...] arrays.
+      shardings: optional GroupArrays of `jax.sharding.Sharding`s, one per field. Each
+        process then places only the shards its own devices hold, so the same call
+        builds the global arrays of a multi-host run. None: the default device.
 
     Returns:
       A GroupArrays. Padded coins repeat nothing: they are zeros with all masks
@@ -340,8 +342,13 @@ def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, sharding
             e = p.ends[split]
             host[f"{split}_ends"][i, : len(e)] = e
             host[f"{split}_mask"][i, : len(e)] = True
-    arrays = {key: jax.device_put(v, sharding) for key, v in host.items()}
-    return GroupArrays(price_mask=jnp.asarray(preps[0].price_mask), **arrays)
+    host = GroupArrays(price_mask=np.asarray(preps[0].price_mask, np.float32), **host)
+    if shardings is None:
+        return jax.device_put(host)
+    return jax.tree.map(
+        lambda a, sharding: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i]),
+        host, shardings,
+    )  # fmt: skip
 
 
 def gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, lookback: int, horizon: int):

@@ -1,0 +1,114 @@
+"""A multi-host run (two processes joined by jax.distributed) equals a one-process run.
+
+Two real processes, one CPU device each, train one group of two coins: the coin axis
+is sharded across the processes, both save their shards of the group checkpoints, and
+process 0 writes the workdir (TensorBoard files included). A single process with two devices runs the same
+per-device programs, so results.json and metrics.jsonl must match it exactly.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+from tensorboard.backend.event_processing import event_accumulator
+
+from cpbjax import checkpoint, writers
+from cpbjax import config as config_lib
+from tests import train_test
+
+ROOT = train_test.ROOT
+EPOCHS = 4
+_DRIVE = (
+    "import sys; from tests import multihost_test as t; "
+    "t.drive(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))"
+)
+
+
+def run_config(port: int, process_id: int, num_processes: int):
+    """Two series in one group of two (one coin per device), checkpoints every 2 epochs."""
+    c = train_test.make_config()
+    c.data.symbols = ("BTCUSDT", "ETHUSDT")
+    c.train.group_size, c.train.epochs, c.train.patience = 2, EPOCHS, EPOCHS
+    c.ckpt.every_epochs = 2
+    c.logging.tensorboard = True
+    if num_processes > 1:
+        c.distributed.enabled = True
+        c.distributed.coordinator_address = f"127.0.0.1:{port}"
+        c.distributed.num_processes, c.distributed.process_id = num_processes, process_id
+    return config_lib.validate(c)
+
+
+def drive(workdir: str, port: int, process_id: int, num_processes: int) -> None:
+    from cpbjax import platform, train  # noqa: PLC0415 (after the subprocess's env is set)
+
+    config = run_config(port, process_id, num_processes)
+    platform.configure(config)
+    train.train_and_evaluate(config, workdir)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(workdir, port, process_id, num_processes, devices_per_process):
+    env = train_test._env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
+    log = open(f"{workdir}-{process_id}.log", "w")  # noqa: SIM115 (closed in _wait)
+    cmd = [sys.executable, "-c", _DRIVE, str(workdir), str(port), str(process_id),
+           str(num_processes)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+def _wait(proc) -> None:
+    try:
+        proc.wait(timeout=420)
+    finally:
+        proc.kill()
+        proc.log.close()
+    with open(proc.log.name) as f:
+        assert proc.returncode == 0, f.read()[-4000:]
+
+
+def _comparable(workdir):
+    (results, metrics) = train_test._comparable(workdir)
+    run = results.pop("run")
+    return results, metrics, run
+
+
+def test_two_processes_equal_one_process_with_two_devices(tmp_path):
+    port = _free_port()
+    multi = tmp_path / "multi"
+    procs = [_start(multi, port, i, 2, devices_per_process=1) for i in range(2)]
+    for proc in procs:
+        _wait(proc)
+    single = tmp_path / "single"
+    _wait(_start(single, port, 0, 1, devices_per_process=2))
+
+    multi_results, multi_metrics, multi_run = _comparable(multi)
+    single_results, single_metrics, single_run = _comparable(single)
+    assert multi_run["process_count"] == 2 and single_run["process_count"] == 1
+    assert multi_run["device_count"] == single_run["device_count"] == 2
+    assert multi_results == single_results
+    assert multi_metrics == single_metrics
+    assert [r["epoch"] for r in multi_metrics] == list(range(1, EPOCHS + 1))
+    # Both processes wrote their shard of each group checkpoint; it restores whole.
+    steps = sorted(os.listdir(multi / "checkpoints" / "group-000"))
+    assert steps == ["2", "4"]
+    for name in ("BTCUSDT-1h", "ETHUSDT-1h"):
+        assert multi_results["series"][name]["status"] == "trained"
+        _, meta = checkpoint.load_series_model(str(multi / "models" / name))
+        assert meta["series"] == name
+    assert writers.read_json(str(multi / "config.json"))["distributed"]["num_processes"] == 2
+    # Process 0 alone wrote the TensorBoard run of the group: one file, every epoch.
+    tb_dir = multi / "tb" / "group-000"
+    assert len(os.listdir(tb_dir)) == 1
+    events = event_accumulator.EventAccumulator(str(tb_dir))
+    events.Reload()
+    val = [e.value for e in events.Scalars("val_loss/BTCUSDT-1h")]
+    expected = [r["val_loss"][0] for r in multi_metrics]
+    np.testing.assert_allclose(val, expected, rtol=1e-6)
