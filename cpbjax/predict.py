@@ -5,9 +5,10 @@ and the data of the given config. What defines a model's windows (features,
 lookback, horizon, normalization) and the model itself always come from the
 model's own saved config; the data location and extent (source, mirror, months,
 end, candles) come from the given config, so a model can be scored on other
-months or another mirror. Under the default last_close normalisation of OHLC
-nothing is fitted, so a window is normalised exactly as in training; zscore and
-non-price features re-fit their statistics on the loaded data (a warning says so).
+months or another mirror. Windows are normalised with the statistics the model was
+trained with (its meta.json `norm`), so new data is scaled exactly as training data
+was; only a model saved without them (by an earlier cpbjax)
+re-fits them on the loaded data, with a warning.
 """
 
 from __future__ import annotations
@@ -120,13 +121,15 @@ def load_model(path: str):
     """Loads one saved best model.
 
     Returns:
-      (module, params, trained config as a ConfigDict).
+      (module, params, trained config as a ConfigDict, training normalisation or None).
+      The normalisation is meta.json's `norm` when it holds the fitted statistics.
     """
     params, meta = checkpoint.load_series_model(path)
     if "config" not in meta:
         raise ValueError(f"{path}/{checkpoint.META_FILE} has no 'config': cannot rebuild the model")
     trained = _as_config(meta["config"])
-    return models.build(models.make_config(trained)), params, trained
+    norm = meta.get("norm") if "feature_mean" in meta.get("norm", {}) else None
+    return models.build(models.make_config(trained)), params, trained, norm
 
 
 def run_config(config, trained, names) -> ml_collections.ConfigDict:
@@ -137,12 +140,6 @@ def run_config(config, trained, names) -> ml_collections.ConfigDict:
             logging.warning("using the model's data.%s=%r, not the given %r",
                             field, trained.data[field], c.data[field])  # fmt: skip
             c.data[field] = trained.data[field]
-    refit = [f for f in c.data.features if f not in features_lib.PRICE_FEATURES]
-    if c.data.normalization == "zscore" or refit:
-        logging.warning(
-            "normalisation statistics (zscore prices, features %s) are re-fitted on the "
-            "train split of the data loaded now, not taken from the training run", refit
-        )  # fmt: skip
     c.model = ml_collections.ConfigDict(trained.model.to_dict())
     c.data.symbols = tuple(dict.fromkeys(_parse(n)[0] for n in names))
     c.data.intervals = tuple(dict.fromkeys(_parse(n)[1] for n in names))
@@ -153,7 +150,7 @@ def _load_models(available, names):
     """Loads the models of `names`; all must share the window fields (one run)."""
     loaded = {n: load_model(available[n]) for n in names}
     first = loaded[names[0]][2]
-    for name, (_, _, trained) in loaded.items():
+    for name, (_, _, trained, _) in loaded.items():
         for field in MODEL_DATA_FIELDS:
             if trained.data[field] != first.data[field]:
                 raise ValueError(
@@ -163,10 +160,21 @@ def _load_models(available, names):
     return loaded, first
 
 
-def prepare(config, names) -> tuple[dict, dict]:
-    """Loads and prepares the series `names`; returns (name -> PreparedSeries, skipped)."""
+def prepare(config, loaded: dict) -> tuple[dict, dict]:
+    """Loads and prepares the series of `loaded` (name -> load_model's tuple) with each
+    model's training normalisation; returns (name -> PreparedSeries, skipped)."""
+    names = list(loaded)
+    norms = {n: m[3] for n, m in loaded.items() if m[3] is not None}
+    fitted = [f for f in config.data.features if f not in features_lib.PRICE_FEATURES]
+    if (config.data.normalization == "zscore" or fitted) and len(norms) < len(names):
+        logging.warning(
+            "models %s were saved without their normalisation statistics: those are "
+            "re-fitted on the train split of the data loaded now",
+            sorted(set(names) - set(norms)),
+        )  # fmt: skip
     series, skipped = sources.load_all(config.data)
-    preps, unusable = windows.prepare_all([s for s in series if s.name in names], config.data)
+    preps, unusable = windows.prepare_all([s for s in series if s.name in names], config.data,
+                                          norms)  # fmt: skip
     skipped.update(unusable)
     return {p.name: p for p in preps}, {n: r for n, r in skipped.items() if n in names}
 
@@ -245,11 +253,11 @@ def run_evaluate(config, workdir: str) -> dict:
                                    excused=trained_results.get("skipped", {}))  # fmt: skip
     loaded, trained = _load_models(available, names)
     cfg = run_config(config, trained, names)
-    preps, data_skipped = prepare(cfg, names)
+    preps, data_skipped = prepare(cfg, loaded)
     skipped.update(data_skipped)
     series, records = {}, {}
     for name, prep in preps.items():
-        module, params, _ = loaded[name]
+        module, params, _, _ = loaded[name]
         facts = trained_results.get("series", {}).get(name, {})
         entry, record = _evaluate_one(module, params, prep, cfg, os.path.join(workdir, stem))
         series[name] = {**{k: v for k, v in facts.items() if k not in ("val", "test")}, **entry}
@@ -340,10 +348,10 @@ def run_predict(config, workdir: str) -> dict:
     names, _ = select_series(available, config.predict.symbols, config.predict.intervals)
     loaded, trained = _load_models(available, names)
     cfg = run_config(config, trained, names)
-    preps, skipped = prepare(cfg, names)
+    preps, skipped = prepare(cfg, loaded)
     series = {}
     for name, prep in preps.items():
-        module, params, _ = loaded[name]
+        module, params, _, _ = loaded[name]
         try:
             series[name] = forecast_next(module, params, prep, cfg.data.lookback, cfg.data.horizon)
         except SeriesSkipped as e:

@@ -109,7 +109,7 @@ def test_predict_continues_the_grid_and_matches_the_model(workdir):
         assert all(t % step == 0 for t in times)
         assert fc["forecast"][0]["open_time"].endswith("Z")
         # Independently: the model applied to the newest window, mapped to prices.
-        module, params, trained = predict.load_model(os.path.join(workdir, "models", name))
+        module, params, trained, _ = predict.load_model(os.path.join(workdir, "models", name))
         prep = windows.prepare_series(series[name], trained.data)
         y = np.asarray(module.apply({"params": params}, windows.latest_window(prep, L), None))
         expected = series[name].ohlcv[-1, 3] * np.exp(y[0].astype(np.float64))
@@ -119,6 +119,23 @@ def test_predict_continues_the_grid_and_matches_the_model(workdir):
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * H
     assert float(rows[0]["close"]) == doc["series"][rows[0]["series"]]["forecast"][0]["close"]
+
+
+def test_models_saved_with_their_norm_are_scaled_with_it(workdir):
+    """zscore: the training run's price statistics map the new data, not re-fitted ones."""
+    config = _config()
+    config.data.normalization = "zscore"
+    name = "BTCUSDT-1h"
+    module, params, _, _ = predict.load_model(os.path.join(workdir, "models", name))
+    trained = config_lib.load("configs/gru.py:tiny")
+    trained.data.normalization = "zscore"
+    saved = {"kind": "zscore", "mean": [10.0, 11.0, 9.0, 10.0], "std": [2.0, 2.0, 2.0, 2.0],
+             "feature_mean": [10.0, 11.0, 9.0, 10.0], "feature_std": [2.0, 2.0, 2.0, 2.0]}  # fmt: skip
+    preps, skipped = predict.prepare(config, {name: (module, params, trained, saved)})
+    assert not skipped
+    prep = preps[name]
+    np.testing.assert_allclose(prep.targets, (prep.ohlc - 10.0 - [0, 1, -1, 0]) / 2.0, rtol=1e-5)
+    assert prep.norm["mean"].tolist() == saved["mean"]
 
 
 def test_predict_unknown_interval_is_a_clear_error(workdir):

@@ -9,6 +9,7 @@ import pytest
 from absl.testing import parameterized
 
 from cpbjax import config as config_lib
+from cpbjax import writers
 from cpbjax.data import features, windows
 from cpbjax.data.series import Series, SeriesSkipped
 
@@ -174,6 +175,36 @@ def test_later_candles_do_not_leak_into_training(kind):
     # One candle earlier is a training target: the check above would catch it.
     touched = windows.prepare_series(_perturbed(series, boundary - 1), cfg)
     assert not np.array_equal(_train_view(prep)[4], _train_view(touched)[4])
+
+
+@pytest.mark.parametrize("kind", ["last_close", "zscore"])
+def test_a_saved_norm_scales_new_data_as_training_did(kind):
+    """evaluate/predict on new data: the training run's statistics, never re-fitted ones."""
+    cfg = _data_cfg(features=INDICATORS, normalization=kind)
+    trained_on, new = _series(seed=0), _series(seed=7)
+    saved = writers.to_jsonable(windows.prepare_series(trained_on, cfg).norm)  # as meta.json
+    prep = windows.prepare_series(new, cfg, fitted_norm=saved)
+    # The training statistics, recomputed plainly from the training series.
+    feats, _ = features.compute(trained_on.ohlcv, INDICATORS)
+    first = len(trained_on.ohlcv) - cfg.max_candles
+    n_train = windows.prepare_series(trained_on, cfg).ends["train"][-1] + H + 1
+    mu, sd = feats[first:][:n_train].mean(axis=0), feats[first:][:n_train].std(axis=0)
+    new_feats, _ = features.compute(new.ohlcv, INDICATORS)
+    other = [j for j, n in enumerate(INDICATORS) if n not in features.PRICE_FEATURES]
+    expected = (new_feats[first:] - mu) / sd
+    np.testing.assert_allclose(prep.inputs[:, other], expected[:, other], rtol=1e-5, atol=1e-5)
+    refitted = windows.prepare_series(new, cfg)
+    assert not np.allclose(refitted.inputs[:, other], prep.inputs[:, other], atol=1e-3)
+    if kind == "zscore":
+        ohlc = trained_on.ohlcv[first:][:n_train, :4]
+        targets = (new.ohlcv[first:, :4] - ohlc.mean(axis=0)) / ohlc.std(axis=0)
+        np.testing.assert_allclose(prep.targets, targets, rtol=1e-5, atol=1e-5)
+        ends = prep.ends["test"]
+        _, y = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H)
+        np.testing.assert_allclose(windows.to_prices(prep, ends, y),
+                                   windows.actual_prices(prep, ends, H), rtol=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match="feature_mean/feature_std do not fit 4 columns"):
+        windows.prepare_series(new, _data_cfg(normalization=kind), fitted_norm=saved)
 
 
 @pytest.mark.parametrize("missing", [(), (260,), (250, 251, 298, 301, 305)])

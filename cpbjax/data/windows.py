@@ -63,7 +63,9 @@ class PreparedSeries:
       targets: float32 [T, 4] normalised OHLC targets.
       anchor: float32 [T] value subtracted at each window's last candle.
       ends: split name -> int64 [N] window end indices t (gap-free, purged).
-      norm: how to map back: {"kind", "log_p0"} or {"kind", "mean", "std"}.
+      norm: the fitted statistics and how to map back: {"kind", "feature_mean",
+        "feature_std" (float64 [F], the train split's), and "log_p0" (last_close) or
+        "mean", "std" (zscore, float64 [4])}; saved with a model's meta.json.
       price_mask: float32 [F], 1 on price-valued feature columns.
       notes: the Series notes plus "used_candles" (T) and "windows" (split -> count).
     """
@@ -159,30 +161,48 @@ def _train_stats(x_NC: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x_NC.mean(axis=0), np.where(sd > 0, sd, 1.0)
 
 
-def _normalise(ohlc, feats, names, n_train: int, kind: str):
+def _fitted_stats(fitted: dict, mean_key: str, std_key: str, width: int):
+    """(mean, std) float64 [width] of a saved `norm`, checked against the column count."""
+    mu, sd = np.asarray(fitted[mean_key], np.float64), np.asarray(fitted[std_key], np.float64)
+    if mu.shape != (width,) or sd.shape != (width,) or not (sd > 0).all():
+        raise ValueError(f"saved normalisation {mean_key}/{std_key} do not fit {width} columns "
+                         f"with std > 0: {mu.tolist()}, {sd.tolist()}")  # fmt: skip
+    return mu, sd
+
+
+def _normalise(ohlc, feats, names, n_train: int, kind: str, fitted: dict | None = None):
     """Returns (inputs [T,F], targets [T,4], anchor [T], norm) as float64.
 
-    Statistics are fitted on the first `n_train` candles (the train candles) only.
+    Statistics are fitted on the first `n_train` candles (the train candles) only, or
+    taken from `fitted` (the `norm` a training run saved with its model), so a saved
+    model sees new data scaled exactly as its training data was.
     """
     price = _price_mask(names).astype(bool)
-    mu, sd = _train_stats(feats[:n_train])
+    if fitted is None:
+        mu, sd = _train_stats(feats[:n_train])
+    else:
+        mu, sd = _fitted_stats(fitted, "feature_mean", "feature_std", len(names))
     # Non-price columns keep this z-score in every mode; zscore keeps it for all columns.
     inputs = (feats - mu) / sd
+    norm = {"kind": kind, "feature_mean": mu, "feature_std": sd}
     if kind == "last_close":
-        log_p0 = math.log(ohlc[0, 3])
+        log_p0 = math.log(ohlc[0, 3])  # cancels out of every window; kept for to_prices
         with np.errstate(divide="ignore", invalid="ignore"):  # a band <= 0 is caught later
             inputs[:, price] = np.log(feats[:, price]) - log_p0
         targets = np.log(ohlc) - log_p0
-        return inputs, targets, targets[:, 3].copy(), {"kind": kind, "log_p0": log_p0}
+        return inputs, targets, targets[:, 3].copy(), {**norm, "log_p0": log_p0}
     anchor = np.zeros(len(ohlc))
     if kind == "zscore":
-        t_mu, t_sd = _train_stats(ohlc[:n_train])
-        return inputs, (ohlc - t_mu) / t_sd, anchor, {"kind": kind, "mean": t_mu, "std": t_sd}
+        if fitted is None:
+            t_mu, t_sd = _train_stats(ohlc[:n_train])
+        else:
+            t_mu, t_sd = _fitted_stats(fitted, "mean", "std", NUM_TARGETS)
+        return inputs, (ohlc - t_mu) / t_sd, anchor, {**norm, "mean": t_mu, "std": t_sd}
     if kind == "candle_minmax":
         low, high = ohlc[:, 2:3], ohlc[:, 1:2]
         rng = np.where(high - low > 0, high - low, 1.0)
         inputs[:, price] = (feats[:, price] - low) / rng
-        return inputs, (ohlc - low) / rng, anchor, {"kind": kind}
+        return inputs, (ohlc - low) / rng, anchor, norm
     raise ValueError(
         f"data.normalization={kind!r} is not allowed: expected last_close, zscore or candle_minmax"
     )
@@ -198,12 +218,14 @@ def _kept_rows(series: Series, data_cfg, names):
     return series.open_time_ms[start:], series.ohlcv[start:], feats[start:], first_valid
 
 
-def prepare_series(series: Series, data_cfg) -> PreparedSeries:
+def prepare_series(series: Series, data_cfg, fitted_norm: dict | None = None) -> PreparedSeries:
     """Features, gap-free windows, split and normalisation for one series.
 
     Args:
       series: validated candles of one symbol and interval.
       data_cfg: the `config.data` group.
+      fitted_norm: a saved model's `norm` (its training statistics) to normalise with;
+        None fits them on this series' train split.
 
     Returns:
       The PreparedSeries (host arrays; see the module docstring).
@@ -227,7 +249,8 @@ def prepare_series(series: Series, data_cfg) -> PreparedSeries:
             raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
     n_train = int(ends["train"][-1]) + H + 1  # every candle a training window reads
     ohlc = ohlcv[:, :4]
-    inputs, targets, anchor, norm = _normalise(ohlc, feats, names, n_train, data_cfg.normalization)
+    inputs, targets, anchor, norm = _normalise(ohlc, feats, names, n_train,
+                                               data_cfg.normalization, fitted_norm)  # fmt: skip
     _check_finite(inputs, names)
     notes = dict(series.notes, used_candles=len(ohlc), windows={s: len(e) for s, e in ends.items()})
     return PreparedSeries(
@@ -238,8 +261,14 @@ def prepare_series(series: Series, data_cfg) -> PreparedSeries:
     )  # fmt: skip
 
 
-def prepare_all(series_list: list[Series], data_cfg) -> tuple[list[PreparedSeries], dict]:
+def prepare_all(series_list: list[Series], data_cfg, fitted_norms: dict | None = None
+                ) -> tuple[list[PreparedSeries], dict]:  # fmt: skip
     """`prepare_series` for each series; one that cannot be used is skipped, not fatal.
+
+    Args:
+      series_list: validated series.
+      data_cfg: the `config.data` group.
+      fitted_norms: optional series name -> saved `norm` (see `prepare_series`).
 
     Returns:
       (prepared series in input order, series name -> reason it was skipped).
@@ -247,7 +276,8 @@ def prepare_all(series_list: list[Series], data_cfg) -> tuple[list[PreparedSerie
     preps, skipped = [], {}
     for series in series_list:
         try:
-            preps.append(prepare_series(series, data_cfg))
+            fitted = (fitted_norms or {}).get(series.name)
+            preps.append(prepare_series(series, data_cfg, fitted))
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)
