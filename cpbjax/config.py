@@ -37,6 +37,8 @@ FEATURES = (
     "roc", "bb_upper", "bb_lower", "bb_width", "bb_position", "volatility", "atr",
     "volume_norm",
 )  # fmt: skip
+# Auxiliary training targets of model.aux_targets (cpbjax/data/windows.py defines them).
+AUX_TARGETS = ("bb_position", "realized_vol")
 _SYMBOL_RE = re.compile(r"^[A-Z0-9]{2,20}$")
 
 
@@ -85,6 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = m = ml_collections.ConfigDict()
     m.name = "transformer"  # transformer | gru | lstm (see cpbjax/models/__init__.py).
     m.decoding = "autoregressive"  # autoregressive | direct.
+    m.aux_targets = ()  # Multi-task head's extra targets: bb_position, realized_vol; () = none.
+    m.aux_weight = 0.1  # Weight of the auxiliary MSE in the training loss (not in val loss).
 
     c.train = t = ml_collections.ConfigDict()
     t.optimizer = "adamw"  # adam | adamw.
@@ -256,6 +260,21 @@ def _validate_model(c) -> None:
     if "hidden" in m and "attention_heads" in m:
         _check(m.hidden % m.attention_heads == 0, "model.hidden", m.hidden,
                f"a multiple of model.attention_heads ({m.attention_heads})")  # fmt: skip
+    _validate_aux(c)
+
+
+def _validate_aux(c) -> None:
+    m = c.model
+    names = m.aux_targets
+    _check(isinstance(names, (tuple, list)), "model.aux_targets", names,
+           "a tuple of auxiliary target names, () for none")  # fmt: skip
+    for name in names:
+        _check(name in AUX_TARGETS, "model.aux_targets", name, ", ".join(AUX_TARGETS))
+    _check(len(set(names)) == len(names), "model.aux_targets", names, "no repeated entries")
+    if "realized_vol" in names:  # The std of one return is always 0.
+        _check(c.data.horizon >= 2, "data.horizon", c.data.horizon,
+               ">= 2 with the aux target realized_vol (a std over the horizon)")  # fmt: skip
+    _num_range(c, "model.aux_weight", 0, 1e6)
 
 
 def _validate_train(c) -> None:
