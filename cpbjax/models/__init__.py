@@ -3,7 +3,10 @@
 `make_config(config)` is the one place a run config becomes a model config;
 `build(model_cfg)` returns the module. Every module is called as
   module.apply({"params": p}, x_BLF, y_BHC or None, train=..., teacher_forcing=...,
-               rngs={"dropout": k1, "teacher": k2}) → y_hat [B, H, C] float32.
+               rngs={"dropout": k1, "teacher": k2}) → y_hat [B, H, C] float32,
+or, with return_aux=True, (y_hat, aux_hat [B, A] float32): the multi-task head's
+forecasts of config.model.aux_targets (A = 0 without them; the head then has no
+parameters).
 Adding an architecture: a file with a module and a config dataclass whose own
 fields are named like its config.model fields, plus one REGISTRY line.
 """
@@ -36,7 +39,7 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
 
     Returns:
       The registered config dataclass of config.model.name, filled from
-      config.model.* plus lookback, horizon, num_features, dtype and precision.
+      config.model.* plus lookback, horizon, num_features, num_aux, dtype and precision.
 
     Raises:
       ValueError: unknown model name, or a field the model needs is missing.
@@ -52,6 +55,8 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
         "horizon": config.data.horizon,
         "num_features": len(config.data.features),
         "num_targets": NUM_TARGETS,
+        # .get: the config of a model saved before aux targets existed has no such field.
+        "num_aux": len(config.model.get("aux_targets", ())),
         "dtype": config.dtype,
         "matmul_precision": config.matmul_precision,
     }

@@ -32,6 +32,7 @@ class ModelConfig:
     horizon: int  # H, forecast candles per window.
     num_features: int  # F, input columns.
     num_targets: int = 4  # C, OHLC.
+    num_aux: int = 0  # A, auxiliary targets (len(config.model.aux_targets)); 0: no aux head.
     dropout: float = 0.0  # Dropout rate; only active with train=True.
     dtype: str = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
     matmul_precision: str = "default"  # highest | high | default.
@@ -62,6 +63,30 @@ def dense(cfg: ModelConfig, features: int, **kwargs) -> nn.Dense:
         precision=cfg.precision,
         **kwargs,
     )
+
+
+def aux_head(cfg: ModelConfig) -> nn.Dense | None:
+    """The multi-task head: a linear map from the window summary to the A aux targets.
+
+    Linear on purpose: the auxiliary losses are there to shape the shared encoder
+    (hard parameter sharing); a deeper head could fit them by itself and leave the
+    encoder less shaped. None without aux targets: such a model has no extra parameter.
+    """
+    return dense(cfg, cfg.num_aux) if cfg.num_aux else None
+
+
+def outputs(head: nn.Dense | None, y_hat_BHC: jax.Array, summary_BD: jax.Array | None,
+            return_aux: bool):  # fmt: skip
+    """y_hat_BHC, or (y_hat_BHC, aux_hat_BA float32) with return_aux.
+
+    The head runs whether or not its output is returned, so `init` creates its
+    parameters either way; under jit an unused aux output is pruned.
+    """
+    if head is None:
+        aux_hat_BA = jnp.zeros((y_hat_BHC.shape[0], 0), jnp.float32)
+    else:
+        aux_hat_BA = head(summary_BD).astype(jnp.float32)
+    return (y_hat_BHC, aux_hat_BA) if return_aux else y_hat_BHC
 
 
 def check_inputs(cfg: ModelConfig, x_BLF: jax.Array, y_BHC: jax.Array | None) -> None:
@@ -156,6 +181,8 @@ class RNNSeq2Seq(nn.Module):
     and a zero candle, and is fed its previous forecast (or, under teacher forcing,
     the true candle); the head maps [decoder output; context] to C values per step.
     Direct: the head maps [encoder's last output; context] to all H·C values at once.
+    The aux head (num_aux > 0) reads the encoder's last output, the top layer's final
+    state: a summary of the window that teacher-forced candles never reach.
     """
 
     cfg: RNNConfig
@@ -175,9 +202,11 @@ class RNNSeq2Seq(nn.Module):
         self.head_hidden = dense(cfg, cfg.hidden)
         out = cfg.num_targets if autoregressive else cfg.horizon * cfg.num_targets
         self.head_out = dense(cfg, out)
+        self.aux_head = aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def __call__(self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0):
+    def __call__(self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0,
+                 return_aux: bool = False):  # fmt: skip
         """Forecasts H candles from windows.
 
         Args:
@@ -187,9 +216,11 @@ class RNNSeq2Seq(nn.Module):
           train: enables dropout and teacher forcing (needs rngs "dropout", "teacher").
           teacher_forcing: per-step probability (float or traced scalar) of feeding
             the true previous candle instead of the forecast.
+          return_aux: also return the aux head's forecasts.
 
         Returns:
-          Forecasts [B, H, C] float32, in the normalised space of the targets.
+          Forecasts [B, H, C] float32, in the normalised space of the targets; with
+          return_aux, (forecasts, aux forecasts [B, A] float32).
 
         Raises:
           ValueError: window shapes that do not match the config.
@@ -198,11 +229,13 @@ class RNNSeq2Seq(nn.Module):
         check_inputs(cfg, x_BLF, y_BHC)
         enc_BLD, states = self._encode(x_BLF, train)
         memory = self.attention.prepare(enc_BLD)
+        last_BD = enc_BLD[:, -1]
         if cfg.decoding == "direct":
-            last_BD = enc_BLD[:, -1]
             y_BX = self._head(last_BD, self.attention(memory, last_BD))
-            return y_BX.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
-        return self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
+            y_hat_BHC = y_BX.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
+        else:
+            y_hat_BHC = self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
+        return outputs(self.aux_head, y_hat_BHC, last_BD, return_aux)
 
     def _encode(self, x_BLF, train):
         h_BLD, states = x_BLF, []

@@ -124,6 +124,8 @@ class Transformer(nn.Module):
     a separate target projection C → D embeds candles. Cross-attention keys and
     values of the encoder memory are computed once, before the decoding scan.
     Direct decoding feeds H learned query embeddings through the decoder at once.
+    The aux head (num_aux > 0) reads the encoder memory averaged over the L positions,
+    which teacher-forced candles never reach.
     """
 
     cfg: TransformerConfig
@@ -136,12 +138,14 @@ class Transformer(nn.Module):
         self.encoder = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
         self.decoder = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
         self.output_proj = common.dense(cfg, cfg.num_targets)
+        self.aux_head = common.aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         if cfg.decoding == "direct":
             init = nn.initializers.normal(0.02)
             self.queries = self.param("queries", init, (cfg.horizon, cfg.d_model))
 
-    def __call__(self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0):
+    def __call__(self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0,
+                 return_aux: bool = False):  # fmt: skip
         """Forecasts H candles from windows.
 
         Args:
@@ -151,9 +155,11 @@ class Transformer(nn.Module):
           train: enables dropout and teacher forcing (needs rngs "dropout", "teacher").
           teacher_forcing: per-step probability (float or traced scalar) of feeding
             the true previous candle instead of the forecast.
+          return_aux: also return the aux head's forecasts.
 
         Returns:
-          Forecasts [B, H, C] float32, in the normalised space of the targets.
+          Forecasts [B, H, C] float32, in the normalised space of the targets; with
+          return_aux, (forecasts, aux forecasts [B, A] float32).
 
         Raises:
           ValueError: window shapes that do not match the config.
@@ -167,8 +173,12 @@ class Transformer(nn.Module):
             h_BHD = h_BHD.astype(cfg.compute_dtype)
             for layer, kv in zip(self.decoder, cross_kv, strict=True):
                 h_BHD = layer(h_BHD, kv, train)
-            return self.output_proj(h_BHD).astype(jnp.float32)
-        return self._autoregressive(cross_kv, x_BLF.shape[0], y_BHC, train, teacher_forcing)
+            y_hat_BHC = self.output_proj(h_BHD).astype(jnp.float32)
+        else:
+            y_hat_BHC = self._autoregressive(cross_kv, x_BLF.shape[0], y_BHC, train,
+                                             teacher_forcing)  # fmt: skip
+        pooled_BD = None if self.aux_head is None else jnp.mean(memory_BLD, axis=1)
+        return common.outputs(self.aux_head, y_hat_BHC, pooled_BD, return_aux)
 
     def _encode(self, x_BLF, train):
         cfg = self.cfg
