@@ -108,9 +108,19 @@ def _select(take_K: jax.Array, new, old):
     return jax.tree.map(pick, new, old)
 
 
-def _window_sq_err(y_hat_BHC: jax.Array, y_BHC: jax.Array) -> jax.Array:
-    """Mean squared error of each window, float32 [B]."""
-    return jnp.mean(jnp.square(y_hat_BHC.astype(jnp.float32) - y_BHC), axis=(1, 2))
+def _window_sq_err(y_hat_B: jax.Array, y_B: jax.Array) -> jax.Array:
+    """Mean squared error of each window over its other axes ([B, H, C] or [B, A]), float32 [B]."""
+    err = jnp.square(y_hat_B.astype(jnp.float32) - y_B)
+    return jnp.mean(err, axis=tuple(range(1, err.ndim)))
+
+
+# vmap axes of `_coin_data` over the coins: price_mask is shared.
+_DATA_AXES = (0, 0, 0, None, 0)
+
+
+def _coin_data(arrays: windows.GroupArrays) -> tuple:
+    """What the per-coin functions read: (inputs, targets, anchor, price_mask, aux)."""
+    return arrays.inputs, arrays.targets, arrays.anchor, arrays.price_mask, arrays.aux
 
 
 class GroupTrainer:
@@ -197,9 +207,11 @@ class GroupTrainer:
         for split in windows.SPLITS:
             ends[f"{split}_ends"] = sds((k, sizes[split]), jnp.int32)
             ends[f"{split}_mask"] = sds((k, sizes[split]), jnp.bool_)
+        num_aux = len(self.config.model.aux_targets)
         return windows.GroupArrays(
             inputs=sds((k, t, f), jnp.float32), targets=sds((k, t, windows.NUM_TARGETS), jnp.float32),
-            anchor=sds((k, t), jnp.float32), price_mask=sds((f,), jnp.float32), **ends,
+            anchor=sds((k, t), jnp.float32), aux=sds((k, t, num_aux), jnp.float32),
+            price_mask=sds((f,), jnp.float32), **ends,
         )  # fmt: skip
 
     # -- public API ---------------------------------------------------------------------
@@ -279,31 +291,61 @@ class GroupTrainer:
 
     # -- one coin ------------------------------------------------------------------------
 
+    def _gather(self, data, ends_B):
+        """(x_BLF, y_BHC, aux_BA) of the windows ending at ends_B of ONE coin (data: _coin_data)."""
+        d = self.config.data
+        inputs_TF, targets_TC, anchor_T, price_mask_F, aux_TA = data
+        num_aux = len(self.config.model.aux_targets)
+        if aux_TA.shape[-1] != num_aux:
+            raise ValueError(
+                f"the group has {aux_TA.shape[-1]} aux target columns but config.model."
+                f"aux_targets={tuple(self.config.model.aux_targets)}: prepare the series with "
+                "windows.prepare_all(..., aux_targets=config.model.aux_targets)"
+            )
+        x_BLF, y_BHC = windows.gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B,
+                                      d.lookback, d.horizon)  # fmt: skip
+        return x_BLF, y_BHC, windows.gather_aux(aux_TA, ends_B)
+
+    def _coin_loss(self, params, data, ends_B, mask_B, key):
+        """The training objective of ONE coin's batch, and its OHLC part.
+
+        Per window: OHLC MSE + model.aux_weight * aux MSE (the aux term only with
+        model.aux_targets); both are means over the valid windows of the batch.
+
+        Returns:
+          (objective, ohlc_mse): float32 scalars; 0 when no window is valid.
+        """
+        x_BLF, y_BHC, aux_BA = self._gather(data, ends_B)
+        dropout_key, teacher_key = jax.random.split(key)
+        y_hat_BHC, aux_hat_BA = self.module.apply(
+            {"params": params}, x_BLF, y_BHC, train=True,
+            teacher_forcing=self.config.train.teacher_forcing, return_aux=True,
+            rngs={"dropout": dropout_key, "teacher": teacher_key},
+        )  # fmt: skip
+        n = jnp.maximum(jnp.sum(mask_B), 1)
+        err_B = jnp.where(mask_B, _window_sq_err(y_hat_BHC, y_BHC), 0.0)
+        objective_B = err_B
+        if aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC MSE
+            aux_err_B = jnp.where(mask_B, _window_sq_err(aux_hat_BA, aux_BA), 0.0)
+            objective_B = err_B + self.config.model.aux_weight * aux_err_B
+        return jnp.sum(objective_B) / n, jnp.sum(err_B) / n
+
     def _coin_train_step(self, params, opt_state, data, ends_B, mask_B, key, lr, active):
-        """One masked update of ONE coin. data = (inputs_TF, targets_TC, anchor_T, price_mask_F).
+        """One masked update of ONE coin; data is `_coin_data` of one coin.
 
         Returns (params, opt_state, loss_sum, num_windows, nonfinite) where the sums
-        cover the windows actually trained on.
+        cover the windows actually trained on; the loss is the OHLC MSE (the aux term
+        shapes the gradient, not the reported loss, so runs with and without aux
+        targets report the same quantity as the val loss).
         """
-        d = self.config.data
-        x_BLF, y_BHC = windows.gather(*data, ends_B, d.lookback, d.horizon)
-        dropout_key, teacher_key = jax.random.split(key)
         n = jnp.sum(mask_B)
-
-        def loss_fn(p):
-            y_hat_BHC = self.module.apply(
-                {"params": p}, x_BLF, y_BHC, train=True,
-                teacher_forcing=self.config.train.teacher_forcing,
-                rngs={"dropout": dropout_key, "teacher": teacher_key},
-            )  # fmt: skip
-            err_B = jnp.where(mask_B, _window_sq_err(y_hat_BHC, y_BHC), 0.0)
-            return jnp.sum(err_B) / jnp.maximum(n, 1)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        (objective, loss), grads = jax.value_and_grad(self._coin_loss, has_aux=True)(
+            params, data, ends_B, mask_B, key
+        )
         updates, new_opt = self.tx.update(
             grads, optimizer.with_learning_rate(opt_state, lr), params
         )
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+        finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
         take = active & (n > 0) & finite
         params = jax.tree.map(lambda a, b: jnp.where(take, a, b),
                               optax.apply_updates(params, updates), params)  # fmt: skip
@@ -312,9 +354,12 @@ class GroupTrainer:
         return params, opt_state, loss * n_taken, n_taken, active & (n > 0) & ~finite
 
     def _coin_val_sums(self, params, data, ends_B, mask_B):
-        """Sum of per-window MSE over the valid val windows of ONE coin, and their count."""
-        d = self.config.data
-        x_BLF, y_BHC = windows.gather(*data, ends_B, d.lookback, d.horizon)
+        """Sum of per-window OHLC MSE over the valid val windows of ONE coin, and their count.
+
+        The aux targets never enter it: early stopping watches the forecast the model
+        is for, and the val loss stays comparable across runs with any aux targets.
+        """
+        x_BLF, y_BHC, _ = self._gather(data, ends_B)
         y_hat_BHC = self.module.apply({"params": params}, x_BLF, None, train=False)
         err_B = jnp.where(mask_B, _window_sq_err(y_hat_BHC, y_BHC), 0.0)
         return jnp.sum(err_B), jnp.sum(mask_B)
@@ -350,9 +395,9 @@ class GroupTrainer:
         ends_SKB, mask_SKB = self._batches(
             arrays.train_ends, arrays.train_mask, self.train_steps, shuffle_keys_K
         )
-        data = (arrays.inputs, arrays.targets, arrays.anchor, arrays.price_mask)
+        data = _coin_data(arrays)
         lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
-        step = jax.vmap(self._coin_train_step, in_axes=(0, 0, (0, 0, 0, None), 0, 0, 0, 0, 0))
+        step = jax.vmap(self._coin_train_step, in_axes=(0, 0, _DATA_AXES, 0, 0, 0, 0, 0))
 
         def body(carry, xs):
             params, opt_state, loss_K, n_K, bad_K = carry
@@ -374,8 +419,8 @@ class GroupTrainer:
     def _val_loss(self, params, arrays: windows.GroupArrays) -> jax.Array:
         """Masked mean validation loss per coin, float32 [K] (NaN for a coin without windows)."""
         ends_SKB, mask_SKB = self._batches(arrays.val_ends, arrays.val_mask, self.val_steps)
-        data = (arrays.inputs, arrays.targets, arrays.anchor, arrays.price_mask)
-        sums = jax.vmap(self._coin_val_sums, in_axes=(0, (0, 0, 0, None), 0, 0))
+        data = _coin_data(arrays)
+        sums = jax.vmap(self._coin_val_sums, in_axes=(0, _DATA_AXES, 0, 0))
 
         def body(carry, xs):
             err_K, n_K = sums(params, data, *xs)
@@ -465,7 +510,8 @@ def group_size(num_series: int, train_cfg, num_devices: int) -> int:
 def _prepare_all(config) -> tuple[list, dict]:
     """Loads and prepares every series; returns (PreparedSeries list, name -> skip reason)."""
     series, skipped = sources.load_all(config.data)
-    preps, unusable = windows.prepare_all(series, config.data)
+    preps, unusable = windows.prepare_all(series, config.data,
+                                          aux_targets=config.model.aux_targets)  # fmt: skip
     return preps, {**skipped, **unusable}
 
 

@@ -23,6 +23,15 @@ Indicators are computed on the whole series (they are causal), then the newest
 never zero-filled, and never cost the kept series any candles. Indicators run
 across a gap as if the candles were consecutive; windows never span a gap.
 
+Auxiliary targets (config.model.aux_targets, the multi-task head's) are one row per
+window, at its end t: realized_vol, the population std of the H close log returns
+r_{t+1..t+H}, and bb_position, `features`' Bollinger position (20 periods, 2 std) of
+the last forecast candle t+H. Neither reads a candle after t+H, the last OHLC target,
+so both inherit its purge. Each is z-scored with the mean/std of its values on the
+train windows, then scaled to the RMS of those windows' OHLC targets, so an aux MSE
+weighs like the OHLC MSE whatever the normalisation (under last_close the OHLC targets
+are log ratios of about 1e-2, and unit-variance aux targets would swamp them).
+
 Splits are chronological over the gap-free windows. Purging is by candle index:
 a window of one split is kept only if its last target candle comes before the
 last input candle of the next split's first window, so the target candles of
@@ -43,7 +52,7 @@ import numpy as np
 from absl import logging
 from flax import struct
 
-from cpbjax.config import INTERVAL_MS
+from cpbjax.config import AUX_TARGETS, INTERVAL_MS
 from cpbjax.data import features as features_lib
 from cpbjax.data.series import Series, SeriesSkipped
 
@@ -62,10 +71,13 @@ class PreparedSeries:
       inputs: float32 [T, F] normalised features (see module docstring).
       targets: float32 [T, 4] normalised OHLC targets.
       anchor: float32 [T] value subtracted at each window's last candle.
+      aux: float32 [T, A] auxiliary targets of the window ending at each row (A = 0
+        without aux targets; rows that end no window are 0).
       ends: split name -> int64 [N] window end indices t (gap-free, purged).
       norm: the fitted statistics and how to map back: {"kind", "feature_mean",
         "feature_std" (float64 [F], the train split's), and "log_p0" (last_close) or
-        "mean", "std" (zscore, float64 [4])}; saved with a model's meta.json.
+        "mean", "std" (zscore, float64 [4]); with aux targets also "aux_targets" (their
+        names), "aux_mean", "aux_std" (float64 [A])}; saved with a model's meta.json.
       price_mask: float32 [F], 1 on price-valued feature columns.
       notes: the Series notes plus "used_candles" (T) and "windows" (split -> count).
     """
@@ -78,6 +90,7 @@ class PreparedSeries:
     inputs: np.ndarray
     targets: np.ndarray
     anchor: np.ndarray
+    aux: np.ndarray
     ends: dict
     norm: dict
     price_mask: np.ndarray
@@ -95,6 +108,7 @@ class GroupArrays:
     inputs: jax.Array  # float32 [K, T, F]
     targets: jax.Array  # float32 [K, T, C]
     anchor: jax.Array  # float32 [K, T]
+    aux: jax.Array  # float32 [K, T, A]: aux targets by window end; A = 0 without them
     price_mask: jax.Array  # float32 [F]: 1 on price columns, 0 elsewhere
     train_ends: jax.Array  # int32 [K, N_train]
     train_mask: jax.Array  # bool [K, N_train]
@@ -208,6 +222,60 @@ def _normalise(ohlc, feats, names, n_train: int, kind: str, fitted: dict | None 
     )
 
 
+def _realized_vol(close_T, bb_position_T, ends_N, horizon):
+    r_T = np.diff(np.log(close_T))  # r_T[i] = log(c[i+1] / c[i]), the return of candle i+1
+    return r_T[ends_N[:, None] + np.arange(horizon)].std(axis=1)  # returns of t+1..t+H
+
+
+def _bb_position(close_T, bb_position_T, ends_N, horizon):
+    return bb_position_T[ends_N + horizon]
+
+
+# Aux target name -> f(close [T], bb_position [T], ends [N], H) -> raw float64 [N].
+_AUX_FUNCTIONS = {"realized_vol": _realized_vol, "bb_position": _bb_position}
+
+
+def _fitted_aux_stats(fitted: dict, names: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) float64 [A] of `names` from a saved `norm`, matched by name."""
+    saved = list(fitted.get("aux_targets", ()))
+    missing = [n for n in names if n not in saved]
+    if missing:
+        raise ValueError(f"saved normalisation has no statistics of aux targets {missing} "
+                         f"(it has {saved}): use the model's config.model.aux_targets")  # fmt: skip
+    mu, sd = _fitted_stats(fitted, "aux_mean", "aux_std", len(saved))
+    order = [saved.index(n) for n in names]
+    return mu[order], sd[order]
+
+
+def _aux(names, close_T, bb_position_T, y_scale: float, ends: dict, horizon: int,
+         fitted: dict | None):  # fmt: skip
+    """(aux float32 [T, A] indexed by window end, its `norm` entries).
+
+    `y_scale` is the RMS of the train windows' normalised OHLC targets; see the
+    module docstring.
+    """
+    ends_N = np.concatenate([ends[s] for s in SPLITS])  # train windows first
+    raw_NA = np.stack([_AUX_FUNCTIONS[n](close_T, bb_position_T, ends_N, horizon)
+                       for n in names], axis=1)  # fmt: skip
+    if fitted is None:
+        mu, sd = _train_stats(raw_NA[: len(ends["train"])])
+        sd = sd / (y_scale if y_scale > 0 else 1.0)
+    else:
+        mu, sd = _fitted_aux_stats(fitted, names)
+    aux_TA = np.zeros((len(close_T), len(names)))
+    aux_TA[ends_N] = (raw_NA - mu) / sd
+    bad = [n for j, n in enumerate(names) if not np.isfinite(aux_TA[:, j]).all()]
+    if bad:
+        raise SeriesSkipped(f"non-finite aux targets {bad} (model.aux_targets)")
+    return aux_TA.astype(np.float32), {"aux_targets": names, "aux_mean": mu, "aux_std": sd}
+
+
+def _target_rms(targets_T4, anchor_T, ends_N, horizon: int) -> float:
+    """RMS of the normalised OHLC targets of the windows ending at ends_N (what `gather` gives)."""
+    y_NHC = targets_T4[ends_N[:, None] + np.arange(1, horizon + 1)] - anchor_T[ends_N, None, None]
+    return float(np.sqrt(np.mean(np.square(y_NHC))))
+
+
 def _kept_rows(series: Series, data_cfg, names):
     """(open times, ohlcv, features) of the newest max_candles candles past the warm-up.
 
@@ -218,7 +286,8 @@ def _kept_rows(series: Series, data_cfg, names):
     return series.open_time_ms[start:], series.ohlcv[start:], feats[start:], first_valid
 
 
-def prepare_series(series: Series, data_cfg, fitted_norm: dict | None = None) -> PreparedSeries:
+def prepare_series(series: Series, data_cfg, fitted_norm: dict | None = None,
+                   aux_targets=()) -> PreparedSeries:  # fmt: skip
     """Features, gap-free windows, split and normalisation for one series.
 
     Args:
@@ -226,6 +295,7 @@ def prepare_series(series: Series, data_cfg, fitted_norm: dict | None = None) ->
       data_cfg: the `config.data` group.
       fitted_norm: a saved model's `norm` (its training statistics) to normalise with;
         None fits them on this series' train split.
+      aux_targets: config.model.aux_targets, the aux targets to compute (`aux`).
 
     Returns:
       The PreparedSeries (host arrays; see the module docstring).
@@ -233,10 +303,16 @@ def prepare_series(series: Series, data_cfg, fitted_norm: dict | None = None) ->
     Raises:
       SeriesSkipped: if fewer than data.min_candles candles remain after the warm-up,
         if a split has no gap-free window, or if a normalised value is not finite.
+      ValueError: an unknown aux target, or a fitted_norm that does not fit.
     """
-    names = tuple(data_cfg.features)
+    names, aux_names = tuple(data_cfg.features), tuple(aux_targets)
     L, H = data_cfg.lookback, data_cfg.horizon
-    times, ohlcv, feats, warmup = _kept_rows(series, data_cfg, names)
+    if not set(aux_names) <= set(AUX_TARGETS):
+        raise ValueError(f"aux targets {aux_names}: expected names from {AUX_TARGETS}")
+    # bb_position's bands need 19 earlier candles: its warm-up is dropped like the inputs'.
+    extra = ("bb_position",) if "bb_position" in aux_names else ()
+    times, ohlcv, all_feats, warmup = _kept_rows(series, data_cfg, names + extra)
+    feats = all_feats[:, : len(names)]
     if len(ohlcv) < data_cfg.min_candles:
         raise SeriesSkipped(
             f"only {len(ohlcv)} usable candles ({len(series.ohlcv)} loaded, the first "
@@ -252,23 +328,30 @@ def prepare_series(series: Series, data_cfg, fitted_norm: dict | None = None) ->
     inputs, targets, anchor, norm = _normalise(ohlc, feats, names, n_train,
                                                data_cfg.normalization, fitted_norm)  # fmt: skip
     _check_finite(inputs, names)
+    aux = np.zeros((len(ohlc), 0), np.float32)
+    if aux_names:
+        y_scale = _target_rms(targets, anchor, ends["train"], H)
+        aux, aux_norm = _aux(aux_names, ohlc[:, 3], all_feats[:, -1], y_scale, ends, H,
+                             fitted_norm)  # fmt: skip
+        norm = {**norm, **aux_norm}
     notes = dict(series.notes, used_candles=len(ohlc), windows={s: len(e) for s, e in ends.items()})
     return PreparedSeries(
         name=series.name, symbol=series.symbol, interval=series.interval,
         open_time_ms=times, ohlc=ohlc, inputs=inputs.astype(np.float32),
-        targets=targets.astype(np.float32), anchor=anchor.astype(np.float32),
+        targets=targets.astype(np.float32), anchor=anchor.astype(np.float32), aux=aux,
         ends=ends, norm=norm, price_mask=_price_mask(names), notes=notes,
     )  # fmt: skip
 
 
-def prepare_all(series_list: list[Series], data_cfg, fitted_norms: dict | None = None
-                ) -> tuple[list[PreparedSeries], dict]:  # fmt: skip
+def prepare_all(series_list: list[Series], data_cfg, fitted_norms: dict | None = None,
+                aux_targets=()) -> tuple[list[PreparedSeries], dict]:  # fmt: skip
     """`prepare_series` for each series; one that cannot be used is skipped, not fatal.
 
     Args:
       series_list: validated series.
       data_cfg: the `config.data` group.
       fitted_norms: optional series name -> saved `norm` (see `prepare_series`).
+      aux_targets: config.model.aux_targets (see `prepare_series`).
 
     Returns:
       (prepared series in input order, series name -> reason it was skipped).
@@ -277,7 +360,7 @@ def prepare_all(series_list: list[Series], data_cfg, fitted_norms: dict | None =
     for series in series_list:
         try:
             fitted = (fitted_norms or {}).get(series.name)
-            preps.append(prepare_series(series, data_cfg, fitted))
+            preps.append(prepare_series(series, data_cfg, fitted, aux_targets))
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)
@@ -319,15 +402,20 @@ def padded_sizes(data_cfg) -> dict:
 def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> None:
     if not preps or len(preps) > group_size:
         raise ValueError(f"stack_group: {len(preps)} series for group_size={group_size}")
-    width = preps[0].inputs.shape[1]
+    width, num_aux = preps[0].inputs.shape[1], preps[0].aux.shape[1]
     for p in preps:
         counts = {split: len(p.ends[split]) for split in SPLITS}
-        if (len(p.inputs) > sizes["T"] or p.inputs.shape[1] != width
-                or any(counts[s] > sizes[s] for s in SPLITS)):  # fmt: skip
+        shapes = (p.inputs.shape[1], p.aux.shape[1])
+        if (
+            len(p.inputs) > sizes["T"]
+            or shapes != (width, num_aux)
+            or any(counts[s] > sizes[s] for s in SPLITS)
+        ):
             raise ValueError(
                 f"stack_group: {p.name} has {len(p.inputs)} candles, {p.inputs.shape[1]} "
-                f"features and windows {counts}, which do not fit the padded sizes {sizes} "
-                f"with {width} features: prepare every series with the same data config"
+                f"features, {p.aux.shape[1]} aux targets and windows {counts}, which do not "
+                f"fit the padded sizes {sizes} with {width} features and {num_aux} aux "
+                "targets: prepare every series with the same config"
             )
 
 
@@ -359,6 +447,7 @@ def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, sharding
         "inputs": np.zeros((k, t, f), np.float32),
         "targets": np.zeros((k, t, NUM_TARGETS), np.float32),
         "anchor": np.zeros((k, t), np.float32),
+        "aux": np.zeros((k, t, preps[0].aux.shape[1]), np.float32),
     }
     for split in SPLITS:
         host[f"{split}_ends"] = np.full((k, sizes[split]), data_cfg.lookback - 1, np.int32)
@@ -368,6 +457,7 @@ def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, sharding
         host["inputs"][i, :n_t] = p.inputs
         host["targets"][i, :n_t] = p.targets
         host["anchor"][i, :n_t] = p.anchor
+        host["aux"][i, :n_t] = p.aux
         for split in SPLITS:
             e = p.ends[split]
             host[f"{split}_ends"][i, : len(e)] = e
@@ -396,6 +486,11 @@ def gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, lookback: int,
     x_BLF = inputs_TF[in_idx_BL] - anchor_B[:, None, None] * price_mask_F
     y_BHC = targets_TC[out_idx_BH] - anchor_B[:, None, None]
     return x_BLF, y_BHC
+
+
+def gather_aux(aux_TA: jax.Array, ends_B: jax.Array) -> jax.Array:
+    """The aux targets of B windows of ONE coin: aux_TA [T, A], ends_B [B] -> [B, A]."""
+    return aux_TA[ends_B]
 
 
 def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) -> np.ndarray:
