@@ -519,13 +519,33 @@ def _prepare_all(config) -> tuple[list, dict]:
 _FETCH_FIELDS = ("base_url", "cache_dir", "download_workers", "timeout_seconds", "retries")
 
 
-def _fingerprint(config, plan: list[list[str]]) -> dict:
-    """What a resumed run must share with the run that wrote the checkpoints."""
+def _training_fields(config) -> dict:
+    """The config fields that decide what a run trains (JSON types)."""
     keys = ("seed", "dtype", "matmul_precision", "data", "model", "train")
     fields = writers.to_jsonable({k: config[k] for k in keys})
     for name in _FETCH_FIELDS:
         del fields["data"][name]
-    return {"config": fields, "groups": plan}
+    return fields
+
+
+def _fingerprint(config, plan: list[list[str]]) -> dict:
+    """What a resumed run must share with the run that wrote the checkpoints."""
+    return {"config": _training_fields(config), "groups": plan}
+
+
+def _with_defaults(old: dict, defaults: dict) -> dict:
+    """`old` plus the fields it lacks, from `defaults` (nested dicts merged).
+
+    A config field added to cpbjax after a run was started is absent from that run's
+    ledger; left at its default it changes nothing, so it must not block the resume.
+    """
+    merged = dict(old)
+    for key, value in defaults.items():
+        if key not in merged:
+            merged[key] = value
+        elif isinstance(merged[key], dict) and isinstance(value, dict):
+            merged[key] = _with_defaults(merged[key], value)
+    return merged
 
 
 def _differences(old, new, prefix="") -> list[str]:
@@ -547,7 +567,9 @@ class _Ledger:
         self.data = {"fingerprint": fingerprint, "finished": {}}
         if os.path.exists(self.path):
             old = writers.read_json(self.path)
-            diffs = _differences(old["fingerprint"], fingerprint)
+            defaults = _training_fields(config_lib.base_config())
+            old_config = _with_defaults(old["fingerprint"]["config"], defaults)
+            diffs = _differences({**old["fingerprint"], "config": old_config}, fingerprint)
             if diffs:
                 raise RunMismatch(
                     f"{workdir} holds a run with a different config or series, so it cannot be "

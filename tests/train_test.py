@@ -433,3 +433,27 @@ def test_resume_refuses_a_different_config_but_not_a_different_fetch(full_run):
     config.data.retries, config.data.cache_dir = 1, "/nonexistent/cache"
     train.train_and_evaluate(config, str(full_run))
     assert _comparable(full_run)[0]["series"] == before[0]["series"]
+
+
+def test_ledger_refuses_another_config_but_not_a_newer_cpbjax(tmp_path):
+    config = make_config()
+    plan = [["BTCUSDT-1h", "ETHUSDT-1h"]]
+    ledger = train._Ledger(str(tmp_path), train._fingerprint(config, plan))
+    ledger.finish("group-000", {"BTCUSDT-1h": {"status": "trained"}})
+    assert train._Ledger(str(tmp_path), train._fingerprint(config, plan)).finished("group-000")
+    changed = make_config()
+    changed.train.epochs = EPOCHS + 2
+    with pytest.raises(train.RunMismatch, match=rf"train.epochs: {EPOCHS} -> {EPOCHS + 2}"):
+        train._Ledger(str(tmp_path), train._fingerprint(changed, plan))
+    with pytest.raises(train.RunMismatch, match="groups"):
+        train._Ledger(str(tmp_path), train._fingerprint(config, [["BTCUSDT-1h"]]))
+    # A ledger written before model.aux_targets existed resumes while it stays at its default.
+    path = tmp_path / "checkpoints" / train.LEDGER_FILE
+    old = writers.read_json(str(path))
+    del old["fingerprint"]["config"]["model"]["aux_targets"]
+    writers.write_json(str(path), old)
+    assert train._Ledger(str(tmp_path), train._fingerprint(config, plan)).finished("group-000")
+    changed = make_config()
+    changed.model.aux_targets = ("realized_vol",)
+    with pytest.raises(train.RunMismatch, match=r"model.aux_targets: \[\] -> \['realized_vol'\]"):
+        train._Ledger(str(tmp_path), train._fingerprint(changed, plan))
