@@ -21,6 +21,8 @@ import socket
 import struct
 import time
 
+from cpbjax import writers
+
 TB_DIR = "tb"
 FILE_VERSION = b"brain.Event:2"
 # Field numbers of Event's oneof `what` that we write (6 is the deprecated log_message).
@@ -173,7 +175,7 @@ class TensorBoardLog:
         path = os.path.join(directory, _new_file_name(directory))
         self._file = open(path, "xb")  # noqa: SIM115 (held open across epochs until close)
         self._group = group
-        _fsync_dir(directory)
+        writers.fsync_dir(directory)
         now = time.time()
         session_start = _bytes_field(_SESSION_LOG_FIELD, _key(1, 0) + _varint(_SESSION_START))
         self._write(_event(now, 0, _bytes_field(_FILE_VERSION_FIELD, FILE_VERSION)),
@@ -209,12 +211,3 @@ class TensorBoardLog:
         self._file.write(b"".join(tfrecord(event) for event in events))
         self._file.flush()
         os.fsync(self._file.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    """Makes a new file's directory entry durable, not just its contents."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -53,7 +53,8 @@ def to_jsonable(obj):
     raise TypeError(f"cannot write {type(obj).__name__} value {obj!r} as JSON")
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Makes a new file's directory entry durable, not just its contents."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -80,7 +81,7 @@ def write_json(path: str, obj) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def read_json(path: str):
