@@ -2,10 +2,12 @@
 
   python benchmarks/compare_runs.py runs/gru-autoregressive runs/gru-direct
 
-Prints one markdown row per workdir: model, decoding, series scored, median close
-skill against the better naive forecast (and how many series are positive), how many
-beat naive at Diebold-Mariano p < 0.05, median directional accuracy against the median
-up-share, and the training seconds of all groups.
+Prints one markdown row per workdir. What a choice between runs may be based on comes
+first, from the validation split: the median best val loss (OHLC MSE, normalised) and
+the median val close skill. Then the test split, reported but never used to choose:
+median close skill against the better naive forecast (and how many series are positive),
+how many beat naive at Diebold-Mariano p < 0.05, median directional accuracy against
+the median up-share. Last, the training seconds of all groups.
 """
 
 import json
@@ -13,7 +15,8 @@ import os
 import statistics
 import sys
 
-COLUMNS = ("workdir", "model", "decoding", "series", "close_skill_median_pct", "skill_positive",
+COLUMNS = ("workdir", "model", "decoding", "series", "best_val_loss_median",
+           "val_close_skill_median_pct", "close_skill_median_pct", "skill_positive",
            "dm_better_p05", "dir_acc_median_pct", "up_share_median_pct", "train_seconds")  # fmt: skip
 
 
@@ -23,7 +26,8 @@ def summarise(workdir: str) -> dict:
         results = json.load(f)
     with open(os.path.join(workdir, "config.json")) as f:
         config = json.load(f)
-    tests = [s["test"] for s in results["series"].values() if s.get("test")]
+    scored = [s for s in results["series"].values() if s.get("test")]
+    tests = [s["test"] for s in scored]
     skills = [t["columns"]["close"]["skill"] for t in tests]
     dm = [t["dm"]["p_value_better"] for t in tests]
     groups = {s["group"]: s["group_train_seconds"] for s in results["series"].values()}
@@ -32,6 +36,10 @@ def summarise(workdir: str) -> dict:
         "model": config["model"]["name"],
         "decoding": config["model"]["decoding"],
         "series": len(tests),
+        "best_val_loss_median": float(f"{statistics.median(s['best_val_loss'] for s in scored):.4g}"),
+        "val_close_skill_median_pct": round(
+            100 * statistics.median(s["val"]["columns"]["close"]["skill"] for s in scored), 2
+        ),
         "close_skill_median_pct": round(100 * statistics.median(skills), 2),
         "skill_positive": sum(s > 0 for s in skills),
         "dm_better_p05": sum(p is not None and p < 0.05 for p in dm),
