@@ -109,7 +109,7 @@ def base_config() -> ml_collections.ConfigDict:
     t.plateau_factor = 0.5  # Reduce-on-plateau multiplier.
     t.plateau_patience = 8  # Reduce-on-plateau patience, in epochs.
     t.teacher_forcing = 0.5  # Per-step probability of feeding the true candle.
-    t.group_size = 0  # Coins per compiled program; 0 = all series of one shape.
+    t.group_size = 0  # Coins per compiled program; 0 = as many as fit (GPU 64, CPU 4 per device).
 
     c.ckpt = k = ml_collections.ConfigDict()
     k.every_epochs = 5  # Save the full group train state this often.

@@ -296,10 +296,14 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
 def test_group_size_rounds_to_devices_and_caps_at_series():
     t = make_config().train
     t.group_size = 0
-    assert train.group_size(40, t, 1) == 40 and train.group_size(100, t, 1) == 64
-    assert train.group_size(3, t, 2) == 4
+    assert train.group_size(40, t, 1, "gpu") == 40 and train.group_size(100, t, 1, "gpu") == 64
+    assert train.group_size(3, t, 2, "gpu") == 4
+    # As many as fit on the CPU: 4 coins per device.
+    assert train.group_size(40, t, 2, "cpu") == 8 and train.group_size(40, t, 1, "cpu") == 4
+    assert train.group_size(3, t, 2, "cpu") == 4
     t.group_size = 5
-    assert train.group_size(40, t, 4) == 8 and train.group_size(2, t, 1) == 2
+    assert train.group_size(40, t, 4, "gpu") == 8 and train.group_size(2, t, 1, "gpu") == 2
+    assert train.group_size(40, t, 2, "cpu") == 6
 
 
 # ---------------------------------------------------------------------------------------
