@@ -7,8 +7,8 @@ model's own saved config; the data location and extent (source, mirror, months,
 end, candles) come from the given config, so a model can be scored on other
 months or another mirror. Windows are normalised with the statistics the model was
 trained with (its meta.json `norm`), so new data is scaled exactly as training data
-was; only a model saved without them (by an earlier cpbjax)
-re-fits them on the loaded data, with a warning.
+was; only a model saved without them (by an earlier cpbjax) re-fits them on the
+loaded data, with a warning.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import io
 import os
 import sys
 import time
+from typing import Any, NamedTuple
 
 import flax
 import jax
@@ -117,19 +118,23 @@ def _as_config(d: dict) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(fix(d))
 
 
-def load_model(path: str):
-    """Loads one saved best model.
+class LoadedModel(NamedTuple):
+    """One saved best model, as `load_model` returns it."""
 
-    Returns:
-      (module, params, trained config as a ConfigDict, training normalisation or None).
-      The normalisation is meta.json's `norm` when it holds the fitted statistics.
-    """
+    module: Any  # the Flax Linen module
+    params: Any  # its params pytree
+    trained: ml_collections.ConfigDict  # the config it was trained with
+    norm: dict | None  # meta.json's `norm` if it holds the fitted statistics, else None
+
+
+def load_model(path: str) -> LoadedModel:
+    """Loads one saved best model (see LoadedModel)."""
     params, meta = checkpoint.load_series_model(path)
     if "config" not in meta:
         raise ValueError(f"{path}/{checkpoint.META_FILE} has no 'config': cannot rebuild the model")
     trained = _as_config(meta["config"])
     norm = meta.get("norm") if "feature_mean" in meta.get("norm", {}) else None
-    return models.build(models.make_config(trained)), params, trained, norm
+    return LoadedModel(models.build(models.make_config(trained)), params, trained, norm)
 
 
 def run_config(config, trained, names) -> ml_collections.ConfigDict:
@@ -149,24 +154,24 @@ def run_config(config, trained, names) -> ml_collections.ConfigDict:
 def _load_models(available, names):
     """Loads the models of `names`; all must share the window fields (one run)."""
     loaded = {n: load_model(available[n]) for n in names}
-    first = loaded[names[0]][2]
-    for name, (_, _, trained, _) in loaded.items():
+    first = loaded[names[0]].trained
+    for name, model in loaded.items():
         for field in MODEL_DATA_FIELDS:
-            if trained.data[field] != first.data[field]:
+            if model.trained.data[field] != first.data[field]:
                 raise ValueError(
-                    f"model {name} has data.{field}={trained.data[field]!r} but "
+                    f"model {name} has data.{field}={model.trained.data[field]!r} but "
                     f"{names[0]} has {first.data[field]!r}: evaluate them separately"
                 )
     return loaded, first
 
 
 def prepare(config, loaded: dict) -> tuple[dict, dict]:
-    """Loads and prepares the series of `loaded` (name -> load_model's tuple) with each
-    model's training normalisation; returns (name -> PreparedSeries, skipped)."""
+    """Loads and prepares the series of `loaded` (name -> LoadedModel) with each model's
+    training normalisation; returns (name -> PreparedSeries, skipped)."""
     names = list(loaded)
-    norms = {n: m[3] for n, m in loaded.items() if m[3] is not None}
-    fitted = [f for f in config.data.features if f not in features_lib.PRICE_FEATURES]
-    if (config.data.normalization == "zscore" or fitted) and len(norms) < len(names):
+    norms = {n: m.norm for n, m in loaded.items() if m.norm is not None}
+    z_scored = [f for f in config.data.features if f not in features_lib.PRICE_FEATURES]
+    if (config.data.normalization == "zscore" or z_scored) and len(norms) < len(names):
         logging.warning(
             "models %s were saved without their normalisation statistics: those are "
             "re-fitted on the train split of the data loaded now",
@@ -257,7 +262,7 @@ def run_evaluate(config, workdir: str) -> dict:
     skipped.update(data_skipped)
     series, records = {}, {}
     for name, prep in preps.items():
-        module, params, _, _ = loaded[name]
+        module, params = loaded[name].module, loaded[name].params
         facts = trained_results.get("series", {}).get(name, {})
         entry, record = _evaluate_one(module, params, prep, cfg, os.path.join(workdir, stem))
         series[name] = {**{k: v for k, v in facts.items() if k not in ("val", "test")}, **entry}
@@ -351,7 +356,7 @@ def run_predict(config, workdir: str) -> dict:
     preps, skipped = prepare(cfg, loaded)
     series = {}
     for name, prep in preps.items():
-        module, params, _, _ = loaded[name]
+        module, params = loaded[name].module, loaded[name].params
         try:
             series[name] = forecast_next(module, params, prep, cfg.data.lookback, cfg.data.horizon)
         except SeriesSkipped as e:

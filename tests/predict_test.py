@@ -131,7 +131,8 @@ def test_models_saved_with_their_norm_are_scaled_with_it(workdir):
     trained.data.normalization = "zscore"
     saved = {"kind": "zscore", "mean": [10.0, 11.0, 9.0, 10.0], "std": [2.0, 2.0, 2.0, 2.0],
              "feature_mean": [10.0, 11.0, 9.0, 10.0], "feature_std": [2.0, 2.0, 2.0, 2.0]}  # fmt: skip
-    preps, skipped = predict.prepare(config, {name: (module, params, trained, saved)})
+    loaded = {name: predict.LoadedModel(module, params, trained, saved)}
+    preps, skipped = predict.prepare(config, loaded)
     assert not skipped
     prep = preps[name]
     np.testing.assert_allclose(prep.targets, (prep.ohlc - 10.0 - [0, 1, -1, 0]) / 2.0, rtol=1e-5)
