@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Trains and evaluates all three models in both decoding modes on one data source, then
+# prints the comparison of BUILD_NOTES.md "Decoding modes" (benchmarks/compare_runs.py).
+#
+#   bash benchmarks/decoding_table.sh BASE_URL RUNS_DIR [launch.py flags ...]
+#
+# e.g. bash benchmarks/decoding_table.sh ../shared/data/binance-vision runs/decoding \
+#          --config.platform=gpu --config.eval.plots=False
+# MODELS="gru lstm" or DECODINGS=direct run a subset. Each run is a normal workdir,
+# RUNS_DIR/<model>-<decoding>, that launch.py resumes if the table is re-run after a kill.
+set -euo pipefail
+base_url=$1
+runs=$2
+shift 2
+python=${PYTHON:-python}
+mkdir -p "$runs"
+for model in ${MODELS:-gru transformer lstm}; do
+  for decoding in ${DECODINGS:-direct autoregressive}; do
+    echo "=== $model $decoding $(date -u '+%F %T UTC')"
+    "$python" launch.py --config "configs/$model.py" --config.data.base_url="$base_url" \
+      --config.model.decoding="$decoding" --workdir "$runs/$model-$decoding" "$@"
+  done
+done
+"$python" benchmarks/compare_runs.py "$runs"/*-*
