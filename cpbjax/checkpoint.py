@@ -36,15 +36,18 @@ class GroupCheckpoints:
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
+    def due(self, epoch: int, force: bool = False) -> bool:
+        """Whether `maybe_save` would save step `epoch` (a multiple of every_epochs, or
+        `force`, and not saved yet): lets a caller build the state only when needed."""
+        return (force or epoch % self.every_epochs == 0) and epoch not in self._manager.all_steps()
+
     def maybe_save(self, epoch: int, state, force: bool = False) -> bool:
-        """Saves `state` as step `epoch` if it is a multiple of every_epochs or `force`.
+        """Saves `state` as step `epoch` if `due(epoch, force)`.
 
         The save is asynchronous: it returns once the arrays are copied off the
         device, so the caller may donate `state` to the next epoch.
         """
-        if not force and epoch % self.every_epochs:
-            return False
-        if epoch in self._manager.all_steps():
+        if not self.due(epoch, force):
             return False
         self._manager.save(epoch, args=ocp.args.StandardSave(state))
         return True

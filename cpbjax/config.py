@@ -86,9 +86,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = m = ml_collections.ConfigDict()
     m.name = "transformer"  # transformer | gru | lstm (see cpbjax/models/__init__.py).
-    # direct | autoregressive: direct matched or beat autoregressive on validation in 58-87%
-    # of its CPU training time (BUILD_NOTES "Decoding modes"); the replaced system's was
-    # autoregressive.
+    # direct | autoregressive: on 40 real series direct tied or beat autoregressive on
+    # validation, its epochs taking 58-69% of the time (BUILD_NOTES "Decoding modes"); the
+    # replaced system's was autoregressive.
     m.decoding = "direct"
     m.aux_targets = ()  # Multi-task head's extra targets: bb_position, realized_vol; () = none.
     m.aux_weight = 0.1  # Weight of the auxiliary MSE in the training loss (not in val loss).
@@ -110,6 +110,9 @@ def base_config() -> ml_collections.ConfigDict:
     t.plateau_patience = 8  # Reduce-on-plateau patience, in epochs.
     t.teacher_forcing = 0.5  # Per-step probability of feeding the true candle.
     t.group_size = 0  # Coins per compiled program; 0 = as many as fit (GPU 64, CPU 4 per device).
+    # Once at most half of a program's coins still train, move them into a program of their
+    # own size (the stopped ones cost as much as live ones in a vmapped step). Same results.
+    t.compact_groups = True
 
     c.ckpt = k = ml_collections.ConfigDict()
     k.every_epochs = 5  # Save the full group train state this often.
@@ -299,6 +302,8 @@ def _validate_train(c) -> None:
     _int_range(c, "train.group_size", 0)
     _check(isinstance(t.reduce_on_plateau, bool), "train.reduce_on_plateau",
            t.reduce_on_plateau, "True or False")  # fmt: skip
+    _check(isinstance(t.compact_groups, bool), "train.compact_groups", t.compact_groups,
+           "True or False")  # fmt: skip
 
 
 def _validate_rest(c) -> None:

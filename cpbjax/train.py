@@ -525,6 +525,8 @@ def _prepare_all(config) -> tuple[list, dict]:
 
 # Data fields that change where or how candles are fetched, never which candles.
 _FETCH_FIELDS = ("base_url", "cache_dir", "download_workers", "timeout_seconds", "retries")
+# Train fields that change how the coins are computed, never what they train.
+_EXECUTION_FIELDS = ("compact_groups",)
 
 
 def _training_fields(config) -> dict:
@@ -533,6 +535,8 @@ def _training_fields(config) -> dict:
     fields = writers.to_jsonable({k: config[k] for k in keys})
     for name in _FETCH_FIELDS:
         del fields["data"][name]
+    for name in _EXECUTION_FIELDS:
+        del fields["train"][name]
     return fields
 
 
@@ -621,58 +625,195 @@ class _Run:
     index: dict  # series name -> position in the run (its key's fold-in index)
     tensorboard: tensorboard.TensorBoardLog | None  # with logging.tensorboard, process 0
     forecasts: dict = dataclasses.field(default_factory=dict)  # name -> test forecast record
+    smaller: dict = dataclasses.field(default_factory=dict)  # K -> GroupTrainer (compaction)
 
     def checkpoints(self, group: str) -> checkpoint.GroupCheckpoints:
         c = self.config.ckpt
         path = os.path.join(self.workdir, "checkpoints", group)
         return checkpoint.GroupCheckpoints(path, c.every_epochs, c.keep)
 
+    def trainer_for(self, num_coins: int) -> GroupTrainer:
+        """The run's trainer for programs of `num_coins` coins (each size compiles once)."""
+        if num_coins == self.trainer.num_coins:
+            return self.trainer
+        if num_coins not in self.smaller:
+            self.smaller[num_coins] = GroupTrainer(self.config, self.module, num_coins,
+                                                   self.trainer.mesh)  # fmt: skip
+        return self.smaller[num_coins]
 
-def _epoch_record(group: str, names: list[str], m: dict, seconds: float, plateau: bool) -> dict:
+
+def _place(host_tree, shardings):
+    """Device arrays of a host (numpy) pytree, each process placing only its own shards."""
+    return jax.tree.map(
+        lambda a, s: jax.make_array_from_callback(a.shape, s, lambda i: a[i]), host_tree, shardings
+    )
+
+
+def _compaction_pays(epoch_seconds: list[float], k: int, k_live: int, epochs_left: int) -> bool:
+    """Whether moving the live coins of a k-coin program to a k_live-coin one saves time.
+
+    Args:
+      epoch_seconds: wall times of the current program's epochs; the first includes its
+        compile. The new program is assumed to compile as long, and its epoch to take
+        k_live / k of this one's (true on a CPU; on an accelerator with room to spare
+        the epoch shrinks less, so this over-estimates the saving there).
+      epochs_left: a lower bound on the epochs still to run (the most patience any live
+        coin has left, at most the epochs left in the run).
+    """
+    if len(epoch_seconds) < 2:
+        return False
+    epoch_s = float(np.median(epoch_seconds[1:]))
+    compile_s = max(epoch_seconds[0] - epoch_s, 0.0)
+    return epochs_left * epoch_s * (1 - k_live / k) > compile_s
+
+
+class _LiveCoins:
+    """The coins of one group that still train, and the program that trains them.
+
+    A vmapped epoch computes every coin of its program, the stopped ones too (their
+    results are thrown away), so a group whose coins have mostly stopped pays for all of
+    them. With train.compact_groups, once at most half of the program's coins still
+    train, and the time saved should outweigh compiling a new program, they move to a
+    program of their own size (rounded up to a multiple of the devices). Each coin keeps
+    its key, and the schedule follows the shared epoch count, so every coin trains as
+    before; only the batch of coins computed together changes.
+    The stopped coins' state no longer changes: it waits on the host, and the group's
+    full state is put back together only for a checkpoint and at the end.
+    """
+
+    def __init__(self, run: _Run, preps: list, state: GroupState, arrays):
+        self.run, self.preps = run, preps
+        self.trainer, self.state, self.arrays = run.trainer, state, arrays
+        self.slots = np.arange(run.trainer.num_coins)  # group slot of each program coin
+        self.frozen = None  # host GroupState of the whole group, once compacted
+        self.frozen_metrics = None  # what the whole program would report for stopped coins
+        self.epoch_seconds = []  # of the current program
+
+    def run_epoch(self) -> dict:
+        """One epoch of the live coins; host metrics for all K coins of the group."""
+        t0 = time.monotonic()
+        self.state, metrics = self.trainer.run_epoch(self.state, self.arrays)
+        m = _to_host(metrics)
+        self.epoch_seconds.append(time.monotonic() - t0)
+        if self.frozen is None:
+            return m
+        full = {"epoch": m["epoch"], "lr": m["lr"]}
+        for name, stopped in self.frozen_metrics.items():
+            full[name] = stopped.copy()
+            full[name][self.slots] = m[name][: len(self.slots)]
+        return full
+
+    def maybe_compact(self) -> None:
+        """Moves the live coins to a smaller program if at most half of this one's train
+        and `_compaction_pays`."""
+        t = self.run.config.train
+        k, devices = self.trainer.num_coins, self.trainer.mesh.size
+        host = _to_host({"active": self.state.active, "bad": self.state.bad_epochs,
+                         "epoch": self.state.epoch})  # fmt: skip
+        live = np.flatnonzero(host["active"])  # positions in this program
+        k_live = max(devices, -(-live.size // devices) * devices)
+        if live.size == 0 or 2 * live.size > k or k_live >= k:
+            return
+        epochs_left = min(t.patience - host["bad"][live].min(), t.epochs - host["epoch"])
+        pays = _compaction_pays(self.epoch_seconds, k, k_live, int(epochs_left))
+        if jax.process_count() > 1:  # Timings differ between hosts: process 0 decides.
+            pays = bool(multihost_utils.broadcast_one_to_all(np.array(pays)))
+        if not pays:
+            return
+        full = self._full_host()
+        slots = self.slots[live]
+        # Stopped coins fill the padding rows: inactive, they never train, and only the
+        # live rows are ever written back.
+        filler = np.flatnonzero(~full.active)[0]
+        rows = np.concatenate([slots, np.full(k_live - slots.size, filler)])
+        trainer = self.run.trainer_for(k_live)
+        self.state = _place(jax.tree.map(lambda a: a[rows] if a.ndim else a, full),
+                            trainer.state_sharding)  # fmt: skip
+        self.arrays = trainer.stack([self.preps[i] for i in slots])
+        self.trainer, self.slots, self.frozen, self.epoch_seconds = trainer, slots, full, []
+        nan_K = np.full(full.active.shape, np.nan, np.float32)
+        self.frozen_metrics = {
+            "train_loss": nan_K, "val_loss": nan_K, "best_val_loss": full.best_val,
+            "lr_scale": np.asarray(jax.vmap(optimizer.plateau_scale)(full.plateau)),
+            "active": np.zeros_like(full.active), "diverged": full.diverged,
+        }  # fmt: skip
+        logging.info("%d of %d coins still train: moved them to a program of %d", slots.size,
+                     k, k_live)  # fmt: skip
+
+    def full_state(self) -> GroupState:
+        """The whole group's state on the devices (this program's own while uncompacted)."""
+        if self.frozen is None:
+            return self.state
+        return _place(self._full_host(), self.run.trainer.state_sharding)
+
+    def _full_host(self) -> GroupState:
+        """Host copy of the whole group's state: the frozen rows updated with the live ones."""
+        host = _to_host(self.state)
+        if self.frozen is None:
+            return host
+        n = self.slots.size
+
+        def merge(frozen, live):
+            if not frozen.ndim:  # the group's epoch count
+                return live
+            merged = frozen.copy()
+            merged[self.slots] = live[:n]
+            return merged
+
+        return jax.tree.map(merge, self.frozen, host)
+
+
+def _epoch_record(group: str, names: list[str], m: dict, seconds: float, plateau: bool,
+                  coins_computed: int) -> dict:  # fmt: skip
     """One metrics.jsonl line from the host copy of `run_epoch`'s metrics (real coins only)."""
     n = len(names)
     record = {
         "group": group, "epoch": int(m["epoch"]), "series": names,
         "train_loss": m["train_loss"][:n], "val_loss": m["val_loss"][:n],
         "best_val_loss": m["best_val_loss"][:n], "lr": float(m["lr"]),
-        "active": m["active"][:n], "seconds": seconds,
+        "active": m["active"][:n], "seconds": seconds, "coins_computed": coins_computed,
     }  # fmt: skip
     if plateau:
         record["lr_scale"] = m["lr_scale"][:n]
     return writers.to_jsonable(record)
 
 
-def _run_epochs(run: _Run, group: str, names: list[str], state, arrays, start: int):
+def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     """Runs epochs until every coin stopped or train.epochs; checkpoints as configured.
 
     Returns:
       (final state, training seconds, peak device memory bytes or None).
     """
-    epochs, plateau = run.config.train.epochs, run.config.train.reduce_on_plateau
+    t = run.config.train
+    names = [p.name for p in preps]
     ckpts = run.checkpoints(group)
     primary = _is_primary()
     if primary:
-        run.progress.start_group(group, len(names), epochs, start)
+        run.progress.start_group(group, len(names), t.epochs, start)
         if run.tensorboard:
             run.tensorboard.start_group(group, start)
     began = time.monotonic()
-    finished = start >= epochs or not _to_host(state.active).any()
+    live = _LiveCoins(run, preps, state, arrays)
+    finished = start >= t.epochs or not _to_host(state.active).any()
     while not finished:
-        t0 = time.monotonic()
-        state, metrics = run.trainer.run_epoch(state, arrays)
-        m = _to_host(metrics)
-        record = _epoch_record(group, names, m, time.monotonic() - t0, plateau)
+        computed = live.trainer.num_coins
+        m = live.run_epoch()
+        record = _epoch_record(group, names, m, live.epoch_seconds[-1], t.reduce_on_plateau,
+                               computed)  # fmt: skip
         if primary:
             run.log.append(record)
             run.progress.update(record, _memory_bytes()[0])
             if run.tensorboard:
                 run.tensorboard.append(record)
-        finished = record["epoch"] >= epochs or not m["active"].any()
-        ckpts.maybe_save(record["epoch"], state, force=finished)  # All processes save.
+        finished = record["epoch"] >= t.epochs or not m["active"].any()
+        if ckpts.due(record["epoch"], force=finished):  # All processes save.
+            ckpts.maybe_save(record["epoch"], live.full_state(), force=finished)
+        if t.compact_groups and not finished:
+            live.maybe_compact()
     ckpts.close()
     if primary:
         run.progress.end_group()
-    return state, time.monotonic() - began, _memory_bytes()[1]
+    return live.full_state(), time.monotonic() - began, _memory_bytes()[1]
 
 
 def _train_group(run: _Run, group: str, preps: list) -> dict:
@@ -691,7 +832,7 @@ def _train_group(run: _Run, group: str, preps: list) -> dict:
         logging.info("%s: resuming after epoch %d", group, start)
     if _is_primary():  # Epochs after the checkpoint are re-run: drop their lines.
         run.log.keep(lambda r: r["group"] != group or r["epoch"] <= start)
-    state, seconds, peak = _run_epochs(run, group, names, state, arrays, start)
+    state, seconds, peak = _run_epochs(run, group, preps, state, arrays, start)
     return _finish_group(run, group, preps, state, seconds, peak)
 
 

@@ -1,0 +1,172 @@
+"""Tests of group compaction (train.compact_groups): once most coins of a group have
+stopped, the live ones move to a smaller program, and must train exactly as before.
+
+The runs force the move whenever at most half the coins train (the cost rule would never
+pay for these tiny models) and are compared with the same run computed whole. They run in
+subprocesses that share a persistent compilation cache at XLA optimisation level 0 (as
+train_test's driver runs), since compiling the four program sizes dominates their time.
+"""
+
+import contextlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cpbjax import checkpoint, train, writers
+from cpbjax import config as config_lib
+from tests import train_test
+
+EPOCHS = 14
+# What the forced runs' coins do (seen on this config): 8 coins stop at different epochs,
+# so the program shrinks 8 -> 4 -> 2 -> 1 with the live coins at scattered slots.
+SHRINKS = [8, 4, 2, 1]
+_RUNS = "import sys; from tests import compaction_test as t; t.run_all(sys.argv[1])"
+_TWO_DEVICES = """
+import os, sys
+from cpbjax import train
+from tests import compaction_test as t
+train.train_and_evaluate(t.compaction_config(False), os.path.join(sys.argv[1], "whole"))
+train._compaction_pays = lambda *args: True
+train.train_and_evaluate(t.compaction_config(True), os.path.join(sys.argv[1], "compacted"))
+"""
+
+
+def compaction_config(compact: bool):
+    """8 tiny series in one group of 8, patience 2 (they stop at different epochs)."""
+    c = train_test.make_config()
+    c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT"), ("15m", "1h")
+    c.train.group_size, c.train.epochs, c.train.patience = 8, EPOCHS, 2
+    c.train.compact_groups = compact
+    c.ckpt.every_epochs = 1
+    return config_lib.validate(c)
+
+
+class _Killed(Exception):
+    pass
+
+
+def run_all(root: str) -> None:
+    """<root>/whole, <root>/compacted, and <root>/resumed: the compacted run killed just
+    after a checkpoint taken while compacted, then resumed (<root>/killed.json says where
+    and what the checkpoint held)."""
+    train.train_and_evaluate(compaction_config(False), os.path.join(root, "whole"))
+    train._compaction_pays = lambda *args: True
+    compacted = os.path.join(root, "compacted")
+    train.train_and_evaluate(compaction_config(True), compacted)
+    kill_epoch = _coins_computed(compacted).index(2) + 2  # a checkpoint taken at K=2
+    save = checkpoint.GroupCheckpoints.maybe_save
+
+    def save_then_die(self, epoch, state, force=False):
+        saved = save(self, epoch, state, force)
+        if epoch == kill_epoch:
+            self.close()  # the checkpoint is complete, as after a kill just past it
+            raise _Killed
+        return saved
+
+    resumed = os.path.join(root, "resumed")
+    checkpoint.GroupCheckpoints.maybe_save = save_then_die
+    with contextlib.suppress(_Killed):  # (killed.json shows whether it was)
+        train.train_and_evaluate(compaction_config(True), resumed)
+    checkpoint.GroupCheckpoints.maybe_save = save
+    ckpts = checkpoint.GroupCheckpoints(os.path.join(resumed, "checkpoints", "group-000"), 1, 5)
+    state, epoch = ckpts.restore_latest(train_test.make_trainer(8).abstract_state())
+    ckpts.close()
+    killed = {"kill_epoch": kill_epoch, "restored_epoch": epoch,
+              "restored_active": np.asarray(state.active).tolist()}  # fmt: skip
+    writers.write_json(os.path.join(root, "killed.json"), killed)
+    train.train_and_evaluate(compaction_config(True), resumed)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compaction")
+    env = train_test._env(
+        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
+        JAX_COMPILATION_CACHE_DIR=str(root / "jax-cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", _RUNS, str(root)], env=env, cwd=train_test.ROOT,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return root
+
+
+def _coins_computed(workdir) -> list[int]:
+    return [r["coins_computed"] for r in writers.MetricsLog(str(workdir)).records()]
+
+
+def _assert_same_training(a, b):
+    """Both workdirs trained every coin alike: statuses, epochs and losses, and params."""
+    ra, rb = (writers.read_json(os.path.join(w, "results.json"))["series"] for w in (a, b))
+    assert ra.keys() == rb.keys()
+    for name in ra:
+        for field in ("status", "epochs_run", "best_epoch"):
+            assert ra[name][field] == rb[name][field], (name, field)
+        assert ra[name]["best_val_loss"] == pytest.approx(rb[name]["best_val_loss"], rel=1e-5)
+        test_a, test_b = ra[name]["test"]["columns"]["close"], rb[name]["test"]["columns"]["close"]
+        assert test_a["mae"] == pytest.approx(test_b["mae"], rel=1e-5)
+        pa, _ = checkpoint.load_series_model(os.path.join(a, "models", name))
+        pb, _ = checkpoint.load_series_model(os.path.join(b, "models", name))
+        train_test._assert_trees_close(pa, pb, **train_test.CROSS_PROGRAM)
+    ma, mb = (writers.MetricsLog(str(w)).records() for w in (a, b))
+    assert [(r["epoch"], r["active"]) for r in ma] == [(r["epoch"], r["active"]) for r in mb]
+    for field in ("train_loss", "val_loss", "best_val_loss"):
+        # None (JSON null) marks a coin that did not train that epoch.
+        va = np.array([[np.nan if v is None else v for v in r[field]] for r in ma])
+        vb = np.array([[np.nan if v is None else v for v in r[field]] for r in mb])
+        np.testing.assert_allclose(va, vb, rtol=1e-5, err_msg=field)
+
+
+def test_cost_rule_weighs_the_compile_against_the_epochs_saved():
+    pays = train._compaction_pays
+    assert not pays([30.0], 8, 2, 100)  # no steady epoch measured yet
+    # CPU-like: a 10 s epoch of 8 coins, 5 s compile; 2 live coins save 7.5 s an epoch.
+    assert pays([15.0, 10.0, 10.0], 8, 2, 1)
+    assert not pays([25.0, 10.0, 10.0], 8, 2, 1) and pays([25.0, 10.0, 10.0], 8, 2, 3)
+    # GPU transformer-like: 1 s epochs, 32 s compile, half the coins live, 10 epochs left.
+    assert not pays([33.0, 1.0, 1.0], 40, 20, 10)
+
+
+def test_compaction_is_not_part_of_the_run_fingerprint():
+    config = compaction_config(True)
+    assert train._fingerprint(config, [[]]) == train._fingerprint(compaction_config(False), [[]])
+
+
+def test_compacted_group_trains_exactly_as_the_whole_group(runs):
+    whole = _coins_computed(runs / "whole")
+    assert whole == [8] * len(whole)
+    shrinks = _coins_computed(runs / "compacted")
+    assert sorted(set(shrinks), reverse=True) == SHRINKS
+    assert shrinks == sorted(shrinks, reverse=True)
+    _assert_same_training(runs / "compacted", runs / "whole")
+
+
+def test_run_killed_while_compacted_resumes_to_the_same_training(runs):
+    killed = writers.read_json(os.path.join(runs, "killed.json"))
+    # The checkpoint taken while compacted holds the whole group, live and stopped coins.
+    assert killed["restored_epoch"] == killed["kill_epoch"]
+    epochs = writers.MetricsLog(str(runs / "compacted")).records()
+    active = epochs[killed["kill_epoch"] - 1]["active"]
+    assert killed["restored_active"] == active and 0 < sum(active) < 8
+    log = writers.MetricsLog(str(runs / "resumed")).records()
+    assert [r["epoch"] for r in log] == list(range(1, len(log) + 1))
+    _assert_same_training(runs / "resumed", runs / "compacted")
+
+
+def test_two_devices_round_the_program_up_and_train_the_same(tmp_path):
+    """Sharded over 2 devices the program stays a multiple of 2 (8 -> 4 -> 2)."""
+    env = train_test._env(
+        XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path)], env=env,
+                          cwd=train_test.ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(set(_coins_computed(tmp_path / "compacted")), reverse=True) == [8, 4, 2]
+    results = writers.read_json(os.path.join(tmp_path, "compacted", "results.json"))
+    assert results["run"]["device_count"] == 2
+    _assert_same_training(tmp_path / "compacted", tmp_path / "whole")
