@@ -625,7 +625,8 @@ class _Run:
     index: dict  # series name -> position in the run (its key's fold-in index)
     tensorboard: tensorboard.TensorBoardLog | None  # with logging.tensorboard, process 0
     forecasts: dict = dataclasses.field(default_factory=dict)  # name -> test forecast record
-    smaller: dict = dataclasses.field(default_factory=dict)  # K -> GroupTrainer (compaction)
+    # Programs of fewer coins that group compaction moved live coins to: K -> GroupTrainer.
+    smaller_trainers: dict = dataclasses.field(default_factory=dict)
 
     def checkpoints(self, group: str) -> checkpoint.GroupCheckpoints:
         c = self.config.ckpt
@@ -636,10 +637,11 @@ class _Run:
         """The run's trainer for programs of `num_coins` coins (each size compiles once)."""
         if num_coins == self.trainer.num_coins:
             return self.trainer
-        if num_coins not in self.smaller:
-            self.smaller[num_coins] = GroupTrainer(self.config, self.module, num_coins,
-                                                   self.trainer.mesh)  # fmt: skip
-        return self.smaller[num_coins]
+        if num_coins not in self.smaller_trainers:
+            self.smaller_trainers[num_coins] = GroupTrainer(
+                self.config, self.module, num_coins, self.trainer.mesh
+            )
+        return self.smaller_trainers[num_coins]
 
 
 def _place(host_tree, shardings):

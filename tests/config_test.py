@@ -107,6 +107,7 @@ BAD_VALUES = [
     ("train.teacher_forcing", 1.5, "<= 1"),
     ("train.group_size", -2, "integer >= 0"),
     ("train.reduce_on_plateau", 1, "True or False"),
+    ("train.compact_groups", "yes", "True or False"),
     ("ckpt.every_epochs", 0, "integer >= 1"),
     ("ckpt.keep", 0, "integer >= 1"),
     ("eval.save_forecasts", "yes", "True or False"),
