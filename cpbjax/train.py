@@ -705,18 +705,18 @@ class _LiveCoins:
             full[name][self.slots] = m[name][: len(self.slots)]
         return full
 
-    def maybe_compact(self) -> None:
+    def maybe_compact(self, m: dict) -> None:
         """Moves the live coins to a smaller program if at most half of this one's train
-        and `_compaction_pays`."""
+        and `_compaction_pays`; `m` is the group's host metrics of the epoch just run."""
         t = self.run.config.train
         k, devices = self.trainer.num_coins, self.trainer.mesh.size
-        host = _to_host({"active": self.state.active, "bad": self.state.bad_epochs,
-                         "epoch": self.state.epoch})  # fmt: skip
-        live = np.flatnonzero(host["active"])  # positions in this program
+        live = np.flatnonzero(m["active"][self.slots])  # positions in this program
         k_live = max(devices, -(-live.size // devices) * devices)
         if live.size == 0 or 2 * live.size > k or k_live >= k:
             return
-        epochs_left = min(t.patience - host["bad"][live].min(), t.epochs - host["epoch"])
+        # Only now is the patience left worth a transfer (metrics do not carry it).
+        bad = _to_host(self.state.bad_epochs)[live]
+        epochs_left = min(t.patience - bad.min(), t.epochs - int(m["epoch"]))
         pays = _compaction_pays(self.epoch_seconds, k, k_live, int(epochs_left))
         if jax.process_count() > 1:  # Timings differ between hosts: process 0 decides.
             pays = bool(multihost_utils.broadcast_one_to_all(np.array(pays)))
@@ -811,7 +811,7 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
         if ckpts.due(record["epoch"], force=finished):  # All processes save.
             ckpts.maybe_save(record["epoch"], live.full_state(), force=finished)
         if t.compact_groups and not finished:
-            live.maybe_compact()
+            live.maybe_compact(m)
     ckpts.close()
     if primary:
         run.progress.end_group()
