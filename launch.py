@@ -36,8 +36,9 @@ def _parse_flags(argv):
         # ml_collections reports only the last path component, e.g. "'lr_typo'".
         key = re.findall(r"'([^']+)'", str(e))
         given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-        print(f"error: unknown config key {key[-1] if key else e!s} (given: {given})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: unknown config key {key[-1] if key else e!s} (given: {given})", file=sys.stderr
+        )
         sys.exit(2)
     except (TypeError, ValueError, flags.Error) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -66,15 +67,18 @@ def main(argv):
         config_lib.validate(config)
         if config.distributed.enabled and (_MODE.value != "train" or not _WORKDIR.value):
             # Every process must write into the same folder; evaluate and predict run on one.
-            _exit("config.distributed.enabled=True needs --mode train and a --workdir on a "
-                  "filesystem that all processes share")  # fmt: skip
+            _exit(
+                "config.distributed.enabled=True needs --mode train and a --workdir on a "
+                "filesystem that all processes share"
+            )
         platform.configure(config)
     except (config_lib.ConfigError, platform.PlatformError) as e:
         _exit(str(e))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.model.name}-{stamp}")
-    logging.info("cpbjax %s: workdir %s, devices %s", _MODE.value, workdir,
-                 platform.describe_devices())  # fmt: skip
+    logging.info(
+        "cpbjax %s: workdir %s, devices %s", _MODE.value, workdir, platform.describe_devices()
+    )
 
     if _MODE.value == "train":
         from cpbjax import train

@@ -15,9 +15,20 @@ import os
 import statistics
 import sys
 
-COLUMNS = ("workdir", "model", "decoding", "series", "best_val_loss_median",
-           "val_close_skill_median_pct", "close_skill_median_pct", "skill_positive",
-           "dm_better_p05", "dir_acc_median_pct", "up_share_median_pct", "train_seconds")  # fmt: skip
+COLUMNS = (
+    "workdir",
+    "model",
+    "decoding",
+    "series",
+    "best_val_loss_median",
+    "val_close_skill_median_pct",
+    "close_skill_median_pct",
+    "skill_positive",
+    "dm_better_p05",
+    "dir_acc_median_pct",
+    "up_share_median_pct",
+    "train_seconds",
+)
 
 
 def summarise(workdir: str) -> dict:
@@ -36,17 +47,23 @@ def summarise(workdir: str) -> dict:
         "model": config["model"]["name"],
         "decoding": config["model"]["decoding"],
         "series": len(tests),
-        "best_val_loss_median": float(f"{statistics.median(s['best_val_loss'] for s in scored):.4g}"),
+        "best_val_loss_median": float(
+            f"{statistics.median(s['best_val_loss'] for s in scored):.4g}"
+        ),
         "val_close_skill_median_pct": round(
             100 * statistics.median(s["val"]["columns"]["close"]["skill"] for s in scored), 2
         ),
         "close_skill_median_pct": round(100 * statistics.median(skills), 2),
         "skill_positive": sum(s > 0 for s in skills),
         "dm_better_p05": sum(p is not None and p < 0.05 for p in dm),
-        "dir_acc_median_pct": round(100 * statistics.median(t["direction"]["accuracy"] for t in tests), 1),
-        "up_share_median_pct": round(100 * statistics.median(t["direction"]["up_share"] for t in tests), 1),
+        "dir_acc_median_pct": round(
+            100 * statistics.median(t["direction"]["accuracy"] for t in tests), 1
+        ),
+        "up_share_median_pct": round(
+            100 * statistics.median(t["direction"]["up_share"] for t in tests), 1
+        ),
         "train_seconds": round(sum(groups.values()), 1),
-    }  # fmt: skip
+    }
 
 
 def main(workdirs: list[str]) -> None:

@@ -42,9 +42,15 @@ def _run(data_cfg) -> dict:
         except SeriesSkipped:
             continue
     done = time.perf_counter()
-    return {"load_s": loaded - start, "prepare_s": done - loaded, "total_s": done - start,
-            "series": len(series), "skipped": len(skipped), "prepared": prepared,
-            "candles": sum(s.notes["candles"] for s in series)}  # fmt: skip
+    return {
+        "load_s": loaded - start,
+        "prepare_s": done - loaded,
+        "total_s": done - start,
+        "series": len(series),
+        "skipped": len(skipped),
+        "prepared": prepared,
+        "candles": sum(s.notes["candles"] for s in series),
+    }
 
 
 def _median_row(name: str, data_cfg, repeats: int) -> dict:
@@ -58,8 +64,11 @@ def _median_row(name: str, data_cfg, repeats: int) -> dict:
 
 def _args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mirror", default=str(REPO.parent / "shared/data/binance-vision"),
-                   help="Binance Vision directory mirror (data.base_url)")  # fmt: skip
+    p.add_argument(
+        "--mirror",
+        default=str(REPO.parent / "shared/data/binance-vision"),
+        help="Binance Vision directory mirror (data.base_url)",
+    )
     p.add_argument("--config", default=str(REPO / "configs/transformer.py"))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--notes", default="", help="append the table to this file (BUILD_NOTES.md)")
@@ -75,8 +84,17 @@ def main(argv=None) -> list[dict]:
     rows.append(_median_row("binance, all features", config.data, args.repeats))
     config.data.source = "synthetic"
     rows.append(_median_row("synthetic, all features", config.data, args.repeats))
-    columns = ["source", "series", "skipped", "prepared", "candles", "first_total_s",
-               "median_load_s", "median_prepare_s", "median_total_s"]  # fmt: skip
+    columns = [
+        "source",
+        "series",
+        "skipped",
+        "prepared",
+        "candles",
+        "first_total_s",
+        "median_load_s",
+        "median_prepare_s",
+        "median_total_s",
+    ]
     table = common.markdown_table(rows, columns)
     print(table)
     if args.notes:

@@ -104,9 +104,12 @@ def _args(argv):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--compile_repeats", type=int, default=3)
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--threefry_partitionable", default="default",
-                   choices=["default", "true", "false"],
-                   help="set jax_threefry_partitionable (dropout RNG; changes compile time)")  # fmt: skip
+    p.add_argument(
+        "--threefry_partitionable",
+        default="default",
+        choices=["default", "true", "false"],
+        help="set jax_threefry_partitionable (dropout RNG; changes compile time)",
+    )
     p.add_argument("--notes", default="", help="append the table to this file (BUILD_NOTES.md)")
     return p.parse_args(argv)
 
@@ -119,8 +122,17 @@ def main(argv=None) -> list[dict]:
     facts = common.machine_facts()
     facts["device"] = jax.devices()[0].device_kind
     facts["threefry_partitionable"] = jax.config.jax_threefry_partitionable
-    columns = ["model", "decoding", "dtype", "params", "batch", "trace_s", "compile_s",
-               "step_ms", "forward_ms"]  # fmt: skip
+    columns = [
+        "model",
+        "decoding",
+        "dtype",
+        "params",
+        "batch",
+        "trace_s",
+        "compile_s",
+        "step_ms",
+        "forward_ms",
+    ]
     table = common.markdown_table(rows, columns)
     command = "python benchmarks/model_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"Command: {command}")

@@ -177,8 +177,12 @@ def matmul_peak(size: int, dtype: str, repeats: int, precision: str) -> dict:
     jax.block_until_ready(matmul(a, b))  # First call outside the timing.
     seconds, _ = common.median_time(lambda: jax.block_until_ready(matmul(a, b)), repeats)
     flops = 2.0 * mesh.size * size**3
-    return {"dtype": dtype, "shape": f"{mesh.size}x{size}x{size}", "seconds": seconds,
-            "tflops": flops / seconds / 1e12}  # fmt: skip
+    return {
+        "dtype": dtype,
+        "shape": f"{mesh.size}x{size}x{size}",
+        "seconds": seconds,
+        "tflops": flops / seconds / 1e12,
+    }
 
 
 # ---------------------------------------------------------------- data
@@ -265,9 +269,18 @@ def build_group(config, preps: list, k: int) -> Group:
     compiled = lowered.compile()
     compiled_at = time.perf_counter()
     flops = matmul_flops(jax.make_jaxpr(trainer.run_epoch)(state, arrays).jaxpr)
-    return Group(k=k, k_padded=k_padded, compiled=compiled, state=state, arrays=arrays,
-                 lower_s=lowered_at - start, compile_s=compiled_at - lowered_at, flops=flops,
-                 xla_flops=_xla_flops(compiled), program_mib=_program_mib(compiled))  # fmt: skip
+    return Group(
+        k=k,
+        k_padded=k_padded,
+        compiled=compiled,
+        state=state,
+        arrays=arrays,
+        lower_s=lowered_at - start,
+        compile_s=compiled_at - lowered_at,
+        flops=flops,
+        xla_flops=_xla_flops(compiled),
+        program_mib=_program_mib(compiled),
+    )
 
 
 def throughput_row(config, group: Group, epoch_s: list[float]) -> dict:
@@ -278,14 +291,24 @@ def throughput_row(config, group: Group, epoch_s: list[float]) -> dict:
     seconds = statistics.median(epoch_s)
     memory, memory_kind = peak_memory()
     return {
-        "model": config.model.name, "decoding": config.model.decoding, "dtype": config.dtype,
-        "K": group.k, "K_padded": group.k_padded, "lower_s": group.lower_s,
-        "compile_s": group.compile_s, "epochs": len(epoch_s), "s_per_epoch": seconds,
-        "s_per_coin_epoch": seconds / group.k, "gflop_per_epoch": group.flops / 1e9,
-        "xla_flops": group.xla_flops, "achieved_tflops": group.flops / seconds / 1e12,
-        "program_mib": group.program_mib, "peak_mib": memory, "peak_kind": memory_kind,
+        "model": config.model.name,
+        "decoding": config.model.decoding,
+        "dtype": config.dtype,
+        "K": group.k,
+        "K_padded": group.k_padded,
+        "lower_s": group.lower_s,
+        "compile_s": group.compile_s,
+        "epochs": len(epoch_s),
+        "s_per_epoch": seconds,
+        "s_per_coin_epoch": seconds / group.k,
+        "gflop_per_epoch": group.flops / 1e9,
+        "xla_flops": group.xla_flops,
+        "achieved_tflops": group.flops / seconds / 1e12,
+        "program_mib": group.program_mib,
+        "peak_mib": memory,
+        "peak_kind": memory_kind,
         "epoch_s_all": [round(s, 3) for s in epoch_s],
-    }  # fmt: skip
+    }
 
 
 def measure_group(config, preps, k: int, warmup: int, epochs: int) -> tuple[Group, list[float]]:
@@ -382,10 +405,16 @@ def ratio_row(config, k: int, torch_s: dict, cpbjax_epoch_s: float, alternated: 
     """The headline ratio (torch s/model-epoch x K) / (cpbjax s/epoch of K coins)."""
     medians = {t: statistics.median(s) for t, s in torch_s.items()}
     best_threads = min(medians, key=medians.get)
-    row = {"model": config.model.name, "decoding": config.model.decoding, "dtype": config.dtype,
-           "K": k, "cpbjax_s_per_epoch": cpbjax_epoch_s, "torch_best_threads": best_threads,
-           "ratio": medians[best_threads] * k / cpbjax_epoch_s,
-           "alternated": _alternation(alternated, torch_s)}  # fmt: skip
+    row = {
+        "model": config.model.name,
+        "decoding": config.model.decoding,
+        "dtype": config.dtype,
+        "K": k,
+        "cpbjax_s_per_epoch": cpbjax_epoch_s,
+        "torch_best_threads": best_threads,
+        "ratio": medians[best_threads] * k / cpbjax_epoch_s,
+        "alternated": _alternation(alternated, torch_s),
+    }
     for threads, seconds in medians.items():
         row[f"torch_{threads}t_s"] = seconds
         row[f"torch_{threads}t_n"] = len(torch_s[threads])
@@ -407,16 +436,32 @@ def suite_rows(config, rows: list[dict], torch_s: dict | None, n_series: int) ->
     for r in rows:
         groups = math.ceil(n_series / r["K"])
         seconds = r["lower_s"] + r["compile_s"] + groups * epochs * r["s_per_epoch"]
-        out.append({"model": r["model"], "decoding": r["decoding"], "dtype": r["dtype"],
-                    "system": f"cpbjax K={r['K']}", "groups": groups, "epochs": epochs,
-                    "compile_s": r["lower_s"] + r["compile_s"], "no_early_stop_min": seconds / 60,
-                    "early_stop_min": f"<= {seconds / 60:.4g} (upper bound)"})  # fmt: skip
+        out.append(
+            {
+                "model": r["model"],
+                "decoding": r["decoding"],
+                "dtype": r["dtype"],
+                "system": f"cpbjax K={r['K']}",
+                "groups": groups,
+                "epochs": epochs,
+                "compile_s": r["lower_s"] + r["compile_s"],
+                "no_early_stop_min": seconds / 60,
+                "early_stop_min": f"<= {seconds / 60:.4g} (upper bound)",
+            }
+        )
     if torch_s:
         best = min(statistics.median(s) for s in torch_s.values())
         seconds = n_series * epochs * best
-        out.append({"model": config.model.name, "system": "torch loop", "groups": n_series,
-                    "epochs": epochs, "no_early_stop_min": seconds / 60,
-                    "early_stop_min": f"<= {seconds / 60:.4g} (upper bound)"})  # fmt: skip
+        out.append(
+            {
+                "model": config.model.name,
+                "system": "torch loop",
+                "groups": n_series,
+                "epochs": epochs,
+                "no_early_stop_min": seconds / 60,
+                "early_stop_min": f"<= {seconds / 60:.4g} (upper bound)",
+            }
+        )
     return out
 
 
@@ -480,20 +525,53 @@ def run_model(model: str, args, results: Results) -> None:
 
 
 _THROUGHPUT_COLUMNS = (
-    "model", "decoding", "dtype", "K", "K_padded", "lower_s", "compile_s", "epochs",
-    "s_per_epoch", "s_per_coin_epoch", "gflop_per_epoch", "xla_flops", "achieved_tflops",
-    "pct_of_peak", "program_mib", "peak_mib", "peak_kind", "epoch_s_all",
-)  # fmt: skip
-_SUITE_COLUMNS = ("model", "decoding", "dtype", "system", "groups", "epochs", "compile_s",
-                  "no_early_stop_min", "early_stop_min")  # fmt: skip
+    "model",
+    "decoding",
+    "dtype",
+    "K",
+    "K_padded",
+    "lower_s",
+    "compile_s",
+    "epochs",
+    "s_per_epoch",
+    "s_per_coin_epoch",
+    "gflop_per_epoch",
+    "xla_flops",
+    "achieved_tflops",
+    "pct_of_peak",
+    "program_mib",
+    "peak_mib",
+    "peak_kind",
+    "epoch_s_all",
+)
+_SUITE_COLUMNS = (
+    "model",
+    "decoding",
+    "dtype",
+    "system",
+    "groups",
+    "epochs",
+    "compile_s",
+    "no_early_stop_min",
+    "early_stop_min",
+)
 
 
 def _ratio_columns(rows: list[dict]) -> list[str]:
     torch_cols = sorted(
         {c for r in rows for c in r if c.startswith("torch_") and c.endswith(("t_s", "t_n"))}
     )
-    return ["model", "decoding", "dtype", "K", *torch_cols, "torch_best_threads",
-            "cpbjax_s_per_epoch", "ratio", "alternated"]  # fmt: skip
+    return [
+        "model",
+        "decoding",
+        "dtype",
+        "K",
+        *torch_cols,
+        "torch_best_threads",
+        "cpbjax_s_per_epoch",
+        "ratio",
+        "alternated",
+    ]
 
 
 def report(results: Results, peaks: dict, notes: list[str]) -> str:
@@ -506,22 +584,40 @@ def report(results: Results, peaks: dict, notes: list[str]) -> str:
         common.markdown_table(results.throughput, _THROUGHPUT_COLUMNS),
     ]
     if results.ratios:
-        parts += ["\nSide by side, ratio = torch s/model-epoch x K / cpbjax s/epoch"
-                  " (torch: median model-epoch, warm-up of each call left out; the faster"
-                  " thread setting counts):\n",
-                  common.markdown_table(results.ratios, _ratio_columns(results.ratios))]  # fmt: skip
-    parts += ["\nWhole-suite estimate at default epochs:\n",
-              common.markdown_table(results.suite, _SUITE_COLUMNS)]  # fmt: skip
+        parts += [
+            "\nSide by side, ratio = torch s/model-epoch x K / cpbjax s/epoch"
+            " (torch: median model-epoch, warm-up of each call left out; the faster"
+            " thread setting counts):\n",
+            common.markdown_table(results.ratios, _ratio_columns(results.ratios)),
+        ]
+    parts += [
+        "\nWhole-suite estimate at default epochs:\n",
+        common.markdown_table(results.suite, _SUITE_COLUMNS),
+    ]
     return "".join(parts) + "".join(f"\n{line}\n" for line in notes)
 
 
 # ---------------------------------------------------------------- command line
 
 # Flag defaults, and what --quick shrinks them to (a flag given explicitly wins).
-_DEFAULTS = {"coins": "1,4,8,20,40", "torch_coins": 20, "repeats": 3, "epochs_measured": 2,
-             "warmup_epochs": 1, "candles": 5000, "peak_size": 0}  # fmt: skip
-_QUICK = {"coins": "2", "torch_coins": 2, "repeats": 1, "epochs_measured": 1,
-          "warmup_epochs": 0, "candles": 200, "peak_size": 1024}  # fmt: skip
+_DEFAULTS = {
+    "coins": "1,4,8,20,40",
+    "torch_coins": 20,
+    "repeats": 3,
+    "epochs_measured": 2,
+    "warmup_epochs": 1,
+    "candles": 5000,
+    "peak_size": 0,
+}
+_QUICK = {
+    "coins": "2",
+    "torch_coins": 2,
+    "repeats": 1,
+    "epochs_measured": 1,
+    "warmup_epochs": 0,
+    "candles": 200,
+    "peak_size": 1024,
+}
 
 
 def _csv(text: str, allowed=None, kind=str, flag=""):
@@ -549,8 +645,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="torch's device")
     p.add_argument("--peak-size", type=int, help="n of the matmul peak; 0 = 4096 CPU, 8192 GPU")
     p.add_argument("--notes", default="", help="append the tables to this file (BUILD_NOTES.md)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: tiny configs, K=2, 200 candles, one round")  # fmt: skip
+    p.add_argument(
+        "--quick", action="store_true", help="smoke test: tiny configs, K=2, 200 candles, one round"
+    )
     return p
 
 
@@ -582,8 +679,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _check_torch(args) -> list[str]:
     """Notes about the torch side; exits 2 if --device cuda has no CUDA device."""
     if torch_baseline is None:
-        return [f"torch side skipped: torch is not installed ({_TORCH_MISSING}); "
-                'install it with `pip install -e ".[bench]"`.']  # fmt: skip
+        return [
+            f"torch side skipped: torch is not installed ({_TORCH_MISSING}); "
+            'install it with `pip install -e ".[bench]"`.'
+        ]
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         sys.exit(2)
@@ -593,10 +692,16 @@ def _check_torch(args) -> list[str]:
 def _facts(args) -> dict:
     facts = common.machine_facts()
     devices = jax.devices()
-    facts.update({"jax_backend": jax.default_backend(), "jax_devices": len(devices),
-                  "device": devices[0].device_kind, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
-                  "torch_device": args.device,
-                  "load_avg_start": " ".join(f"{x:.2f}" for x in os.getloadavg())})  # fmt: skip
+    facts.update(
+        {
+            "jax_backend": jax.default_backend(),
+            "jax_devices": len(devices),
+            "device": devices[0].device_kind,
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "torch_device": args.device,
+            "load_avg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        }
+    )
     return facts
 
 
@@ -621,8 +726,10 @@ def main(argv=None) -> Results:
     peaks = {d: matmul_peak(size, d, _PEAK_REPEATS, precision) for d in peak_dtypes}
     add_peak_share(results.throughput, peaks)
     facts["load_avg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    notes.append(f"Load average (1, 5, 15 min) at start {facts['load_avg_start']}, "
-                 f"at end {facts['load_avg_end']}.")  # fmt: skip
+    notes.append(
+        f"Load average (1, 5, 15 min) at start {facts['load_avg_start']}, "
+        f"at end {facts['load_avg_end']}."
+    )
     text = report(results, peaks, notes)
     print(text, flush=True)
     if args.notes:

@@ -69,8 +69,13 @@ class GroupCheckpoints:
                 return state, step
             except Exception as e:  # noqa: BLE001 (Orbax/TensorStore raise many kinds)
                 path = os.path.join(self.directory, str(step))
-                logging.warning("checkpoint %s is unreadable (%s: %s); deleting it and "
-                                "falling back to the previous one", path, type(e).__name__, e)  # fmt: skip
+                logging.warning(
+                    "checkpoint %s is unreadable (%s: %s); deleting it and "
+                    "falling back to the previous one",
+                    path,
+                    type(e).__name__,
+                    e,
+                )
                 self._delete(step, path)
         return None
 

@@ -17,26 +17,66 @@ from typing import Any
 import ml_collections
 
 DEFAULT_SYMBOLS = (
-    "BTCUSDT", "ETHUSDT", "BNBUSDT", "XRPUSDT", "LTCUSDT", "ADAUSDT", "SOLUSDT",
-    "DOGEUSDT", "AVAXUSDT", "LINKUSDT", "UNIUSDT", "ATOMUSDT", "NEARUSDT", "DYDXUSDT",
-    "ARBUSDT", "OPUSDT", "PEPEUSDT", "INJUSDT", "SHIBUSDT", "LUNAUSDT",
-)  # fmt: skip
+    "BTCUSDT",
+    "ETHUSDT",
+    "BNBUSDT",
+    "XRPUSDT",
+    "LTCUSDT",
+    "ADAUSDT",
+    "SOLUSDT",
+    "DOGEUSDT",
+    "AVAXUSDT",
+    "LINKUSDT",
+    "UNIUSDT",
+    "ATOMUSDT",
+    "NEARUSDT",
+    "DYDXUSDT",
+    "ARBUSDT",
+    "OPUSDT",
+    "PEPEUSDT",
+    "INJUSDT",
+    "SHIBUSDT",
+    "LUNAUSDT",
+)
 DEFAULT_INTERVALS = ("15m", "1h")
 
 # Interval name -> length in milliseconds (the Binance Vision names).
 INTERVAL_MS = {
-    "1m": 60_000, "3m": 180_000, "5m": 300_000, "15m": 900_000, "30m": 1_800_000,
-    "1h": 3_600_000, "2h": 7_200_000, "4h": 14_400_000, "6h": 21_600_000,
-    "8h": 28_800_000, "12h": 43_200_000, "1d": 86_400_000,
-}  # fmt: skip
+    "1m": 60_000,
+    "3m": 180_000,
+    "5m": 300_000,
+    "15m": 900_000,
+    "30m": 1_800_000,
+    "1h": 3_600_000,
+    "2h": 7_200_000,
+    "4h": 14_400_000,
+    "6h": 21_600_000,
+    "8h": 28_800_000,
+    "12h": 43_200_000,
+    "1d": 86_400_000,
+}
 
 SOURCES = ("binance", "local", "synthetic")
 MODELS = ("transformer", "gru", "lstm")
 FEATURES = (
-    "open", "high", "low", "close", "volume", "log_return", "rsi", "macd", "macd_signal",
-    "roc", "bb_upper", "bb_lower", "bb_width", "bb_position", "volatility", "atr",
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume",
+    "log_return",
+    "rsi",
+    "macd",
+    "macd_signal",
+    "roc",
+    "bb_upper",
+    "bb_lower",
+    "bb_width",
+    "bb_position",
+    "volatility",
+    "atr",
     "volume_norm",
-)  # fmt: skip
+)
 # Auxiliary training targets of model.aux_targets (cpbjax/data/windows.py defines them).
 AUX_TARGETS = ("bb_position", "realized_vol")
 _SYMBOL_RE = re.compile(r"^[A-Z0-9]{2,20}$")
@@ -196,16 +236,28 @@ def _validate_distributed(c) -> None:
     h = c.distributed
     _check(isinstance(h.enabled, bool), "distributed.enabled", h.enabled, "True or False")
     address = h.coordinator_address
-    _check(address == "" or re.fullmatch(r"[^\s:]+:\d{1,5}", address) is not None,
-           "distributed.coordinator_address", address, "'' or host:port")  # fmt: skip
+    _check(
+        address == "" or re.fullmatch(r"[^\s:]+:\d{1,5}", address) is not None,
+        "distributed.coordinator_address",
+        address,
+        "'' or host:port",
+    )
     _int_range(c, "distributed.num_processes", 0)
     _int_range(c, "distributed.process_id", -1)
     explicit = (address != "", h.num_processes > 0, h.process_id >= 0)
-    _check(all(explicit) or not any(explicit), "distributed", h.to_dict(),
-           "coordinator_address, num_processes and process_id all set, or none (auto-detect)")  # fmt: skip
+    _check(
+        all(explicit) or not any(explicit),
+        "distributed",
+        h.to_dict(),
+        "coordinator_address, num_processes and process_id all set, or none (auto-detect)",
+    )
     if all(explicit):
-        _check(h.process_id < h.num_processes, "distributed.process_id", h.process_id,
-               f"< distributed.num_processes ({h.num_processes})")  # fmt: skip
+        _check(
+            h.process_id < h.num_processes,
+            "distributed.process_id",
+            h.process_id,
+            f"< distributed.num_processes ({h.num_processes})",
+        )
 
 
 def _validate_data(c) -> None:
@@ -222,64 +274,112 @@ def _validate_data(c) -> None:
         for name in names:
             _check(isinstance(name, str) and bool(check(name)), field, name, allowed)
         _check(len(set(names)) == len(names), field, names, "no repeated entries")
-    _check(isinstance(d.base_url, str) and bool(d.base_url), "data.base_url", d.base_url,
-           "an http(s):// URL, a file:// URL or a directory")  # fmt: skip
+    _check(
+        isinstance(d.base_url, str) and bool(d.base_url),
+        "data.base_url",
+        d.base_url,
+        "an http(s):// URL, a file:// URL or a directory",
+    )
     if d.source == "local":
-        _check(os.path.isdir(os.path.expanduser(d.local_dir)), "data.local_dir", d.local_dir,
-               "an existing directory when data.source='local'")  # fmt: skip
+        _check(
+            os.path.isdir(os.path.expanduser(d.local_dir)),
+            "data.local_dir",
+            d.local_dir,
+            "an existing directory when data.source='local'",
+        )
     _int_range(c, "data.months", 1, 120)
-    _check(d.end == "" or re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", d.end) is not None,
-           "data.end", d.end, "'' or a month as YYYY-MM")  # fmt: skip
+    _check(
+        d.end == "" or re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", d.end) is not None,
+        "data.end",
+        d.end,
+        "'' or a month as YYYY-MM",
+    )
     _int_range(c, "data.lookback", 1, 4096)
     _int_range(c, "data.horizon", 1, 1024)
     _int_range(c, "data.max_candles", 1)
     _int_range(c, "data.min_candles", 1)
-    _check(d.min_candles <= d.max_candles, "data.min_candles", d.min_candles,
-           f"<= data.max_candles ({d.max_candles})")  # fmt: skip
+    _check(
+        d.min_candles <= d.max_candles,
+        "data.min_candles",
+        d.min_candles,
+        f"<= data.max_candles ({d.max_candles})",
+    )
     _choice(c, "data.bad_rows", ("skip_series", "drop_rows"))
     _choice(c, "data.normalization", ("last_close", "zscore", "candle_minmax"))
     splits = d.splits
-    ok = (isinstance(splits, (tuple, list)) and len(splits) == 3
-          and all(_is_num(s) and s > 0 for s in splits) and abs(sum(splits) - 1) < 1e-6)  # fmt: skip
+    ok = (
+        isinstance(splits, (tuple, list))
+        and len(splits) == 3
+        and all(_is_num(s) and s > 0 for s in splits)
+        and abs(sum(splits) - 1) < 1e-6
+    )
     _check(ok, "data.splits", splits, "three positive fractions (train, val, test) summing to 1")
     _int_range(c, "data.download_workers", 1, 64)
     _num_range(c, "data.timeout_seconds", 0, 600, lo_open=True)
     _int_range(c, "data.retries", 0, 20)
     _int_range(c, "data.synthetic_candles", 1)
-    _check(tuple(d.features[:4]) == ("open", "high", "low", "close"), "data.features",
-           d.features, "a tuple starting with open, high, low, close (the targets)")  # fmt: skip
+    _check(
+        tuple(d.features[:4]) == ("open", "high", "low", "close"),
+        "data.features",
+        d.features,
+        "a tuple starting with open, high, low, close (the targets)",
+    )
 
 
 def _validate_model(c) -> None:
     m = c.model
     _choice(c, "model.name", MODELS)
     _choice(c, "model.decoding", ("autoregressive", "direct"))
-    for field in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers",
-                  "ff_dim", "hidden", "num_layers", "attention_heads"):  # fmt: skip
+    for field in (
+        "d_model",
+        "num_heads",
+        "num_encoder_layers",
+        "num_decoder_layers",
+        "ff_dim",
+        "hidden",
+        "num_layers",
+        "attention_heads",
+    ):
         if field in m:
             _int_range(c, f"model.{field}", 1, 65536)
     if "dropout" in m:
         _num_range(c, "model.dropout", 0, 1, hi_open=True)
     if "d_model" in m and "num_heads" in m:
-        _check(m.d_model % m.num_heads == 0, "model.d_model", m.d_model,
-               f"a multiple of model.num_heads ({m.num_heads})")  # fmt: skip
+        _check(
+            m.d_model % m.num_heads == 0,
+            "model.d_model",
+            m.d_model,
+            f"a multiple of model.num_heads ({m.num_heads})",
+        )
     if "hidden" in m and "attention_heads" in m:
-        _check(m.hidden % m.attention_heads == 0, "model.hidden", m.hidden,
-               f"a multiple of model.attention_heads ({m.attention_heads})")  # fmt: skip
+        _check(
+            m.hidden % m.attention_heads == 0,
+            "model.hidden",
+            m.hidden,
+            f"a multiple of model.attention_heads ({m.attention_heads})",
+        )
     _validate_aux(c)
 
 
 def _validate_aux(c) -> None:
     m = c.model
     names = m.aux_targets
-    _check(isinstance(names, (tuple, list)), "model.aux_targets", names,
-           "a tuple of auxiliary target names, () for none")  # fmt: skip
+    _check(
+        isinstance(names, (tuple, list)),
+        "model.aux_targets",
+        names,
+        "a tuple of auxiliary target names, () for none",
+    )
     for name in names:
         _check(name in AUX_TARGETS, "model.aux_targets", name, ", ".join(AUX_TARGETS))
     _check(len(set(names)) == len(names), "model.aux_targets", names, "no repeated entries")
     if "realized_vol" in names:  # The std of one return is always 0.
-        _check(c.data.horizon >= 2, "data.horizon", c.data.horizon,
-               ">= 2 with the aux target realized_vol (a std over the horizon)")  # fmt: skip
+        _check(
+            c.data.horizon >= 2,
+            "data.horizon",
+            c.data.horizon,
+            ">= 2 with the aux target realized_vol (a std over the horizon)",
+        )
     _num_range(c, "model.aux_weight", 0, 1e6)
 
 
@@ -300,25 +400,41 @@ def _validate_train(c) -> None:
     _int_range(c, "train.plateau_patience", 1)
     _num_range(c, "train.teacher_forcing", 0, 1)
     _int_range(c, "train.group_size", 0)
-    _check(isinstance(t.reduce_on_plateau, bool), "train.reduce_on_plateau",
-           t.reduce_on_plateau, "True or False")  # fmt: skip
-    _check(isinstance(t.compact_groups, bool), "train.compact_groups", t.compact_groups,
-           "True or False")  # fmt: skip
+    _check(
+        isinstance(t.reduce_on_plateau, bool),
+        "train.reduce_on_plateau",
+        t.reduce_on_plateau,
+        "True or False",
+    )
+    _check(
+        isinstance(t.compact_groups, bool),
+        "train.compact_groups",
+        t.compact_groups,
+        "True or False",
+    )
 
 
 def _validate_rest(c) -> None:
     _int_range(c, "ckpt.every_epochs", 1)
     _int_range(c, "ckpt.keep", 1)
-    _check(isinstance(c.eval.save_forecasts, bool), "eval.save_forecasts",
-           c.eval.save_forecasts, "True or False")  # fmt: skip
+    _check(
+        isinstance(c.eval.save_forecasts, bool),
+        "eval.save_forecasts",
+        c.eval.save_forecasts,
+        "True or False",
+    )
     _int_range(c, "eval.plot_windows", 0, 100)
     for name in c.predict.symbols:
         _check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
     for name in c.predict.intervals:
         _check(name in INTERVAL_MS, "predict.intervals", name, ", ".join(INTERVAL_MS))
     _choice(c, "logging.progress", ("auto", "rich", "plain"))
-    _check(isinstance(c.logging.tensorboard, bool), "logging.tensorboard",
-           c.logging.tensorboard, "True or False")  # fmt: skip
+    _check(
+        isinstance(c.logging.tensorboard, bool),
+        "logging.tensorboard",
+        c.logging.tensorboard,
+        "True or False",
+    )
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -51,8 +51,9 @@ CLOSE = 3
 
 
 @functools.partial(jax.jit, static_argnames=("module", "lookback", "horizon"))
-def _forecast_batch(module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B,
-                    lookback, horizon):  # fmt: skip
+def _forecast_batch(
+    module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon
+):
     x_BLF, _ = windows.gather(inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon)
     return module.apply({"params": params}, x_BLF, None, train=False)
 
@@ -211,8 +212,13 @@ def diebold_mariano(loss_model_N, loss_ref_N, lag) -> dict:
     """
     d = np.asarray(loss_model_N, np.float64) - np.asarray(loss_ref_N, np.float64)
     n, h = len(d), lag + 1
-    out = {"statistic": None, "p_value_better": None, "p_value_two_sided": None,
-           "n": int(n), "lag": int(lag)}  # fmt: skip
+    out = {
+        "statistic": None,
+        "p_value_better": None,
+        "p_value_two_sided": None,
+        "n": int(n),
+        "lag": int(lag),
+    }
     hln = (n + 1 - 2 * h + h * (h - 1) / n) / n if n else 0.0
     if n < 3 or hln <= 0:
         return out

@@ -94,8 +94,11 @@ def select_series(available, symbols, intervals, excused=None) -> tuple[list[str
         wanted = [f"{s}-{i}" for s in symbols for i in intervals]
         missing = [n for n in wanted if n not in pairs and n not in excused]
     else:
-        wanted = [n for n, (s, i) in pairs.items()
-                  if (not symbols or s in symbols) and (not intervals or i in intervals)]  # fmt: skip
+        wanted = [
+            n
+            for n, (s, i) in pairs.items()
+            if (not symbols or s in symbols) and (not intervals or i in intervals)
+        ]
         missing = [f"symbol {s}" for s in symbols if all(p[0] != s for p in pairs.values())]
         missing += [f"interval {i}" for i in intervals if all(p[1] != i for p in pairs.values())]
     if missing or not wanted:
@@ -142,8 +145,12 @@ def run_config(config, trained, names) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(config.to_dict())
     for field in MODEL_DATA_FIELDS:
         if c.data[field] != trained.data[field]:
-            logging.warning("using the model's data.%s=%r, not the given %r",
-                            field, trained.data[field], c.data[field])  # fmt: skip
+            logging.warning(
+                "using the model's data.%s=%r, not the given %r",
+                field,
+                trained.data[field],
+                c.data[field],
+            )
             c.data[field] = trained.data[field]
     c.model = ml_collections.ConfigDict(trained.model.to_dict())
     c.data.symbols = tuple(dict.fromkeys(_parse(n)[0] for n in names))
@@ -176,10 +183,11 @@ def prepare(config, loaded: dict) -> tuple[dict, dict]:
             "models %s were saved without their normalisation statistics: those are "
             "re-fitted on the train split of the data loaded now",
             sorted(set(names) - set(norms)),
-        )  # fmt: skip
+        )
     series, skipped = sources.load_all(config.data)
-    preps, unusable = windows.prepare_all([s for s in series if s.name in names], config.data,
-                                          norms)  # fmt: skip
+    preps, unusable = windows.prepare_all(
+        [s for s in series if s.name in names], config.data, norms
+    )
     skipped.update(unusable)
     return {p.name: p for p in preps}, {n: r for n, r in skipped.items() if n in names}
 
@@ -198,14 +206,14 @@ def run_facts(mode: str, config, workdir: str, started: float) -> dict:
             "months": d.months,
             "end": d.end,
             "max_candles": d.max_candles,
-        },  # fmt: skip
+        },
         "versions": {
             "cpbjax": cpbjax.__version__,
             "python": sys.version.split()[0],
             "jax": jax.__version__,
             "flax": flax.__version__,
             "numpy": np.__version__,
-        },  # fmt: skip
+        },
         "devices": platform_lib.describe_devices(),
         "wall_seconds": round(time.monotonic() - started, 3),
     }
@@ -254,8 +262,12 @@ def run_evaluate(config, workdir: str) -> dict:
     stem = "eval-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     available = available_models(workdir)
     trained_results = _read_results(workdir)
-    names, skipped = select_series(available, config.data.symbols, config.data.intervals,
-                                   excused=trained_results.get("skipped", {}))  # fmt: skip
+    names, skipped = select_series(
+        available,
+        config.data.symbols,
+        config.data.intervals,
+        excused=trained_results.get("skipped", {}),
+    )
     loaded, trained = _load_models(available, names)
     cfg = run_config(config, trained, names)
     preps, data_skipped = prepare(cfg, loaded)
@@ -268,8 +280,11 @@ def run_evaluate(config, workdir: str) -> dict:
         series[name] = {**{k: v for k, v in facts.items() if k not in ("val", "test")}, **entry}
         if record is not None:
             records[name] = record
-    results = {"run": run_facts("evaluate", cfg, workdir, started), "series": series,
-               "skipped": skipped}  # fmt: skip
+    results = {
+        "run": run_facts("evaluate", cfg, workdir, started),
+        "series": series,
+        "skipped": skipped,
+    }
     writers.write_json(os.path.join(workdir, f"{stem}.json"), results)
     report.write_reports(workdir, results, cfg, forecasts=records, stem=stem)
     return results
@@ -298,10 +313,14 @@ def forecast_next(module, params, prep, lookback: int, horizon: int) -> dict:
     )[0]
     times = prep.open_time_ms[t] + step * np.arange(1, horizon + 1, dtype=np.int64)
     candles = [
-        {"step": h + 1, "open_time": evaluate.iso_utc(ms), "open_time_ms": int(ms),
-         **dict(zip(evaluate.COLUMNS, map(float, pred_HC[h]), strict=True))}
+        {
+            "step": h + 1,
+            "open_time": evaluate.iso_utc(ms),
+            "open_time_ms": int(ms),
+            **dict(zip(evaluate.COLUMNS, map(float, pred_HC[h]), strict=True)),
+        }
         for h, ms in enumerate(times)
-    ]  # fmt: skip
+    ]
     return {
         "symbol": prep.symbol,
         "interval": prep.interval,
@@ -328,8 +347,14 @@ def forecast_csv(series: dict) -> str:
     writer.writeheader()
     for name, s in series.items():
         for candle in s["forecast"]:
-            writer.writerow({"series": name, "symbol": s["symbol"], "interval": s["interval"],
-                             **{k: repr(v) if isinstance(v, float) else v for k, v in candle.items()}})  # fmt: skip
+            writer.writerow(
+                {
+                    "series": name,
+                    "symbol": s["symbol"],
+                    "interval": s["interval"],
+                    **{k: repr(v) if isinstance(v, float) else v for k, v in candle.items()},
+                }
+            )
     return buf.getvalue()
 
 
@@ -363,8 +388,13 @@ def run_predict(config, workdir: str) -> dict:
             skipped[name] = str(e)
     if not series:
         raise NothingToForecast(f"no series could be forecast: {skipped}")
-    doc = {"run": run_facts("predict", cfg, workdir, started), "model": cfg.model.name,
-           "horizon": cfg.data.horizon, "series": series, "skipped": skipped}  # fmt: skip
+    doc = {
+        "run": run_facts("predict", cfg, workdir, started),
+        "model": cfg.model.name,
+        "horizon": cfg.data.horizon,
+        "series": series,
+        "skipped": skipped,
+    }
     writers.write_json(os.path.join(workdir, FORECAST_JSON), doc)
     report.write_text(os.path.join(workdir, FORECAST_CSV), forecast_csv(series))
     for name, reason in skipped.items():

@@ -21,9 +21,19 @@ from cpbjax import evaluate, writers
 from cpbjax.config import INTERVAL_MS
 
 HEADERS = (
-    "series", "model", "status", "epochs", "best val", "close MAE", "MAPE%", "naive MAE",
-    "skill%", "dir%(up%)", "DM p", "train s",
-)  # fmt: skip
+    "series",
+    "model",
+    "status",
+    "epochs",
+    "best val",
+    "close MAE",
+    "MAPE%",
+    "naive MAE",
+    "skill%",
+    "dir%(up%)",
+    "DM p",
+    "train s",
+)
 LEGEND = (
     "close MAE and MAPE%: over all test windows and steps; naive MAE: the better of "
     "persistence and last-candle; skill% = 1 - MAE / naive MAE (> 0 beats naive); "
@@ -54,14 +64,22 @@ def table_rows(results: dict, model_name: str = "-") -> list[list[str]]:
         direction = test.get("direction") or {}
         acc = _fmt(direction.get("accuracy"), ".1f", 100)
         up = _fmt(direction.get("up_share"), ".1f", 100)
-        rows.append([
-            name, str(entry.get("model", model_name)), str(entry.get("status", "-")),
-            _fmt(entry.get("epochs_run"), "d"), _fmt(entry.get("best_val_loss")),
-            _fmt(close.get("mae")), _fmt(close.get("mape"), ".3f"), _fmt(close.get("naive_mae")),
-            _fmt(close.get("skill"), "+.2f", 100), f"{acc} ({up})",
-            _fmt((test.get("dm") or {}).get("p_value_better"), ".3f"),
-            _fmt(entry.get("train_seconds"), ".1f"),
-        ])  # fmt: skip
+        rows.append(
+            [
+                name,
+                str(entry.get("model", model_name)),
+                str(entry.get("status", "-")),
+                _fmt(entry.get("epochs_run"), "d"),
+                _fmt(entry.get("best_val_loss")),
+                _fmt(close.get("mae")),
+                _fmt(close.get("mape"), ".3f"),
+                _fmt(close.get("naive_mae")),
+                _fmt(close.get("skill"), "+.2f", 100),
+                f"{acc} ({up})",
+                _fmt((test.get("dm") or {}).get("p_value_better"), ".3f"),
+                _fmt(entry.get("train_seconds"), ".1f"),
+            ]
+        )
     return rows
 
 
@@ -71,8 +89,9 @@ def summary_lines(results: dict) -> list[str]:
     skills = {n: s for n, s in skills.items() if s is not None}
     if not skills:
         return ["No price-space test metrics (no series evaluated, or candle_minmax)."]
-    pvals = [(results["series"][n].get("test") or {}).get("dm", {}).get("p_value_better")
-             for n in skills]  # fmt: skip
+    pvals = [
+        (results["series"][n].get("test") or {}).get("dm", {}).get("p_value_better") for n in skills
+    ]
     sig = sum(p is not None and p < SIGNIFICANCE for p in pvals)
     noise = sum(abs(s) < NOISE_BAND for s in skills.values())
     return [
@@ -95,19 +114,31 @@ def baseline_rows(results: dict) -> list[list[str]]:
         ridge = test.get("ridge") or {}
         band = (test.get("vol_band") or {}).get("columns") or {}
         pct = lambda block, col: _fmt((block.get(col) or {}).get("skill"), "+.2f", 100)
-        rows.append([
-            name, pct(cols, "close"), pct(cols, "high"), pct(cols, "low"),
-            pct(ridge.get("columns") or {}, "close"),
-            _fmt((ridge.get("dm") or {}).get("p_value_better"), ".3f"),
-            pct(band, "high"), pct(band, "low"),
-        ])  # fmt: skip
+        rows.append(
+            [
+                name,
+                pct(cols, "close"),
+                pct(cols, "high"),
+                pct(cols, "low"),
+                pct(ridge.get("columns") or {}, "close"),
+                _fmt((ridge.get("dm") or {}).get("p_value_better"), ".3f"),
+                pct(band, "high"),
+                pct(band, "low"),
+            ]
+        )
     return rows
 
 
 BASELINE_HEADERS = (
-    "series", "model close", "model high", "model low", "ridge close", "ridge DM p",
-    "band high", "band low",
-)  # fmt: skip
+    "series",
+    "model close",
+    "model high",
+    "model low",
+    "ridge close",
+    "ridge DM p",
+    "band high",
+    "band low",
+)
 
 
 def print_table(results: dict, model_name: str = "-", console: Console | None = None) -> None:
@@ -162,7 +193,7 @@ def render_markdown(results: dict, config, plots: list[str], title: str = "cpbja
         f"- data: source {config.data.source} {_data_location(config.data)}, "
         f"{len(config.data.symbols)} symbols x {', '.join(config.data.intervals)}, "
         f"{config.data.months} months, last {config.data.max_candles} candles",
-    ]  # fmt: skip
+    ]
     lines += _facts("", results.get("run") or {})
     lines += ["", "## Results (test split, price units)", ""]
     lines += _md_table(HEADERS, table_rows(results, model))
@@ -261,8 +292,9 @@ def plot_forecasts(path: str, record: dict, num_windows: int, context: int) -> s
         pred = record["predicted"][i]
         ax.plot(steps, np.r_[last[i, 3], record["actual"][i, :, 3]], "k.-", lw=1, label="actual")
         ax.plot(steps, np.r_[last[i, 3], pred[:, 3]], "C0.--", lw=1, label="predicted")
-        ax.fill_between(steps[1:], pred[:, 2], pred[:, 1], color="C0", alpha=0.2,
-                        label="pred. low-high")  # fmt: skip
+        ax.fill_between(
+            steps[1:], pred[:, 2], pred[:, 1], color="C0", alpha=0.2, label="pred. low-high"
+        )
         ax.set_title(evaluate.iso_utc(times[i])[:16], fontsize=9)
         ax.set_xlabel("candles after the last input", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -321,8 +353,9 @@ def write_plots(folder, results, config, history, forecasts) -> list[str]:
     return paths
 
 
-def write_reports(workdir, results, config, history=None, forecasts=None, stem="report",
-                  console=None) -> str:  # fmt: skip
+def write_reports(
+    workdir, results, config, history=None, forecasts=None, stem="report", console=None
+) -> str:
     """Prints the results table and writes <workdir>/<stem>.md and its plots.
 
     Args:

@@ -110,8 +110,11 @@ def _writable(value) -> bool:
 def _scalars(record: dict) -> list[tuple[str, float]]:
     """(tag, value) pairs of one metrics.jsonl record, per series and per group."""
     series = record["series"]
-    pairs = [("lr", record["lr"]), ("active_series", sum(record["active"])),
-             ("epoch_seconds", record["seconds"])]  # fmt: skip
+    pairs = [
+        ("lr", record["lr"]),
+        ("active_series", sum(record["active"])),
+        ("epoch_seconds", record["seconds"]),
+    ]
     optional = ("lr_scale",) if "lr_scale" in record else ()
     for field in ("train_loss", "val_loss", "best_val_loss", *optional):
         values = record.get(field)
@@ -178,8 +181,10 @@ class TensorBoardLog:
         writers.fsync_dir(directory)
         now = time.time()
         session_start = _bytes_field(_SESSION_LOG_FIELD, _key(1, 0) + _varint(_SESSION_START))
-        self._write(_event(now, 0, _bytes_field(_FILE_VERSION_FIELD, FILE_VERSION)),
-                    _event(now, int(start_epoch) + 1, session_start))  # fmt: skip
+        self._write(
+            _event(now, 0, _bytes_field(_FILE_VERSION_FIELD, FILE_VERSION)),
+            _event(now, int(start_epoch) + 1, session_start),
+        )
 
     def append(self, record: dict) -> None:
         """Writes one metrics.jsonl record as one event at step = its epoch.

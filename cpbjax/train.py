@@ -52,8 +52,16 @@ class NothingTrained(RuntimeError):
 
 COIN_AXIS = "coins"
 # What `GroupTrainer.run_epoch` returns; epoch and lr are scalars, the rest [K].
-EPOCH_METRICS = ("epoch", "lr", "train_loss", "val_loss", "best_val_loss", "lr_scale",
-                 "active", "diverged")  # fmt: skip
+EPOCH_METRICS = (
+    "epoch",
+    "lr",
+    "train_loss",
+    "val_loss",
+    "best_val_loss",
+    "lr_scale",
+    "active",
+    "diverged",
+)
 
 
 @struct.dataclass
@@ -142,8 +150,14 @@ class GroupTrainer:
     (coins are independent; a collective on XLA:CPU's host devices can also deadlock).
     """
 
-    def __init__(self, config, module, num_coins: int, mesh: Mesh | None = None,
-                 max_traces: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config,
+        module,
+        num_coins: int,
+        mesh: Mesh | None = None,
+        max_traces: int | None = None,
+    ):
         """Args:
         config: the run config (data, train and matmul_precision are read).
         module: the Flax Linen model (see cpbjax.models).
@@ -174,8 +188,9 @@ class GroupTrainer:
         """Jits the shard_mapped init and epoch."""
         state_specs = _coin_specs(self._state_shapes())
         arrays_specs = _coin_specs(self._abstract_arrays()).replace(price_mask=P())
-        metrics_specs = {name: P() if name in ("epoch", "lr") else P(COIN_AXIS)
-                         for name in EPOCH_METRICS}  # fmt: skip
+        metrics_specs = {
+            name: P() if name in ("epoch", "lr") else P(COIN_AXIS) for name in EPOCH_METRICS
+        }
         self.state_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), state_specs)
         self.arrays_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), arrays_specs)
         epoch_fn = self._epoch
@@ -185,10 +200,13 @@ class GroupTrainer:
         # inputs only, so they are the same on every device by construction.
         per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
         self._epoch_jit = jax.jit(
-            per_device(epoch_fn, in_specs=(state_specs, arrays_specs),
-                       out_specs=(state_specs, metrics_specs)),
+            per_device(
+                epoch_fn,
+                in_specs=(state_specs, arrays_specs),
+                out_specs=(state_specs, metrics_specs),
+            ),
             donate_argnums=0,
-        )  # fmt: skip
+        )
         init_specs = (P(COIN_AXIS), P(COIN_AXIS), P(COIN_AXIS))
         self._init_jit = jax.jit(per_device(self._init, in_specs=init_specs, out_specs=state_specs))
 
@@ -209,10 +227,13 @@ class GroupTrainer:
             ends[f"{split}_mask"] = sds((k, sizes[split]), jnp.bool_)
         num_aux = len(self.config.model.aux_targets)
         return windows.GroupArrays(
-            inputs=sds((k, t, f), jnp.float32), targets=sds((k, t, windows.NUM_TARGETS), jnp.float32),
-            anchor=sds((k, t), jnp.float32), aux=sds((k, t, num_aux), jnp.float32),
-            price_mask=sds((f,), jnp.float32), **ends,
-        )  # fmt: skip
+            inputs=sds((k, t, f), jnp.float32),
+            targets=sds((k, t, windows.NUM_TARGETS), jnp.float32),
+            anchor=sds((k, t), jnp.float32),
+            aux=sds((k, t, num_aux), jnp.float32),
+            price_mask=sds((f,), jnp.float32),
+            **ends,
+        )
 
     # -- public API ---------------------------------------------------------------------
 
@@ -229,16 +250,18 @@ class GroupTrainer:
         """
         with jax.default_matmul_precision(self.config.matmul_precision):
             keys_K2 = np.asarray(keys_K2, np.uint32)
-            keys = jax.make_array_from_callback(keys_K2.shape, self.coin_sharding,
-                                                lambda i: keys_K2[i])  # fmt: skip
+            keys = jax.make_array_from_callback(
+                keys_K2.shape, self.coin_sharding, lambda i: keys_K2[i]
+            )
             return self._init_jit(keys, arrays.train_mask, arrays.val_mask)
 
     def abstract_state(self) -> GroupState:
         """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""
         return jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            self._state_shapes(), self.state_sharding,
-        )  # fmt: skip
+            self._state_shapes(),
+            self.state_sharding,
+        )
 
     def run_epoch(self, state: GroupState, arrays: windows.GroupArrays):
         """Runs one epoch of every active coin; `state` is donated (do not reuse it).
@@ -281,13 +304,20 @@ class GroupTrainer:
         # A coin without train or val windows (a padded one) never trains.
         active_K = train_mask_KN.any(axis=1) & val_mask_KN.any(axis=1)
         return GroupState(
-            params=params, opt_state=opt_state, plateau=plateau,
+            params=params,
+            opt_state=opt_state,
+            plateau=plateau,
             best_params=jax.tree.map(jnp.copy, params),
-            best_val=jnp.full((k,), jnp.inf, jnp.float32), best_epoch=zeros_K,
-            bad_epochs=zeros_K, active=active_K, diverged=jnp.zeros((k,), bool),
-            diverged_epoch=zeros_K, epochs_run=zeros_K, key=train_keys,
+            best_val=jnp.full((k,), jnp.inf, jnp.float32),
+            best_epoch=zeros_K,
+            bad_epochs=zeros_K,
+            active=active_K,
+            diverged=jnp.zeros((k,), bool),
+            diverged_epoch=zeros_K,
+            epochs_run=zeros_K,
+            key=train_keys,
             epoch=jnp.zeros((), jnp.int32),
-        )  # fmt: skip
+        )
 
     # -- one coin ------------------------------------------------------------------------
 
@@ -302,8 +332,9 @@ class GroupTrainer:
                 f"aux_targets={tuple(self.config.model.aux_targets)}: prepare the series with "
                 "windows.prepare_all(..., aux_targets=config.model.aux_targets)"
             )
-        x_BLF, y_BHC = windows.gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B,
-                                      d.lookback, d.horizon)  # fmt: skip
+        x_BLF, y_BHC = windows.gather(
+            inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, d.lookback, d.horizon
+        )
         return x_BLF, y_BHC, windows.gather_aux(aux_TA, ends_B)
 
     def _coin_loss(self, params, data, ends_B, mask_B, key):
@@ -318,10 +349,14 @@ class GroupTrainer:
         x_BLF, y_BHC, aux_BA = self._gather(data, ends_B)
         dropout_key, teacher_key = jax.random.split(key)
         y_hat_BHC, aux_hat_BA = self.module.apply(
-            {"params": params}, x_BLF, y_BHC, train=True,
-            teacher_forcing=self.config.train.teacher_forcing, return_aux=True,
+            {"params": params},
+            x_BLF,
+            y_BHC,
+            train=True,
+            teacher_forcing=self.config.train.teacher_forcing,
+            return_aux=True,
             rngs={"dropout": dropout_key, "teacher": teacher_key},
-        )  # fmt: skip
+        )
         n = jnp.maximum(jnp.sum(mask_B), 1)
         err_B = jnp.where(mask_B, _window_sq_err(y_hat_BHC, y_BHC), 0.0)
         objective_B = err_B
@@ -347,8 +382,9 @@ class GroupTrainer:
         )
         finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
         take = active & (n > 0) & finite
-        params = jax.tree.map(lambda a, b: jnp.where(take, a, b),
-                              optax.apply_updates(params, updates), params)  # fmt: skip
+        params = jax.tree.map(
+            lambda a, b: jnp.where(take, a, b), optax.apply_updates(params, updates), params
+        )
         opt_state = jax.tree.map(lambda a, b: jnp.where(take, a, b), new_opt, opt_state)
         n_taken = jnp.where(take, n, 0)
         return params, opt_state, loss * n_taken, n_taken, active & (n > 0) & ~finite
@@ -410,8 +446,13 @@ class GroupTrainer:
             return (params, opt_state, loss_K + loss_b, n_K + n_b, bad_K | bad_b), None
 
         k = state.active.shape[0]  # this device's coins
-        carry = (state.params, state.opt_state, jnp.zeros((k,), jnp.float32),
-                 jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool))  # fmt: skip
+        carry = (
+            state.params,
+            state.opt_state,
+            jnp.zeros((k,), jnp.float32),
+            jnp.zeros((k,), jnp.int32),
+            jnp.zeros((k,), bool),
+        )
         xs = (jnp.arange(self.train_steps), ends_SKB, mask_SKB)
         carry, _ = jax.lax.scan(body, carry, xs)
         return carry
@@ -453,20 +494,29 @@ class GroupTrainer:
             plateau = _select(ran_K & ~diverged_K, stepped, plateau)
         active_K = ran_K & ~diverged_K & (bad_K < t.patience)
         new_state = state.replace(
-            params=_select(diverged_K, best_params, params), opt_state=opt_state,
-            plateau=plateau, best_params=best_params,
+            params=_select(diverged_K, best_params, params),
+            opt_state=opt_state,
+            plateau=plateau,
+            best_params=best_params,
             best_val=jnp.where(improved_K, val_K, state.best_val),
-            best_epoch=jnp.where(improved_K, epoch, state.best_epoch), bad_epochs=bad_K,
-            active=active_K, diverged=state.diverged | diverged_K,
+            best_epoch=jnp.where(improved_K, epoch, state.best_epoch),
+            bad_epochs=bad_K,
+            active=active_K,
+            diverged=state.diverged | diverged_K,
             diverged_epoch=jnp.where(diverged_K, epoch, state.diverged_epoch),
-            epochs_run=state.epochs_run + ran_K.astype(jnp.int32), epoch=epoch,
-        )  # fmt: skip
+            epochs_run=state.epochs_run + ran_K.astype(jnp.int32),
+            epoch=epoch,
+        )
         metrics = {
-            "epoch": epoch, "lr": self.schedule(epoch * self.train_steps - 1),
-            "train_loss": train_K, "val_loss": jnp.where(ran_K, val_K, jnp.nan),
-            "best_val_loss": new_state.best_val, "lr_scale": jax.vmap(optimizer.plateau_scale)(plateau),
-            "active": active_K, "diverged": new_state.diverged,
-        }  # fmt: skip
+            "epoch": epoch,
+            "lr": self.schedule(epoch * self.train_steps - 1),
+            "train_loss": train_K,
+            "val_loss": jnp.where(ran_K, val_K, jnp.nan),
+            "best_val_loss": new_state.best_val,
+            "lr_scale": jax.vmap(optimizer.plateau_scale)(plateau),
+            "active": active_K,
+            "diverged": new_state.diverged,
+        }
         return new_state, metrics
 
 
@@ -518,8 +568,7 @@ def group_size(num_series: int, train_cfg, num_devices: int, backend: str) -> in
 def _prepare_all(config) -> tuple[list, dict]:
     """Loads and prepares every series; returns (PreparedSeries list, name -> skip reason)."""
     series, skipped = sources.load_all(config.data)
-    preps, unusable = windows.prepare_all(series, config.data,
-                                          aux_targets=config.model.aux_targets)  # fmt: skip
+    preps, unusable = windows.prepare_all(series, config.data, aux_targets=config.model.aux_targets)
     return preps, {**skipped, **unusable}
 
 
@@ -562,8 +611,11 @@ def _with_defaults(old: dict, defaults: dict) -> dict:
 
 def _differences(old, new, prefix="") -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
-        return [d for k in sorted(set(old) | set(new))
-                for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]  # fmt: skip
+        return [
+            d
+            for k in sorted(set(old) | set(new))
+            for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        ]
     return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
 
 
@@ -729,18 +781,23 @@ class _LiveCoins:
         filler = np.flatnonzero(~full.active)[0]
         rows = np.concatenate([slots, np.full(k_live - slots.size, filler)])
         trainer = self.run.trainer_for(k_live)
-        self.state = _place(jax.tree.map(lambda a: a[rows] if a.ndim else a, full),
-                            trainer.state_sharding)  # fmt: skip
+        self.state = _place(
+            jax.tree.map(lambda a: a[rows] if a.ndim else a, full), trainer.state_sharding
+        )
         self.arrays = trainer.stack([self.preps[i] for i in slots])
         self.trainer, self.slots, self.frozen, self.epoch_seconds = trainer, slots, full, []
         nan_K = np.full(full.active.shape, np.nan, np.float32)
         self.frozen_metrics = {
-            "train_loss": nan_K, "val_loss": nan_K, "best_val_loss": full.best_val,
+            "train_loss": nan_K,
+            "val_loss": nan_K,
+            "best_val_loss": full.best_val,
             "lr_scale": np.asarray(jax.vmap(optimizer.plateau_scale)(full.plateau)),
-            "active": np.zeros_like(full.active), "diverged": full.diverged,
-        }  # fmt: skip
-        logging.info("%d of %d coins still train: moved them to a program of %d", slots.size,
-                     k, k_live)  # fmt: skip
+            "active": np.zeros_like(full.active),
+            "diverged": full.diverged,
+        }
+        logging.info(
+            "%d of %d coins still train: moved them to a program of %d", slots.size, k, k_live
+        )
 
     def full_state(self) -> GroupState:
         """The whole group's state on the devices (this program's own while uncompacted)."""
@@ -765,16 +822,23 @@ class _LiveCoins:
         return jax.tree.map(merge, self.frozen, host)
 
 
-def _epoch_record(group: str, names: list[str], m: dict, seconds: float, plateau: bool,
-                  coins_computed: int) -> dict:  # fmt: skip
+def _epoch_record(
+    group: str, names: list[str], m: dict, seconds: float, plateau: bool, coins_computed: int
+) -> dict:
     """One metrics.jsonl line from the host copy of `run_epoch`'s metrics (real coins only)."""
     n = len(names)
     record = {
-        "group": group, "epoch": int(m["epoch"]), "series": names,
-        "train_loss": m["train_loss"][:n], "val_loss": m["val_loss"][:n],
-        "best_val_loss": m["best_val_loss"][:n], "lr": float(m["lr"]),
-        "active": m["active"][:n], "seconds": seconds, "coins_computed": coins_computed,
-    }  # fmt: skip
+        "group": group,
+        "epoch": int(m["epoch"]),
+        "series": names,
+        "train_loss": m["train_loss"][:n],
+        "val_loss": m["val_loss"][:n],
+        "best_val_loss": m["best_val_loss"][:n],
+        "lr": float(m["lr"]),
+        "active": m["active"][:n],
+        "seconds": seconds,
+        "coins_computed": coins_computed,
+    }
     if plateau:
         record["lr_scale"] = m["lr_scale"][:n]
     return writers.to_jsonable(record)
@@ -800,8 +864,9 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     while not finished:
         computed = live.trainer.num_coins
         m = live.run_epoch()
-        record = _epoch_record(group, names, m, live.epoch_seconds[-1], t.reduce_on_plateau,
-                               computed)  # fmt: skip
+        record = _epoch_record(
+            group, names, m, live.epoch_seconds[-1], t.reduce_on_plateau, computed
+        )
         if primary:
             run.log.append(record)
             run.progress.update(record, _memory_bytes()[0])
@@ -845,12 +910,16 @@ def _status(active: bool, diverged: bool) -> str:
 def _model_meta(run: _Run, prep, entry: dict) -> dict:
     """meta.json of a saved series model: enough to rebuild the module and map prices."""
     return {
-        "series": prep.name, "symbol": prep.symbol, "interval": prep.interval,
+        "series": prep.name,
+        "symbol": prep.symbol,
+        "interval": prep.interval,
         "model": dataclasses.asdict(models.make_config(run.config)),
-        "config": run.config.to_dict(), "data": run.config.data.to_dict(),
-        "norm": prep.norm, "price_mask": prep.price_mask,
+        "config": run.config.to_dict(),
+        "data": run.config.data.to_dict(),
+        "norm": prep.norm,
+        "price_mask": prep.price_mask,
         **{k: entry[k] for k in ("num_params", "status", "best_epoch", "best_val_loss")},
-    }  # fmt: skip
+    }
 
 
 def _evaluate(run: _Run, params, prep) -> dict:
@@ -868,15 +937,23 @@ def _evaluate(run: _Run, params, prep) -> dict:
     }
 
 
-def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds: float,
-                  peak_bytes: int | None) -> dict:  # fmt: skip
+def _finish_group(
+    run: _Run, group: str, preps: list, state: GroupState, seconds: float, peak_bytes: int | None
+) -> dict:
     """Saves each series' best model, evaluates it and records the group as finished.
 
     Returns:
       series name -> results.json entry (without evaluation on processes other than 0).
     """
-    fields = ("best_params", "best_val", "best_epoch", "epochs_run", "active", "diverged",
-              "diverged_epoch")  # fmt: skip
+    fields = (
+        "best_params",
+        "best_val",
+        "best_epoch",
+        "epochs_run",
+        "active",
+        "diverged",
+        "diverged_epoch",
+    )
     host = _to_host({f: getattr(state, f) for f in fields})
     leaves = jax.tree.leaves(host["best_params"])
     num_params = sum(leaf.size for leaf in leaves) // run.trainer.num_coins
@@ -889,9 +966,13 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
             "best_epoch": int(host["best_epoch"][i]) or None,
             "epochs_run": int(host["epochs_run"][i]),
             "diverged_epoch": int(host["diverged_epoch"][i]) or None,
-            "group": group, "train_seconds": seconds / len(preps), "group_train_seconds": seconds,
-            "num_params": num_params, "peak_memory_bytes": peak_bytes, "data": prep.notes,
-        }  # fmt: skip
+            "group": group,
+            "train_seconds": seconds / len(preps),
+            "group_train_seconds": seconds,
+            "num_params": num_params,
+            "peak_memory_bytes": peak_bytes,
+            "data": prep.notes,
+        }
         if _is_primary():
             path = os.path.join(run.workdir, "models", prep.name)
             checkpoint.save_series_model(path, params, _model_meta(run, prep, entry))
@@ -910,29 +991,37 @@ def _reload_forecasts(run: _Run, preps: list) -> None:
         return
     for prep in preps:
         params, _ = checkpoint.load_series_model(os.path.join(run.workdir, "models", prep.name))
-        ends, prices, _ = evaluate.forecast(run.module, params, prep, "test", c.data.lookback,
-                                            c.data.horizon)  # fmt: skip
+        ends, prices, _ = evaluate.forecast(
+            run.module, params, prep, "test", c.data.lookback, c.data.horizon
+        )
         run.forecasts[prep.name] = evaluate.forecast_record(prep, ends, prices, c.data.horizon)
 
 
 def _versions() -> dict:
     names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy")
-    return {"python": sys.version.split()[0], "cpbjax": cpbjax.__version__,
-            **{n: importlib.metadata.version(n) for n in names}}  # fmt: skip
+    return {
+        "python": sys.version.split()[0],
+        "cpbjax": cpbjax.__version__,
+        **{n: importlib.metadata.version(n) for n in names},
+    }
 
 
 def _results(config, entries: dict, skipped: dict, started: float, plan: list) -> dict:
     """The results.json dict. `run.wall_seconds` counts this process only (not resumed parts)."""
     devices = platform.describe_devices()
     run = {
-        "model": config.model.name, "seed": config.seed, "versions": _versions(),
-        "platform": devices["backend"], "device_count": devices["device_count"],
+        "model": config.model.name,
+        "seed": config.seed,
+        "versions": _versions(),
+        "platform": devices["backend"],
+        "device_count": devices["device_count"],
         "process_count": devices["process_count"],
-        "devices": devices["devices"], "groups": len(plan),
+        "devices": devices["devices"],
+        "groups": len(plan),
         "group_size": max((len(g) for g in plan), default=0),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "wall_seconds": time.time() - started,
-    }  # fmt: skip
+    }
     return writers.to_jsonable({"run": run, "series": entries, "skipped": skipped})
 
 
@@ -943,14 +1032,20 @@ def _make_run(config, workdir: str, preps: list, mesh: Mesh) -> tuple[_Run, list
     module = models.build(models.make_config(config))
     pairs = itertools.product(config.data.symbols, config.data.intervals)
     run = _Run(
-        config=config, workdir=workdir, module=module,
+        config=config,
+        workdir=workdir,
+        module=module,
         trainer=GroupTrainer(config, module, k, mesh),
         ledger=_Ledger(workdir, _fingerprint(config, [[p.name for p in g] for g in plan])),
-        log=writers.MetricsLog(workdir), progress=writers.make_progress(config.logging.progress),
+        log=writers.MetricsLog(workdir),
+        progress=writers.make_progress(config.logging.progress),
         index={f"{s}-{i}": j for j, (s, i) in enumerate(pairs)},
-        tensorboard=(tensorboard.TensorBoardLog(workdir)
-                     if config.logging.tensorboard and _is_primary() else None),
-    )  # fmt: skip
+        tensorboard=(
+            tensorboard.TensorBoardLog(workdir)
+            if config.logging.tensorboard and _is_primary()
+            else None
+        ),
+    )
     return run, plan
 
 

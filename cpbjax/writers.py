@@ -175,8 +175,9 @@ class PlainProgress:
     def start_group(self, name: str, num_series: int, max_epochs: int, start_epoch: int) -> None:
         self._group = _GroupInfo(name, num_series, max_epochs, start_epoch, time.monotonic())
         resumed = f", resumed after epoch {start_epoch}" if start_epoch else ""
-        logging.info("%s: training %d series for up to %d epochs%s",
-                     name, num_series, max_epochs, resumed)  # fmt: skip
+        logging.info(
+            "%s: training %d series for up to %d epochs%s", name, num_series, max_epochs, resumed
+        )
 
     def update(self, record: dict, memory_bytes: int | None) -> None:
         g = self._group
@@ -185,10 +186,18 @@ class PlainProgress:
         logging.info(
             "%s epoch %d/%d: active %d/%d, train loss min/median %s, best val min/median %s, "
             "lr %.3g, %.2fs, ETA <= %.0fs, device memory %s",
-            g.name, record["epoch"], g.max_epochs, sum(record["active"]), g.num_series,
-            _fmt_loss(record["train_loss"]), _fmt_loss(record["best_val_loss"]),
-            record["lr"], record["seconds"], eta, _fmt_bytes(memory_bytes),
-        )  # fmt: skip
+            g.name,
+            record["epoch"],
+            g.max_epochs,
+            sum(record["active"]),
+            g.num_series,
+            _fmt_loss(record["train_loss"]),
+            _fmt_loss(record["best_val_loss"]),
+            record["lr"],
+            record["seconds"],
+            eta,
+            _fmt_bytes(memory_bytes),
+        )
 
     def end_group(self) -> None:
         logging.info("%s: done in %.1fs", self._group.name, time.monotonic() - self._group.started)
@@ -216,16 +225,22 @@ class RichProgress:
         self._num_series = num_series
         self._progress.start()
         self._task = self._progress.add_task(
-            name, total=max_epochs, completed=start_epoch,
-            active=f"{num_series}/{num_series}", best="-", memory="",
-        )  # fmt: skip
+            name,
+            total=max_epochs,
+            completed=start_epoch,
+            active=f"{num_series}/{num_series}",
+            best="-",
+            memory="",
+        )
 
     def update(self, record: dict, memory_bytes: int | None) -> None:
         self._progress.update(
-            self._task, completed=record["epoch"],
+            self._task,
+            completed=record["epoch"],
             active=f"{sum(record['active'])}/{self._num_series}",
-            best=_fmt_loss(record["best_val_loss"]), memory=_fmt_bytes(memory_bytes),
-        )  # fmt: skip
+            best=_fmt_loss(record["best_val_loss"]),
+            memory=_fmt_bytes(memory_bytes),
+        )
 
     def end_group(self) -> None:
         self._progress.stop()

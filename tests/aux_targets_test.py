@@ -117,8 +117,9 @@ def _reference_aux(series, prep, names, kind):
     ends = np.concatenate([prep.ends[s] for s in windows.SPLITS])
     raw = _reference_raw(series, prep, names, ends)
     n = len(prep.ends["train"])
-    _, y = windows_test._reference_windows(series, prep, ("open", "high", "low", "close"), kind,
-                                           prep.ends["train"])  # fmt: skip
+    _, y = windows_test._reference_windows(
+        series, prep, ("open", "high", "low", "close"), kind, prep.ends["train"]
+    )
     rms = math.sqrt(float(np.mean(y**2)))
     return ends, (raw - raw[:n].mean(axis=0)) / raw[:n].std(axis=0) * rms, rms
 
@@ -126,8 +127,9 @@ def _reference_aux(series, prep, names, kind):
 @pytest.mark.parametrize("kind", ["last_close", "zscore"])
 def test_aux_targets_match_a_plain_loop(kind):
     series = windows_test._series(missing=(150, 300))  # gaps: rows, not times, index candles
-    prep = windows.prepare_series(series, windows_test._data_cfg(normalization=kind),
-                                  aux_targets=AUX)  # fmt: skip
+    prep = windows.prepare_series(
+        series, windows_test._data_cfg(normalization=kind), aux_targets=AUX
+    )
     ends, expected, rms = _reference_aux(series, prep, AUX, kind)
     assert prep.aux.shape == (len(prep.inputs), 2) and prep.aux.dtype == np.float32
     np.testing.assert_allclose(prep.aux[ends], expected, rtol=1e-5, atol=1e-6)
@@ -172,16 +174,18 @@ def test_later_candles_do_not_leak_into_training_aux_targets(kind):
     prep = windows.prepare_series(series, cfg, aux_targets=AUX)
     offset = len(series.ohlcv) - len(prep.ohlc)
     boundary = offset + prep.ends["train"][-1] + H + 1  # first candle no training window reads
-    changed = windows.prepare_series(windows_test._perturbed(series, boundary), cfg,
-                                     aux_targets=AUX)  # fmt: skip
+    changed = windows.prepare_series(
+        windows_test._perturbed(series, boundary), cfg, aux_targets=AUX
+    )
     for before, after in zip(_train_aux(prep), _train_aux(changed), strict=True):
         np.testing.assert_array_equal(before, after)
     for key in ("aux_targets", "aux_mean", "aux_std"):
         np.testing.assert_array_equal(changed.norm[key], prep.norm[key])
     assert not np.array_equal(prep.aux, changed.aux)  # the change did reach val/test
     # The last training window's targets end at boundary - 1: both aux targets read it.
-    touched = windows.prepare_series(windows_test._perturbed(series, boundary - 1), cfg,
-                                     aux_targets=AUX)  # fmt: skip
+    touched = windows.prepare_series(
+        windows_test._perturbed(series, boundary - 1), cfg, aux_targets=AUX
+    )
     last_before, last_after = _train_aux(prep)[1][-1], _train_aux(touched)[1][-1]
     assert (last_before != last_after).all()
 
@@ -210,8 +214,10 @@ def test_saved_aux_statistics_scale_new_data_by_name():
 
 def test_stack_group_carries_aux_and_gathers_by_window_end():
     cfg = windows_test._data_cfg(min_candles=100)
-    preps = [windows.prepare_series(windows_test._series(n=n, seed=n), cfg, aux_targets=AUX)
-             for n in (360, 150)]  # fmt: skip
+    preps = [
+        windows.prepare_series(windows_test._series(n=n, seed=n), cfg, aux_targets=AUX)
+        for n in (360, 150)
+    ]
     group = windows.stack_group(preps, 3, cfg)
     assert group.aux.shape == (3, windows.padded_sizes(cfg)["T"], 2)
     assert not np.asarray(group.aux[2]).any()
@@ -283,8 +289,15 @@ class AuxHeadTest(parameterized.TestCase):
 
         def aux_and_grads(p, y):  # training mode, full teacher forcing: true candles are fed
             def loss(p):
-                aux = module.apply({"params": p}, x, y, train=True, teacher_forcing=1.0,
-                                   return_aux=True, rngs=models_test._rngs(0))[1]  # fmt: skip
+                aux = module.apply(
+                    {"params": p},
+                    x,
+                    y,
+                    train=True,
+                    teacher_forcing=1.0,
+                    return_aux=True,
+                    rngs=models_test._rngs(0),
+                )[1]
                 return jnp.mean(aux**2), aux
 
             return jax.value_and_grad(loss, has_aux=True)(p)
@@ -293,8 +306,9 @@ class AuxHeadTest(parameterized.TestCase):
         (_, aux), grads = aux_and_grads(params, y)
         for path, g in models_test._paths(grads):
             size = float(jnp.max(jnp.abs(g)))
-            decoder_side = path.startswith(("decoder", "head_", "output_proj", "attention",
-                                            "queries", "target_proj"))  # fmt: skip
+            decoder_side = path.startswith(
+                ("decoder", "head_", "output_proj", "attention", "queries", "target_proj")
+            )
             if decoder_side:
                 self.assertEqual(size, 0.0, path)
             elif not path.endswith(models_test.SHIFT_INVARIANT):
@@ -321,8 +335,9 @@ def _aux_config(teacher_forcing=None):
 
 def _aux_trainer(config):
     module = models.build(models.make_config(config))
-    return train.GroupTrainer(config, module, train_test.NUM_COINS,
-                              train.coin_mesh(jax.devices()[:1]))  # fmt: skip
+    return train.GroupTrainer(
+        config, module, train_test.NUM_COINS, train.coin_mesh(jax.devices()[:1])
+    )
 
 
 @functools.cache
@@ -395,6 +410,7 @@ def test_epoch_with_aux_trains_the_head_and_keeps_coins_independent():
     (a_order, a, a_m), (b_order, b, b_m) = runs
     for slot_a, series in enumerate(a_order):
         slot_b = b_order.index(series)
-        train_test._assert_trees_close(train_test._coin(a, slot_a), train_test._coin(b, slot_b),
-                                       **train_test.CROSS_PROGRAM)  # fmt: skip
+        train_test._assert_trees_close(
+            train_test._coin(a, slot_a), train_test._coin(b, slot_b), **train_test.CROSS_PROGRAM
+        )
         np.testing.assert_allclose(a_m["val_loss"][slot_a], b_m["val_loss"][slot_b], rtol=1e-5)

@@ -32,9 +32,20 @@ def _ms(day: str) -> int:
 
 def _cfg(base_url, cache_dir, symbols, **overrides):
     d = config_lib.base_config().data
-    d.update(dict(base_url=str(base_url), cache_dir=str(cache_dir), symbols=tuple(symbols),
-                  intervals=("1h",), months=3, end="2025-02", min_candles=24, retries=2,
-                  timeout_seconds=0.5, download_workers=4))  # fmt: skip
+    d.update(
+        dict(
+            base_url=str(base_url),
+            cache_dir=str(cache_dir),
+            symbols=tuple(symbols),
+            intervals=("1h",),
+            months=3,
+            end="2025-02",
+            min_candles=24,
+            retries=2,
+            timeout_seconds=0.5,
+            download_workers=4,
+        )
+    )
     d.update(overrides)
     return d
 
@@ -56,8 +67,9 @@ def _zip(root, symbol, month):
 def _reference(symbol, months, seed=7):
     """Times and OHLCV that write_vision_mirror wrote for `months`, from `generate`."""
     s = synthetic.generate(symbol, "1h", sum(HOURS.values()), seed, _ms("2025-03-01") - 1)
-    keep = np.isin(s.open_time_ms.astype("datetime64[ms]").astype("datetime64[M]").astype(str),
-                   months)  # fmt: skip
+    keep = np.isin(
+        s.open_time_ms.astype("datetime64[ms]").astype("datetime64[M]").astype(str), months
+    )
     return s.open_time_ms[keep], s.ohlcv[keep]
 
 
@@ -232,8 +244,17 @@ def _expected_cache(loaded):
 
 def test_http_download_with_injected_faults(server, tmp_path):
     base_url, root, faults = server
-    symbols = ["BTCUSDT", "ETHUSDT", "BNBUSDT", "SOLUSDT", "PEPEUSDT", "XRPUSDT", "ADAUSDT",
-               "LTCUSDT", "AVAXUSDT"]  # fmt: skip
+    symbols = [
+        "BTCUSDT",
+        "ETHUSDT",
+        "BNBUSDT",
+        "SOLUSDT",
+        "PEPEUSDT",
+        "XRPUSDT",
+        "ADAUSDT",
+        "LTCUSDT",
+        "AVAXUSDT",
+    ]
     _mirror(root, symbols)
     faulty = "2025-01"
     faults.queues[_url_path("BTCUSDT", faulty)] = ["500"]  # then success
@@ -256,8 +277,11 @@ def test_http_download_with_injected_faults(server, tmp_path):
         assert s.notes["months"] == ["2024-12", "2025-01", "2025-02"], symbol
         assert s.notes["failed_months"] == {}, symbol
         np.testing.assert_allclose(s.ohlcv, _reference(symbol, MONTHS[2:])[1], atol=1e-8)
-    for symbol, reason in (("SOLUSDT", "download failed"), ("XRPUSDT", "checksum mismatch"),
-                           ("ADAUSDT", "got an HTML page instead of a zip")):  # fmt: skip
+    for symbol, reason in (
+        ("SOLUSDT", "download failed"),
+        ("XRPUSDT", "checksum mismatch"),
+        ("ADAUSDT", "got an HTML page instead of a zip"),
+    ):
         notes = loaded[f"{symbol}-1h"].notes
         assert notes["months"] == ["2024-12", "2025-02"], symbol
         assert list(notes["failed_months"]) == [faulty], symbol
@@ -289,8 +313,12 @@ def test_http_corrupt_cache_file_is_downloaded_again(server, tmp_path):
     _mirror(root, ["BTCUSDT"])
     cache = tmp_path / "cache"
     first, _ = _load(_cfg(base_url, cache, ["BTCUSDT"]))
-    (cached,) = [os.path.join(d, f) for d, _, files in os.walk(cache) for f in files
-                 if f == "BTCUSDT-1h-2025-01.zip"]  # fmt: skip
+    (cached,) = [
+        os.path.join(d, f)
+        for d, _, files in os.walk(cache)
+        for f in files
+        if f == "BTCUSDT-1h-2025-01.zip"
+    ]
     with open(cached, "r+b") as f:
         f.write(b"XX")
     faults.hits.clear()

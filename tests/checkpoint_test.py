@@ -95,8 +95,10 @@ def test_corrupt_latest_falls_back_to_previous_with_warning(tmp_path, caplog):
 
 def test_series_model_round_trip_and_replace(tmp_path):
     path = str(tmp_path / "models" / "BTCUSDT-1h")
-    params = {"gru": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
-              "out": {"bias": np.ones(4, np.float32)}}  # fmt: skip
+    params = {
+        "gru": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
+        "out": {"bias": np.ones(4, np.float32)},
+    }
     meta = {"series": "BTCUSDT-1h", "num_params": 10, "norm": {"kind": "last_close", "log_p0": 1.5}}
     checkpoint.save_series_model(path, params, meta)
     checkpoint.save_series_model(path, jax.tree.map(lambda a: a + 1, params), dict(meta, v=2))

@@ -74,8 +74,11 @@ def run_all(root: str) -> None:
     ckpts = checkpoint.GroupCheckpoints(os.path.join(resumed, "checkpoints", "group-000"), 1, 5)
     state, epoch = ckpts.restore_latest(train_test.make_trainer(8).abstract_state())
     ckpts.close()
-    killed = {"kill_epoch": kill_epoch, "restored_epoch": epoch,
-              "restored_active": np.asarray(state.active).tolist()}  # fmt: skip
+    killed = {
+        "kill_epoch": kill_epoch,
+        "restored_epoch": epoch,
+        "restored_active": np.asarray(state.active).tolist(),
+    }
     writers.write_json(os.path.join(root, "killed.json"), killed)
     train.train_and_evaluate(compaction_config(True), resumed)
 
@@ -86,10 +89,17 @@ def runs(tmp_path_factory):
     env = train_test._env(
         XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
         JAX_COMPILATION_CACHE_DIR=str(root / "jax-cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", _RUNS, str(root)], env=env, cwd=train_test.ROOT,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUNS, str(root)],
+        env=env,
+        cwd=train_test.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root
 
@@ -161,10 +171,17 @@ def test_two_devices_round_the_program_up_and_train_the_same(tmp_path):
     env = train_test._env(
         XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
         JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path)], env=env,
-                          cwd=train_test.ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _TWO_DEVICES, str(tmp_path)],
+        env=env,
+        cwd=train_test.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(set(_coins_computed(tmp_path / "compacted")), reverse=True) == [8, 4, 2]
     results = writers.read_json(os.path.join(tmp_path, "compacted", "results.json"))

@@ -6,10 +6,18 @@ from benchmarks import compare_runs
 
 
 def _series(val_loss, val_skill, skill, p_better, accuracy, up_share, group, seconds):
-    test = {"columns": {"close": {"skill": skill}}, "dm": {"p_value_better": p_better},
-            "direction": {"accuracy": accuracy, "up_share": up_share}}  # fmt: skip
-    return {"best_val_loss": val_loss, "val": {"columns": {"close": {"skill": val_skill}}},
-            "test": test, "group": group, "group_train_seconds": seconds}  # fmt: skip
+    test = {
+        "columns": {"close": {"skill": skill}},
+        "dm": {"p_value_better": p_better},
+        "direction": {"accuracy": accuracy, "up_share": up_share},
+    }
+    return {
+        "best_val_loss": val_loss,
+        "val": {"columns": {"close": {"skill": val_skill}}},
+        "test": test,
+        "group": group,
+        "group_train_seconds": seconds,
+    }
 
 
 def _workdir(tmp_path, decoding):
@@ -24,7 +32,7 @@ def _workdir(tmp_path, decoding):
             "best_val_loss": None,
             "group": "group-001",
             "group_train_seconds": 5.5,
-        },  # fmt: skip  (no test metrics: not scored)
+        },  # no test metrics: not scored
     }
     (path / "results.json").write_text(json.dumps({"series": series}))
     (path / "config.json").write_text(json.dumps({"model": {"name": "gru", "decoding": decoding}}))
@@ -34,11 +42,19 @@ def _workdir(tmp_path, decoding):
 def test_row_holds_the_medians_of_the_scored_series(tmp_path):
     row = compare_runs.summarise(_workdir(tmp_path, "direct"))
     assert row == {
-        "workdir": str(tmp_path / "direct"), "model": "gru", "decoding": "direct", "series": 3,
-        "best_val_loss_median": 2e-4, "val_close_skill_median_pct": 0.0,
-        "close_skill_median_pct": -1.0, "skill_positive": 1, "dm_better_p05": 1,
-        "dir_acc_median_pct": 53.0, "up_share_median_pct": 52.0, "train_seconds": 15.5,
-    }  # fmt: skip
+        "workdir": str(tmp_path / "direct"),
+        "model": "gru",
+        "decoding": "direct",
+        "series": 3,
+        "best_val_loss_median": 2e-4,
+        "val_close_skill_median_pct": 0.0,
+        "close_skill_median_pct": -1.0,
+        "skill_positive": 1,
+        "dm_better_p05": 1,
+        "dir_acc_median_pct": 53.0,
+        "up_share_median_pct": 52.0,
+        "train_seconds": 15.5,
+    }
 
 
 def test_main_prints_a_markdown_table(tmp_path, capsys):

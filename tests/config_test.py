@@ -19,10 +19,18 @@ def test_defaults_reproduce_the_replaced_system():
     assert (t.model.d_model, t.model.num_heads, t.model.ff_dim) == (128, 8, 512)
     assert (t.model.num_encoder_layers, t.model.num_decoder_layers) == (2, 2)
     assert (t.train.optimizer, t.train.batch_size, t.train.epochs, t.train.patience) == (
-        "adamw", 128, 50, 10)  # fmt: skip
+        "adamw",
+        128,
+        50,
+        10,
+    )
     assert (g.model.hidden, g.model.num_layers, g.model.dropout) == (128, 2, 0.3)
     assert (g.train.optimizer, g.train.batch_size, g.train.epochs, g.train.patience) == (
-        "adam", 64, 100, 15)  # fmt: skip
+        "adam",
+        64,
+        100,
+        15,
+    )
     assert (m.model.hidden, m.model.attention_heads, m.train.weight_decay) == (256, 4, 1e-5)
     assert (m.train.batch_size, m.train.epochs, m.train.patience) == (32, 200, 20)
     for c in (t, g, m):

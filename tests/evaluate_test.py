@@ -191,8 +191,11 @@ def test_ridge_matches_augmented_least_squares():
     y = y - np.repeat(np.log(prep.ohlc[ends, 3]), H * 4).reshape(len(ends), -1)
     y = y - y.mean(0)
     p = z.shape[1]
-    coef = np.linalg.lstsq(np.vstack([z, np.sqrt(3.0) * np.eye(p)]),
-                           np.vstack([y, np.zeros((p, y.shape[1]))]), rcond=None)[0]  # fmt: skip
+    coef = np.linalg.lstsq(
+        np.vstack([z, np.sqrt(3.0) * np.eye(p)]),
+        np.vstack([y, np.zeros((p, y.shape[1]))]),
+        rcond=None,
+    )[0]
     np.testing.assert_allclose(fit["coef"], coef, rtol=1e-6, atol=1e-10)
     assert x.shape[1] == (L - 1) + L + 3
 
@@ -213,8 +216,10 @@ def test_fitted_baselines_never_see_test_candles():
     assert last_read < prep.ends["test"][0] + 1  # before the first test target
 
     def fits(ohlc):
-        return (evaluate.fit_ridge(ohlc, fit_on, L, H)["coef"],
-                evaluate.fit_vol_band(ohlc, fit_on, L, H)["k_high_h"])  # fmt: skip
+        return (
+            evaluate.fit_ridge(ohlc, fit_on, L, H)["coef"],
+            evaluate.fit_vol_band(ohlc, fit_on, L, H)["k_high_h"],
+        )
 
     before = fits(prep.ohlc)
     changed = prep.ohlc.copy()
@@ -240,8 +245,9 @@ def test_forecast_batches_and_maps_to_prices():
     np.testing.assert_array_equal(ends, prep.ends["val"])
     chex.assert_shape(norm, (len(ends), H, 4))
     np.testing.assert_allclose(norm, norm_big, rtol=1e-6, atol=1e-7)
-    x, _ = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
-                          jnp.asarray(ends[:3]), L, H)  # fmt: skip
+    x, _ = windows.gather(
+        prep.inputs, prep.targets, prep.anchor, prep.price_mask, jnp.asarray(ends[:3]), L, H
+    )
     ref = Probe().apply({"params": params}, x)
     np.testing.assert_allclose(norm[:3], ref, rtol=1e-5, atol=1e-7)
     ref_prices = prep.ohlc[ends, 3][:, None, None] * np.exp(norm.astype(np.float64))
@@ -295,8 +301,9 @@ def test_saved_forecasts_reproduce_the_metrics(tmp_path):
     hit = act == np.sign(pred[..., 3] - last[:, None, 3])
     np.testing.assert_allclose(out["direction"]["accuracy"], hit[act != 0].mean())
     step = 3_600_000
-    np.testing.assert_array_equal(rec["target_open_time_ms"],
-                                  rec["last_open_time_ms"][:, None] + step * np.arange(1, H + 1))  # fmt: skip
+    np.testing.assert_array_equal(
+        rec["target_open_time_ms"], rec["last_open_time_ms"][:, None] + step * np.arange(1, H + 1)
+    )
     # And every price metric, via the public function on the file's arrays.
     again = evaluate.score_prices(last, actual, pred)
     for key in ("columns", "direction", "dm"):

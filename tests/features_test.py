@@ -71,7 +71,11 @@ def _references(x):
     vol_mean, _ = _ref_window_stats(v, 20)
     upper, lower = mid + 2 * sd, mid - 2 * sd
     return {
-        "open": (o, 0), "high": (h, 0), "low": (lo, 0), "close": (c, 0), "volume": (v, 0),
+        "open": (o, 0),
+        "high": (h, 0),
+        "low": (lo, 0),
+        "close": (c, 0),
+        "volume": (v, 0),
         "log_return": (log_ret, 1),
         "rsi": (_ref_rsi(c), 14),
         "macd": (macd, 25),
@@ -84,7 +88,7 @@ def _references(x):
         "volatility": ([math.nan] + list(_ref_window_stats(log_ret[1:], 20)[1]), 20),
         "atr": (_ref_atr(h, lo, c), 14),
         "volume_norm": (np.array(v) / vol_mean, 19),
-    }  # fmt: skip
+    }
 
 
 REFERENCES = _references(_candles())

@@ -13,9 +13,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _launch(*args, timeout=120):
     env = dict(os.environ, JAX_PLATFORMS="")
     return subprocess.run(
-        [sys.executable, "launch.py", *args], cwd=ROOT, capture_output=True, text=True,
-        timeout=timeout, env=env,
-    )  # fmt: skip
+        [sys.executable, "launch.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def test_out_of_range_value_exits_2_and_names_the_field():
@@ -70,8 +74,17 @@ def test_train_then_predict_through_launch(tmp_path):
         assert os.path.exists(os.path.join(workdir, name)), name
     for series in ("BTCUSDT-15m", "BTCUSDT-1h"):
         assert os.path.isdir(os.path.join(workdir, "models", series))
-    proc = _launch("--config", "configs/gru.py:tiny", "--workdir", workdir, "--mode", "predict",
-                   "--config.predict.intervals=('1h',)", *small, timeout=600)  # fmt: skip
+    proc = _launch(
+        "--config",
+        "configs/gru.py:tiny",
+        "--workdir",
+        workdir,
+        "--mode",
+        "predict",
+        "--config.predict.intervals=('1h',)",
+        *small,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(os.path.join(workdir, "forecast.json")) as f:
         forecast = json.load(f)

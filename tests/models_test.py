@@ -187,10 +187,13 @@ class BehaviourTest(chex.TestCase):
         self.assertGreater(float(jnp.max(jnp.abs(forced - free))), 1e-4)
         # At 0.5 the draws differ by key; some key must mix fed and forecast candles.
         mixes = [forward(params, x, y, 0.5, _rngs(seed)) for seed in range(6)]
-        self.assertTrue(any(
-            float(jnp.max(jnp.abs(m - free))) > 1e-4 and float(jnp.max(jnp.abs(m - forced))) > 1e-4
-            for m in mixes
-        ))  # fmt: skip
+        self.assertTrue(
+            any(
+                float(jnp.max(jnp.abs(m - free))) > 1e-4
+                and float(jnp.max(jnp.abs(m - forced))) > 1e-4
+                for m in mixes
+            )
+        )
 
     @parameterized.product(name=NAMES, decoding=("autoregressive", "direct"))
     def test_evaluation_is_deterministic(self, name, decoding):

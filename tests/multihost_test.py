@@ -57,8 +57,15 @@ def _free_port() -> int:
 def _start(workdir, port, process_id, num_processes, devices_per_process):
     env = train_test._env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
     log = open(f"{workdir}-{process_id}.log", "w")  # noqa: SIM115 (closed in _wait)
-    cmd = [sys.executable, "-c", _DRIVE, str(workdir), str(port), str(process_id),
-           str(num_processes)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        _DRIVE,
+        str(workdir),
+        str(port),
+        str(process_id),
+        str(num_processes),
+    ]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     proc.log = log
     return proc

@@ -43,8 +43,9 @@ class ScheduleTest(chex.TestCase):
                 self.assertAlmostEqual(ref, expected, places=12)  # the reference itself
             np.testing.assert_allclose(float(schedule(step)), ref, rtol=1e-5)
         for step in range(0, total + 1, 7):
-            np.testing.assert_allclose(float(schedule(step)), _reference_lr(step, total, warmup),
-                                       rtol=1e-5)  # fmt: skip
+            np.testing.assert_allclose(
+                float(schedule(step)), _reference_lr(step, total, warmup), rtol=1e-5
+            )
 
     def test_warmup_really_rises_then_decays(self):
         schedule = optimizer.make_schedule(_train_cfg(), 200)
@@ -68,8 +69,9 @@ class ChainTest(chex.TestCase):
     def test_gradients_clipped_to_global_norm(self):
         params = {"a": jnp.zeros(3), "b": jnp.zeros(2)}
         grads = {"a": jnp.array([3.0, 4.0, 0.0]), "b": jnp.array([0.0, 12.0])}  # norm 13
-        _, state = self._step(_train_cfg(optimizer="adam", weight_decay=0.0, grad_clip=1.0),
-                              params, grads, 1e-3)  # fmt: skip
+        _, state = self._step(
+            _train_cfg(optimizer="adam", weight_decay=0.0, grad_clip=1.0), params, grads, 1e-3
+        )
         mu = optax.tree_utils.tree_get(state, "mu")
         # Adam's first moment after one step is (1 - b1) * the clipped gradient.
         for key in grads:
@@ -79,8 +81,9 @@ class ChainTest(chex.TestCase):
         params = {"a": jnp.zeros(2)}
         grads = {"a": jnp.array([0.3, 0.4])}  # norm 0.5 < 1
         _, state = self._step(_train_cfg(optimizer="adam", weight_decay=0.0), params, grads, 1e-3)
-        np.testing.assert_allclose(optax.tree_utils.tree_get(state, "mu")["a"], [0.03, 0.04],
-                                   rtol=1e-6)  # fmt: skip
+        np.testing.assert_allclose(
+            optax.tree_utils.tree_get(state, "mu")["a"], [0.03, 0.04], rtol=1e-6
+        )
 
     def test_adamw_decay_is_decoupled(self):
         params, lr, wd = {"w": jnp.array([1.0, -2.0])}, 0.1, 0.5
@@ -95,8 +98,9 @@ class ChainTest(chex.TestCase):
         new, _ = self._step(_train_cfg(optimizer="adam", weight_decay=wd), params, zero, lr)
         # torch.optim.Adam: g = wd * p enters Adam, whose first step is lr * g / (|g| + eps).
         g = wd * np.array([1.0, -2.0])
-        np.testing.assert_allclose(new["w"], np.array([1.0, -2.0]) - lr * g / (np.abs(g) + 1e-8),
-                                   rtol=1e-6)  # fmt: skip
+        np.testing.assert_allclose(
+            new["w"], np.array([1.0, -2.0]) - lr * g / (np.abs(g) + 1e-8), rtol=1e-6
+        )
 
     def test_learning_rate_is_injected_and_readable(self):
         tx = optimizer.make_optimizer(_train_cfg())
@@ -104,8 +108,9 @@ class ChainTest(chex.TestCase):
         state = optimizer.with_learning_rate(tx.init(params), 0.25)
         _, state = tx.update({"w": jnp.ones(2)}, state, params)
         self.assertAlmostEqual(float(optimizer.learning_rate(state)), 0.25)
-        new, _ = self._step(_train_cfg(optimizer="adam", weight_decay=0.0), params,
-                            {"w": jnp.ones(2)}, 0.25)  # fmt: skip
+        new, _ = self._step(
+            _train_cfg(optimizer="adam", weight_decay=0.0), params, {"w": jnp.ones(2)}, 0.25
+        )
         np.testing.assert_allclose(new["w"], 1 - 0.25, rtol=1e-5)  # first Adam step = lr
 
 

@@ -34,14 +34,27 @@ def workdir(tmp_path_factory):
     x = np.zeros((1, config.data.lookback, len(config.data.features)), np.float32)
     params = jax.jit(module.init)(jax.random.key(0), x, None)["params"]
     for symbol in SYMBOLS:
-        checkpoint.save_series_model(os.path.join(path, "models", f"{symbol}-1h"), params,
-                                     {"config": config.to_dict()})  # fmt: skip
+        checkpoint.save_series_model(
+            os.path.join(path, "models", f"{symbol}-1h"), params, {"config": config.to_dict()}
+        )
     writers.write_json(os.path.join(path, "config.json"), config)
-    writers.write_results(path, {
-        "run": {}, "skipped": {"SOLUSDT-1h": "only 5 usable candles"},
-        "series": {f"{s}-1h": {"status": "trained", "epochs_run": 3, "best_val_loss": 0.1,
-                               "train_seconds": 1.0, "test": {"stale": True}} for s in SYMBOLS},
-    })  # fmt: skip
+    writers.write_results(
+        path,
+        {
+            "run": {},
+            "skipped": {"SOLUSDT-1h": "only 5 usable candles"},
+            "series": {
+                f"{s}-1h": {
+                    "status": "trained",
+                    "epochs_run": 3,
+                    "best_val_loss": 0.1,
+                    "train_seconds": 1.0,
+                    "test": {"stale": True},
+                }
+                for s in SYMBOLS
+            },
+        },
+    )
     return path
 
 
@@ -129,8 +142,13 @@ def test_models_saved_with_their_norm_are_scaled_with_it(workdir):
     module, params, _, _ = predict.load_model(os.path.join(workdir, "models", name))
     trained = config_lib.load("configs/gru.py:tiny")
     trained.data.normalization = "zscore"
-    saved = {"kind": "zscore", "mean": [10.0, 11.0, 9.0, 10.0], "std": [2.0, 2.0, 2.0, 2.0],
-             "feature_mean": [10.0, 11.0, 9.0, 10.0], "feature_std": [2.0, 2.0, 2.0, 2.0]}  # fmt: skip
+    saved = {
+        "kind": "zscore",
+        "mean": [10.0, 11.0, 9.0, 10.0],
+        "std": [2.0, 2.0, 2.0, 2.0],
+        "feature_mean": [10.0, 11.0, 9.0, 10.0],
+        "feature_std": [2.0, 2.0, 2.0, 2.0],
+    }
     loaded = {name: predict.LoadedModel(module, params, trained, saved)}
     preps, skipped = predict.prepare(config, loaded)
     assert not skipped

@@ -38,8 +38,13 @@ def _results(records):
     series = {}
     for i, (name, rec) in enumerate(records.items()):
         test = evaluate.score_prices(rec["last_candle"], rec["actual"], rec["predicted"])
-        series[name] = {"status": "stopped_early", "best_val_loss": 0.5 + i, "epochs_run": 3,
-                        "train_seconds": 1.25, "test": test}  # fmt: skip
+        series[name] = {
+            "status": "stopped_early",
+            "best_val_loss": 0.5 + i,
+            "epochs_run": 3,
+            "train_seconds": 1.25,
+            "test": test,
+        }
     return {
         "run": {"versions": {"jax": "0.10.2"}, "devices": ["cpu:0"], "wall_seconds": 9.5},
         "series": series,
@@ -48,9 +53,19 @@ def _results(records):
 
 
 def _history(names):
-    return [{"group": 0, "epoch": e, "series": list(names), "train_loss": [1.0 / e, None],
-             "val_loss": [1.5 / e, 2.0], "lr": 1e-3, "active": [True, True], "seconds": 0.1}
-            for e in (1, 2, 3)]  # fmt: skip
+    return [
+        {
+            "group": 0,
+            "epoch": e,
+            "series": list(names),
+            "train_loss": [1.0 / e, None],
+            "val_loss": [1.5 / e, 2.0],
+            "lr": 1e-3,
+            "active": [True, True],
+            "seconds": 0.1,
+        }
+        for e in (1, 2, 3)
+    ]
 
 
 def _config(plots=True):
@@ -84,8 +99,14 @@ def test_summary_counts_skill_and_significance():
     def entry(skill, p):
         return {"test": {"columns": {"close": {"skill": skill}}, "dm": {"p_value_better": p}}}
 
-    results = {"series": {"A-1h": entry(0.02, 0.01), "B-1h": entry(-0.005, 0.7),
-                          "C-1h": entry(0.001, 0.2), "D-1h": {"status": "diverged"}}}  # fmt: skip
+    results = {
+        "series": {
+            "A-1h": entry(0.02, 0.01),
+            "B-1h": entry(-0.005, 0.7),
+            "C-1h": entry(0.001, 0.2),
+            "D-1h": {"status": "diverged"},
+        }
+    }
     lines = report.summary_lines(results)
     assert "median +0.10%" in lines[0] and "positive on 2 of 3" in lines[0]
     assert "p < 0.05: 1 of 3" in lines[1]
@@ -98,8 +119,14 @@ def test_write_reports_files(tmp_path):
     records = {n: _record(n, i) for i, n in enumerate(names)}
     results = _results(records)
     out = io.StringIO()
-    path = report.write_reports(workdir, results, _config(), history=_history(names),
-                                forecasts=records, console=Console(file=out, width=250))  # fmt: skip
+    path = report.write_reports(
+        workdir,
+        results,
+        _config(),
+        history=_history(names),
+        forecasts=records,
+        console=Console(file=out, width=250),
+    )
     assert path == os.path.join(workdir, "report.md")
     printed = out.getvalue()
     assert "BTCUSDT-1h" in printed and "skipped LUNAUSDT-1h: only 10 usable candles" in printed
@@ -121,8 +148,14 @@ def test_forecasts_read_from_saved_files_and_stem(tmp_path):
     os.makedirs(os.path.join(workdir, "forecasts"))
     np.savez(os.path.join(workdir, "forecasts", "BTCUSDT-1h.npz"), **rec)
     results = _results({"BTCUSDT-1h": rec})
-    report.write_reports(workdir, results, _config(), history=[], stem="eval-20240101-000000",
-                         console=Console(file=io.StringIO()))  # fmt: skip
+    report.write_reports(
+        workdir,
+        results,
+        _config(),
+        history=[],
+        stem="eval-20240101-000000",
+        console=Console(file=io.StringIO()),
+    )
     folder = os.path.join(workdir, "plots", "eval-20240101-000000")
     assert sorted(os.listdir(folder)) == ["forecast-BTCUSDT-1h.png", "skill.png"]
     assert os.path.exists(os.path.join(workdir, "eval-20240101-000000.md"))
@@ -132,8 +165,13 @@ def test_forecasts_read_from_saved_files_and_stem(tmp_path):
 def test_plots_off(tmp_path):
     workdir = str(tmp_path)
     records = {"BTCUSDT-1h": _record("BTCUSDT-1h", 0)}
-    report.write_reports(workdir, _results(records), _config(plots=False), forecasts=records,
-                         console=Console(file=io.StringIO()))  # fmt: skip
+    report.write_reports(
+        workdir,
+        _results(records),
+        _config(plots=False),
+        forecasts=records,
+        console=Console(file=io.StringIO()),
+    )
     assert os.listdir(workdir) == ["report.md"]
 
 

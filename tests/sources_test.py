@@ -13,8 +13,16 @@ from cpbjax.data import sources, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTE_KEYS = {"candles", "first", "last", "gaps", "longest_gap", "dropped_rows", "months",
-             "failed_months"}  # fmt: skip
+NOTE_KEYS = {
+    "candles",
+    "first",
+    "last",
+    "gaps",
+    "longest_gap",
+    "dropped_rows",
+    "months",
+    "failed_months",
+}
 
 
 def _data(**overrides):
@@ -31,8 +39,11 @@ def fake_source():
     @sources.register("fake")
     def load_fake(data_cfg, pairs):
         calls.append(pairs)
-        loaded = {f"{s}-{i}": Series(s, i, np.zeros(1, np.int64), np.ones((1, 5)))
-                  for s, i in pairs if s != "ETHUSDT"}  # fmt: skip
+        loaded = {
+            f"{s}-{i}": Series(s, i, np.zeros(1, np.int64), np.ones((1, 5)))
+            for s, i in pairs
+            if s != "ETHUSDT"
+        }
         skipped = {"ETHUSDT-1h": "no data"}
         return loaded, skipped
 
@@ -43,8 +54,16 @@ def fake_source():
 def test_registry_order_and_unreported_series(fake_source):
     d = _data(source="fake", symbols=("SOLUSDT", "ETHUSDT", "BTCUSDT"), intervals=("1h", "15m"))
     series, skipped = sources.load_all(d)
-    assert fake_source == [[("SOLUSDT", "1h"), ("SOLUSDT", "15m"), ("ETHUSDT", "1h"),
-                            ("ETHUSDT", "15m"), ("BTCUSDT", "1h"), ("BTCUSDT", "15m")]]  # fmt: skip
+    assert fake_source == [
+        [
+            ("SOLUSDT", "1h"),
+            ("SOLUSDT", "15m"),
+            ("ETHUSDT", "1h"),
+            ("ETHUSDT", "15m"),
+            ("BTCUSDT", "1h"),
+            ("BTCUSDT", "15m"),
+        ]
+    ]
     assert [s.name for s in series] == ["SOLUSDT-1h", "SOLUSDT-15m", "BTCUSDT-1h", "BTCUSDT-15m"]
     assert skipped == {"ETHUSDT-1h": "no data", "ETHUSDT-15m": "the source returned nothing"}
 
@@ -58,8 +77,13 @@ def test_registering_a_name_twice_or_loading_an_unknown_source_fails(fake_source
 
 
 def test_synthetic_source_is_reproducible_and_validated():
-    d = _data(source="synthetic", symbols=("BTCUSDT", "PEPEUSDT"), synthetic_candles=700,
-              min_candles=500, max_candles=600)  # fmt: skip
+    d = _data(
+        source="synthetic",
+        symbols=("BTCUSDT", "PEPEUSDT"),
+        synthetic_candles=700,
+        min_candles=500,
+        max_candles=600,
+    )
     series, skipped = sources.load_all(d)
     again, _ = sources.load_all(d)
     assert skipped == {} and len(series) == 4
@@ -68,11 +92,14 @@ def test_synthetic_source_is_reproducible_and_validated():
         assert set(s.notes) >= NOTE_KEYS and s.notes["candles"] == 700 and s.notes["gaps"] == 0
         ref = synthetic.generate(s.symbol, s.interval, 700, sources.SYNTHETIC_SEED)
         np.testing.assert_array_equal(s.ohlcv, ref.ohlcv)
-    too_short, skipped = sources.load_all(_data(source="synthetic", symbols=("BTCUSDT",),
-                                                 synthetic_candles=100, min_candles=101))  # fmt: skip
+    too_short, skipped = sources.load_all(
+        _data(source="synthetic", symbols=("BTCUSDT",), synthetic_candles=100, min_candles=101)
+    )
     assert too_short == []
-    assert skipped == {n: "only 100 usable candles, need data.min_candles=101"
-                       for n in ("BTCUSDT-15m", "BTCUSDT-1h")}  # fmt: skip
+    assert skipped == {
+        n: "only 100 usable candles, need data.min_candles=101"
+        for n in ("BTCUSDT-15m", "BTCUSDT-1h")
+    }
 
 
 def _frame(symbol, n=30):
@@ -93,8 +120,13 @@ def test_local_source_csv_iso_parquet_ms_missing_and_bad_files(tmp_path):
     frame.insert(0, "timestamp", sol.open_time_ms)
     frame.loc[5, "high"] = frame.loc[5, "low"] / 2  # One invalid candle.
     frame.to_csv(tmp_path / "SOLUSDT-1h.csv", index=False)
-    d = _data(source="local", local_dir=str(tmp_path), intervals=("1h",), min_candles=20,
-              symbols=("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT"))  # fmt: skip
+    d = _data(
+        source="local",
+        local_dir=str(tmp_path),
+        intervals=("1h",),
+        min_candles=20,
+        symbols=("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT"),
+    )
     series, skipped = sources.load_all(d)
     by_name = {s.name: s for s in series}
     for ref in (btc, eth):
@@ -114,19 +146,36 @@ def test_one_bad_series_never_stops_the_others(tmp_path):
     bad = root / "data/spot/monthly/klines/ETHUSDT/1h/ETHUSDT-1h-2025-01.zip"
     csv = b"1735689600000,1,2,0.5,1.5,10,0,0,0,0,0,0\n1735689600000,1,2,0.5,1.6,10,0,0,0,0,0,0\n"
     synthetic.write_zip(str(bad), csv)  # Two different rows at one open_time.
-    d = _data(base_url=str(root), symbols=("BTCUSDT", "ETHUSDT"), intervals=("1h",), months=1,
-              end="2025-01", min_candles=100)  # fmt: skip
+    d = _data(
+        base_url=str(root),
+        symbols=("BTCUSDT", "ETHUSDT"),
+        intervals=("1h",),
+        months=1,
+        end="2025-01",
+        min_candles=100,
+    )
     series, skipped = sources.load_all(d)
     assert [s.name for s in series] == ["BTCUSDT-1h"]
     assert skipped["ETHUSDT-1h"].startswith("ETHUSDT-1h-2025-01.zip: 1 open_time(s) with different")
 
 
 def test_summary_lines_merge_runs_of_failed_months():
-    s = Series("BTCUSDT", "1h", np.zeros(1, np.int64), np.ones((1, 5)), {
-        "failed_months": {"2023-01": "missing", "2023-02": "missing", "2023-03": "missing",
-                          "2023-05": "missing", "2023-06": "HTTP 500"},
-        "dropped_rows": 2,
-    })  # fmt: skip
+    s = Series(
+        "BTCUSDT",
+        "1h",
+        np.zeros(1, np.int64),
+        np.ones((1, 5)),
+        {
+            "failed_months": {
+                "2023-01": "missing",
+                "2023-02": "missing",
+                "2023-03": "missing",
+                "2023-05": "missing",
+                "2023-06": "HTTP 500",
+            },
+            "dropped_rows": 2,
+        },
+    )
     lines = sources.summary_lines([s], {"ETHUSDT-1h": "no data"})
     assert lines == [
         "ETHUSDT-1h: skipped: no data",
@@ -137,9 +186,20 @@ def test_summary_lines_merge_runs_of_failed_months():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "cpbjax.data", "--config",
-                           os.path.join(REPO, "configs/transformer.py:tiny"), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cpbjax.data",
+            "--config",
+            os.path.join(REPO, "configs/transformer.py:tiny"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 def test_cli_prints_one_row_per_series_and_rejects_bad_config():
@@ -147,8 +207,12 @@ def test_cli_prints_one_row_per_series_and_rejects_bad_config():
     assert done.returncode == 0, done.stderr
     rows = done.stdout.splitlines()
     assert rows[0].split()[:4] == ["series", "candles", "first", "last"]
-    assert [r.split()[0] for r in rows[1:5]] == ["BTCUSDT-15m", "BTCUSDT-1h", "PEPEUSDT-15m",
-                                                  "PEPEUSDT-1h"]  # fmt: skip
+    assert [r.split()[0] for r in rows[1:5]] == [
+        "BTCUSDT-15m",
+        "BTCUSDT-1h",
+        "PEPEUSDT-15m",
+        "PEPEUSDT-1h",
+    ]
     assert rows[1].split()[1] == "1400" and rows[1].split()[-1] == "ok"
     short = _cli("--config.data.symbols=('BTCUSDT',)", "--config.data.synthetic_candles=500")
     assert short.returncode == 0, short.stderr

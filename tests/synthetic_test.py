@@ -114,13 +114,16 @@ def test_write_vision_mirror_layout_checksums_and_units(tmp_path):
 
 
 def test_write_vision_mirror_daily_files(tmp_path):
-    synthetic.write_vision_mirror(str(tmp_path), ["ETHUSDT"], ["15m"], ["2025-01"],
-                                  days=["2025-02-01", "2025-02-02"])  # fmt: skip
+    synthetic.write_vision_mirror(
+        str(tmp_path), ["ETHUSDT"], ["15m"], ["2025-01"], days=["2025-02-01", "2025-02-02"]
+    )
     daily = tmp_path / "data/spot/daily/klines/ETHUSDT/15m"
     assert sorted(os.listdir(daily)) == [
-        "ETHUSDT-15m-2025-02-01.zip", "ETHUSDT-15m-2025-02-01.zip.CHECKSUM",
-        "ETHUSDT-15m-2025-02-02.zip", "ETHUSDT-15m-2025-02-02.zip.CHECKSUM",
-    ]  # fmt: skip
+        "ETHUSDT-15m-2025-02-01.zip",
+        "ETHUSDT-15m-2025-02-01.zip.CHECKSUM",
+        "ETHUSDT-15m-2025-02-02.zip",
+        "ETHUSDT-15m-2025-02-02.zip.CHECKSUM",
+    ]
     _, text = _read_zip(daily / "ETHUSDT-15m-2025-02-02.zip")
     assert len(text.splitlines()) == 96
     # The monthly file ends where the first daily file begins: one gap-free series.

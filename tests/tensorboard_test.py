@@ -18,20 +18,34 @@ SERIES = ["BTCUSDT-1h", "ETHUSDT-15m"]
 
 
 def _record(epoch, train, val, best, **extra):
-    return {"group": "group-000", "epoch": epoch, "series": SERIES, "train_loss": train,
-            "val_loss": val, "best_val_loss": best, "lr": 0.001, "active": [True, False],
-            "seconds": 1.5, **extra}  # fmt: skip
+    return {
+        "group": "group-000",
+        "epoch": epoch,
+        "series": SERIES,
+        "train_loss": train,
+        "val_loss": val,
+        "best_val_loss": best,
+        "lr": 0.001,
+        "active": [True, False],
+        "seconds": 1.5,
+        **extra,
+    }
 
 
 # Epoch 1: ETH's val loss is None (non-finite in metrics.jsonl), lr_scale present.
 RECORD_1 = _record(1, [0.5, 0.25], [0.1, None], [0.1, None], lr_scale=[1.0, 0.5])
 # Every scalar TensorBoard must hold for RECORD_1 (float32, as simple_value stores it).
 EXPECTED_1 = {
-    "train_loss/BTCUSDT-1h": 0.5, "train_loss/ETHUSDT-15m": 0.25,
-    "val_loss/BTCUSDT-1h": 0.1, "best_val_loss/BTCUSDT-1h": 0.1,
-    "lr_scale/BTCUSDT-1h": 1.0, "lr_scale/ETHUSDT-15m": 0.5,
-    "lr": 0.001, "active_series": 1.0, "epoch_seconds": 1.5,
-}  # fmt: skip
+    "train_loss/BTCUSDT-1h": 0.5,
+    "train_loss/ETHUSDT-15m": 0.25,
+    "val_loss/BTCUSDT-1h": 0.1,
+    "best_val_loss/BTCUSDT-1h": 0.1,
+    "lr_scale/BTCUSDT-1h": 1.0,
+    "lr_scale/ETHUSDT-15m": 0.5,
+    "lr": 0.001,
+    "active_series": 1.0,
+    "epoch_seconds": 1.5,
+}
 
 
 # ---- an independent reader: TFRecord framing and protobuf wire format, written plainly ----
@@ -163,10 +177,16 @@ def test_events_decode_to_the_record(tmp_path):
     assert events[1]["session_status"] == 1 and events[1]["step"] == 1  # START
     assert [e["step"] for e in events[2:]] == [1, 2]
     assert events[2]["values"] == _float32(EXPECTED_1)
-    assert events[3]["values"] == _float32({
-        "train_loss/ETHUSDT-15m": 0.2, "best_val_loss/BTCUSDT-1h": 0.1,
-        "best_val_loss/ETHUSDT-15m": 0.3, "lr": 0.001, "active_series": 1, "epoch_seconds": 1.5,
-    })  # fmt: skip
+    assert events[3]["values"] == _float32(
+        {
+            "train_loss/ETHUSDT-15m": 0.2,
+            "best_val_loss/BTCUSDT-1h": 0.1,
+            "best_val_loss/ETHUSDT-15m": 0.3,
+            "lr": 0.001,
+            "active_series": 1,
+            "epoch_seconds": 1.5,
+        }
+    )
     for event in events:
         assert before <= event["wall_time"] <= after
 

@@ -110,13 +110,20 @@ def test_vmapped_group_equals_separate_one_coin_trainings():
         single, single_history = run_group(single_trainer, [prep], [i])
         single = jax.device_get(single)
         _assert_trees_close(_coin(group.params, i), _coin(single.params, 0), **CROSS_PROGRAM)
-        _assert_trees_close(_coin(group.best_params, i), _coin(single.best_params, 0),
-                            **CROSS_PROGRAM)  # fmt: skip
-        np.testing.assert_allclose([m["val_loss"][i] for m in history],
-                                   [m["val_loss"][0] for m in single_history], rtol=1e-4)  # fmt: skip
+        _assert_trees_close(
+            _coin(group.best_params, i), _coin(single.best_params, 0), **CROSS_PROGRAM
+        )
+        np.testing.assert_allclose(
+            [m["val_loss"][i] for m in history],
+            [m["val_loss"][0] for m in single_history],
+            rtol=1e-4,
+        )
         # Training moved the params, so the equality above is not init == init.
-        moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), _coin(group.params, i),
-                             _coin(jax.device_get(fresh.params), i))  # fmt: skip
+        moved = jax.tree.map(
+            lambda a, b: np.abs(a - b).max(),
+            _coin(group.params, i),
+            _coin(jax.device_get(fresh.params), i),
+        )
         assert max(jax.tree.leaves(moved)) > 1e-3
 
 
@@ -175,11 +182,15 @@ def test_diverging_coin_is_frozen_and_never_poisons_the_others():
     _assert_trees_close(_coin(state.params, 1), _coin(state.best_params, 1), rtol=0, atol=0)
     chex.assert_tree_all_finite(state.params)
     for i in (0, 2):  # bit for bit what they learn without the poisoned coin
-        for x, y in zip(jax.tree.leaves(_coin(state.params, i)),
-                        jax.tree.leaves(_coin(clean.params, i)), strict=True):  # fmt: skip
+        for x, y in zip(
+            jax.tree.leaves(_coin(state.params, i)),
+            jax.tree.leaves(_coin(clean.params, i)),
+            strict=True,
+        ):
             np.testing.assert_array_equal(x, y)
-        np.testing.assert_array_equal([m["val_loss"][i] for m in history],
-                                      [m["val_loss"][i] for m in clean_group_run()[1]])  # fmt: skip
+        np.testing.assert_array_equal(
+            [m["val_loss"][i] for m in history], [m["val_loss"][i] for m in clean_group_run()[1]]
+        )
 
 
 def _reference_early_stopping(vals, patience):
@@ -202,12 +213,15 @@ def _reference_early_stopping(vals, patience):
 def test_early_stopping_bookkeeping_matches_a_plain_reference():
     trainer = group_trainer()
     patience = make_config().train.patience
-    vals = np.array([
-        [1.0, 0.9, 0.95, 0.97, 0.99, 0.5],  # stops after `patience` epochs without improving
-        [1.0, np.nan, 0.1, 0.1, 0.1, 0.1],  # diverges at epoch 2
-        [3.0, 2.0, 1.0, 0.5, 0.4, 0.3],  # improves every epoch
-        [9.0] * 6,  # a padded coin (inactive from the start)
-    ], np.float32)  # fmt: skip
+    vals = np.array(
+        [
+            [1.0, 0.9, 0.95, 0.97, 0.99, 0.5],  # stops after `patience` epochs without improving
+            [1.0, np.nan, 0.1, 0.1, 0.1, 0.1],  # diverges at epoch 2
+            [3.0, 2.0, 1.0, 0.5, 0.4, 0.3],  # improves every epoch
+            [9.0] * 6,  # a padded coin (inactive from the start)
+        ],
+        np.float32,
+    )
     arrays = trainer.stack(list(preps()))
     state = trainer.init_state(train.coin_keys(0, range(NUM_COINS)), arrays)
     init_params = jax.device_get(state.params)
@@ -238,8 +252,12 @@ def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
     config = make_config()
     config.train.reduce_on_plateau, config.train.plateau_patience = True, 2
     config.train.plateau_factor = 0.5
-    trainer = train.GroupTrainer(config, models.build(models.make_config(config)), NUM_COINS,
-                                 train.coin_mesh(jax.devices()[:1]))  # fmt: skip
+    trainer = train.GroupTrainer(
+        config,
+        models.build(models.make_config(config)),
+        NUM_COINS,
+        train.coin_mesh(jax.devices()[:1]),
+    )
     # The plateau state always exists, so the shared trainer's fresh state fits this one.
     shared = group_trainer()
     state = shared.init_state(train.coin_keys(0, range(NUM_COINS)), shared.stack(list(preps())))
@@ -247,8 +265,9 @@ def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
     scales = []
     for e in range(3):
         val_K = jnp.asarray(vals[:, e])
-        state, metrics = trainer._end_epoch(state, state.params, state.opt_state, val_K, val_K,
-                                            jnp.zeros(NUM_COINS, bool))  # fmt: skip
+        state, metrics = trainer._end_epoch(
+            state, state.params, state.opt_state, val_K, val_K, jnp.zeros(NUM_COINS, bool)
+        )
         scales.append(np.asarray(metrics["lr_scale"])[:3].tolist())
     # Two epochs without improvement halve the rate; an improving coin keeps 1.
     assert scales == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.5, 1.0, 0.5]]
@@ -282,14 +301,19 @@ def _env(**extra):
 def test_sharded_over_four_devices_equals_one_device(tmp_path):
     out = str(tmp_path / "sharded.npz")
     env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    proc = subprocess.run([sys.executable, "-c", _SHARDED, out], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHARDED, out],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     clean, history = clean_group_run()
     with np.load(out) as z:
         leaves = [z[f"arr_{i}"] for i in range(len(jax.tree.leaves(clean.params)))]
-        np.testing.assert_allclose(z["val"], np.stack([m["val_loss"] for m in history]),
-                                   rtol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(z["val"], np.stack([m["val_loss"] for m in history]), rtol=1e-5)
     _assert_trees_close(leaves, jax.tree.leaves(clean.params), **CROSS_PROGRAM)
 
 
@@ -336,9 +360,10 @@ def driver_env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("jax-cache")
     return _env(
         XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
-        JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_COMPILATION_CACHE_DIR=str(cache),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )  # fmt: skip
+    )
 
 
 def _drive(workdir, env):
@@ -369,11 +394,14 @@ def full_run(driver_env, tmp_path_factory):
 def _comparable(workdir):
     """results.json without wall-clock fields, and metrics.jsonl without seconds."""
     results = writers.read_json(os.path.join(workdir, "results.json"))
-    series = {n: {k: v for k, v in e.items() if k not in TIMING}
-              for n, e in results["series"].items()}  # fmt: skip
+    series = {
+        n: {k: v for k, v in e.items() if k not in TIMING} for n, e in results["series"].items()
+    }
     run = {k: v for k, v in results["run"].items() if k not in ("started", "wall_seconds")}
-    metrics = [{k: v for k, v in r.items() if k != "seconds"}
-               for r in writers.MetricsLog(str(workdir)).records()]  # fmt: skip
+    metrics = [
+        {k: v for k, v in r.items() if k != "seconds"}
+        for r in writers.MetricsLog(str(workdir)).records()
+    ]
     return {"run": run, "series": series, "skipped": results["skipped"]}, metrics
 
 

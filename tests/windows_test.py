@@ -16,9 +16,19 @@ from cpbjax.data.series import Series, SeriesSkipped
 STEP_MS = config_lib.INTERVAL_MS["1h"]
 L, H = 8, 3
 INDICATORS = (
-    "open", "high", "low", "close", "volume_norm", "rsi", "macd", "macd_signal",
-    "bb_upper", "bb_lower", "bb_width", "log_return",
-)  # fmt: skip
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume_norm",
+    "rsi",
+    "macd",
+    "macd_signal",
+    "bb_upper",
+    "bb_lower",
+    "bb_width",
+    "log_return",
+)
 NORMALIZATIONS = ("last_close", "zscore", "candle_minmax")
 
 
@@ -109,8 +119,15 @@ class GatherTest(chex.TestCase):
             group.inputs, group.targets, group.anchor, group.price_mask, ends_KB
         )
         for k, prep in enumerate(preps):
-            x, y = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
-                                  prep.ends["train"][5:21], L, H)  # fmt: skip
+            x, y = windows.gather(
+                prep.inputs,
+                prep.targets,
+                prep.anchor,
+                prep.price_mask,
+                prep.ends["train"][5:21],
+                L,
+                H,
+            )
             np.testing.assert_array_equal(x_KBLF[k], x)
             np.testing.assert_array_equal(y_KBHC[k], y)
 
@@ -121,16 +138,18 @@ def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
     actual = windows.actual_prices(prep, ends, H)
     y_true = np.log(actual / prep.ohlc[ends, 3][:, None, None])  # float64, on the host
     np.testing.assert_allclose(windows.to_prices(prep, ends, y_true), actual, rtol=1e-12)
-    _, y_device = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
-                                 ends, L, H)  # fmt: skip
+    _, y_device = windows.gather(
+        prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H
+    )
     np.testing.assert_allclose(windows.to_prices(prep, ends, y_device), actual, rtol=2e-6)
 
 
 def test_zscore_round_trip_on_device():
     prep = windows.prepare_series(_series(), _data_cfg(normalization="zscore"))
     ends = prep.ends["val"]
-    _, y_device = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
-                                 ends, L, H)  # fmt: skip
+    _, y_device = windows.gather(
+        prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H
+    )
     np.testing.assert_allclose(
         windows.to_prices(prep, ends, y_device), windows.actual_prices(prep, ends, H), rtol=1e-5
     )
@@ -145,8 +164,9 @@ def test_candle_minmax_has_no_prices():
 def _train_view(prep):
     """Everything training reads: train ends and the rows, inputs and targets they touch."""
     n_train = prep.ends["train"][-1] + H + 1
-    x, y = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask,
-                          prep.ends["train"], L, H)  # fmt: skip
+    x, y = windows.gather(
+        prep.inputs, prep.targets, prep.anchor, prep.price_mask, prep.ends["train"], L, H
+    )
     return prep.ends["train"], prep.inputs[:n_train], prep.targets[:n_train], x, y
 
 
@@ -201,8 +221,9 @@ def test_a_saved_norm_scales_new_data_as_training_did(kind):
         np.testing.assert_allclose(prep.targets, targets, rtol=1e-5, atol=1e-5)
         ends = prep.ends["test"]
         _, y = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H)
-        np.testing.assert_allclose(windows.to_prices(prep, ends, y),
-                                   windows.actual_prices(prep, ends, H), rtol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            windows.to_prices(prep, ends, y), windows.actual_prices(prep, ends, H), rtol=1e-5
+        )
     with pytest.raises(ValueError, match="feature_mean/feature_std do not fit 4 columns"):
         windows.prepare_series(new, _data_cfg(normalization=kind), fitted_norm=saved)
 

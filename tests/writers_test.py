@@ -14,15 +14,28 @@ from cpbjax import writers
 def test_to_jsonable_converts_numpy_nan_tuples_and_configs():
     cfg = ml_collections.ConfigDict({"a": (1, 2), "b": {"c": 0.5}})
     value = {
-        "f": np.float32(0.25), "i": np.int64(3), "b": np.bool_(True), "nan": float("nan"),
-        "inf": np.float64(np.inf), "arr": np.array([[1.0, np.nan]]), "t": ("x", 1),
-        "cfg": cfg, 7: None,
-    }  # fmt: skip
+        "f": np.float32(0.25),
+        "i": np.int64(3),
+        "b": np.bool_(True),
+        "nan": float("nan"),
+        "inf": np.float64(np.inf),
+        "arr": np.array([[1.0, np.nan]]),
+        "t": ("x", 1),
+        "cfg": cfg,
+        7: None,
+    }
     out = writers.to_jsonable(value)
     assert out == {
-        "f": 0.25, "i": 3, "b": True, "nan": None, "inf": None, "arr": [[1.0, None]],
-        "t": ["x", 1], "cfg": {"a": [1, 2], "b": {"c": 0.5}}, "7": None,
-    }  # fmt: skip
+        "f": 0.25,
+        "i": 3,
+        "b": True,
+        "nan": None,
+        "inf": None,
+        "arr": [[1.0, None]],
+        "t": ["x", 1],
+        "cfg": {"a": [1, 2], "b": {"c": 0.5}},
+        "7": None,
+    }
     json.dumps(out, allow_nan=False)
 
 
@@ -95,9 +108,17 @@ def test_missing_metrics_file_has_no_records(tmp_path):
     assert writers.MetricsLog(str(tmp_path)).records() == []
 
 
-RECORD = {"group": "group-000", "epoch": 2, "series": ["A-1h", "B-1h"],
-          "train_loss": [0.2, None], "val_loss": [0.3, None], "best_val_loss": [0.25, 0.5],
-          "lr": 1e-3, "active": [True, False], "seconds": 0.5}  # fmt: skip
+RECORD = {
+    "group": "group-000",
+    "epoch": 2,
+    "series": ["A-1h", "B-1h"],
+    "train_loss": [0.2, None],
+    "val_loss": [0.3, None],
+    "best_val_loss": [0.25, 0.5],
+    "lr": 1e-3,
+    "active": [True, False],
+    "seconds": 0.5,
+}
 
 
 def test_plain_progress_logs_one_line_per_epoch(caplog):

@@ -33,9 +33,19 @@ def table_rows(data_cfg, series, skipped) -> list[tuple[str, ...]]:
         status = "ok" if not failed else "partly loaded: " + sources.format_failed(failed)
         if n.get("dropped_rows"):
             status += f" ({n['dropped_rows']} invalid candles dropped)"
-        rows.append((name, str(n["candles"]), n["first"][:16], n["last"][:16], str(n["gaps"]),
-                     str(n["longest_gap"]), str(len(n.get("months", []))), str(len(failed)),
-                     status))  # fmt: skip
+        rows.append(
+            (
+                name,
+                str(n["candles"]),
+                n["first"][:16],
+                n["last"][:16],
+                str(n["gaps"]),
+                str(n["longest_gap"]),
+                str(len(n.get("months", []))),
+                str(len(failed)),
+                status,
+            )
+        )
     return rows
 
 

@@ -179,8 +179,9 @@ class DirMirror:
 
     def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
         """Every month present up to `end`, newest first (a listing costs nothing)."""
-        return sorted((p for p in self._present(symbol, interval, "monthly") if p <= end),
-                      reverse=True)  # fmt: skip
+        return sorted(
+            (p for p in self._present(symbol, interval, "monthly") if p <= end), reverse=True
+        )
 
     def daily_candidates(self, symbol: str, interval: str, days: list[str]) -> list[str]:
         """The days among `days` (newest first) that are present."""
@@ -214,12 +215,19 @@ class DirMirror:
 def make_session(workers: int, retries: int) -> requests.Session:
     """A requests Session whose adapter retries with urllib3 `Retry` (module constants)."""
     retry = urllib3.Retry(
-        total=retries, connect=retries, read=retries, status=retries, other=0,
-        backoff_factor=BACKOFF_FACTOR, backoff_jitter=BACKOFF_JITTER_S,
-        backoff_max=BACKOFF_MAX_S, retry_after_max=max(1, int(BACKOFF_MAX_S)),
-        status_forcelist=RETRY_STATUSES, allowed_methods=frozenset({"GET"}),
+        total=retries,
+        connect=retries,
+        read=retries,
+        status=retries,
+        other=0,
+        backoff_factor=BACKOFF_FACTOR,
+        backoff_jitter=BACKOFF_JITTER_S,
+        backoff_max=BACKOFF_MAX_S,
+        retry_after_max=max(1, int(BACKOFF_MAX_S)),
+        status_forcelist=RETRY_STATUSES,
+        allowed_methods=frozenset({"GET"}),
         raise_on_status=False,
-    )  # fmt: skip
+    )
     session = requests.Session()
     adapter = HTTPAdapter(max_retries=retry, pool_connections=1, pool_maxsize=workers)
     session.mount("http://", adapter)
@@ -333,11 +341,14 @@ class Progress:
         self._bar = None
         if mode == "rich":
             self._bar = rich_progress.Progress(
-                rich_progress.TextColumn("klines"), rich_progress.BarColumn(),
-                rich_progress.MofNCompleteColumn(), rich_progress.TextColumn("files"),
+                rich_progress.TextColumn("klines"),
+                rich_progress.BarColumn(),
+                rich_progress.MofNCompleteColumn(),
+                rich_progress.TextColumn("files"),
                 rich_progress.TextColumn("{task.fields[mb]:.1f} MB"),
-                rich_progress.TimeRemainingColumn(), transient=True,
-            )  # fmt: skip
+                rich_progress.TimeRemainingColumn(),
+                transient=True,
+            )
             self._task = self._bar.add_task("klines", total=0, mb=0.0)
 
     def __enter__(self):
@@ -377,8 +388,13 @@ class Progress:
             return
         self._last_log = now
         eta = (now - self._start) / self._done * (self._files - self._done)
-        logging.info("klines: %d/%d files, %.1f MB, ETA %.0f s", self._done, self._files,
-                     self._bytes / 1e6, eta)  # fmt: skip
+        logging.info(
+            "klines: %d/%d files, %.1f MB, ETA %.0f s",
+            self._done,
+            self._files,
+            self._bytes / 1e6,
+            eta,
+        )
 
 
 def open_mirror(data_cfg):

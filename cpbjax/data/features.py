@@ -51,10 +51,24 @@ ATR_PERIOD = 14
 VOLUME_PERIOD = 20
 
 NAMES = (
-    "open", "high", "low", "close", "volume", "log_return", "rsi", "macd", "macd_signal",
-    "roc", "bb_upper", "bb_lower", "bb_width", "bb_position", "volatility", "atr",
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume",
+    "log_return",
+    "rsi",
+    "macd",
+    "macd_signal",
+    "roc",
+    "bb_upper",
+    "bb_lower",
+    "bb_width",
+    "bb_position",
+    "volatility",
+    "atr",
     "volume_norm",
-)  # fmt: skip
+)
 
 
 def smoothed(x_T: np.ndarray, start: int, period: int, alpha: float) -> np.ndarray:
@@ -78,8 +92,9 @@ def smoothed(x_T: np.ndarray, start: int, period: int, alpha: float) -> np.ndarr
     rest = x_T[seed_row + 1 :]
     if len(rest):
         # Direct form II transposed: y_0 = a * x_0 + zi, so zi = (1 - a) * seed.
-        y_T[seed_row + 1 :], _ = signal.lfilter([alpha], [1.0, alpha - 1.0], rest,
-                                                zi=[(1.0 - alpha) * seed])  # fmt: skip
+        y_T[seed_row + 1 :], _ = signal.lfilter(
+            [alpha], [1.0, alpha - 1.0], rest, zi=[(1.0 - alpha) * seed]
+        )
     return y_T
 
 
@@ -153,8 +168,9 @@ class _Indicators:
     @functools.cached_property
     def bb_position(self):
         width = self.bb_upper - self.bb_lower
-        out = np.divide(self.close - self.bb_lower, width, out=np.full_like(width, 0.5),
-                        where=width > 0)  # fmt: skip
+        out = np.divide(
+            self.close - self.bb_lower, width, out=np.full_like(width, 0.5), where=width > 0
+        )
         return np.where(np.isnan(width), np.nan, out)
 
     @functools.cached_property
@@ -164,8 +180,10 @@ class _Indicators:
     @functools.cached_property
     def atr(self):
         prev_close = np.concatenate([[np.nan], self.close[:-1]])
-        true_range = np.fmax(self.high - self.low, np.maximum(np.abs(self.high - prev_close),
-                                                              np.abs(self.low - prev_close)))  # fmt: skip
+        true_range = np.fmax(
+            self.high - self.low,
+            np.maximum(np.abs(self.high - prev_close), np.abs(self.low - prev_close)),
+        )
         return _wilder(true_range, 1, ATR_PERIOD)
 
     @functools.cached_property

@@ -67,8 +67,14 @@ def read_kline_csv(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     header = not first_field.lstrip(b"-").isdigit()
     dtypes = {0: np.int64, **{j: np.float64 for j in range(1, 6)}}
     try:
-        frame = pd.read_csv(io.BytesIO(data), header=None, skiprows=int(header),
-                            usecols=range(6), dtype=dtypes, engine="c")  # fmt: skip
+        frame = pd.read_csv(
+            io.BytesIO(data),
+            header=None,
+            skiprows=int(header),
+            usecols=range(6),
+            dtype=dtypes,
+            engine="c",
+        )
     except (ValueError, pd.errors.ParserError) as e:
         raise KlineError(f"{name}: not a 12-column kline CSV ({e})") from e
     times = epoch_to_ms(frame[0].to_numpy(), name)
@@ -207,8 +213,9 @@ def build_series(symbol: str, interval: str, parts, data_cfg, notes: dict | None
     name = f"{symbol}-{interval}"
     if not parts:
         raise SeriesSkipped("no candles")
-    times, ohlcv = sort_dedupe(np.concatenate([p[0] for p in parts]),
-                               np.concatenate([p[1] for p in parts]), name)  # fmt: skip
+    times, ohlcv = sort_dedupe(
+        np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), name
+    )
     step = INTERVAL_MS[interval]
     times, ohlcv, dropped = _apply_bad_rows(times, ohlcv, step, data_cfg.bad_rows)
     if len(times) < data_cfg.min_candles:
@@ -217,8 +224,14 @@ def build_series(symbol: str, interval: str, parts, data_cfg, notes: dict | None
         )
     gaps, longest = gap_stats(times, step)
     notes = dict(notes or {})
-    notes.update(candles=len(times), first=iso(times[0]), last=iso(times[-1]), gaps=gaps,
-                 longest_gap=longest, dropped_rows=dropped)  # fmt: skip
+    notes.update(
+        candles=len(times),
+        first=iso(times[0]),
+        last=iso(times[-1]),
+        gaps=gaps,
+        longest_gap=longest,
+        dropped_rows=dropped,
+    )
     notes.setdefault("months", months_of(times))
     notes.setdefault("failed_months", {})
     return Series(symbol, interval, times, ohlcv, notes)

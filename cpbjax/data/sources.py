@@ -101,8 +101,12 @@ def format_failed(failed: dict[str, str]) -> str:
     runs = []  # [first, last, reason]
     for period, reason in sorted(failed.items()):
         last = runs[-1] if runs else None
-        if (last and last[2] == reason and len(last[1]) == len(period)
-                and _period_index(last[1]) + 1 == _period_index(period)):  # fmt: skip
+        if (
+            last
+            and last[2] == reason
+            and len(last[1]) == len(period)
+            and _period_index(last[1]) + 1 == _period_index(period)
+        ):
             last[1] = period
         else:
             runs.append([period, period, reason])

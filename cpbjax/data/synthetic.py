@@ -38,18 +38,42 @@ _YEAR_MS = 365 * 86_400_000
 _HOUR_MS = 3_600_000
 # Base asset -> (typical price in USDT, annualised volatility).
 _PROFILES = {
-    "BTC": (60_000.0, 0.55), "ETH": (3_000.0, 0.70), "BNB": (500.0, 0.60),
-    "XRP": (0.6, 0.85), "LTC": (80.0, 0.80), "ADA": (0.5, 0.85), "SOL": (150.0, 0.95),
-    "DOGE": (0.15, 1.00), "AVAX": (30.0, 1.00), "LINK": (15.0, 0.90), "UNI": (8.0, 0.95),
-    "ATOM": (8.0, 0.90), "NEAR": (5.0, 1.00), "DYDX": (2.0, 1.10), "ARB": (1.0, 1.00),
-    "OP": (2.0, 1.05), "PEPE": (1e-5, 1.30), "INJ": (25.0, 1.10), "SHIB": (2e-5, 1.10),
+    "BTC": (60_000.0, 0.55),
+    "ETH": (3_000.0, 0.70),
+    "BNB": (500.0, 0.60),
+    "XRP": (0.6, 0.85),
+    "LTC": (80.0, 0.80),
+    "ADA": (0.5, 0.85),
+    "SOL": (150.0, 0.95),
+    "DOGE": (0.15, 1.00),
+    "AVAX": (30.0, 1.00),
+    "LINK": (15.0, 0.90),
+    "UNI": (8.0, 0.95),
+    "ATOM": (8.0, 0.90),
+    "NEAR": (5.0, 1.00),
+    "DYDX": (2.0, 1.10),
+    "ARB": (1.0, 1.00),
+    "OP": (2.0, 1.05),
+    "PEPE": (1e-5, 1.30),
+    "INJ": (25.0, 1.10),
+    "SHIB": (2e-5, 1.10),
     "LUNA": (0.6, 1.20),
-}  # fmt: skip
+}
 _QUOTES = ("USDT", "USDC", "FDUSD", "BUSD", "TUSD", "BTC", "ETH", "BNB", "EUR", "TRY")
 _COLUMNS = (
-    "open_time", "open", "high", "low", "close", "volume", "close_time", "quote_volume",
-    "trades", "taker_buy_base_volume", "taker_buy_quote_volume", "ignore",
-)  # fmt: skip
+    "open_time",
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume",
+    "close_time",
+    "quote_volume",
+    "trades",
+    "taker_buy_base_volume",
+    "taker_buy_quote_volume",
+    "ignore",
+)
 
 
 def _rng(seed: int, *names: str) -> np.random.Generator:
@@ -104,8 +128,9 @@ def _candles(log_p0: float, r_T: np.ndarray, sigma_T: np.ndarray, rng) -> np.nda
     return np.stack([o, h, low, c], axis=1)
 
 
-def generate(symbol: str, interval: str, n_candles: int, seed: int = DEFAULT_SEED,
-             end_ms: int = END_MS) -> Series:  # fmt: skip
+def generate(
+    symbol: str, interval: str, n_candles: int, seed: int = DEFAULT_SEED, end_ms: int = END_MS
+) -> Series:
     """Generates one synthetic series, deterministic for each (seed, symbol, interval).
 
     Args:
@@ -156,7 +181,7 @@ def kline_csv(times_ms: np.ndarray, ohlcv: np.ndarray, interval: str, microsecon
             "taker_buy_base_volume": 0.0,
             "taker_buy_quote_volume": 0.0,
             "ignore": 0,
-        }  # fmt: skip
+        }
     )
     return frame[list(_COLUMNS)].to_csv(header=False, index=False, float_format="%.8f").encode()
 
@@ -182,8 +207,9 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_vision_mirror(root: str, symbols, intervals, months, seed: int = DEFAULT_SEED,
-                        days=()) -> list[str]:  # fmt: skip
+def write_vision_mirror(
+    root: str, symbols, intervals, months, seed: int = DEFAULT_SEED, days=()
+) -> list[str]:
     """Writes synthetic klines in the Binance Vision layout, with CHECKSUM files.
 
     Files are root/data/spot/{monthly,daily}/klines/<SYM>/<INT>/<SYM>-<INT>-<period>.zip.
@@ -209,8 +235,9 @@ def write_vision_mirror(root: str, symbols, intervals, months, seed: int = DEFAU
             s = generate(symbol, interval, (end - start) // step, seed, end - 1)
             for (kind, period), (lo, hi) in zip(periods, bounds, strict=True):
                 rows = (s.open_time_ms >= lo) & (s.open_time_ms < hi)
-                csv = kline_csv(s.open_time_ms[rows], s.ohlcv[rows], interval,
-                                period[:7] >= MICROSECONDS_FROM)  # fmt: skip
+                csv = kline_csv(
+                    s.open_time_ms[rows], s.ohlcv[rows], interval, period[:7] >= MICROSECONDS_FROM
+                )
                 name = f"{symbol}-{interval}-{period}.zip"
                 path = os.path.join(root, "data", "spot", kind, "klines", symbol, interval, name)
                 write_zip(path, csv)

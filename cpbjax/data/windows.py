@@ -179,8 +179,10 @@ def _fitted_stats(fitted: dict, mean_key: str, std_key: str, width: int):
     """(mean, std) float64 [width] of a saved `norm`, checked against the column count."""
     mu, sd = np.asarray(fitted[mean_key], np.float64), np.asarray(fitted[std_key], np.float64)
     if mu.shape != (width,) or sd.shape != (width,) or not (sd > 0).all():
-        raise ValueError(f"saved normalisation {mean_key}/{std_key} do not fit {width} columns "
-                         f"with std > 0: {mu.tolist()}, {sd.tolist()}")  # fmt: skip
+        raise ValueError(
+            f"saved normalisation {mean_key}/{std_key} do not fit {width} columns "
+            f"with std > 0: {mu.tolist()}, {sd.tolist()}"
+        )
     return mu, sd
 
 
@@ -240,23 +242,27 @@ def _fitted_aux_stats(fitted: dict, names: tuple) -> tuple[np.ndarray, np.ndarra
     saved = list(fitted.get("aux_targets", ()))
     missing = [n for n in names if n not in saved]
     if missing:
-        raise ValueError(f"saved normalisation has no statistics of aux targets {missing} "
-                         f"(it has {saved}): use the model's config.model.aux_targets")  # fmt: skip
+        raise ValueError(
+            f"saved normalisation has no statistics of aux targets {missing} "
+            f"(it has {saved}): use the model's config.model.aux_targets"
+        )
     mu, sd = _fitted_stats(fitted, "aux_mean", "aux_std", len(saved))
     order = [saved.index(n) for n in names]
     return mu[order], sd[order]
 
 
-def _aux(names, close_T, bb_position_T, y_scale: float, ends: dict, horizon: int,
-         fitted: dict | None):  # fmt: skip
+def _aux(
+    names, close_T, bb_position_T, y_scale: float, ends: dict, horizon: int, fitted: dict | None
+):
     """(aux float32 [T, A] indexed by window end, its `norm` entries).
 
     `y_scale` is the RMS of the train windows' normalised OHLC targets; see the
     module docstring.
     """
     ends_N = np.concatenate([ends[s] for s in SPLITS])  # train windows first
-    raw_NA = np.stack([_AUX_FUNCTIONS[n](close_T, bb_position_T, ends_N, horizon)
-                       for n in names], axis=1)  # fmt: skip
+    raw_NA = np.stack(
+        [_AUX_FUNCTIONS[n](close_T, bb_position_T, ends_N, horizon) for n in names], axis=1
+    )
     if fitted is None:
         mu, sd = _train_stats(raw_NA[: len(ends["train"])])
         sd = sd / (y_scale if y_scale > 0 else 1.0)
@@ -286,8 +292,9 @@ def _kept_rows(series: Series, data_cfg, names):
     return series.open_time_ms[start:], series.ohlcv[start:], feats[start:], first_valid
 
 
-def prepare_series(series: Series, data_cfg, fitted_norm: dict | None = None,
-                   aux_targets=()) -> PreparedSeries:  # fmt: skip
+def prepare_series(
+    series: Series, data_cfg, fitted_norm: dict | None = None, aux_targets=()
+) -> PreparedSeries:
     """Features, gap-free windows, split and normalisation for one series.
 
     Args:
@@ -318,33 +325,44 @@ def prepare_series(series: Series, data_cfg, fitted_norm: dict | None = None,
             f"only {len(ohlcv)} usable candles ({len(series.ohlcv)} loaded, the first "
             f"{warmup} are indicator warm-up), need data.min_candles={data_cfg.min_candles}"
         )
-    ends = split_ends(_contiguous_ends(times, INTERVAL_MS[series.interval], L, H),
-                      data_cfg.splits, H)  # fmt: skip
+    ends = split_ends(
+        _contiguous_ends(times, INTERVAL_MS[series.interval], L, H), data_cfg.splits, H
+    )
     for split in SPLITS:
         if len(ends[split]) == 0:
             raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
     n_train = int(ends["train"][-1]) + H + 1  # every candle a training window reads
     ohlc = ohlcv[:, :4]
-    inputs, targets, anchor, norm = _normalise(ohlc, feats, names, n_train,
-                                               data_cfg.normalization, fitted_norm)  # fmt: skip
+    inputs, targets, anchor, norm = _normalise(
+        ohlc, feats, names, n_train, data_cfg.normalization, fitted_norm
+    )
     _check_finite(inputs, names)
     aux = np.zeros((len(ohlc), 0), np.float32)
     if aux_names:
         y_scale = _target_rms(targets, anchor, ends["train"], H)
-        aux, aux_norm = _aux(aux_names, ohlc[:, 3], all_feats[:, -1], y_scale, ends, H,
-                             fitted_norm)  # fmt: skip
+        aux, aux_norm = _aux(aux_names, ohlc[:, 3], all_feats[:, -1], y_scale, ends, H, fitted_norm)
         norm = {**norm, **aux_norm}
     notes = dict(series.notes, used_candles=len(ohlc), windows={s: len(e) for s, e in ends.items()})
     return PreparedSeries(
-        name=series.name, symbol=series.symbol, interval=series.interval,
-        open_time_ms=times, ohlc=ohlc, inputs=inputs.astype(np.float32),
-        targets=targets.astype(np.float32), anchor=anchor.astype(np.float32), aux=aux,
-        ends=ends, norm=norm, price_mask=_price_mask(names), notes=notes,
-    )  # fmt: skip
+        name=series.name,
+        symbol=series.symbol,
+        interval=series.interval,
+        open_time_ms=times,
+        ohlc=ohlc,
+        inputs=inputs.astype(np.float32),
+        targets=targets.astype(np.float32),
+        anchor=anchor.astype(np.float32),
+        aux=aux,
+        ends=ends,
+        norm=norm,
+        price_mask=_price_mask(names),
+        notes=notes,
+    )
 
 
-def prepare_all(series_list: list[Series], data_cfg, fitted_norms: dict | None = None,
-                aux_targets=()) -> tuple[list[PreparedSeries], dict]:  # fmt: skip
+def prepare_all(
+    series_list: list[Series], data_cfg, fitted_norms: dict | None = None, aux_targets=()
+) -> tuple[list[PreparedSeries], dict]:
     """`prepare_series` for each series; one that cannot be used is skipped, not fatal.
 
     Args:
@@ -467,8 +485,9 @@ def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, sharding
         return jax.device_put(host)
     return jax.tree.map(
         lambda a, sharding: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i]),
-        host, shardings,
-    )  # fmt: skip
+        host,
+        shardings,
+    )
 
 
 def gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, lookback: int, horizon: int):

@@ -75,8 +75,9 @@ def aux_head(cfg: ModelConfig) -> nn.Dense | None:
     return dense(cfg, cfg.num_aux) if cfg.num_aux else None
 
 
-def outputs(head: nn.Dense | None, y_hat_BHC: jax.Array, summary_BD: jax.Array | None,
-            return_aux: bool):  # fmt: skip
+def outputs(
+    head: nn.Dense | None, y_hat_BHC: jax.Array, summary_BD: jax.Array | None, return_aux: bool
+):
     """y_hat_BHC, or (y_hat_BHC, aux_hat_BA float32) with return_aux.
 
     The head runs whether or not its output is returned, so `init` creates its
@@ -205,8 +206,9 @@ class RNNSeq2Seq(nn.Module):
         self.aux_head = aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def __call__(self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0,
-                 return_aux: bool = False):  # fmt: skip
+    def __call__(
+        self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0, return_aux: bool = False
+    ):
         """Forecasts H candles from windows.
 
         Args:

@@ -144,8 +144,9 @@ class Transformer(nn.Module):
             init = nn.initializers.normal(0.02)
             self.queries = self.param("queries", init, (cfg.horizon, cfg.d_model))
 
-    def __call__(self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0,
-                 return_aux: bool = False):  # fmt: skip
+    def __call__(
+        self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0, return_aux: bool = False
+    ):
         """Forecasts H candles from windows.
 
         Args:
@@ -175,8 +176,9 @@ class Transformer(nn.Module):
                 h_BHD = layer(h_BHD, kv, train)
             y_hat_BHC = self.output_proj(h_BHD).astype(jnp.float32)
         else:
-            y_hat_BHC = self._autoregressive(cross_kv, x_BLF.shape[0], y_BHC, train,
-                                             teacher_forcing)  # fmt: skip
+            y_hat_BHC = self._autoregressive(
+                cross_kv, x_BLF.shape[0], y_BHC, train, teacher_forcing
+            )
         pooled_BD = None if self.aux_head is None else jnp.mean(memory_BLD, axis=1)
         return common.outputs(self.aux_head, y_hat_BHC, pooled_BD, return_aux)
 
