@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
-import tempfile
+import io
 
 import jax
 import numpy as np
 from scipy import stats
 
+from cpbjax import workdir as workdir_lib
+from cpbjax import writers
 from cpbjax.data import windows
 
 COLUMNS = ("open", "high", "low", "close")
@@ -532,17 +533,10 @@ def save_forecasts(workdir, prep, ends_N, pred_prices_NHC, horizon) -> str:
     actual, predicted)` recomputes every price-space metric from them.
     """
     record = forecast_record(prep, ends_N, pred_prices_NHC, horizon)
-    folder = os.path.join(workdir, "forecasts")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{prep.symbol}-{prep.interval}.npz")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".forecasts-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **record)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    path = workdir_lib.forecasts_file(workdir, prep.name)
+    buf = io.BytesIO()
+    np.savez(buf, **record)
+    writers.atomic_write(path, buf.getvalue())
     return path
 
 

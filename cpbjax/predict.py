@@ -396,7 +396,7 @@ def run_predict(config, workdir: str) -> dict:
         "skipped": skipped,
     }
     writers.write_json(os.path.join(workdir, FORECAST_JSON), doc)
-    report.write_text(os.path.join(workdir, FORECAST_CSV), forecast_csv(series))
+    writers.atomic_write(os.path.join(workdir, FORECAST_CSV), forecast_csv(series))
     for name, reason in skipped.items():
         logging.warning("%s: not forecast: %s", name, reason)
     return doc

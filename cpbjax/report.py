@@ -6,9 +6,9 @@ pyplot, so reporting changes no global backend and leaks no open figures.
 
 from __future__ import annotations
 
+import io
 import os
 import statistics
-import tempfile
 
 import numpy as np
 from absl import logging
@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cpbjax import evaluate, writers
+from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 
 HEADERS = (
@@ -210,20 +211,6 @@ def render_markdown(results: dict, config, plots: list[str], title: str = "cpbja
     return "\n".join(lines)
 
 
-def write_text(path: str, text: str) -> None:
-    """Writes a text file atomically (temp file in the same folder, then os.replace)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 # ---------------------------------------------------------------------------
 # Plots.
 
@@ -235,14 +222,9 @@ def _figure(width=5.0, height=3.0) -> Figure:
 
 
 def _save(fig: Figure, path: str) -> str:
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    writers.atomic_write(path, buf.getvalue())
     return path
 
 
@@ -328,7 +310,7 @@ def plot_skill(path: str, results: dict) -> str | None:
 
 
 def _read_forecasts(workdir: str, name: str) -> dict | None:
-    path = os.path.join(workdir, "forecasts", f"{name}.npz")
+    path = workdir_lib.forecasts_file(workdir, name)
     return evaluate.load_forecasts(path) if os.path.exists(path) else None
 
 
@@ -375,7 +357,7 @@ def write_reports(
     print_table(results, config.model.name, console)
     plots = []
     if config.eval.plots:
-        folder = os.path.join(workdir, "plots", *([] if stem == "report" else [stem]))
+        folder = workdir_lib.plots_dir(workdir, stem)
         if history is None:
             history = writers.MetricsLog(workdir).records()
         forecasts = dict(forecasts or {})
@@ -383,7 +365,7 @@ def write_reports(
             if name not in forecasts:
                 forecasts[name] = _read_forecasts(workdir, name)
         plots = write_plots(folder, results, config, history, forecasts)
-    path = os.path.join(workdir, f"{stem}.md")
+    path = workdir_lib.report_md(workdir, stem)
     rel = [os.path.relpath(p, workdir) for p in plots]
-    write_text(path, render_markdown(results, config, rel, title=f"cpbjax {stem}"))
+    writers.atomic_write(path, render_markdown(results, config, rel, title=f"cpbjax {stem}"))
     return path

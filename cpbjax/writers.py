@@ -21,9 +21,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from absl import logging
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-RESULTS_FILE = "results.json"
+from cpbjax import workdir as workdir_lib
 
 
 def to_jsonable(obj):
@@ -62,26 +60,46 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_json(path: str, obj) -> None:
-    """Writes `obj` as indented JSON to `path` atomically (temp file, fsync, os.replace).
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
-    If anything fails before the replace, the previous file at `path` is untouched.
+
+# What open() gives a new file (mkstemp's own 0o600 would hide outputs from other users);
+# read once at import, as os.umask cannot be read without setting it.
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def atomic_write(path: str, data: bytes | str) -> None:
+    """Writes `data` to `path` so that no reader or crash ever sees a torn file.
+
+    The bytes go to a temporary sibling, are fsynced, get the mode a plain open() would
+    give, and replace `path` with os.replace; the directory entry is then fsynced. If
+    anything fails before the replace, the previous file at `path` is untouched and the
+    temporary file is removed. Every file cpbjax writes whole goes through here.
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
+    payload = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     fsync_dir(directory)
+
+
+def write_json(path: str, obj) -> None:
+    """Writes `obj` as indented JSON to `path` with `atomic_write`."""
+    atomic_write(path, json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n")
 
 
 def read_json(path: str):
@@ -95,19 +113,19 @@ def read_json(path: str):
 
 def write_config(workdir: str, config) -> None:
     """Writes the resolved config to <workdir>/config.json."""
-    write_json(os.path.join(workdir, CONFIG_FILE), config)
+    write_json(workdir_lib.config_json(workdir), config)
 
 
 def write_results(workdir: str, results: dict) -> None:
     """Writes <workdir>/results.json."""
-    write_json(os.path.join(workdir, RESULTS_FILE), results)
+    write_json(workdir_lib.results_json(workdir), results)
 
 
 class MetricsLog:
     """<workdir>/metrics.jsonl: one JSON object per line, appended with an fsync."""
 
     def __init__(self, workdir: str):
-        self.path = os.path.join(workdir, METRICS_FILE)
+        self.path = workdir_lib.metrics_jsonl(workdir)
 
     def records(self) -> list[dict]:
         """All complete lines; a torn final line (no newline) is ignored."""
@@ -136,14 +154,8 @@ class MetricsLog:
             os.fsync(f.fileno())
 
     def _write_all(self, records: Iterable[dict]) -> None:
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, tmp = tempfile.mkstemp(prefix=f".{METRICS_FILE}.", dir=directory)
-        with os.fdopen(fd, "w") as f:
-            for r in records:
-                f.write(json.dumps(to_jsonable(r), allow_nan=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        lines = [json.dumps(to_jsonable(r), allow_nan=False) + "\n" for r in records]
+        atomic_write(self.path, "".join(lines))
 
 
 def _fmt_loss(values) -> str:

@@ -42,7 +42,7 @@ from absl import logging
 from requests.adapters import HTTPAdapter
 from rich import progress as rich_progress
 
-from cpbjax import __version__
+from cpbjax import __version__, writers
 from cpbjax.config import ConfigError
 from cpbjax.data import parsing
 from cpbjax.data.series import SeriesSkipped
@@ -154,18 +154,6 @@ def _parsed(ref: FileRef, data: bytes) -> Fetched:
         return Fetched(ref, "ok", klines=parsing.read_kline_zip(data, ref.name))
     except parsing.KlineError as e:
         return Fetched(ref, "invalid", reason=str(e))
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 class DirMirror:
@@ -290,8 +278,8 @@ class HttpMirror:
     def _store(self, ref: FileRef, path: str, data: bytes, checksum: bytes) -> Fetched:
         """Caches a verified zip, then its CHECKSUM (which marks it verified); parses it."""
         try:
-            _write_atomic(path, data)
-            _write_atomic(path + ".CHECKSUM", checksum)
+            writers.atomic_write(path, data)
+            writers.atomic_write(path + ".CHECKSUM", checksum)
         except OSError as e:
             return Fetched(ref, "failed", reason=f"cannot write to the cache ({e})")
         return _parsed(ref, data)

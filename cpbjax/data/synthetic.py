@@ -22,6 +22,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
+from cpbjax import writers
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import parsing
 from cpbjax.data.series import Series
@@ -194,17 +195,9 @@ def write_zip(path: str, csv_bytes: bytes) -> str:
         z.writestr(f"{stem}.csv", csv_bytes)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
-    _write_atomic(path, data)
-    _write_atomic(path + ".CHECKSUM", f"{digest}  {os.path.basename(path)}\n".encode())
+    writers.atomic_write(path, data)
+    writers.atomic_write(path + ".CHECKSUM", f"{digest}  {os.path.basename(path)}\n".encode())
     return digest
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def write_vision_mirror(

@@ -1,0 +1,87 @@
+"""Every path under a run's <workdir>: the one place that names its files and folders.
+
+<workdir>/config.json                 the resolved config
+<workdir>/metrics.jsonl               one JSON object per (group, epoch)
+<workdir>/results.json                per series: status, losses, test/val metrics
+<workdir>/checkpoints/groups.json     the resume ledger (group plan, finished groups)
+<workdir>/checkpoints/<group>/        Orbax checkpoints of one group's train state
+<workdir>/models/<SERIES>/            one series' best model (meta.json + params/)
+<workdir>/forecasts/<SERIES>.npz      test forecasts (eval.save_forecasts)
+<workdir>/report.md, plots/           the report and its figures
+<workdir>/forecast.json, forecast.csv --mode predict
+<workdir>/eval-<stamp>.json, .md      --mode evaluate
+<workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard)
+"""
+
+from __future__ import annotations
+
+import os
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+RESULTS_FILE = "results.json"
+REPORT_STEM = "report"
+FORECAST_JSON = "forecast.json"
+FORECAST_CSV = "forecast.csv"
+CHECKPOINTS_DIR = "checkpoints"
+LEDGER_FILE = "groups.json"
+MODELS_DIR = "models"
+FORECASTS_DIR = "forecasts"
+PLOTS_DIR = "plots"
+TENSORBOARD_DIR = "tb"
+# Inside a saved series model folder (models/<SERIES>/).
+MODEL_META_FILE = "meta.json"
+MODEL_PARAMS_DIR = "params"
+
+
+def config_json(workdir: str) -> str:
+    return os.path.join(workdir, CONFIG_FILE)
+
+
+def metrics_jsonl(workdir: str) -> str:
+    return os.path.join(workdir, METRICS_FILE)
+
+
+def results_json(workdir: str) -> str:
+    return os.path.join(workdir, RESULTS_FILE)
+
+
+def ledger(workdir: str) -> str:
+    return os.path.join(workdir, CHECKPOINTS_DIR, LEDGER_FILE)
+
+
+def group_checkpoints(workdir: str, group: str) -> str:
+    return os.path.join(workdir, CHECKPOINTS_DIR, group)
+
+
+def models_dir(workdir: str) -> str:
+    return os.path.join(workdir, MODELS_DIR)
+
+
+def series_model(workdir: str, series: str) -> str:
+    return os.path.join(workdir, MODELS_DIR, series)
+
+
+def forecasts_file(workdir: str, series: str) -> str:
+    return os.path.join(workdir, FORECASTS_DIR, f"{series}.npz")
+
+
+def report_md(workdir: str, stem: str = REPORT_STEM) -> str:
+    return os.path.join(workdir, f"{stem}.md")
+
+
+def plots_dir(workdir: str, stem: str = REPORT_STEM) -> str:
+    """plots/ for the training report, plots/<stem>/ for an evaluate report."""
+    return os.path.join(workdir, PLOTS_DIR, *([] if stem == REPORT_STEM else [stem]))
+
+
+def forecast_json(workdir: str) -> str:
+    return os.path.join(workdir, FORECAST_JSON)
+
+
+def forecast_csv(workdir: str) -> str:
+    return os.path.join(workdir, FORECAST_CSV)
+
+
+def tensorboard_dir(workdir: str) -> str:
+    return os.path.join(workdir, TENSORBOARD_DIR)
