@@ -81,19 +81,19 @@ def main(argv):
     )
 
     if _MODE.value == "train":
-        from cpbjax import train
+        from cpbjax import ledger, train
 
         try:
             train.train_and_evaluate(config, workdir)
-        except (config_lib.ConfigError, train.RunMismatch, train.NothingTrained) as e:
+        except (config_lib.ConfigError, ledger.RunMismatch, train.NothingTrained) as e:
             _exit(str(e))
     else:
-        from cpbjax import predict
+        from cpbjax import evaluate, predict, saved
 
-        run = predict.run_evaluate if _MODE.value == "evaluate" else predict.run_predict
+        run = evaluate.run_evaluate if _MODE.value == "evaluate" else predict.run_predict
         try:
             run(config, workdir)
-        except (config_lib.ConfigError, predict.ModelNotFound, predict.NothingToForecast) as e:
+        except (config_lib.ConfigError, saved.ModelNotFound, predict.NothingToForecast) as e:
             _exit(str(e))
 
 

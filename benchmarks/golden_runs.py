@@ -2,7 +2,8 @@
 
 Writes (or checks against) a JSON file holding, for `configs/gru.py:tiny` and
 `configs/transformer.py:tiny`, every series' best_val_loss, best_epoch, epochs_run,
-status and test/val metrics from results.json. Floats are compared exactly: a
+status and test close MAE and skill from results.json, and a digest of all its val and
+test metrics. Floats are compared exactly: a
 refactor that claims "behaviour unchanged" must reproduce them bit for bit on the
 same machine and library versions (the file records the versions it was made with).
 
@@ -13,6 +14,7 @@ same machine and library versions (the file records the versions it was made wit
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -21,7 +23,22 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("configs/gru.py:tiny", "configs/transformer.py:tiny")
-FIELDS = ("status", "best_val_loss", "best_epoch", "epochs_run", "val", "test")
+FIELDS = ("status", "best_val_loss", "best_epoch", "epochs_run")
+
+
+def _digest(obj) -> str:
+    """sha256 of canonical JSON: equal exactly when every number in `obj` is equal."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _fingerprint(entry: dict) -> dict:
+    """The fields kept verbatim, the test close MAE, and digests of all val/test metrics."""
+    kept = {k: entry.get(k) for k in FIELDS}
+    close = (entry.get("test") or {}).get("columns", {}).get("close", {})
+    kept["test_close_mae"] = close.get("mae")
+    kept["test_close_skill"] = close.get("skill")
+    kept.update({f"{split}_digest": _digest(entry.get(split)) for split in ("val", "test")})
+    return kept
 
 
 def run_tiny(config: str, workdir: str) -> dict:
@@ -39,9 +56,7 @@ def run_tiny(config: str, workdir: str) -> dict:
         results = json.load(f)
     return {
         "versions": {k: results["run"]["versions"][k] for k in ("jax", "jaxlib", "flax")},
-        "series": {
-            name: {k: entry.get(k) for k in FIELDS} for name, entry in results["series"].items()
-        },
+        "series": {name: _fingerprint(entry) for name, entry in results["series"].items()},
     }
 
 

@@ -62,9 +62,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import models, train  # noqa: E402
+from cpbjax import models, sharding  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.data.series import SeriesSkipped  # noqa: E402
+from cpbjax.group import GroupTrainer, coin_keys  # noqa: E402
 
 try:  # The torch side is optional: `pip install -e ".[bench]"`.
     import torch
@@ -166,11 +167,11 @@ def matmul_peak(size: int, dtype: str, repeats: int, precision: str) -> dict:
 
     Every device multiplies its own n x n pair at once, the layout the coin axis uses.
     """
-    mesh = train.coin_mesh()
-    sharding = NamedSharding(mesh, P(train.COIN_AXIS))
+    mesh = sharding.coin_mesh()
+    coin_sharding = NamedSharding(mesh, P(sharding.COIN_AXIS))
     rng = np.random.default_rng(0)
     shape = (mesh.size, size, size)
-    a, b = (jax.device_put(rng.standard_normal(shape, np.float32), sharding) for _ in "ab")
+    a, b = (jax.device_put(rng.standard_normal(shape, np.float32), coin_sharding) for _ in "ab")
     a, b = a.astype(dtype), b.astype(dtype)
     with jax.default_matmul_precision(precision):
         matmul = jax.jit(jnp.matmul).lower(a, b).compile()
@@ -256,12 +257,12 @@ def build_group(config, preps: list, k: int) -> Group:
     K is padded up to a multiple of the device count, as the run driver does; the
     padded coins are inactive but still computed.
     """
-    mesh = train.coin_mesh()
+    mesh = sharding.coin_mesh()
     k_padded = -(-k // mesh.size) * mesh.size
     module = models.build(models.make_config(config))
-    trainer = train.GroupTrainer(config, module, k_padded, mesh)
+    trainer = GroupTrainer(config, module, k_padded, mesh)
     arrays = trainer.stack([preps[i % len(preps)] for i in range(k)])
-    state = trainer.init_state(train.coin_keys(config.seed, range(k_padded)), arrays)
+    state = trainer.init_state(coin_keys(config.seed, range(k_padded)), arrays)
     jax.block_until_ready(state)
     start = time.perf_counter()
     lowered = trainer.lowered_epoch(state, arrays)

@@ -1,11 +1,15 @@
-"""Backend choice, matmul precision and device logging, checked before any compile."""
+"""Backend choice, matmul precision, jax.distributed start, and device and version facts."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import sys
 
 import jax
 from absl import logging
+
+import cpbjax
 
 _BACKENDS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
 COMPILATION_CACHE = "~/.cache/cpbjax/xla"
@@ -75,4 +79,14 @@ def describe_devices() -> dict:
         "process_count": jax.process_count(),
         "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in devices],
         "jax": jax.__version__,
+    }
+
+
+def versions() -> dict:
+    """Python, cpbjax and the library versions a run's results were computed with."""
+    names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy")
+    return {
+        "python": sys.version.split()[0],
+        "cpbjax": cpbjax.__version__,
+        **{n: importlib.metadata.version(n) for n in names},
     }

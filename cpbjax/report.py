@@ -17,9 +17,10 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from cpbjax import evaluate, writers
+from cpbjax import forecast, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
+from cpbjax.data import parsing
 
 HEADERS = (
     "series",
@@ -201,7 +202,7 @@ def render_markdown(results: dict, config, plots: list[str], title: str = "cpbja
     lines += ["", LEGEND, "", *[f"- {s}" for s in summary_lines(results)], ""]
     lines += ["## Baselines: test skill % against the better naive forecast", ""]
     lines += _md_table(BASELINE_HEADERS, baseline_rows(results))
-    lines += ["", "Ridge and band are fitted on train+val only (see cpbjax/evaluate.py).", ""]
+    lines += ["", "Ridge and band are fitted on train+val only (see cpbjax/baselines.py).", ""]
     skipped = results.get("skipped") or {}
     if skipped:
         lines += ["## Skipped series", ""]
@@ -277,7 +278,7 @@ def plot_forecasts(path: str, record: dict, num_windows: int, context: int) -> s
         ax.fill_between(
             steps[1:], pred[:, 2], pred[:, 1], color="C0", alpha=0.2, label="pred. low-high"
         )
-        ax.set_title(evaluate.iso_utc(times[i])[:16], fontsize=9)
+        ax.set_title(parsing.iso(times[i])[:16], fontsize=9)
         ax.set_xlabel("candles after the last input", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.axes[0].legend(fontsize=7)
@@ -311,7 +312,7 @@ def plot_skill(path: str, results: dict) -> str | None:
 
 def _read_forecasts(workdir: str, name: str) -> dict | None:
     path = workdir_lib.forecasts_file(workdir, name)
-    return evaluate.load_forecasts(path) if os.path.exists(path) else None
+    return forecast.load_forecasts(path) if os.path.exists(path) else None
 
 
 def write_plots(folder, results, config, history, forecasts) -> list[str]:
@@ -345,7 +346,7 @@ def write_reports(
       results: the results.json dict ({"run", "series", "skipped"}).
       config: the run config (model name, data facts, eval.plots, eval.plot_windows).
       history: metrics.jsonl records; None reads <workdir>/metrics.jsonl.
-      forecasts: series name -> `evaluate.forecast_record(...)` of its test windows;
+      forecasts: series name -> `forecast.forecast_record(...)` of its test windows;
         series missing here are read from <workdir>/forecasts/<name>.npz if saved.
       stem: report name; plots go to <workdir>/plots/ for "report", otherwise to
         <workdir>/plots/<stem>/ (so an evaluation never overwrites the run's plots).

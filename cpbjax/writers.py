@@ -1,4 +1,4 @@
-"""Where run outputs go: atomic JSON files, metrics.jsonl and the per-epoch progress display.
+"""How run outputs are written: one atomic_write for whole files, JSON, and metrics.jsonl.
 
 Every file is written so that a crash never leaves a torn one: JSON files go to a
 temporary sibling, are fsynced and then `os.replace`d; metrics.jsonl is appended
@@ -12,14 +12,10 @@ import dataclasses
 import json
 import math
 import os
-import statistics
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from absl import logging
 
 from cpbjax import workdir as workdir_lib
 
@@ -156,110 +152,3 @@ class MetricsLog:
     def _write_all(self, records: Iterable[dict]) -> None:
         lines = [json.dumps(to_jsonable(r), allow_nan=False) + "\n" for r in records]
         atomic_write(self.path, "".join(lines))
-
-
-def _fmt_loss(values) -> str:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return "-"
-    return f"{min(finite):.4g}/{statistics.median(finite):.4g}"
-
-
-def _fmt_bytes(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.0f} MiB"
-
-
-@dataclasses.dataclass
-class _GroupInfo:
-    name: str
-    num_series: int
-    max_epochs: int
-    start_epoch: int
-    started: float
-
-
-class PlainProgress:
-    """One absl log line per epoch (CI, log files)."""
-
-    def __init__(self):
-        self._group = None
-
-    def start_group(self, name: str, num_series: int, max_epochs: int, start_epoch: int) -> None:
-        self._group = _GroupInfo(name, num_series, max_epochs, start_epoch, time.monotonic())
-        resumed = f", resumed after epoch {start_epoch}" if start_epoch else ""
-        logging.info(
-            "%s: training %d series for up to %d epochs%s", name, num_series, max_epochs, resumed
-        )
-
-    def update(self, record: dict, memory_bytes: int | None) -> None:
-        g = self._group
-        done = record["epoch"] - g.start_epoch
-        eta = (time.monotonic() - g.started) / max(done, 1) * (g.max_epochs - record["epoch"])
-        logging.info(
-            "%s epoch %d/%d: active %d/%d, train loss min/median %s, best val min/median %s, "
-            "lr %.3g, %.2fs, ETA <= %.0fs, device memory %s",
-            g.name,
-            record["epoch"],
-            g.max_epochs,
-            sum(record["active"]),
-            g.num_series,
-            _fmt_loss(record["train_loss"]),
-            _fmt_loss(record["best_val_loss"]),
-            record["lr"],
-            record["seconds"],
-            eta,
-            _fmt_bytes(memory_bytes),
-        )
-
-    def end_group(self) -> None:
-        logging.info("%s: done in %.1fs", self._group.name, time.monotonic() - self._group.started)
-
-
-class RichProgress:
-    """A live rich progress bar per group (interactive terminals)."""
-
-    def __init__(self):
-        from rich import progress as rp  # noqa: PLC0415 (only needed on a TTY)
-
-        self._progress = rp.Progress(
-            rp.TextColumn("{task.description}"),
-            rp.BarColumn(),
-            rp.MofNCompleteColumn(),
-            rp.TextColumn("active {task.fields[active]}"),
-            rp.TextColumn("best val min/med {task.fields[best]}"),
-            rp.TimeRemainingColumn(),
-            rp.TextColumn("{task.fields[memory]}"),
-        )
-        self._task = None
-        self._num_series = 0
-
-    def start_group(self, name: str, num_series: int, max_epochs: int, start_epoch: int) -> None:
-        self._num_series = num_series
-        self._progress.start()
-        self._task = self._progress.add_task(
-            name,
-            total=max_epochs,
-            completed=start_epoch,
-            active=f"{num_series}/{num_series}",
-            best="-",
-            memory="",
-        )
-
-    def update(self, record: dict, memory_bytes: int | None) -> None:
-        self._progress.update(
-            self._task,
-            completed=record["epoch"],
-            active=f"{sum(record['active'])}/{self._num_series}",
-            best=_fmt_loss(record["best_val_loss"]),
-            memory=_fmt_bytes(memory_bytes),
-        )
-
-    def end_group(self) -> None:
-        self._progress.stop()
-
-
-def make_progress(mode: str) -> PlainProgress | RichProgress:
-    """config.logging.progress: `rich`, `plain`, or `auto` (rich on a TTY, else plain)."""
-    if mode == "rich" or (mode == "auto" and sys.stderr.isatty()):
-        return RichProgress()
-    return PlainProgress()

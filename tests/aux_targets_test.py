@@ -17,7 +17,7 @@ import pytest
 from absl.testing import parameterized
 
 from cpbjax import config as config_lib
-from cpbjax import models, train, writers
+from cpbjax import group, models, sharding, step, train, writers
 from cpbjax.data import windows
 from tests import models_test, train_test, windows_test
 
@@ -335,14 +335,14 @@ def _aux_config(teacher_forcing=None):
 
 def _aux_trainer(config):
     module = models.build(models.make_config(config))
-    return train.GroupTrainer(
-        config, module, train_test.NUM_COINS, train.coin_mesh(jax.devices()[:1])
+    return group.GroupTrainer(
+        config, module, train_test.NUM_COINS, sharding.coin_mesh(jax.devices()[:1])
     )
 
 
 @functools.cache
 def _aux_preps():
-    preps, skipped = train._prepare_all(_aux_config())  # the run driver's own preparation
+    preps, skipped = train.prepare_all(_aux_config())  # the run driver's own preparation
     assert not skipped and all(p.aux.shape[1] == 2 for p in preps)
     return tuple(preps)
 
@@ -356,14 +356,14 @@ def _epoch_trainer():
 def _init_program():
     trainer = _epoch_trainer()
     arrays = trainer.stack(list(_aux_preps()))
-    keys = jnp.asarray(train.coin_keys(0, range(4)))
+    keys = jnp.asarray(group.coin_keys(0, range(4)))
     return trainer._init_jit.lower(keys, arrays.train_mask, arrays.val_mask).compile(O0)
 
 
 def _fresh(order):
     """(arrays, fresh GroupState) of the group with the series in `order` (init_state at -O0)."""
     arrays = _epoch_trainer().stack([_aux_preps()[i] for i in order])
-    keys = jnp.asarray(train.coin_keys(0, list(order) + [3]))
+    keys = jnp.asarray(group.coin_keys(0, list(order) + [3]))
     return arrays, _init_program()(keys, arrays.train_mask, arrays.val_mask)
 
 
@@ -372,11 +372,11 @@ def test_objective_is_ohlc_mse_plus_weighted_aux_mse():
     prep = _aux_preps()[1]
     arrays, state = _fresh((0, 1, 2))
     params = jax.tree.map(lambda a: a[1], state.params)
-    data = jax.tree.map(lambda a: a[1] if a.ndim > 1 else a, train._coin_data(arrays))
+    data = jax.tree.map(lambda a: a[1] if a.ndim > 1 else a, step.coin_data(arrays))
     ends = jnp.asarray(prep.ends["train"][:32], jnp.int32)
     mask = jnp.arange(32) % 5 != 0  # some windows are padding
     args = (params, data, ends, mask, jax.random.key(0))
-    objective, ohlc = _compile(trainer._coin_loss, *args)(*args)
+    objective, ohlc = _compile(functools.partial(step.coin_loss, trainer.spec), *args)(*args)
     # Reference: windows gathered in numpy, MSEs averaged over the valid windows.
     e, m = np.asarray(ends), np.asarray(mask)
     anchor = prep.anchor[e, None, None]
@@ -390,7 +390,8 @@ def test_objective_is_ohlc_mse_plus_weighted_aux_mse():
     np.testing.assert_allclose(objective, ohlc_mse + WEIGHT * aux_mse, rtol=1e-5)
     assert WEIGHT * aux_mse > 0.05 * ohlc_mse  # the aux term really is in the objective
     with pytest.raises(ValueError, match="0 aux target columns"):
-        trainer._gather(data[:4] + (jnp.zeros((data[0].shape[0], 0)),), ends)
+        no_aux = data._replace(aux_TA=jnp.zeros((data.inputs_TF.shape[0], 0)))
+        step.gather_windows(trainer.spec, no_aux, ends)
 
 
 def test_epoch_with_aux_trains_the_head_and_keeps_coins_independent():

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, train, writers
+from cpbjax import checkpoint, compaction, ledger, train, writers
 from cpbjax import config as config_lib
 from tests import train_test
 
@@ -26,10 +26,10 @@ SHRINKS = [8, 4, 2, 1]
 _RUNS = "import sys; from tests import compaction_test as t; t.run_all(sys.argv[1])"
 _TWO_DEVICES = """
 import os, sys
-from cpbjax import train
+from cpbjax import compaction, train
 from tests import compaction_test as t
 train.train_and_evaluate(t.compaction_config(False), os.path.join(sys.argv[1], "whole"))
-train._compaction_pays = lambda *args: True
+compaction.compaction_pays = lambda *args: True
 train.train_and_evaluate(t.compaction_config(True), os.path.join(sys.argv[1], "compacted"))
 """
 
@@ -53,7 +53,7 @@ def run_all(root: str) -> None:
     after a checkpoint taken while compacted, then resumed (<root>/killed.json says where
     and what the checkpoint held)."""
     train.train_and_evaluate(compaction_config(False), os.path.join(root, "whole"))
-    train._compaction_pays = lambda *args: True
+    compaction.compaction_pays = lambda *args: True
     compacted = os.path.join(root, "compacted")
     train.train_and_evaluate(compaction_config(True), compacted)
     kill_epoch = _coins_computed(compacted).index(2) + 2  # a checkpoint taken at K=2
@@ -131,7 +131,7 @@ def _assert_same_training(a, b):
 
 
 def test_cost_rule_weighs_the_compile_against_the_epochs_saved():
-    pays = train._compaction_pays
+    pays = compaction.compaction_pays
     assert not pays([30.0], 8, 2, 100)  # no steady epoch measured yet
     # CPU-like: a 10 s epoch of 8 coins, 5 s compile; 2 live coins save 7.5 s an epoch.
     assert pays([15.0, 10.0, 10.0], 8, 2, 1)
@@ -142,7 +142,7 @@ def test_cost_rule_weighs_the_compile_against_the_epochs_saved():
 
 def test_compaction_is_not_part_of_the_run_fingerprint():
     config = compaction_config(True)
-    assert train._fingerprint(config, [[]]) == train._fingerprint(compaction_config(False), [[]])
+    assert ledger.fingerprint(config, [[]]) == ledger.fingerprint(compaction_config(False), [[]])
 
 
 def test_compacted_group_trains_exactly_as_the_whole_group(runs):

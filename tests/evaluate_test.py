@@ -1,4 +1,4 @@
-"""Tests of cpbjax/evaluate.py against plain reference computations."""
+"""Tests of cpbjax.forecast and cpbjax.evaluate: forecasts of a module, scores and forecast files."""
 
 import chex
 import flax.linen as nn
@@ -6,26 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
-from cpbjax import config as config_lib
-from cpbjax import evaluate
-from cpbjax.data import synthetic, windows
-
-L, H = 8, 3
-
-
-def _config(normalization="last_close"):
-    c = config_lib.base_config()
-    c.data.lookback, c.data.horizon = L, H
-    c.data.max_candles, c.data.min_candles = 300, 100
-    c.data.normalization = normalization
-    return c
-
-
-def _prep(normalization="last_close", seed=0):
-    series = synthetic.generate("BTCUSDT", "1h", 320, seed=seed)
-    return windows.prepare_series(series, _config(normalization).data)
+from cpbjax import baselines, evaluate, forecast, metrics
+from cpbjax.data import windows
+from tests.metrics_test import H, L, make_prep
 
 
 class Probe(nn.Module):
@@ -44,204 +28,14 @@ def _probe_params(seed=0):
 
 
 # ---------------------------------------------------------------------------
-# Errors, naive baselines, skill.
-
-
-def test_errors_hand_computed():
-    actual = np.array([[[10.0], [20.0]], [[10.0], [40.0]]])  # [N=2, H=2, 1]
-    pred = np.array([[[11.0], [18.0]], [[7.0], [40.0]]])
-    # Errors: h=1: +1, -3; h=2: -2, 0.
-    e = evaluate.errors(actual, pred, columns=("close",))["close"]
-    np.testing.assert_allclose(e["mae_h"], [2.0, 1.0])
-    np.testing.assert_allclose(e["mae"], 1.5)
-    np.testing.assert_allclose(e["rmse_h"], [np.sqrt(5.0), np.sqrt(2.0)])
-    np.testing.assert_allclose(e["rmse"], np.sqrt(14.0 / 4))
-    np.testing.assert_allclose(e["mape_h"], [100 * (0.1 + 0.3) / 2, 100 * (0.1 + 0.0) / 2])
-    np.testing.assert_allclose(e["mape"], 100 * 0.5 / 4)
-
-
-def test_naive_forecasts():
-    last = np.array([[1.0, 4.0, 0.5, 2.0], [3.0, 5.0, 2.0, 4.0]])
-    naive = evaluate.naive_forecasts(last, 2)
-    chex.assert_shape(naive["persistence"], (2, 2, 4))
-    np.testing.assert_array_equal(naive["persistence"][1, 1], [4.0, 4.0, 4.0, 4.0])
-    np.testing.assert_array_equal(naive["last_candle"][0, 1], [1.0, 4.0, 0.5, 2.0])
-
-
-def test_skill_uses_the_better_naive_per_column():
-    last = np.array([[100.0, 110.0, 90.0, 100.0]] * 2)
-    # Future highs near 110 (last_candle wins), lows near 100 (persistence wins).
-    actual = np.tile(np.array([100.0, 109.0, 99.0, 101.0]), (2, 1, 1))  # [2, 1, 4]
-    pred = np.tile(np.array([100.0, 108.0, 100.5, 100.0]), (2, 1, 1))
-    cols = evaluate.score_prices(last, actual, pred)["columns"]
-    assert cols["high"]["best_naive"] == "last_candle"
-    assert cols["low"]["best_naive"] == "persistence"
-    assert cols["close"]["best_naive"] == "persistence"  # a tie: persistence is preferred
-    np.testing.assert_allclose(cols["high"]["naive_mae"], 1.0)
-    np.testing.assert_allclose(cols["high"]["skill"], 1 - 1.0 / 1.0)
-    np.testing.assert_allclose(cols["low"]["naive_mae"], 1.0)
-    np.testing.assert_allclose(cols["low"]["skill"], 1 - 1.5 / 1.0)
-    np.testing.assert_allclose(cols["close"]["skill_h"], [0.0])
-    np.testing.assert_allclose(cols["high"]["naive"]["persistence"]["mae"], 9.0)
-
-
-# ---------------------------------------------------------------------------
-# Direction.
-
-
-def test_direction_hand_computed_with_ties():
-    last = np.array([10.0, 10.0, 10.0, 10.0])
-    actual = np.array([[11.0, 9.0], [9.0, 10.0], [10.0, 12.0], [12.0, 13.0]])
-    pred = np.array([[12.0, 11.0], [9.5, 8.0], [11.0, 11.0], [10.0, 14.0]])
-    # h=1: signs actual (+,-,0,+), pred (+,-,+,0) -> scored windows 0,1: both hits.
-    # h=2: actual (-,0,+,+), pred (+,-,+,+) -> scored 0,2,3: hits at 2,3.
-    d = evaluate.direction(last, actual, pred)
-    assert d["scored_h"] == [2, 3]
-    np.testing.assert_allclose(d["accuracy_h"], [1.0, 2 / 3])
-    np.testing.assert_allclose(d["up_share_h"], [0.5, 2 / 3])
-    assert d["scored"] == 5
-    np.testing.assert_allclose(d["accuracy"], 4 / 5)
-    np.testing.assert_allclose(d["up_share"], 3 / 5)
-
-
-def test_always_up_scores_up_share_and_is_not_significant():
-    rng = np.random.default_rng(0)
-    n = 400
-    last = np.full(n, 100.0)
-    actual = 100.0 + np.where(rng.random((n, 2)) < 0.7, 1.0, -1.0)
-    pred = np.full((n, 2), 101.0)
-    d = evaluate.direction(last, actual, pred)
-    np.testing.assert_allclose(d["accuracy"], d["up_share"])
-    assert d["up_share"] > 0.6
-    assert min(d["p_value_h"]) >= 0.5  # no better than the majority class
-
-
-def test_direction_significant_for_a_real_signal():
-    rng = np.random.default_rng(1)
-    n = 500
-    last = np.full(n, 100.0)
-    move = np.where(rng.random(n) < 0.5, 1.0, -1.0)
-    actual = (100.0 + move)[:, None]
-    right = rng.random(n) < 0.8
-    pred = (100.0 + np.where(right, move, -move))[:, None]
-    d = evaluate.direction(last, actual, pred)
-    assert d["p_value_h"][0] < 1e-6
-
-
-# ---------------------------------------------------------------------------
-# Diebold-Mariano.
-
-
-def _dm_reference(d, lag):
-    """Plain DM with Newey-West variance and the HLN factor, written out by loops."""
-    n = len(d)
-    mean = sum(d) / n
-    gammas = []
-    for k in range(lag + 1):
-        total = 0.0
-        for t in range(k, n):
-            total += (d[t] - mean) * (d[t - k] - mean)
-        gammas.append(total / n)
-    lrv = gammas[0] + 2 * sum((1 - k / (lag + 1)) * gammas[k] for k in range(1, lag + 1))
-    h = lag + 1
-    stat = mean / np.sqrt(lrv / n) * np.sqrt((n + 1 - 2 * h + h * (h - 1) / n) / n)
-    return stat, stats.t.cdf(stat, n - 1), 2 * stats.t.sf(abs(stat), n - 1)
-
-
-@pytest.mark.parametrize("lag", [0, 2, 9])
-def test_dm_matches_reference(lag):
-    rng = np.random.default_rng(lag)
-    e = rng.standard_normal(203)
-    d = np.convolve(e, np.ones(lag + 1), mode="valid") + 0.1  # MA(lag) differential
-    loss_ref = rng.random(len(d))
-    out = evaluate.diebold_mariano(loss_ref + d, loss_ref, lag)
-    stat, p_better, p_two = _dm_reference(list(d), lag)
-    np.testing.assert_allclose(out["statistic"], stat, rtol=1e-10)
-    np.testing.assert_allclose(out["p_value_better"], p_better, rtol=1e-10)
-    np.testing.assert_allclose(out["p_value_two_sided"], p_two, rtol=1e-10)
-    assert out["n"] == len(d) and out["lag"] == lag
-
-
-def test_dm_equal_and_better_models():
-    rng = np.random.default_rng(3)
-    n, h = 300, 5
-    actual = np.cumsum(rng.standard_normal(n + h)) + 1000.0
-    naive = np.repeat(actual[:n, None], h, axis=1)  # [N, H]
-    target = np.stack([actual[i + 1 : i + 1 + h] for i in range(n)])
-    naive_loss = np.abs(naive - target)
-    same = evaluate.diebold_mariano(naive_loss.mean(1), naive_loss.mean(1), h - 1)
-    assert same["p_value_better"] == 0.5 and same["p_value_two_sided"] == 1.0
-    noisy = np.abs(naive + rng.standard_normal(naive.shape) - target).mean(1)
-    assert evaluate.diebold_mariano(noisy, naive_loss.mean(1), h - 1)["p_value_better"] > 0.5
-    good = np.abs(target + 0.1 * rng.standard_normal(target.shape) - target).mean(1)
-    assert evaluate.diebold_mariano(good, naive_loss.mean(1), h - 1)["p_value_better"] < 1e-6
-
-
-# ---------------------------------------------------------------------------
-# Fitted baselines.
-
-
-def test_ridge_matches_augmented_least_squares():
-    prep = _prep()
-    ends = evaluate.fit_ends(prep, "test")
-    fit = evaluate.fit_ridge(prep.ohlc, ends, L, H, alpha=3.0)
-    x = evaluate.ridge_features(prep.ohlc, ends, L)
-    z = (x - x.mean(0)) / x.std(0)
-    y = np.log(prep.ohlc[ends[:, None] + np.arange(1, H + 1)]).reshape(len(ends), -1)
-    y = y - np.repeat(np.log(prep.ohlc[ends, 3]), H * 4).reshape(len(ends), -1)
-    y = y - y.mean(0)
-    p = z.shape[1]
-    coef = np.linalg.lstsq(
-        np.vstack([z, np.sqrt(3.0) * np.eye(p)]),
-        np.vstack([y, np.zeros((p, y.shape[1]))]),
-        rcond=None,
-    )[0]
-    np.testing.assert_allclose(fit["coef"], coef, rtol=1e-6, atol=1e-10)
-    assert x.shape[1] == (L - 1) + L + 3
-
-
-def test_weighted_median_minimises_weighted_abs_deviation():
-    rng = np.random.default_rng(4)
-    v, w = rng.standard_normal(31), rng.random(31)
-    k = evaluate.weighted_median(v, w)
-    cost = lambda c: np.sum(w * np.abs(v - c))
-    assert all(cost(k) <= cost(c) + 1e-12 for c in v)
-
-
-def test_fitted_baselines_never_see_test_candles():
-    prep = _prep()
-    fit_on = evaluate.fit_ends(prep, "test")
-    np.testing.assert_array_equal(fit_on, np.concatenate([prep.ends["train"], prep.ends["val"]]))
-    last_read = fit_on.max() + H  # the newest candle a fitted window reads
-    assert last_read < prep.ends["test"][0] + 1  # before the first test target
-
-    def fits(ohlc):
-        return (
-            evaluate.fit_ridge(ohlc, fit_on, L, H)["coef"],
-            evaluate.fit_vol_band(ohlc, fit_on, L, H)["k_high_h"],
-        )
-
-    before = fits(prep.ohlc)
-    changed = prep.ohlc.copy()
-    noise = np.random.default_rng(5).normal(0, 0.05, (len(changed) - last_read - 1, 1))
-    changed[last_read + 1 :] *= np.exp(noise)  # every test-period candle moves
-    after = fits(changed)
-    np.testing.assert_array_equal(before[0], after[0])
-    np.testing.assert_array_equal(before[1], after[1])
-    # The same kind of change on the newest fitted candle does move the fit.
-    changed[last_read] *= 1.05
-    assert not np.array_equal(before[0], fits(changed)[0])
-
-
-# ---------------------------------------------------------------------------
-# Forecasts of a module, evaluate_series and saved forecasts.
+# Forecasts of a module, evaluate_split and saved forecasts.
 
 
 def test_forecast_batches_and_maps_to_prices():
-    prep = _prep()
+    prep = make_prep()
     params = _probe_params()
-    ends, prices, norm = evaluate.forecast(Probe(), params, prep, "val", L, H, batch_size=4)
-    _, prices_big, norm_big = evaluate.forecast(Probe(), params, prep, "val", L, H)
+    norm = forecast.predict_windows(Probe(), params, prep, prep.ends["val"], L, H, batch_size=4)
+    ends, prices, norm_big = forecast.split_forecast(Probe(), params, prep, "val", L, H)
     np.testing.assert_array_equal(ends, prep.ends["val"])
     chex.assert_shape(norm, (len(ends), H, 4))
     np.testing.assert_allclose(norm, norm_big, rtol=1e-6, atol=1e-7)
@@ -255,9 +49,10 @@ def test_forecast_batches_and_maps_to_prices():
 
 
 def test_zero_forecast_is_persistence():
-    prep = _prep()
+    prep = make_prep()
     zero = jax.tree.map(jnp.zeros_like, _probe_params())
-    out = evaluate.evaluate_series(Probe(), zero, prep, _config(), "test")
+    fc = forecast.split_forecast(Probe(), zero, prep, "test", L, H)
+    out = evaluate.evaluate_split(prep, fc, "test", L, H)
     assert out["columns"]["close"]["skill"] == 0.0
     assert out["dm"]["p_value_two_sided"] == 1.0
     assert out["direction"]["scored"] == 0  # every predicted move is a tie
@@ -273,7 +68,7 @@ def test_zero_forecast_is_persistence():
     for t in ends:
         num = den = 0.0
         for age in range(L):
-            w = evaluate.EWMA_DECAY**age
+            w = baselines.EWMA_DECAY**age
             num += w * np.log(prep.ohlc[t - age, 1] / prep.ohlc[t - age, 2])
             den += w
         high = prep.ohlc[t, 3] * np.exp(k_high * num / den)
@@ -282,13 +77,13 @@ def test_zero_forecast_is_persistence():
 
 
 def test_saved_forecasts_reproduce_the_metrics(tmp_path):
-    prep = _prep()
+    prep = make_prep()
     params = _probe_params(1)
-    fc = evaluate.forecast(Probe(), params, prep, "test", L, H)
-    out = evaluate.evaluate_series(Probe(), params, prep, _config(), "test", forecasts=fc)
-    path = evaluate.save_forecasts(str(tmp_path), prep, fc[0], fc[1], H)
+    fc = forecast.split_forecast(Probe(), params, prep, "test", L, H)
+    out = evaluate.evaluate_split(prep, fc, "test", L, H)
+    path = forecast.save_forecasts(str(tmp_path), forecast.forecast_record(prep, fc, H))
     assert path.endswith("forecasts/BTCUSDT-1h.npz")
-    rec = evaluate.load_forecasts(path)
+    rec = forecast.load_forecasts(path)
     assert str(rec["series"]) == "BTCUSDT-1h"
     last, actual, pred = rec["last_candle"], rec["actual"], rec["predicted"]
     # Independent recomputation of the headline numbers.
@@ -305,17 +100,19 @@ def test_saved_forecasts_reproduce_the_metrics(tmp_path):
         rec["target_open_time_ms"], rec["last_open_time_ms"][:, None] + step * np.arange(1, H + 1)
     )
     # And every price metric, via the public function on the file's arrays.
-    again = evaluate.score_prices(last, actual, pred)
+    again = metrics.score_prices(last, actual, pred)
     for key in ("columns", "direction", "dm"):
         assert again[key] == out[key]
 
 
 def test_candle_minmax_has_no_price_metrics(tmp_path):
-    prep = _prep("candle_minmax")
+    prep = make_prep("candle_minmax")
     params = _probe_params()
-    ends, prices, _ = evaluate.forecast(Probe(), params, prep, "test", L, H)
-    assert prices is None
-    out = evaluate.evaluate_series(Probe(), params, prep, _config("candle_minmax"), "test")
+    fc = forecast.split_forecast(Probe(), params, prep, "test", L, H)
+    assert fc.prices_NHC is None
+    out = evaluate.evaluate_split(prep, fc, "test", L, H)
     assert out["price_space"] is False and out["normalized_mse"] > 0
     with pytest.raises(ValueError, match="candle_minmax"):
-        evaluate.save_forecasts(str(tmp_path), prep, ends, prices, H)
+        forecast.forecast_record(prep, fc, H)
+    entry, record = evaluate.evaluate_model(Probe(), params, prep, L, H, str(tmp_path))
+    assert record is None and entry["test"]["price_space"] is False

@@ -1,4 +1,4 @@
-"""Tests of cpbjax/predict.py: --mode predict and --mode evaluate on a tiny workdir."""
+"""Tests of --mode predict and --mode evaluate (cpbjax/predict.py, evaluate.py, saved.py) on a tiny workdir."""
 
 import csv
 import glob
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, models, predict, writers
+from cpbjax import checkpoint, evaluate, models, predict, saved, writers
 from cpbjax import config as config_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import sources, windows
@@ -65,10 +65,10 @@ AVAILABLE = ("BTCUSDT-15m", "BTCUSDT-1h", "ETHUSDT-1h")
 
 
 def test_select_all_and_by_symbol_or_interval():
-    assert predict.select_series(AVAILABLE, (), ())[0] == list(AVAILABLE)
-    assert predict.select_series(AVAILABLE, ("BTCUSDT",), ())[0] == ["BTCUSDT-15m", "BTCUSDT-1h"]
-    assert predict.select_series(AVAILABLE, (), ("1h",))[0] == ["BTCUSDT-1h", "ETHUSDT-1h"]
-    assert predict.select_series(AVAILABLE, ("ETHUSDT",), ("1h",))[0] == ["ETHUSDT-1h"]
+    assert saved.select_series(AVAILABLE, (), ())[0] == list(AVAILABLE)
+    assert saved.select_series(AVAILABLE, ("BTCUSDT",), ())[0] == ["BTCUSDT-15m", "BTCUSDT-1h"]
+    assert saved.select_series(AVAILABLE, (), ("1h",))[0] == ["BTCUSDT-1h", "ETHUSDT-1h"]
+    assert saved.select_series(AVAILABLE, ("ETHUSDT",), ("1h",))[0] == ["ETHUSDT-1h"]
 
 
 @pytest.mark.parametrize(
@@ -80,15 +80,15 @@ def test_select_all_and_by_symbol_or_interval():
     ],
 )
 def test_select_missing_lists_available(symbols, intervals, named):
-    with pytest.raises(predict.ModelNotFound) as e:
-        predict.select_series(AVAILABLE, symbols, intervals)
+    with pytest.raises(saved.ModelNotFound) as e:
+        saved.select_series(AVAILABLE, symbols, intervals)
     assert named in str(e.value)
     assert "BTCUSDT-15m, BTCUSDT-1h, ETHUSDT-1h" in str(e.value)
     assert isinstance(e.value, ValueError)
 
 
 def test_select_excuses_series_skipped_in_training():
-    names, skipped = predict.select_series(
+    names, skipped = saved.select_series(
         AVAILABLE, ("BTCUSDT", "SOLUSDT"), ("1h",), excused={"SOLUSDT-1h": "too short"}
     )
     assert names == ["BTCUSDT-1h"]
@@ -96,8 +96,8 @@ def test_select_excuses_series_skipped_in_training():
 
 
 def test_no_models_folder(tmp_path):
-    with pytest.raises(predict.ModelNotFound, match="train with --workdir"):
-        predict.available_models(str(tmp_path))
+    with pytest.raises(saved.ModelNotFound, match="train with --workdir"):
+        saved.available_models(str(tmp_path))
 
 
 # ---------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_predict_continues_the_grid_and_matches_the_model(workdir):
         assert all(t % step == 0 for t in times)
         assert fc["forecast"][0]["open_time"].endswith("Z")
         # Independently: the model applied to the newest window, mapped to prices.
-        module, params, trained, _ = predict.load_model(os.path.join(workdir, "models", name))
+        module, params, trained, _ = saved.load_model(os.path.join(workdir, "models", name))
         prep = windows.prepare_series(series[name], trained.data)
         y = np.asarray(module.apply({"params": params}, windows.latest_window(prep, L), None))
         expected = series[name].ohlcv[-1, 3] * np.exp(y[0].astype(np.float64))
@@ -139,28 +139,28 @@ def test_models_saved_with_their_norm_are_scaled_with_it(workdir):
     config = _config()
     config.data.normalization = "zscore"
     name = "BTCUSDT-1h"
-    module, params, _, _ = predict.load_model(os.path.join(workdir, "models", name))
+    module, params, _, _ = saved.load_model(os.path.join(workdir, "models", name))
     trained = config_lib.load("configs/gru.py:tiny")
     trained.data.normalization = "zscore"
-    saved = {
+    fitted = {
         "kind": "zscore",
         "mean": [10.0, 11.0, 9.0, 10.0],
         "std": [2.0, 2.0, 2.0, 2.0],
         "feature_mean": [10.0, 11.0, 9.0, 10.0],
         "feature_std": [2.0, 2.0, 2.0, 2.0],
     }
-    loaded = {name: predict.LoadedModel(module, params, trained, saved)}
-    preps, skipped = predict.prepare(config, loaded)
+    loaded = {name: saved.LoadedModel(module, params, trained, fitted)}
+    preps, skipped = saved.prepare(config, loaded)
     assert not skipped
     prep = preps[name]
     np.testing.assert_allclose(prep.targets, (prep.ohlc - 10.0 - [0, 1, -1, 0]) / 2.0, rtol=1e-5)
-    assert prep.norm["mean"].tolist() == saved["mean"]
+    assert prep.norm["mean"].tolist() == fitted["mean"]
 
 
 def test_predict_unknown_interval_is_a_clear_error(workdir):
     config = _config()
     config.predict.intervals = ("4h",)
-    with pytest.raises(predict.ModelNotFound, match=r"interval 4h.*BTCUSDT-1h, ETHUSDT-1h"):
+    with pytest.raises(saved.ModelNotFound, match=r"interval 4h.*BTCUSDT-1h, ETHUSDT-1h"):
         predict.run_predict(config, workdir)
 
 
@@ -173,7 +173,7 @@ def test_evaluate_writes_metrics_and_report(workdir):
     config.data.symbols = ("BTCUSDT", "ETHUSDT", "SOLUSDT")
     config.data.synthetic_candles = 1300  # other data than training saw
     config.eval.save_forecasts = True
-    results = predict.run_evaluate(config, workdir)
+    results = evaluate.run_evaluate(config, workdir)
     (path,) = glob.glob(os.path.join(workdir, "eval-*.json"))
     stem = os.path.basename(path)[:-5]
     assert writers.read_json(path) == json.loads(json.dumps(results))
@@ -193,5 +193,5 @@ def test_evaluate_writes_metrics_and_report(workdir):
 def test_evaluate_series_without_model_is_a_clear_error(workdir):
     config = _config()
     config.data.symbols = ("BTCUSDT", "XRPUSDT")
-    with pytest.raises(predict.ModelNotFound, match="XRPUSDT-1h; series with a model: BTCUSDT-1h"):
-        predict.run_evaluate(config, workdir)
+    with pytest.raises(saved.ModelNotFound, match="XRPUSDT-1h; series with a model: BTCUSDT-1h"):
+        evaluate.run_evaluate(config, workdir)

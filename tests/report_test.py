@@ -7,7 +7,7 @@ import numpy as np
 from rich.console import Console
 
 from cpbjax import config as config_lib
-from cpbjax import evaluate, report
+from cpbjax import metrics, report
 
 H = 3
 STEP = 3_600_000
@@ -25,7 +25,7 @@ def _record(name, seed, n=12):
         "series": np.array(name),
         "symbol": np.array(name.split("-")[0]),
         "interval": np.array("1h"),
-        "columns": np.array(evaluate.COLUMNS),
+        "columns": np.array(metrics.COLUMNS),
         "last_open_time_ms": 1_700_000_000_000 + STEP * np.arange(n, dtype=np.int64),
         "last_candle": ohlc[:n],
         "target_open_time_ms": 1_700_000_000_000 + STEP * idx,
@@ -37,7 +37,7 @@ def _record(name, seed, n=12):
 def _results(records):
     series = {}
     for i, (name, rec) in enumerate(records.items()):
-        test = evaluate.score_prices(rec["last_candle"], rec["actual"], rec["predicted"])
+        test = metrics.score_prices(rec["last_candle"], rec["actual"], rec["predicted"])
         series[name] = {
             "status": "stopped_early",
             "best_val_loss": 0.5 + i,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import chex
 import jax
@@ -20,9 +21,10 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import checkpoint, models, train, writers
+from cpbjax import checkpoint, models, sharding, step, train, writers
 from cpbjax import config as config_lib
 from cpbjax.data import sources, windows
+from cpbjax.group import GroupTrainer, coin_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 3
@@ -48,10 +50,15 @@ def preps():
 
 
 def make_trainer(num_coins, mesh=None, max_traces=None):
+    """A GroupTrainer of the test config; with max_traces, a retrace of its epoch raises."""
     config = make_config()
     module = models.build(models.make_config(config))
-    mesh = mesh if mesh is not None else train.coin_mesh(jax.devices()[:1])
-    return train.GroupTrainer(config, module, num_coins, mesh, max_traces=max_traces)
+    mesh = mesh if mesh is not None else sharding.coin_mesh(jax.devices()[:1])
+    if max_traces is None:
+        return GroupTrainer(config, module, num_coins, mesh)
+    counted = chex.assert_max_traces(step.run_epoch, n=max_traces)
+    with mock.patch.object(step, "run_epoch", counted):
+        return GroupTrainer(config, module, num_coins, mesh)
 
 
 @functools.cache
@@ -65,7 +72,7 @@ def run_group(trainer, group, indices, epochs=EPOCHS, poison=None):
     arrays = trainer.stack(list(group))
     if poison is not None:
         arrays = arrays.replace(inputs=arrays.inputs.at[poison].set(jnp.inf))
-    state = trainer.init_state(train.coin_keys(0, indices), arrays)
+    state = trainer.init_state(coin_keys(0, indices), arrays)
     history = []
     for _ in range(epochs):
         state, metrics = trainer.run_epoch(state, arrays)
@@ -102,7 +109,7 @@ def _assert_trees_close(a, b, **tol):
 def test_vmapped_group_equals_separate_one_coin_trainings():
     group, history = clean_group_run()
     fresh = group_trainer().init_state(
-        train.coin_keys(0, range(NUM_COINS)),
+        coin_keys(0, range(NUM_COINS)),
         group_trainer().stack(list(preps())),
     )
     single_trainer = make_trainer(1)
@@ -142,7 +149,7 @@ def test_adam_counts_only_batches_with_windows_and_padded_coin_is_frozen():
 def test_epoch_runs_under_transfer_guard():
     trainer = group_trainer()
     arrays = trainer.stack(list(preps()))
-    state = trainer.init_state(train.coin_keys(0, range(NUM_COINS)), arrays)
+    state = trainer.init_state(coin_keys(0, range(NUM_COINS)), arrays)
     with jax.transfer_guard("disallow"):
         state, metrics = trainer.run_epoch(state, arrays)
         jax.block_until_ready((state, metrics))
@@ -154,7 +161,7 @@ def test_epoch_runs_under_transfer_guard():
 def test_epochs_groups_and_restored_states_never_retrace(tmp_path):
     trainer = group_trainer()  # wraps the epoch in chex.assert_max_traces(n=1)
     group_a, group_b = trainer.stack(list(preps())), trainer.stack(list(preps()[:2]))
-    state = trainer.init_state(train.coin_keys(0, range(4)), group_a)
+    state = trainer.init_state(coin_keys(0, range(4)), group_a)
     for _ in range(2):
         state, _ = trainer.run_epoch(state, group_a)
     ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 1)
@@ -164,7 +171,7 @@ def test_epochs_groups_and_restored_states_never_retrace(tmp_path):
     assert epoch == 2
     restored, metrics = trainer.run_epoch(restored, group_a)
     assert int(metrics["epoch"]) == 3
-    other = trainer.init_state(train.coin_keys(0, [5, 6, 7, 8]), group_b)
+    other = trainer.init_state(coin_keys(0, [5, 6, 7, 8]), group_b)
     for _ in range(2):
         other, metrics = trainer.run_epoch(other, group_b)
     assert [bool(a) for a in metrics["active"]] == [True, True, False, False]
@@ -223,15 +230,14 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference():
         np.float32,
     )
     arrays = trainer.stack(list(preps()))
-    state = trainer.init_state(train.coin_keys(0, range(NUM_COINS)), arrays)
+    state = trainer.init_state(coin_keys(0, range(NUM_COINS)), arrays)
     init_params = jax.device_get(state.params)
-    no = jnp.zeros(NUM_COINS, bool)
     for e in range(vals.shape[1]):
         # The params "of epoch e+1" for coins still training; a frozen coin's stay put.
         trained = jax.tree.map(lambda p, e=e: p + e + 1.0, init_params)
-        params = train._select(state.active, trained, state.params)
+        params = step.select(state.active, trained, state.params)
         val_K = jnp.asarray(vals[:, e])
-        state, _ = trainer._end_epoch(state, params, state.opt_state, val_K, val_K, no)
+        state, _ = _end_epoch(trainer, state, params, val_K)
     state = jax.device_get(state)
     for i in range(3):
         best, best_epoch, active, diverged, diverged_epoch = _reference_early_stopping(
@@ -248,26 +254,31 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference():
     assert state.epochs_run[3] == 0 and not state.active[3]
 
 
+def _end_epoch(trainer, state, params, val_K):
+    """step.end_epoch after a train pass that left `params` and no non-finite loss."""
+    zeros_K = jnp.zeros(val_K.shape, jnp.int32)
+    trained = step.TrainPass(params, state.opt_state, val_K, zeros_K, zeros_K.astype(bool))
+    return step.end_epoch(trainer.spec, state, trained, val_K, val_K)
+
+
 def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
     config = make_config()
     config.train.reduce_on_plateau, config.train.plateau_patience = True, 2
     config.train.plateau_factor = 0.5
-    trainer = train.GroupTrainer(
+    trainer = GroupTrainer(
         config,
         models.build(models.make_config(config)),
         NUM_COINS,
-        train.coin_mesh(jax.devices()[:1]),
+        sharding.coin_mesh(jax.devices()[:1]),
     )
     # The plateau state always exists, so the shared trainer's fresh state fits this one.
     shared = group_trainer()
-    state = shared.init_state(train.coin_keys(0, range(NUM_COINS)), shared.stack(list(preps())))
+    state = shared.init_state(coin_keys(0, range(NUM_COINS)), shared.stack(list(preps())))
     vals = np.array([[1.0, 1.0, 1.0], [3.0, 2.0, 1.0], [1.0, 1.0, 1.0], [1.0] * 3], np.float32)
     scales = []
     for e in range(3):
         val_K = jnp.asarray(vals[:, e])
-        state, metrics = trainer._end_epoch(
-            state, state.params, state.opt_state, val_K, val_K, jnp.zeros(NUM_COINS, bool)
-        )
+        state, metrics = _end_epoch(trainer, state, state.params, val_K)
         scales.append(np.asarray(metrics["lr_scale"])[:3].tolist())
     # Two epochs without improvement halve the rate; an improving coin keeps 1.
     assert scales == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.5, 1.0, 0.5]]
@@ -276,10 +287,10 @@ def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
 _SHARDED = """
 import re, sys, jax, numpy as np
 from jax.sharding import PartitionSpec as P
-from cpbjax import train
+from cpbjax import sharding
 from tests import train_test as t
 assert jax.device_count() == 4, jax.devices()
-trainer = t.make_trainer(t.NUM_COINS, mesh=train.coin_mesh())
+trainer = t.make_trainer(t.NUM_COINS, mesh=sharding.coin_mesh())
 state, history = t.run_group(trainer, t.preps(), range(t.NUM_COINS))
 leaf = jax.tree.leaves(state.params)[0]
 assert leaf.sharding.spec == P("coins") and len(leaf.sharding.device_set) == 4, leaf.sharding
@@ -465,27 +476,3 @@ def test_resume_refuses_a_different_config_but_not_a_different_fetch(full_run):
     config.data.retries, config.data.cache_dir = 1, "/nonexistent/cache"
     train.train_and_evaluate(config, str(full_run))
     assert _comparable(full_run)[0]["series"] == before[0]["series"]
-
-
-def test_ledger_refuses_another_config_but_not_a_newer_cpbjax(tmp_path):
-    config = make_config()
-    plan = [["BTCUSDT-1h", "ETHUSDT-1h"]]
-    ledger = train._Ledger(str(tmp_path), train._fingerprint(config, plan))
-    ledger.finish("group-000", {"BTCUSDT-1h": {"status": "trained"}})
-    assert train._Ledger(str(tmp_path), train._fingerprint(config, plan)).finished("group-000")
-    changed = make_config()
-    changed.train.epochs = EPOCHS + 2
-    with pytest.raises(train.RunMismatch, match=rf"train.epochs: {EPOCHS} -> {EPOCHS + 2}"):
-        train._Ledger(str(tmp_path), train._fingerprint(changed, plan))
-    with pytest.raises(train.RunMismatch, match="groups"):
-        train._Ledger(str(tmp_path), train._fingerprint(config, [["BTCUSDT-1h"]]))
-    # A ledger written before model.aux_targets existed resumes while it stays at its default.
-    path = tmp_path / "checkpoints" / train.LEDGER_FILE
-    old = writers.read_json(str(path))
-    del old["fingerprint"]["config"]["model"]["aux_targets"]
-    writers.write_json(str(path), old)
-    assert train._Ledger(str(tmp_path), train._fingerprint(config, plan)).finished("group-000")
-    changed = make_config()
-    changed.model.aux_targets = ("realized_vol",)
-    with pytest.raises(train.RunMismatch, match=r"model.aux_targets: \[\] -> \['realized_vol'\]"):
-        train._Ledger(str(tmp_path), train._fingerprint(changed, plan))

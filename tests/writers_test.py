@@ -1,7 +1,6 @@
-"""Tests of cpbjax.writers: atomic JSON, metrics.jsonl (torn lines, rewrites) and progress."""
+"""Tests of cpbjax.writers: atomic writes, JSON, metrics.jsonl (torn lines, rewrites)."""
 
 import json
-import logging
 import os
 
 import ml_collections
@@ -108,37 +107,15 @@ def test_missing_metrics_file_has_no_records(tmp_path):
     assert writers.MetricsLog(str(tmp_path)).records() == []
 
 
-RECORD = {
-    "group": "group-000",
-    "epoch": 2,
-    "series": ["A-1h", "B-1h"],
-    "train_loss": [0.2, None],
-    "val_loss": [0.3, None],
-    "best_val_loss": [0.25, 0.5],
-    "lr": 1e-3,
-    "active": [True, False],
-    "seconds": 0.5,
-}
-
-
-def test_plain_progress_logs_one_line_per_epoch(caplog):
-    progress = writers.make_progress("plain")
-    assert isinstance(progress, writers.PlainProgress)
-    with caplog.at_level(logging.INFO):
-        progress.start_group("group-000", 2, 10, 1)
-        progress.update(RECORD, 3 * 2**20)
-        progress.end_group()
-    lines = [r.getMessage() for r in caplog.records if "epoch 2/10" in r.getMessage()]
-    assert len(lines) == 1
-    assert "active 1/2" in lines[0]
-    assert "0.25/0.375" in lines[0]  # best val min/median
-    assert "3 MiB" in lines[0]
-
-
-def test_auto_is_plain_off_a_terminal_and_rich_runs():
-    assert isinstance(writers.make_progress("auto"), writers.PlainProgress)
-    progress = writers.make_progress("rich")
-    assert isinstance(progress, writers.RichProgress)
-    progress.start_group("group-000", 2, 10, 0)
-    progress.update(RECORD, None)
-    progress.end_group()
+def test_atomic_write_gives_the_umask_mode_and_keeps_the_old_file_on_failure(tmp_path):
+    path = tmp_path / "out.txt"
+    writers.atomic_write(str(path), "first")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
+    with pytest.raises(TypeError):
+        writers.atomic_write(str(path), 123)  # neither bytes nor str: fails before replace
+    assert path.read_text() == "first"
+    assert os.listdir(tmp_path) == ["out.txt"]  # no temporary file left behind
+    writers.atomic_write(str(path), b"second")
+    assert path.read_bytes() == b"second"

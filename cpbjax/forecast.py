@@ -1,0 +1,180 @@
+"""Forecasts of saved or trained models, in prices, and the files that hold them.
+
+`split_forecast` forecasts every window of one split of a series (one jitted, batched
+call per power-of-two batch, so series of similar length share a program);
+`next_candles` forecasts the H candles after the newest one. Forecast files:
+forecasts/<SERIES>.npz (every test window, eval.save_forecasts) and, for --mode predict,
+forecast.json / forecast.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from cpbjax import metrics, writers
+from cpbjax import workdir as workdir_lib
+from cpbjax.config import INTERVAL_MS
+from cpbjax.data import parsing, windows
+from cpbjax.data.series import SeriesSkipped
+
+
+class SplitForecast(NamedTuple):
+    """The forecasts of every window of one split."""
+
+    ends_N: np.ndarray  # int64 window end indices into the series
+    prices_NHC: np.ndarray | None  # float64 prices; None under candle_minmax (no price level)
+    norm_NHC: np.ndarray  # float32 forecasts in the normalised space
+
+
+@functools.partial(jax.jit, static_argnames=("module", "lookback", "horizon"))
+def _forecast_batch(
+    module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon
+):
+    x_BLF, _ = windows.gather(inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon)
+    return module.apply({"params": params}, x_BLF, None, train=False)
+
+
+def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=1024):
+    """Deterministic normalised forecasts of the windows ending at `ends_N`.
+
+    Batches are padded to a power of two (capped at batch_size), so series of
+    similar length share one compiled program.
+
+    Args:
+      module, params: the model, applied with train=False.
+      prep: windows.PreparedSeries. ends_N: int [N] window end indices.
+      lookback, horizon: L and H. batch_size: the largest batch per call.
+
+    Returns:
+      float32 [N, H, C] normalised forecasts.
+    """
+    ends_N = np.asarray(ends_N, np.int32)
+    n = len(ends_N)
+    if n == 0:
+        return np.zeros((0, horizon, windows.NUM_TARGETS), np.float32)
+    b = min(batch_size, 1 << max(n - 1, 0).bit_length())
+    padded = np.concatenate([ends_N, np.full(-n % b, ends_N[-1], np.int32)])
+    arrays = [jax.device_put(a) for a in (prep.inputs, prep.targets, prep.anchor, prep.price_mask)]
+    outs = [
+        np.asarray(_forecast_batch(module, params, *arrays, padded[i : i + b], lookback, horizon))
+        for i in range(0, len(padded), b)
+    ]
+    return np.concatenate(outs)[:n].astype(np.float32)
+
+
+def split_forecast(module, params, prep, split, lookback, horizon) -> SplitForecast:
+    """Forecasts every window of one split ("train" | "val" | "test") of one series."""
+    ends_N = np.asarray(prep.ends[split], np.int64)
+    pred_norm = predict_windows(module, params, prep, ends_N, lookback, horizon)
+    if prep.norm["kind"] == "candle_minmax":
+        return SplitForecast(ends_N, None, pred_norm)
+    return SplitForecast(ends_N, windows.to_prices(prep, ends_N, pred_norm), pred_norm)
+
+
+def forecast_record(prep, fc: SplitForecast, horizon) -> dict:
+    """The arrays of a forecasts file (see save_forecasts)."""
+    if fc.prices_NHC is None:
+        raise ValueError(
+            f"{prep.name}: no price forecasts to save: data.normalization="
+            f"{prep.norm['kind']!r} keeps no price level"
+        )
+    ends_N = np.asarray(fc.ends_N, np.int64)
+    idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
+    return {
+        "series": np.array(prep.name),
+        "symbol": np.array(prep.symbol),
+        "interval": np.array(prep.interval),
+        "columns": np.array(metrics.COLUMNS),
+        "last_open_time_ms": prep.open_time_ms[ends_N].astype(np.int64),
+        "last_candle": prep.ohlc[ends_N].astype(np.float64),
+        "target_open_time_ms": prep.open_time_ms[idx_NH].astype(np.int64),
+        "actual": prep.ohlc[idx_NH].astype(np.float64),
+        "predicted": np.asarray(fc.prices_NHC, np.float64),
+    }
+
+
+def save_forecasts(workdir, record: dict) -> str:
+    """Writes a `forecast_record` to <workdir>/forecasts/<SERIES>.npz; returns its path.
+
+    Keys: series, symbol, interval, columns (open, high, low, close),
+    last_open_time_ms [N], last_candle [N, C], target_open_time_ms [N, H],
+    actual [N, H, C], predicted [N, H, C] (prices). `metrics.score_prices(last_candle,
+    actual, predicted)` recomputes every price-space metric from them.
+    """
+    path = workdir_lib.forecasts_file(workdir, str(record["series"]))
+    buf = io.BytesIO()
+    np.savez(buf, **record)
+    writers.atomic_write(path, buf.getvalue())
+    return path
+
+
+def load_forecasts(path) -> dict:
+    """Reads a forecasts file into a dict of arrays."""
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def next_candles(module, params, prep, lookback: int, horizon: int) -> dict:
+    """The next H candles after the newest one of `prep`, in prices (a forecast.json entry).
+
+    Raises:
+      SeriesSkipped: the newest L candles are too few or span a gap, or the
+        normalisation keeps no price level (candle_minmax).
+    """
+    if prep.norm["kind"] == "candle_minmax":
+        raise SeriesSkipped("data.normalization='candle_minmax' keeps no price level")
+    try:
+        windows.latest_window(prep, lookback)
+    except ValueError as e:
+        raise SeriesSkipped(str(e)) from None
+    step = INTERVAL_MS[prep.interval]
+    t = len(prep.ohlc) - 1
+    ends = np.array([t])
+    pred_HC = windows.to_prices(
+        prep, ends, predict_windows(module, params, prep, ends, lookback, horizon)
+    )[0]
+    times = prep.open_time_ms[t] + step * np.arange(1, horizon + 1, dtype=np.int64)
+    candles = [
+        {
+            "step": h + 1,
+            "open_time": parsing.iso(ms),
+            "open_time_ms": int(ms),
+            **dict(zip(metrics.COLUMNS, map(float, pred_HC[h]), strict=True)),
+        }
+        for h, ms in enumerate(times)
+    ]
+    return {
+        "symbol": prep.symbol,
+        "interval": prep.interval,
+        "last_open_time": parsing.iso(prep.open_time_ms[t]),
+        "last_open_time_ms": int(prep.open_time_ms[t]),
+        "last_candle": dict(zip(metrics.COLUMNS, map(float, prep.ohlc[t]), strict=True)),
+        "forecast": candles,
+    }
+
+
+def forecast_csv(series: dict) -> str:
+    """forecast.json's series as CSV text, one row per (series, step)."""
+    buf = io.StringIO()
+    fields = ("series", "symbol", "interval", "step", "open_time", "open_time_ms")
+    writer = csv.DictWriter(buf, fieldnames=(*fields, *metrics.COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for name, s in series.items():
+        for candle in s["forecast"]:
+            values = {k: repr(v) if isinstance(v, float) else v for k, v in candle.items()}
+            writer.writerow(
+                {"series": name, "symbol": s["symbol"], "interval": s["interval"], **values}
+            )
+    return buf.getvalue()
+
+
+def write_forecast_files(workdir: str, doc: dict) -> None:
+    """Writes --mode predict's <workdir>/forecast.json and forecast.csv."""
+    writers.write_json(workdir_lib.forecast_json(workdir), doc)
+    writers.atomic_write(workdir_lib.forecast_csv(workdir), forecast_csv(doc["series"]))

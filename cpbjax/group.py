@@ -1,0 +1,156 @@
+"""The compiled group program: one jitted, coin-sharded call runs one epoch of K coins.
+
+`GroupTrainer` owns shapes and compilation only. The math is cpbjax/step.py's pure
+functions over an `EpochSpec` fixed at construction; here they are `shard_map`ped over
+the `coins` mesh (each device runs its own K / num_devices coins, so no collective can
+appear between devices: coins are independent, and a collective on XLA:CPU's host
+devices can also deadlock) and jitted with the state donated. The program depends only
+on the spec and K, so every group of a run (same padded shapes) reuses one compilation.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from cpbjax import sharding, step
+from cpbjax.data import windows
+
+
+def coin_keys(seed: int, series_indices) -> np.ndarray:
+    """uint32 [K, 2] keys fold_in(PRNGKey(seed), index): a coin's stream is its own.
+
+    The index is the series' position in the run, so a coin trains the same
+    whichever group or slot it lands in.
+    """
+    root = jax.random.PRNGKey(seed)
+    return np.stack([np.asarray(jax.random.fold_in(root, int(i))) for i in series_indices])
+
+
+class GroupTrainer:
+    """Builds the jitted init and one-epoch programs for groups of `num_coins` coins.
+
+    Attributes:
+      spec: the step.EpochSpec the programs close over.
+      num_coins: K, a multiple of the mesh size.
+      state_sharding: NamedShardings of step.GroupState (coin axis over the mesh).
+      arrays_sharding: NamedShardings of windows.GroupArrays (see `stack`).
+      coin_sharding: NamedSharding of one [K, ...] array.
+    """
+
+    def __init__(self, config, module, num_coins: int, mesh: Mesh | None = None):
+        """Args:
+        config: the run config; read here once (step.make_spec, data sizes, precision).
+        module: the Flax Linen model (see cpbjax.models).
+        num_coins: K, a multiple of the mesh size.
+        mesh: a 1-D `coins` mesh; default `sharding.coin_mesh()`.
+        """
+        self.mesh = mesh if mesh is not None else sharding.coin_mesh()
+        if num_coins % self.mesh.size:
+            raise ValueError(
+                f"num_coins={num_coins} is not a multiple of the {self.mesh.size} devices"
+            )
+        self.spec = step.make_spec(config, module)
+        self.num_coins = num_coins
+        self.data_cfg = config.data
+        self.matmul_precision = config.matmul_precision
+        self.coin_sharding = NamedSharding(self.mesh, P(sharding.COIN_AXIS))
+        self._build_programs()
+
+    @property
+    def module(self):
+        return self.spec.module
+
+    def _build_programs(self) -> None:
+        """Jits the shard_mapped init and epoch."""
+        state_specs = sharding.coin_specs(self._state_shapes())
+        arrays_specs = sharding.coin_specs(self._abstract_arrays()).replace(price_mask=P())
+        metrics_specs = {
+            name: P() if name in ("epoch", "lr") else P(sharding.COIN_AXIS)
+            for name in step.EPOCH_METRICS
+        }
+        self.state_sharding = sharding.named(self.mesh, state_specs)
+        self.arrays_sharding = sharding.named(self.mesh, arrays_specs)
+        # check_vma=False: the scalar outputs (epoch, lr) are computed from replicated
+        # inputs only, so they are the same on every device by construction.
+        per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
+        epoch = functools.partial(step.run_epoch, self.spec)
+        self._epoch_jit = jax.jit(
+            per_device(
+                epoch, in_specs=(state_specs, arrays_specs), out_specs=(state_specs, metrics_specs)
+            ),
+            donate_argnums=0,
+        )
+        init = functools.partial(step.init_state, self.spec)
+        init_specs = (P(sharding.COIN_AXIS),) * 3
+        self._init_jit = jax.jit(per_device(init, in_specs=init_specs, out_specs=state_specs))
+
+    def _state_shapes(self) -> step.GroupState:
+        arrays = self._abstract_arrays()
+        keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)
+        init = functools.partial(step.init_state, self.spec)
+        return jax.eval_shape(init, keys, arrays.train_mask, arrays.val_mask)
+
+    def _abstract_arrays(self) -> windows.GroupArrays:
+        """GroupArrays of ShapeDtypeStructs: the fixed padded shapes of this config."""
+        k, spec = self.num_coins, self.spec
+        sizes = windows.padded_sizes(self.data_cfg)
+        t = sizes["T"]
+        sds = jax.ShapeDtypeStruct
+        ends = {}
+        for split in windows.SPLITS:
+            ends[f"{split}_ends"] = sds((k, sizes[split]), jnp.int32)
+            ends[f"{split}_mask"] = sds((k, sizes[split]), jnp.bool_)
+        return windows.GroupArrays(
+            inputs=sds((k, t, spec.num_features), jnp.float32),
+            targets=sds((k, t, windows.NUM_TARGETS), jnp.float32),
+            anchor=sds((k, t), jnp.float32),
+            aux=sds((k, t, spec.num_aux), jnp.float32),
+            price_mask=sds((spec.num_features,), jnp.float32),
+            **ends,
+        )
+
+    def stack(self, preps: list) -> windows.GroupArrays:
+        """`windows.stack_group` padded to K coins and placed with this trainer's shardings."""
+        return windows.stack_group(preps, self.num_coins, self.data_cfg, self.arrays_sharding)
+
+    def init_state(self, keys_K2, arrays: windows.GroupArrays) -> step.GroupState:
+        """A fresh GroupState: `module.init` of each coin with its own key.
+
+        Args:
+          keys_K2: uint32 [K, 2] coin keys (see `coin_keys`).
+          arrays: the group's data; a coin without train or val windows starts inactive.
+        """
+        with jax.default_matmul_precision(self.matmul_precision):
+            keys = sharding.place(np.asarray(keys_K2, np.uint32), self.coin_sharding)
+            return self._init_jit(keys, arrays.train_mask, arrays.val_mask)
+
+    def abstract_state(self) -> step.GroupState:
+        """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            self._state_shapes(),
+            self.state_sharding,
+        )
+
+    def run_epoch(self, state: step.GroupState, arrays: windows.GroupArrays):
+        """Runs one epoch of every active coin; `state` is donated (do not reuse it).
+
+        Returns:
+          (new state, metrics): device arrays; metrics holds float32 [K] train_loss,
+          val_loss, best_val_loss, lr_scale, bool [K] active, diverged, and scalars
+          epoch (1-based, the epoch just run) and lr (base schedule lr of its last step).
+          Losses are NaN for coins that did not train this epoch.
+        """
+        with jax.default_matmul_precision(self.matmul_precision):
+            return self._epoch_jit(state, arrays)
+
+    def lowered_epoch(self, state: step.GroupState, arrays: windows.GroupArrays):
+        """The lowered epoch program, e.g. `.compile().cost_analysis()` for benchmarks."""
+        with jax.default_matmul_precision(self.matmul_precision):
+            return self._epoch_jit.lower(state, arrays)

@@ -1,0 +1,102 @@
+"""The resume ledger: <workdir>/checkpoints/groups.json, the run's group plan and finished groups.
+
+A rerun with the same --workdir skips the groups recorded here and refuses to mix in a
+different config or set of series (`RunMismatch`). The fingerprint holds the config fields
+that decide what a run trains; fields that only say where candles come from or how the
+coins are computed may change between a run and its resume.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cpbjax import config as config_lib
+from cpbjax import sharding, writers
+from cpbjax import workdir as workdir_lib
+
+
+class RunMismatch(ValueError):
+    """--workdir holds a run of another config or series set, so it cannot resume."""
+
+
+# Data fields that change where or how candles are fetched, never which candles.
+FETCH_FIELDS = ("base_url", "cache_dir", "download_workers", "timeout_seconds", "retries")
+# Train fields that change how the coins are computed, never what they train.
+EXECUTION_FIELDS = ("compact_groups",)
+
+
+def training_fields(config) -> dict:
+    """The config fields that decide what a run trains (JSON types)."""
+    keys = ("seed", "dtype", "matmul_precision", "data", "model", "train")
+    fields = writers.to_jsonable({k: config[k] for k in keys})
+    for name in FETCH_FIELDS:
+        del fields["data"][name]
+    for name in EXECUTION_FIELDS:
+        del fields["train"][name]
+    return fields
+
+
+def fingerprint(config, plan: list[list[str]]) -> dict:
+    """What a resumed run must share with the run that wrote the checkpoints."""
+    return {"config": training_fields(config), "groups": plan}
+
+
+def _with_defaults(old: dict, defaults: dict) -> dict:
+    """`old` plus the fields it lacks, from `defaults` (nested dicts merged).
+
+    A config field added to cpbjax after a run was started is absent from that run's
+    ledger; left at its default it changes nothing, so it must not block the resume.
+    """
+    merged = dict(old)
+    for key, value in defaults.items():
+        if key not in merged:
+            merged[key] = value
+        elif isinstance(merged[key], dict) and isinstance(value, dict):
+            merged[key] = _with_defaults(merged[key], value)
+    return merged
+
+
+def _differences(old, new, prefix="") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for k in sorted(set(old) | set(new))
+            for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        ]
+    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
+class Ledger:
+    """The run's group plan and each finished group's results.json entries."""
+
+    def __init__(self, workdir: str, run_fingerprint: dict):
+        """Opens the ledger of `workdir`, creating it for a new run.
+
+        Raises:
+          RunMismatch: the workdir's ledger has another fingerprint.
+        """
+        self.path = workdir_lib.ledger(workdir)
+        self.data = {"fingerprint": run_fingerprint, "finished": {}}
+        if os.path.exists(self.path):
+            old = writers.read_json(self.path)
+            defaults = training_fields(config_lib.base_config())
+            old_config = _with_defaults(old["fingerprint"]["config"], defaults)
+            diffs = _differences({**old["fingerprint"], "config": old_config}, run_fingerprint)
+            if diffs:
+                raise RunMismatch(
+                    f"{workdir} holds a run with a different config or series, so it cannot be "
+                    f"resumed ({'; '.join(diffs[:5])}); rerun the same command or use a new --workdir"
+                )
+            self.data = old
+        self._write()
+
+    def finished(self, group: str) -> dict | None:
+        return self.data["finished"].get(group)
+
+    def finish(self, group: str, entries: dict) -> None:
+        self.data["finished"][group] = entries
+        self._write()
+
+    def _write(self) -> None:
+        if sharding.is_primary():
+            writers.write_json(self.path, self.data)

@@ -1,0 +1,169 @@
+"""The run log: each epoch record fans out to metrics.jsonl, the progress display and TensorBoard.
+
+It is built once per run knowing whether this process writes the workdir (process 0 of
+a multi-host run), so the driver never asks again. The progress display is a rich live
+bar on a terminal and one absl log line per epoch elsewhere (CI, log files).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import sys
+import time
+
+from absl import logging
+
+from cpbjax import tensorboard, writers
+
+
+class RunLog:
+    """Where a run's per-epoch records go; every method is a no-op off the primary process."""
+
+    def __init__(self, workdir: str, logging_cfg, primary: bool):
+        """Args:
+        workdir: the run folder (metrics.jsonl, tb/).
+        logging_cfg: config.logging (progress: auto | rich | plain; tensorboard: bool).
+        primary: whether this process writes the workdir.
+        """
+        self.primary = primary
+        self.metrics = writers.MetricsLog(workdir)
+        self.progress = make_progress(logging_cfg.progress)
+        use_tb = logging_cfg.tensorboard and primary
+        self.tensorboard = tensorboard.TensorBoardLog(workdir) if use_tb else None
+
+    def start_group(self, group: str, num_series: int, max_epochs: int, start_epoch: int):
+        """A group starts (or resumes after `start_epoch`): its later lines are dropped, as
+        those epochs are re-run."""
+        if not self.primary:
+            return
+        self.metrics.keep(lambda r: r["group"] != group or r["epoch"] <= start_epoch)
+        self.progress.start_group(group, num_series, max_epochs, start_epoch)
+        if self.tensorboard:
+            self.tensorboard.start_group(group, start_epoch)
+
+    def epoch(self, record: dict, memory_bytes: int | None) -> None:
+        """One metrics.jsonl record (JSON types) of the epoch just run."""
+        if not self.primary:
+            return
+        self.metrics.append(record)
+        self.progress.update(record, memory_bytes)
+        if self.tensorboard:
+            self.tensorboard.append(record)
+
+    def end_group(self) -> None:
+        if self.primary:
+            self.progress.end_group()
+
+    def close(self) -> None:
+        """Closes the TensorBoard file; call in a `finally`."""
+        if self.tensorboard:
+            self.tensorboard.close()
+
+
+def _fmt_loss(values) -> str:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "-"
+    return f"{min(finite):.4g}/{statistics.median(finite):.4g}"
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+@dataclasses.dataclass
+class _GroupInfo:
+    name: str
+    num_series: int
+    max_epochs: int
+    start_epoch: int
+    started: float
+
+
+class PlainProgress:
+    """One absl log line per epoch (CI, log files)."""
+
+    def __init__(self):
+        self._group = None
+
+    def start_group(self, name: str, num_series: int, max_epochs: int, start_epoch: int) -> None:
+        self._group = _GroupInfo(name, num_series, max_epochs, start_epoch, time.monotonic())
+        resumed = f", resumed after epoch {start_epoch}" if start_epoch else ""
+        logging.info(
+            "%s: training %d series for up to %d epochs%s", name, num_series, max_epochs, resumed
+        )
+
+    def update(self, record: dict, memory_bytes: int | None) -> None:
+        g = self._group
+        done = record["epoch"] - g.start_epoch
+        eta = (time.monotonic() - g.started) / max(done, 1) * (g.max_epochs - record["epoch"])
+        logging.info(
+            "%s epoch %d/%d: active %d/%d, train loss min/median %s, best val min/median %s, "
+            "lr %.3g, %.2fs, ETA <= %.0fs, device memory %s",
+            g.name,
+            record["epoch"],
+            g.max_epochs,
+            sum(record["active"]),
+            g.num_series,
+            _fmt_loss(record["train_loss"]),
+            _fmt_loss(record["best_val_loss"]),
+            record["lr"],
+            record["seconds"],
+            eta,
+            _fmt_bytes(memory_bytes),
+        )
+
+    def end_group(self) -> None:
+        logging.info("%s: done in %.1fs", self._group.name, time.monotonic() - self._group.started)
+
+
+class RichProgress:
+    """A live rich progress bar per group (interactive terminals)."""
+
+    def __init__(self):
+        from rich import progress as rp  # noqa: PLC0415 (only needed on a TTY)
+
+        self._progress = rp.Progress(
+            rp.TextColumn("{task.description}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TextColumn("active {task.fields[active]}"),
+            rp.TextColumn("best val min/med {task.fields[best]}"),
+            rp.TimeRemainingColumn(),
+            rp.TextColumn("{task.fields[memory]}"),
+        )
+        self._task = None
+        self._num_series = 0
+
+    def start_group(self, name: str, num_series: int, max_epochs: int, start_epoch: int) -> None:
+        self._num_series = num_series
+        self._progress.start()
+        self._task = self._progress.add_task(
+            name,
+            total=max_epochs,
+            completed=start_epoch,
+            active=f"{num_series}/{num_series}",
+            best="-",
+            memory="",
+        )
+
+    def update(self, record: dict, memory_bytes: int | None) -> None:
+        self._progress.update(
+            self._task,
+            completed=record["epoch"],
+            active=f"{sum(record['active'])}/{self._num_series}",
+            best=_fmt_loss(record["best_val_loss"]),
+            memory=_fmt_bytes(memory_bytes),
+        )
+
+    def end_group(self) -> None:
+        self._progress.stop()
+
+
+def make_progress(mode: str) -> PlainProgress | RichProgress:
+    """config.logging.progress: `rich`, `plain`, or `auto` (rich on a TTY, else plain)."""
+    if mode == "rich" or (mode == "auto" and sys.stderr.isatty()):
+        return RichProgress()
+    return PlainProgress()

@@ -1,0 +1,181 @@
+"""The saved best models of a workdir (models/<SERIES>/), and new data prepared for them.
+
+--mode evaluate and --mode predict load <workdir>/models/<SYMBOL>-<INTERVAL>/
+(checkpoint.save_series_model) and the data of the given config. What defines a model's
+windows (features, lookback, horizon, normalization) and the model itself always come
+from the model's own saved config; the data location and extent (source, mirror,
+months, end, candles) come from the given config, so a model can be scored on other
+months or another mirror. Windows are normalised with the statistics the model was
+trained with (its meta.json `norm`), so new data is scaled exactly as training data
+was; only a model saved without them (by an earlier cpbjax) re-fits them on the
+loaded data, with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import ml_collections
+from absl import logging
+
+from cpbjax import checkpoint, models
+from cpbjax import workdir as workdir_lib
+from cpbjax.data import features as features_lib
+from cpbjax.data import sources, windows
+
+# data fields that define a model's windows: always taken from the model's saved config.
+MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
+
+
+class ModelNotFound(ValueError):
+    """A requested series or interval has no saved model; the message lists those that do."""
+
+
+def available_models(workdir: str) -> dict[str, str]:
+    """Series name -> folder of every saved best model under <workdir>/models/.
+
+    Raises:
+      ModelNotFound: if there is no saved model at all.
+    """
+    folder = workdir_lib.models_dir(workdir)
+    found = {}
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            if os.path.exists(os.path.join(folder, name, workdir_lib.MODEL_META_FILE)):
+                found[name] = os.path.join(folder, name)
+    if not found:
+        raise ModelNotFound(f"no saved model under {folder}: train with --workdir {workdir} first")
+    return found
+
+
+def parse_series(name: str) -> tuple[str, str]:
+    """("BTCUSDT", "1h") of "BTCUSDT-1h"."""
+    symbol, _, interval = name.rpartition("-")
+    return symbol, interval
+
+
+def select_series(available, symbols, intervals, excused=None) -> tuple[list[str], dict]:
+    """The series of symbols x intervals to use, each of which must have a model.
+
+    Args:
+      available: series names with a saved model.
+      symbols, intervals: requested; an empty one means every one with a model.
+      excused: series name -> reason for series known to have no model (skipped in
+        training); they are returned as skipped instead of raising.
+
+    Returns:
+      (names in request order, skipped: name -> reason).
+
+    Raises:
+      ModelNotFound: naming each series, symbol or interval without a model and
+        listing the series that have one.
+    """
+    excused = excused or {}
+    pairs = {n: parse_series(n) for n in available}
+    if symbols and intervals:
+        wanted = [f"{s}-{i}" for s in symbols for i in intervals]
+        missing = [n for n in wanted if n not in pairs and n not in excused]
+    else:
+        wanted = [
+            n
+            for n, (s, i) in pairs.items()
+            if (not symbols or s in symbols) and (not intervals or i in intervals)
+        ]
+        missing = [f"symbol {s}" for s in symbols if all(p[0] != s for p in pairs.values())]
+        missing += [f"interval {i}" for i in intervals if all(p[1] != i for p in pairs.values())]
+    if missing or not wanted:
+        raise ModelNotFound(
+            f"no saved model for {', '.join(missing) or 'the request'}; "
+            f"series with a model: {', '.join(sorted(available))}"
+        )
+    skipped = {n: f"no model (skipped in training: {excused[n]})" for n in wanted if n not in pairs}
+    return [n for n in wanted if n in pairs], skipped
+
+
+def as_config(d: dict) -> ml_collections.ConfigDict:
+    """A ConfigDict from a JSON config, with lists back as the tuples the schema uses."""
+
+    def fix(v):
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        return tuple(v) if isinstance(v, list) else v
+
+    return ml_collections.ConfigDict(fix(d))
+
+
+class LoadedModel(NamedTuple):
+    """One saved best model, as `load_model` returns it."""
+
+    module: Any  # the Flax Linen module
+    params: Any  # its params pytree
+    trained: ml_collections.ConfigDict  # the config it was trained with
+    norm: dict | None  # meta.json's `norm` if it holds the fitted statistics, else None
+
+
+def load_model(path: str) -> LoadedModel:
+    """Loads one saved best model (see LoadedModel)."""
+    params, meta = checkpoint.load_series_model(path)
+    if "config" not in meta:
+        raise ValueError(
+            f"{path}/{workdir_lib.MODEL_META_FILE} has no 'config': cannot rebuild the model"
+        )
+    trained = as_config(meta["config"])
+    norm = meta.get("norm") if "feature_mean" in meta.get("norm", {}) else None
+    return LoadedModel(models.build(models.make_config(trained)), params, trained, norm)
+
+
+def run_config(config, trained, names) -> ml_collections.ConfigDict:
+    """The given config with the model's window fields and model group, restricted to names."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    for field in MODEL_DATA_FIELDS:
+        if c.data[field] != trained.data[field]:
+            logging.warning(
+                "using the model's data.%s=%r, not the given %r",
+                field,
+                trained.data[field],
+                c.data[field],
+            )
+            c.data[field] = trained.data[field]
+    c.model = ml_collections.ConfigDict(trained.model.to_dict())
+    c.data.symbols = tuple(dict.fromkeys(parse_series(n)[0] for n in names))
+    c.data.intervals = tuple(dict.fromkeys(parse_series(n)[1] for n in names))
+    return c
+
+
+def load_models(available, names):
+    """Loads the models of `names`; all must share the window fields (one run).
+
+    Returns:
+      (name -> LoadedModel, the first model's training config).
+    """
+    loaded = {n: load_model(available[n]) for n in names}
+    first = loaded[names[0]].trained
+    for name, model in loaded.items():
+        for field in MODEL_DATA_FIELDS:
+            if model.trained.data[field] != first.data[field]:
+                raise ValueError(
+                    f"model {name} has data.{field}={model.trained.data[field]!r} but "
+                    f"{names[0]} has {first.data[field]!r}: evaluate them separately"
+                )
+    return loaded, first
+
+
+def prepare(config, loaded: dict) -> tuple[dict, dict]:
+    """Loads and prepares the series of `loaded` (name -> LoadedModel) with each model's
+    training normalisation; returns (name -> PreparedSeries, skipped)."""
+    names = list(loaded)
+    norms = {n: m.norm for n, m in loaded.items() if m.norm is not None}
+    z_scored = [f for f in config.data.features if f not in features_lib.PRICE_FEATURES]
+    if (config.data.normalization == "zscore" or z_scored) and len(norms) < len(names):
+        logging.warning(
+            "models %s were saved without their normalisation statistics: those are "
+            "re-fitted on the train split of the data loaded now",
+            sorted(set(names) - set(norms)),
+        )
+    series, skipped = sources.load_all(config.data)
+    preps, unusable = windows.prepare_all(
+        [s for s in series if s.name in names], config.data, norms
+    )
+    skipped.update(unusable)
+    return {p.name: p for p in preps}, {n: r for n, r in skipped.items() if n in names}

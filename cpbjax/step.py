@@ -1,0 +1,449 @@
+"""The per-coin training math as pure functions of pytrees and one frozen EpochSpec.
+
+A group of K series ("coins") trains as one program: params and optimizer state carry a
+leading coin axis [K, ...] and every per-coin function here is `jax.vmap`ped over it.
+`run_epoch` is one whole epoch on device-resident data: shuffle each coin's training
+windows, `lax.scan` over the batches, validation loss, per-coin early stopping.
+cpbjax/group.py jits and shards it; nothing here reads a config while being traced.
+
+Masking rules: a padded window or coin adds nothing to any loss, gradient or metric; a
+coin whose batch has no valid window, or that has stopped or diverged, keeps its params
+and optimizer state bit for bit (`jnp.where` on the whole update, so Adam's step count
+and moments do not move). Every reduction is per coin, so a NaN in one coin can never
+reach another.
+
+Shape letters (docs/design.md): K coins, T candles, N windows of a split, S steps of an
+epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets, A aux targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from flax import struct
+
+from cpbjax import optimizer
+from cpbjax.data import windows
+
+# What `run_epoch` returns; epoch and lr are scalars, the rest [K].
+EPOCH_METRICS = (
+    "epoch",
+    "lr",
+    "train_loss",
+    "val_loss",
+    "best_val_loss",
+    "lr_scale",
+    "active",
+    "diverged",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochSpec:
+    """Everything the compiled epoch reads, fixed when its program is built.
+
+    Built once from the run config by `make_spec`, so the traced functions close over
+    plain Python values and never see a mutable ConfigDict.
+    """
+
+    module: nn.Module  # the Flax Linen model of every coin
+    tx: optax.GradientTransformation  # optimizer.make_optimizer (lr injected per step)
+    schedule: optax.Schedule  # global step -> base learning rate
+    plateau: optax.GradientTransformation  # reduce-on-plateau (scale 1 when disabled)
+    lookback: int  # L
+    horizon: int  # H
+    num_features: int  # F
+    num_aux: int  # A: aux target columns (0 without model.aux_targets)
+    batch_size: int  # B
+    train_steps: int  # S of the train pass: ceil(padded train windows / B)
+    val_steps: int  # S of the val pass
+    teacher_forcing: float  # per-step probability of feeding the true candle
+    aux_weight: float  # weight of the aux MSE in the training objective
+    patience: int  # early stopping: epochs without val improvement
+    min_delta: float  # improvement below this does not reset patience
+    reduce_on_plateau: bool
+
+
+def make_spec(config, module: nn.Module) -> EpochSpec:
+    """The EpochSpec of a run config (data, model.aux_*, train) and its model."""
+    d, t = config.data, config.train
+    sizes = windows.padded_sizes(d)
+    train_steps = math.ceil(sizes["train"] / t.batch_size)
+    return EpochSpec(
+        module=module,
+        tx=optimizer.make_optimizer(t),
+        schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
+        plateau=optimizer.make_plateau(t),
+        lookback=d.lookback,
+        horizon=d.horizon,
+        num_features=len(d.features),
+        num_aux=len(config.model.aux_targets),
+        batch_size=t.batch_size,
+        train_steps=train_steps,
+        val_steps=math.ceil(sizes["val"] / t.batch_size),
+        teacher_forcing=t.teacher_forcing,
+        aux_weight=config.model.aux_weight,
+        patience=t.patience,
+        min_delta=t.min_delta,
+        reduce_on_plateau=t.reduce_on_plateau,
+    )
+
+
+@struct.dataclass
+class GroupState:
+    """Everything a group needs to continue training; one Orbax checkpoint.
+
+    All leaves except `epoch` carry the coin axis K first. Epoch numbers are 1-based;
+    0 means "none yet".
+    """
+
+    params: Any  # Current Flax params [K, ...].
+    opt_state: Any  # Optax state of `optimizer.make_optimizer` [K, ...].
+    plateau: Any  # Reduce-on-plateau state [K, ...] (scale stays 1 when disabled).
+    best_params: Any  # Params at each coin's best validation loss [K, ...].
+    best_val: jax.Array  # float32 [K], inf before the first epoch.
+    best_epoch: jax.Array  # int32 [K].
+    bad_epochs: jax.Array  # int32 [K]: epochs since the last improvement.
+    active: jax.Array  # bool [K]: still training (False for padded coins).
+    diverged: jax.Array  # bool [K].
+    diverged_epoch: jax.Array  # int32 [K].
+    epochs_run: jax.Array  # int32 [K]: epochs this coin trained.
+    key: jax.Array  # uint32 [K, 2]: per-coin training key; epoch keys fold in the epoch.
+    epoch: jax.Array  # int32 []: epochs completed by the group.
+
+
+class CoinData(NamedTuple):
+    """The device-resident series of ONE coin that every per-coin function reads."""
+
+    inputs_TF: jax.Array
+    targets_TC: jax.Array
+    anchor_T: jax.Array
+    price_mask_F: jax.Array  # shared by the coins of a group
+    aux_TA: jax.Array
+
+
+# vmap axes of CoinData over the coins of a GroupArrays.
+COIN_DATA_AXES = CoinData(0, 0, 0, None, 0)
+
+
+def coin_data(arrays: windows.GroupArrays) -> CoinData:
+    return CoinData(arrays.inputs, arrays.targets, arrays.anchor, arrays.price_mask, arrays.aux)
+
+
+class Windows(NamedTuple):
+    """B windows of one coin, sliced on the device."""
+
+    x_BLF: jax.Array  # normalised inputs
+    y_BHC: jax.Array  # normalised OHLC targets
+    aux_BA: jax.Array  # aux targets (A = 0 without them)
+
+
+class StepResult(NamedTuple):
+    """One masked update of one coin."""
+
+    params: Any
+    opt_state: Any
+    loss_sum: jax.Array  # OHLC MSE x windows trained on (0 if the update was not taken)
+    num_windows: jax.Array  # int32: windows trained on
+    nonfinite: jax.Array  # bool: an active coin's loss or gradient was not finite
+
+
+class TrainPass(NamedTuple):
+    """The end of one epoch's train pass, per coin."""
+
+    params: Any
+    opt_state: Any
+    loss_sum_K: jax.Array
+    num_windows_K: jax.Array
+    nonfinite_K: jax.Array
+
+
+def select(take_K: jax.Array, new, old):
+    """Per-coin choice between two [K, ...] pytrees (take_K: bool [K])."""
+
+    def pick(n, o):
+        return jnp.where(take_K.reshape(take_K.shape + (1,) * (n.ndim - 1)), n, o)
+
+    return jax.tree.map(pick, new, old)
+
+
+def window_sq_err(y_hat_B: jax.Array, y_B: jax.Array) -> jax.Array:
+    """Mean squared error of each window over its other axes ([B, H, C] or [B, A]), float32 [B]."""
+    err = jnp.square(y_hat_B.astype(jnp.float32) - y_B)
+    return jnp.mean(err, axis=tuple(range(1, err.ndim)))
+
+
+def gather_windows(spec: EpochSpec, data: CoinData, ends_B: jax.Array) -> Windows:
+    """The windows of ONE coin ending at ends_B (int32 [B])."""
+    if data.aux_TA.shape[-1] != spec.num_aux:
+        raise ValueError(
+            f"the group has {data.aux_TA.shape[-1]} aux target columns but the spec has "
+            f"{spec.num_aux}: prepare the series with "
+            "windows.prepare_all(..., aux_targets=config.model.aux_targets)"
+        )
+    x_BLF, y_BHC = windows.gather(
+        data.inputs_TF,
+        data.targets_TC,
+        data.anchor_T,
+        data.price_mask_F,
+        ends_B,
+        spec.lookback,
+        spec.horizon,
+    )
+    return Windows(x_BLF, y_BHC, windows.gather_aux(data.aux_TA, ends_B))
+
+
+# -- init -------------------------------------------------------------------------------
+
+
+def init_coin(spec: EpochSpec, key: jax.Array):
+    """(params, opt_state, plateau state, train key) of one coin from its key."""
+    init_key, train_key = jax.random.split(key)
+    params_key, dropout_key, teacher_key = jax.random.split(init_key, 3)
+    x_BLF = jnp.zeros((1, spec.lookback, spec.num_features), jnp.float32)
+    y_BHC = jnp.zeros((1, spec.horizon, windows.NUM_TARGETS), jnp.float32)
+    rngs = {"params": params_key, "dropout": dropout_key, "teacher": teacher_key}
+    params = spec.module.init(rngs, x_BLF, y_BHC, train=False)["params"]
+    return params, spec.tx.init(params), optimizer.init_plateau(spec.plateau), train_key
+
+
+def init_state(spec: EpochSpec, keys_K2, train_mask_KN, val_mask_KN) -> GroupState:
+    """The fresh state of the coins given (all K, or one device's share of them)."""
+    # lax.map, not vmap: a vmapped orthogonal init (GRU/LSTM recurrent kernels) is a
+    # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
+    # pool and deadlocks when the pool is small (seen with K >= 3 on 2 cores). Init
+    # runs once per group, so a sequential map costs nothing that matters.
+    params, opt_state, plateau, train_keys = jax.lax.map(lambda k: init_coin(spec, k), keys_K2)
+    k = keys_K2.shape[0]
+    zeros_K = jnp.zeros((k,), jnp.int32)
+    # A coin without train or val windows (a padded one) never trains.
+    active_K = train_mask_KN.any(axis=1) & val_mask_KN.any(axis=1)
+    return GroupState(
+        params=params,
+        opt_state=opt_state,
+        plateau=plateau,
+        best_params=jax.tree.map(jnp.copy, params),
+        best_val=jnp.full((k,), jnp.inf, jnp.float32),
+        best_epoch=zeros_K,
+        bad_epochs=zeros_K,
+        active=active_K,
+        diverged=jnp.zeros((k,), bool),
+        diverged_epoch=zeros_K,
+        epochs_run=zeros_K,
+        key=train_keys,
+        epoch=jnp.zeros((), jnp.int32),
+    )
+
+
+# -- one coin ---------------------------------------------------------------------------
+
+
+def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
+    """The training objective of ONE coin's batch, and its OHLC part.
+
+    Per window: OHLC MSE + aux_weight * aux MSE (the aux term only with aux targets);
+    both are means over the valid windows of the batch.
+
+    Returns:
+      (objective, ohlc_mse): float32 scalars; 0 when no window is valid.
+    """
+    w = gather_windows(spec, data, ends_B)
+    dropout_key, teacher_key = jax.random.split(key)
+    y_hat_BHC, aux_hat_BA = spec.module.apply(
+        {"params": params},
+        w.x_BLF,
+        w.y_BHC,
+        train=True,
+        teacher_forcing=spec.teacher_forcing,
+        return_aux=True,
+        rngs={"dropout": dropout_key, "teacher": teacher_key},
+    )
+    n = jnp.maximum(jnp.sum(mask_B), 1)
+    err_B = jnp.where(mask_B, window_sq_err(y_hat_BHC, w.y_BHC), 0.0)
+    objective_B = err_B
+    if w.aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC MSE
+        aux_err_B = jnp.where(mask_B, window_sq_err(aux_hat_BA, w.aux_BA), 0.0)
+        objective_B = err_B + spec.aux_weight * aux_err_B
+    return jnp.sum(objective_B) / n, jnp.sum(err_B) / n
+
+
+class CoinStep(NamedTuple):
+    """What one train step of ONE coin takes besides its params and data."""
+
+    ends_B: jax.Array  # int32 [B] window ends
+    mask_B: jax.Array  # bool [B] valid windows
+    key: jax.Array  # this step's key
+    lr: jax.Array  # learning rate (schedule x plateau scale)
+    active: jax.Array  # bool: the coin still trains
+
+
+def coin_train_step(spec: EpochSpec, params, opt_state, data: CoinData, s: CoinStep):
+    """One masked update of ONE coin; returns a StepResult.
+
+    The sums cover the windows actually trained on; the loss is the OHLC MSE (the aux
+    term shapes the gradient, not the reported loss, so runs with and without aux
+    targets report the same quantity as the val loss).
+    """
+    n = jnp.sum(s.mask_B)
+    loss_fn = functools.partial(coin_loss, spec)
+    (objective, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, data, s.ends_B, s.mask_B, s.key
+    )
+    updates, new_opt = spec.tx.update(grads, optimizer.with_learning_rate(opt_state, s.lr), params)
+    finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
+    take = s.active & (n > 0) & finite
+    params = jax.tree.map(
+        lambda a, b: jnp.where(take, a, b), optax.apply_updates(params, updates), params
+    )
+    opt_state = jax.tree.map(lambda a, b: jnp.where(take, a, b), new_opt, opt_state)
+    n_taken = jnp.where(take, n, 0)
+    return StepResult(params, opt_state, loss * n_taken, n_taken, s.active & (n > 0) & ~finite)
+
+
+def coin_val_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B):
+    """Sum of per-window OHLC MSE over the valid val windows of ONE coin, and their count.
+
+    The aux targets never enter it: early stopping watches the forecast the model
+    is for, and the val loss stays comparable across runs with any aux targets.
+    """
+    w = gather_windows(spec, data, ends_B)
+    y_hat_BHC = spec.module.apply({"params": params}, w.x_BLF, None, train=False)
+    err_B = jnp.where(mask_B, window_sq_err(y_hat_BHC, w.y_BHC), 0.0)
+    return jnp.sum(err_B), jnp.sum(mask_B)
+
+
+# -- the epoch --------------------------------------------------------------------------
+
+
+def batches(spec: EpochSpec, ends_KN, mask_KN, num_steps: int, keys_K=None):
+    """[S, K, B] window ends and masks; shuffled per coin (valid first) if keys_K given."""
+    if keys_K is not None:
+
+        def shuffle(key, ends_N, mask_N):
+            u_N = jnp.where(mask_N, jax.random.uniform(key, mask_N.shape), 2.0)
+            order_N = jnp.argsort(u_N)  # Valid windows in random order, padding last.
+            return ends_N[order_N], mask_N[order_N]
+
+        ends_KN, mask_KN = jax.vmap(shuffle)(keys_K, ends_KN, mask_KN)
+    k, n = ends_KN.shape
+    pad = num_steps * spec.batch_size - n
+    ends_KN = jnp.pad(ends_KN, ((0, 0), (0, pad)), constant_values=spec.lookback - 1)
+    mask_KN = jnp.pad(mask_KN, ((0, 0), (0, pad)))
+    # [K, S*B] -> [K, S, B] -> [S, K, B]: scan over S, vmap over K.
+    to_skb = lambda a: a.reshape(k, num_steps, spec.batch_size).swapaxes(0, 1)
+    return to_skb(ends_KN), to_skb(mask_KN)
+
+
+def train_pass(spec: EpochSpec, state: GroupState, arrays: windows.GroupArrays) -> TrainPass:
+    """Scan over this epoch's batches; returns params, opt state and per-coin sums."""
+    epoch_keys_K = jax.vmap(jax.random.fold_in, (0, None))(state.key, state.epoch)
+    pair_K22 = jax.vmap(jax.random.split)(epoch_keys_K)
+    shuffle_keys_K, step_keys_K = pair_K22[:, 0], pair_K22[:, 1]
+    ends_SKB, mask_SKB = batches(
+        spec, arrays.train_ends, arrays.train_mask, spec.train_steps, shuffle_keys_K
+    )
+    data = coin_data(arrays)
+    lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
+    step = jax.vmap(
+        lambda p, o, d, s: coin_train_step(spec, p, o, d, s), in_axes=(0, 0, COIN_DATA_AXES, 0)
+    )
+
+    def body(carry: TrainPass, xs):
+        s, ends_KB, mask_KB = xs
+        lr = spec.schedule(state.epoch * spec.train_steps + s)
+        keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
+        coin_steps = CoinStep(ends_KB, mask_KB, keys_K, lr * lr_scale_K, state.active)
+        r = step(carry.params, carry.opt_state, data, coin_steps)
+        return TrainPass(
+            r.params,
+            r.opt_state,
+            carry.loss_sum_K + r.loss_sum,
+            carry.num_windows_K + r.num_windows,
+            carry.nonfinite_K | r.nonfinite,
+        ), None
+
+    k = state.active.shape[0]  # this device's coins
+    carry = TrainPass(
+        state.params,
+        state.opt_state,
+        jnp.zeros((k,), jnp.float32),
+        jnp.zeros((k,), jnp.int32),
+        jnp.zeros((k,), bool),
+    )
+    carry, _ = jax.lax.scan(body, carry, (jnp.arange(spec.train_steps), ends_SKB, mask_SKB))
+    return carry
+
+
+def val_loss(spec: EpochSpec, params, arrays: windows.GroupArrays) -> jax.Array:
+    """Masked mean validation loss per coin, float32 [K] (NaN for a coin without windows)."""
+    ends_SKB, mask_SKB = batches(spec, arrays.val_ends, arrays.val_mask, spec.val_steps)
+    data = coin_data(arrays)
+    sums = jax.vmap(
+        lambda p, d, e, m: coin_val_sums(spec, p, d, e, m), in_axes=(0, COIN_DATA_AXES, 0, 0)
+    )
+
+    def body(carry, xs):
+        err_K, n_K = sums(params, data, *xs)
+        return (carry[0] + err_K, carry[1] + n_K), None
+
+    k = ends_SKB.shape[1]  # this device's coins
+    (err_K, n_K), _ = jax.lax.scan(
+        body, (jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.int32)), (ends_SKB, mask_SKB)
+    )
+    return jnp.where(n_K > 0, err_K / jnp.maximum(n_K, 1), jnp.nan)
+
+
+def run_epoch(spec: EpochSpec, state: GroupState, arrays: windows.GroupArrays):
+    """One epoch of every active coin: (new GroupState, metrics dict of EPOCH_METRICS)."""
+    trained = train_pass(spec, state, arrays)
+    val_K = val_loss(spec, trained.params, arrays)
+    n_K = trained.num_windows_K
+    train_K = jnp.where(state.active & (n_K > 0), trained.loss_sum_K / jnp.maximum(n_K, 1), jnp.nan)
+    return end_epoch(spec, state, trained, train_K, val_K)
+
+
+def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, val_K):
+    """Per-coin early stopping, divergence and plateau bookkeeping after one epoch."""
+    epoch = state.epoch + 1
+    ran_K = state.active
+    diverged_K = ran_K & (trained.nonfinite_K | ~jnp.isfinite(val_K))
+    improved_K = ran_K & ~diverged_K & (val_K < state.best_val - spec.min_delta)
+    best_params = select(improved_K, trained.params, state.best_params)
+    bad_K = jnp.where(improved_K, 0, state.bad_epochs + ran_K.astype(jnp.int32))
+    plateau = state.plateau
+    if spec.reduce_on_plateau:
+        stepped = jax.vmap(optimizer.step_plateau, (None, 0, 0))(spec.plateau, plateau, val_K)
+        plateau = select(ran_K & ~diverged_K, stepped, plateau)
+    active_K = ran_K & ~diverged_K & (bad_K < spec.patience)
+    new_state = state.replace(
+        params=select(diverged_K, best_params, trained.params),
+        opt_state=trained.opt_state,
+        plateau=plateau,
+        best_params=best_params,
+        best_val=jnp.where(improved_K, val_K, state.best_val),
+        best_epoch=jnp.where(improved_K, epoch, state.best_epoch),
+        bad_epochs=bad_K,
+        active=active_K,
+        diverged=state.diverged | diverged_K,
+        diverged_epoch=jnp.where(diverged_K, epoch, state.diverged_epoch),
+        epochs_run=state.epochs_run + ran_K.astype(jnp.int32),
+        epoch=epoch,
+    )
+    metrics = {
+        "epoch": epoch,
+        "lr": spec.schedule(epoch * spec.train_steps - 1),
+        "train_loss": train_K,
+        "val_loss": jnp.where(ran_K, val_K, jnp.nan),
+        "best_val_loss": new_state.best_val,
+        "lr_scale": jax.vmap(optimizer.plateau_scale)(plateau),
+        "active": active_K,
+        "diverged": new_state.diverged,
+    }
+    return new_state, metrics

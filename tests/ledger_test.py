@@ -1,0 +1,31 @@
+"""Tests of cpbjax.ledger: the resume fingerprint and its refusals."""
+
+import pytest
+
+from cpbjax import ledger, writers
+from cpbjax import workdir as workdir_lib
+from tests.train_test import EPOCHS, make_config
+
+
+def test_ledger_refuses_another_config_but_not_a_newer_cpbjax(tmp_path):
+    config = make_config()
+    plan = [["BTCUSDT-1h", "ETHUSDT-1h"]]
+    first = ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan))
+    first.finish("group-000", {"BTCUSDT-1h": {"status": "trained"}})
+    assert ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan)).finished("group-000")
+    changed = make_config()
+    changed.train.epochs = EPOCHS + 2
+    with pytest.raises(ledger.RunMismatch, match=rf"train.epochs: {EPOCHS} -> {EPOCHS + 2}"):
+        ledger.Ledger(str(tmp_path), ledger.fingerprint(changed, plan))
+    with pytest.raises(ledger.RunMismatch, match="groups"):
+        ledger.Ledger(str(tmp_path), ledger.fingerprint(config, [["BTCUSDT-1h"]]))
+    # A ledger written before model.aux_targets existed resumes while it stays at its default.
+    path = tmp_path / "checkpoints" / workdir_lib.LEDGER_FILE
+    old = writers.read_json(str(path))
+    del old["fingerprint"]["config"]["model"]["aux_targets"]
+    writers.write_json(str(path), old)
+    assert ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan)).finished("group-000")
+    changed = make_config()
+    changed.model.aux_targets = ("realized_vol",)
+    with pytest.raises(ledger.RunMismatch, match=r"model.aux_targets: \[\] -> \['realized_vol'\]"):
+        ledger.Ledger(str(tmp_path), ledger.fingerprint(changed, plan))

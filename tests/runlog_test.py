@@ -1,0 +1,71 @@
+"""Tests of cpbjax.runlog: the progress displays and the fan-out of epoch records."""
+
+import logging
+
+import ml_collections
+
+from cpbjax import runlog, writers
+
+RECORD = {
+    "group": "group-000",
+    "epoch": 2,
+    "series": ["A-1h", "B-1h"],
+    "train_loss": [0.2, None],
+    "val_loss": [0.3, None],
+    "best_val_loss": [0.25, 0.5],
+    "lr": 1e-3,
+    "active": [True, False],
+    "seconds": 0.5,
+}
+
+
+def test_plain_progress_logs_one_line_per_epoch(caplog):
+    progress = runlog.make_progress("plain")
+    assert isinstance(progress, runlog.PlainProgress)
+    with caplog.at_level(logging.INFO):
+        progress.start_group("group-000", 2, 10, 1)
+        progress.update(RECORD, 3 * 2**20)
+        progress.end_group()
+    lines = [r.getMessage() for r in caplog.records if "epoch 2/10" in r.getMessage()]
+    assert len(lines) == 1
+    assert "active 1/2" in lines[0]
+    assert "0.25/0.375" in lines[0]  # best val min/median
+    assert "3 MiB" in lines[0]
+
+
+def test_auto_is_plain_off_a_terminal_and_rich_runs():
+    assert isinstance(runlog.make_progress("auto"), runlog.PlainProgress)
+    progress = runlog.make_progress("rich")
+    assert isinstance(progress, runlog.RichProgress)
+    progress.start_group("group-000", 2, 10, 0)
+    progress.update(RECORD, None)
+    progress.end_group()
+
+
+def _logging_cfg(tensorboard=False):
+    return ml_collections.ConfigDict({"progress": "plain", "tensorboard": tensorboard})
+
+
+def test_run_log_writes_metrics_and_tensorboard_only_on_the_primary(tmp_path):
+    primary = runlog.RunLog(str(tmp_path / "a"), _logging_cfg(True), primary=True)
+    other = runlog.RunLog(str(tmp_path / "b"), _logging_cfg(True), primary=False)
+    for log in (primary, other):
+        (tmp_path / ("a" if log is primary else "b")).mkdir()
+        log.start_group("group-000", 2, 10, 0)
+        log.epoch(RECORD, None)
+        log.end_group()
+        log.close()
+    assert writers.MetricsLog(str(tmp_path / "a")).records() == [RECORD]
+    assert (tmp_path / "a" / "tb" / "group-000").is_dir()
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == []
+
+
+def test_run_log_drops_the_epochs_a_resumed_group_runs_again(tmp_path):
+    log = runlog.RunLog(str(tmp_path), _logging_cfg(), primary=True)
+    log.start_group("group-000", 2, 10, 0)
+    for epoch in (1, 2, 3):
+        log.epoch({**RECORD, "epoch": epoch}, None)
+    log.epoch({**RECORD, "group": "group-001", "epoch": 5}, None)
+    log.start_group("group-000", 2, 10, 2)  # resumed from the checkpoint of epoch 2
+    kept = [(r["group"], r["epoch"]) for r in writers.MetricsLog(str(tmp_path)).records()]
+    assert kept == [("group-000", 1), ("group-000", 2), ("group-001", 5)]
