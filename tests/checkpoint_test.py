@@ -1,5 +1,6 @@
 """Tests of cpbjax.checkpoint: group state save/restore, retention, corrupt fallback, series models."""
 
+import json
 import logging
 import os
 
@@ -111,3 +112,65 @@ def test_series_model_round_trip_and_replace(tmp_path):
 def test_missing_series_model_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="ETHUSDT-15m"):
         checkpoint.load_series_model(str(tmp_path / "ETHUSDT-15m"))
+
+
+def test_a_restore_that_misses_its_digest_falls_back_in_one_line(tmp_path, caplog):
+    _saved(tmp_path, [1, 2])
+    # What damaged array data looks like to the restore: arrays that differ from the
+    # ones whose digest was recorded at save time.
+    path = tmp_path / "group-000" / checkpoint.DIGESTS_FILE
+    digests = json.loads(path.read_text())
+    assert sorted(digests) == ["1", "2"]
+    digests["2"] = checkpoint.state_digest(_state(2.5))
+    path.write_text(json.dumps(digests))
+    ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 2)
+    with caplog.at_level(logging.WARNING):
+        state, epoch = ckpts.restore_latest(_abstract(_state(0.0)))
+    ckpts.close()
+    assert epoch == 1
+    _assert_trees_equal(state, _state(1.0))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    latest = str(tmp_path / "group-000" / "2")
+    assert any(latest in w and "digest" in w for w in warnings), warnings
+    assert all("\n" not in w for w in warnings)  # one line each
+    assert not os.path.exists(latest)
+
+
+def _random_state(seed: int):
+    """Incompressible arrays, so zstd stores them raw and a flipped byte changes a value."""
+    rng = np.random.default_rng(seed)
+    return {"w": jnp.asarray(rng.standard_normal((64, 64), np.float32)), "epoch": jnp.int32(seed)}
+
+
+@pytest.mark.parametrize("position", [0.3, 0.5, 0.7])
+def test_flipped_bytes_in_array_data_are_caught(tmp_path, position):
+    ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 2)
+    for epoch in (1, 2):
+        ckpts.maybe_save(epoch, _random_state(epoch))
+    ckpts.close()
+    data = tmp_path / "group-000" / "2" / "default" / "ocdbt.process_0" / "d"
+    largest = max(data.iterdir(), key=lambda f: f.stat().st_size)
+    raw = bytearray(largest.read_bytes())
+    raw[int(len(raw) * position)] ^= 0xFF  # same size, as the issue's reproduction did
+    largest.write_bytes(bytes(raw))
+    ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 2)
+    state, epoch = ckpts.restore_latest(_abstract(_random_state(0)))
+    ckpts.close()
+    assert epoch == 1
+    _assert_trees_equal(state, _random_state(1))
+
+
+def test_state_digest_sees_one_flipped_bit_and_moved_values():
+    state = _state(1.5)
+    digest = checkpoint.state_digest(state)
+    assert digest == checkpoint.state_digest(jax.tree.map(jnp.copy, state))
+    kernel = np.asarray(state["params"]["dense"]["kernel"])
+    flipped = kernel.copy().view(np.uint32)
+    flipped[1, 2] ^= 1 << 7
+    one_bit = {
+        **state,
+        "params": {"dense": {**state["params"]["dense"], "kernel": flipped.view(np.float32)}},
+    }
+    assert checkpoint.state_digest(one_bit) != digest
+    moved = {**state, "key": jnp.uint32([2, 1])}
+    assert checkpoint.state_digest(moved) != digest
