@@ -8,6 +8,7 @@ import logging as std_logging
 import os
 import re
 import sys
+import tempfile
 import time
 
 # One XLA host device per core, set before jax is imported, so the coin axis can be
@@ -41,7 +42,11 @@ def _parse_flags(argv):
         )
         sys.exit(2)
     except (TypeError, ValueError, flags.Error) as e:
-        print(f"error: {e}", file=sys.stderr)
+        # A config file that fails to load puts its whole traceback in the message.
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        where = lines[0].split(": ")[0] if len(lines) > 1 else ""
+        reason = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else repr(e)
+        print(f"error: {where + ': ' if where else ''}{reason}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -57,10 +62,31 @@ def _exit(message: str) -> None:
     sys.exit(2)
 
 
+def _load_error(e: BaseException) -> str:
+    """One line from a config file that failed to load: the last line of its message."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return "cannot load --config: " + (lines[-1] if lines else type(e).__name__)
+
+
+def _workdir_problem(workdir: str) -> str | None:
+    """Why `workdir` cannot hold a run (not a folder, under a file, read-only), or None."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=workdir, prefix=".cpbjax-probe-")  # noqa: SIM115
+        probe.close()
+    except OSError as e:
+        return f"--workdir {workdir} cannot hold a run: {e.strerror or e}"
+    return None
+
+
 def main(argv):
     del argv
     _quiet_orbax()
-    config = _CONFIG.value
+    try:
+        config = _CONFIG.value
+        config.to_dict()  # a config file that failed to load raises only when read
+    except (OSError, ValueError) as e:
+        _exit(_load_error(e))
     if _MODE.value != "train" and not _WORKDIR.value:
         _exit(f"--mode {_MODE.value} needs --workdir of a trained run")
     try:
@@ -76,6 +102,9 @@ def main(argv):
         _exit(str(e))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.model.name}-{stamp}")
+    problem = _workdir_problem(workdir)
+    if problem:
+        _exit(problem)
     logging.info(
         "cpbjax %s: workdir %s, devices %s", _MODE.value, workdir, platform.describe_devices()
     )
@@ -93,7 +122,12 @@ def main(argv):
         run = evaluate.run_evaluate if _MODE.value == "evaluate" else predict.run_predict
         try:
             run(config, workdir)
-        except (config_lib.ConfigError, saved.ModelNotFound, predict.NothingToForecast) as e:
+        except (
+            config_lib.ConfigError,
+            saved.ModelNotFound,
+            predict.NothingToForecast,
+            evaluate.NothingEvaluated,
+        ) as e:
             _exit(str(e))
 
 

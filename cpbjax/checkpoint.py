@@ -74,6 +74,7 @@ def state_digest(state) -> str:
         digest.update(np.ascontiguousarray(h, np.uint32).tobytes())
     return digest.hexdigest()
 
+
 META_FILE = "meta.json"
 PARAMS_DIR = "params"
 

@@ -16,6 +16,10 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing
 
 
+class NothingEvaluated(RuntimeError):
+    """Every requested series was skipped; nothing is written and the reasons are listed."""
+
+
 def evaluate_split(prep, fc: forecast.SplitForecast, split, lookback, horizon) -> dict:
     """All metrics of one series on one split: the results.json series[name][split].
 
@@ -121,6 +125,7 @@ def run_evaluate(config, workdir: str) -> dict:
 
     Raises:
       saved.ModelNotFound: a requested series has no model (the message lists those that do).
+      NothingEvaluated: no requested series could be scored.
     """
     started = time.monotonic()
     stem = "eval-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -132,12 +137,14 @@ def run_evaluate(config, workdir: str) -> dict:
         config.data.intervals,
         excused=trained_results.get("skipped", {}),
     )
-    loaded, trained = saved.load_models(available, names)
-    cfg = saved.run_config(config, trained, names)
+    loaded, trained, unreadable = saved.load_models(available, names)
+    cfg = saved.run_config(config, trained, list(loaded))
     preps, data_skipped = saved.prepare(cfg, loaded)
-    skipped.update(data_skipped)
+    skipped.update(unreadable, **data_skipped)
     forecasts_dir = os.path.join(workdir, stem) if cfg.eval.save_forecasts else None
     series, records = _score_all(loaded, preps, trained_results, cfg, forecasts_dir)
+    if not series:
+        raise NothingEvaluated(f"no series could be evaluated; skipped: {skipped}")
     results = {
         "run": run_facts("evaluate", cfg, workdir, started),
         "series": series,

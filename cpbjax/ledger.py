@@ -66,6 +66,19 @@ def _differences(old, new, prefix="") -> list[str]:
     return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
 
 
+def _read(path: str) -> dict:
+    """The ledger's JSON; RunMismatch naming the file if it is damaged."""
+    try:
+        data = writers.read_json(path)
+        data["fingerprint"]["config"], data["fingerprint"]["groups"], data["finished"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise RunMismatch(
+            f"{path} is damaged ({str(e).splitlines()[0][:120]}), so the run cannot be resumed: "
+            "move the workdir aside and rerun, or use a new --workdir"
+        ) from None
+    return data
+
+
 class Ledger:
     """The run's group plan and each finished group's results.json entries."""
 
@@ -78,7 +91,7 @@ class Ledger:
         self.path = workdir_lib.ledger(workdir)
         self.data = {"fingerprint": run_fingerprint, "finished": {}}
         if os.path.exists(self.path):
-            old = writers.read_json(self.path)
+            old = _read(self.path)
             defaults = training_fields(config_lib.base_config())
             old_config = _with_defaults(old["fingerprint"]["config"], defaults)
             diffs = _differences({**old["fingerprint"], "config": old_config}, run_fingerprint)
@@ -88,7 +101,8 @@ class Ledger:
                     f"resumed ({'; '.join(diffs[:5])}); rerun the same command or use a new --workdir"
                 )
             self.data = old
-        self._write()
+        else:
+            self._write()
 
     def finished(self, group: str) -> dict | None:
         return self.data["finished"].get(group)

@@ -51,9 +51,10 @@ def run_predict(config, workdir: str) -> dict:
     started = time.monotonic()
     available = saved.available_models(workdir)
     names, _ = saved.select_series(available, config.predict.symbols, config.predict.intervals)
-    loaded, trained = saved.load_models(available, names)
-    cfg = saved.run_config(config, trained, names)
+    loaded, trained, unreadable = saved.load_models(available, names)
+    cfg = saved.run_config(config, trained, list(loaded))
     preps, skipped = saved.prepare(cfg, loaded)
+    skipped.update(unreadable)
     series = _forecast_all(loaded, preps, cfg, skipped)
     if not series:
         raise NothingToForecast(f"no series could be forecast: {skipped}")

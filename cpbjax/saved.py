@@ -146,19 +146,33 @@ def run_config(config, trained, names) -> ml_collections.ConfigDict:
 def load_models(available, names):
     """Loads the models of `names`; all must share the window fields (one run).
 
+    A model whose folder cannot be read (damaged meta.json, missing params/) is skipped
+    with its reason; the others are used.
+
     Returns:
-      (name -> LoadedModel, the first model's training config).
+      (name -> LoadedModel, the first model's training config, name -> skip reason).
+
+    Raises:
+      ModelNotFound: no requested model could be read.
     """
-    loaded = {n: load_model(available[n]) for n in names}
-    first = loaded[names[0]].trained
+    loaded, skipped = {}, {}
+    for name in names:
+        try:
+            loaded[name] = load_model(available[name])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            skipped[name] = f"saved model unreadable: {str(e).splitlines()[0][:200]}"
+    if not loaded:
+        raise ModelNotFound(f"no requested model could be read: {skipped}")
+    first_name = next(iter(loaded))
+    first = loaded[first_name].trained
     for name, model in loaded.items():
         for field in MODEL_DATA_FIELDS:
             if model.trained.data[field] != first.data[field]:
                 raise ValueError(
                     f"model {name} has data.{field}={model.trained.data[field]!r} but "
-                    f"{names[0]} has {first.data[field]!r}: evaluate them separately"
+                    f"{first_name} has {first.data[field]!r}: evaluate them separately"
                 )
-    return loaded, first
+    return loaded, first, skipped
 
 
 def prepare(config, loaded: dict) -> tuple[dict, dict]:

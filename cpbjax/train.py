@@ -235,19 +235,30 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
 
 
 def _reload_forecasts(run: _Run, preps: list) -> dict:
-    """Test forecast records of a group finished by an earlier process, for the plots."""
+    """Test forecast records of a group finished by an earlier process: for the plots, and
+    saved to forecasts/ when eval.save_forecasts asks for files that are missing."""
     c = run.config
     plots = c.eval.plots and c.eval.plot_windows and c.data.normalization != "candle_minmax"
-    if not (plots and sharding.is_primary()):
+    if not ((plots or c.eval.save_forecasts) and sharding.is_primary()):
         return {}
     records = {}
     for prep in preps:
         model_dir = workdir_lib.series_model(run.workdir, prep.name)
-        params, _ = checkpoint.load_series_model(model_dir)
+        try:
+            params, _ = checkpoint.load_series_model(model_dir)
+        except (OSError, ValueError) as e:  # its results stand; only its forecasts are lost
+            logging.warning(
+                "%s: no test forecasts: its saved model is unreadable (%s)", prep.name, e
+            )
+            continue
         fc = forecast.split_forecast(
             run.module, params, prep, "test", c.data.lookback, c.data.horizon
         )
+        if fc.prices_NHC is None:
+            continue
         records[prep.name] = forecast.forecast_record(prep, fc, c.data.horizon)
+        if c.eval.save_forecasts:
+            forecast.save_forecasts(run.workdir, records[prep.name])
     return records
 
 
@@ -322,10 +333,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
     os.makedirs(workdir, exist_ok=True)
     preps, skipped = prepare_all(config)
     if not preps:
-        if primary:
+        # A workdir that already holds a run keeps its files: a failing rerun never
+        # overwrites what an earlier one finished.
+        started_before = os.path.exists(workdir_lib.ledger(workdir))
+        if primary and not started_before:
             writers.write_config(workdir, config)
             writers.write_results(workdir, _results(config, {}, skipped, started, []))
-        raise NothingTrained(f"no series could be trained; skipped: {skipped}")
+        kept = f"; {workdir} is left as it was" if started_before else ""
+        raise NothingTrained(f"no series could be trained{kept}; skipped: {skipped}")
     run, plan = _make_run(config, workdir, preps, sharding.coin_mesh())
     if primary:
         writers.write_config(workdir, config)

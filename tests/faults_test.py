@@ -1,0 +1,197 @@
+"""The fault matrix: bad input and damaged workdirs end in one clear line or a recorded reason.
+
+Each row of FAULTS damages a copy of one finished tiny workdir (or gives a bad command),
+runs launch.py on it, and checks the promise of docs/design.md "Reliability": exit 2 with
+one `error:` line naming the bad thing and no traceback, or exit 0 with the reason
+recorded; and after a failing rerun the finished files are byte-identical to before.
+New faults become new rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = (
+    "--config=configs/gru.py:tiny",
+    "--config.data.symbols=('BTCUSDT','ETHUSDT')",
+    "--config.data.intervals=('1h',)",
+    "--config.train.epochs=1",
+    "--config.eval.plots=False",
+    "--config.logging.progress=plain",
+)
+# What a failing rerun must leave byte-identical.
+FINISHED = ("results.json", "config.json", "models", "checkpoints")
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"
+    )
+    return subprocess.run(
+        [sys.executable, "launch.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _snapshot(workdir: str) -> dict[str, str]:
+    """sha256 of every file under the finished paths of a workdir."""
+    digests = {}
+    for top in FINISHED:
+        path = os.path.join(workdir, top)
+        files = [path] if os.path.isfile(path) else []
+        for root, _, names in os.walk(path):
+            files += [os.path.join(root, n) for n in names]
+        for f in files:
+            with open(f, "rb") as fh:
+                digests[os.path.relpath(f, workdir)] = hashlib.sha256(fh.read()).hexdigest()
+    return digests
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> str:
+    workdir = str(tmp_path_factory.mktemp("finished") / "run")
+    proc = _launch(*TINY, f"--workdir={workdir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    name: str
+    args: tuple[str, ...]  # launch.py arguments; {w} is the damaged workdir's copy
+    damage: Callable[[str], None] | None = None  # applied to the copy before the run
+    exit_code: int = 2
+    says: str = ""  # a fragment of the one error line (exit 2) or of stderr (exit 0)
+    unchanged: bool = True  # the finished files must stay byte-identical
+    check: Callable[[str], None] | None = None  # more checks of the workdir afterwards
+
+
+def _skipped_in(path: str, series: str, fragment: str) -> Callable[[str], None]:
+    def check(workdir: str) -> None:
+        with open(os.path.join(workdir, path)) as f:
+            assert fragment in json.load(f)["skipped"][series]
+
+    return check
+
+
+FAULTS = [
+    Fault(
+        "rerun_that_skips_every_series",
+        (*TINY, "--workdir={w}", "--config.data.synthetic_candles=10"),
+        says="is left as it was",
+    ),
+    Fault(
+        "rerun_with_another_config",
+        (*TINY, "--workdir={w}", "--config.train.epochs=2"),
+        says="train.epochs: 1 -> 2",
+    ),
+    Fault(
+        "corrupt_ledger",
+        (*TINY, "--workdir={w}"),
+        damage=lambda w: _write(os.path.join(w, "checkpoints", "groups.json"), '{"finger'),
+        says="groups.json is damaged",
+        unchanged=False,  # the damaged ledger itself is the one changed file
+    ),
+    Fault(
+        "ledger_of_another_shape",
+        (*TINY, "--workdir={w}"),
+        damage=lambda w: _write(os.path.join(w, "checkpoints", "groups.json"), "[1, 2]"),
+        says="groups.json is damaged",
+        unchanged=False,
+    ),
+    Fault("missing_config_file", ("--config=configs/nope.py",), says="configs/nope.py"),
+    Fault("unknown_variant", ("--config=configs/gru.py:huge", "--workdir={w}"), says="'huge'"),
+    Fault(
+        "workdir_is_a_file",
+        (*TINY, "--workdir={w}/results.json"),
+        says="cannot hold a run",
+    ),
+    Fault(
+        "workdir_under_a_file",
+        (*TINY, "--workdir={w}/config.json/sub"),
+        says="cannot hold a run",
+    ),
+    Fault(
+        "evaluate_with_nothing_to_score",
+        ("--mode=evaluate", *TINY, "--workdir={w}", "--config.data.synthetic_candles=10"),
+        says="no series could be evaluated",
+    ),
+    Fault(
+        "predict_with_one_damaged_meta",
+        ("--mode=predict", *TINY, "--workdir={w}"),
+        damage=lambda w: _write(os.path.join(w, "models", "ETHUSDT-1h", "meta.json"), "{"),
+        exit_code=0,
+        unchanged=False,
+        check=_skipped_in("forecast.json", "ETHUSDT-1h", "saved model unreadable"),
+    ),
+    Fault(
+        "predict_with_every_meta_damaged",
+        ("--mode=predict", *TINY, "--workdir={w}"),
+        damage=lambda w: [
+            _write(os.path.join(w, "models", s, "meta.json"), "{")
+            for s in ("BTCUSDT-1h", "ETHUSDT-1h")
+        ],
+        says="no requested model could be read",
+        unchanged=False,
+    ),
+    Fault(
+        "finished_rerun_after_a_model_folder_was_deleted",
+        (*TINY, "--workdir={w}", "--config.eval.plots=True"),
+        damage=lambda w: shutil.rmtree(os.path.join(w, "models", "ETHUSDT-1h")),
+        exit_code=0,
+        says="ETHUSDT-1h: no test forecasts",
+        unchanged=False,
+    ),
+    Fault(
+        "save_forecasts_on_a_finished_rerun",
+        (*TINY, "--workdir={w}", "--config.eval.save_forecasts=True"),
+        exit_code=0,
+        unchanged=False,  # config.json records save_forecasts=True, as it should
+        check=lambda w: [
+            os.path.getsize(os.path.join(w, "forecasts", f"{s}.npz"))
+            for s in ("BTCUSDT-1h", "ETHUSDT-1h")
+        ],
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+def test_fault(fault: Fault, finished: str, tmp_path):
+    workdir = str(tmp_path / "run")
+    shutil.copytree(finished, workdir)
+    if fault.damage:
+        fault.damage(workdir)
+    before = _snapshot(workdir)
+    proc = _launch(*(a.format(w=workdir) for a in fault.args))
+    assert proc.returncode == fault.exit_code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    if fault.exit_code == 2:
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, proc.stderr[-3000:]
+        assert fault.says in errors[0], errors
+    elif fault.says:
+        assert fault.says in proc.stderr, proc.stderr[-3000:]
+    if fault.unchanged:
+        assert _snapshot(workdir) == before
+    if fault.check:
+        fault.check(workdir)
