@@ -17,6 +17,7 @@ import os
 import time
 
 import jax
+import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
@@ -103,6 +104,24 @@ def _epoch_record(group: str, names: list[str], m: dict, seconds: float, coins: 
     }
 
 
+def _log_divergence(names: list[str], m: dict, before: np.ndarray) -> np.ndarray:
+    """Warns for each series that diverged in the epoch just run; returns who has diverged.
+
+    Args:
+      names: the group's series. m: host metrics of the epoch. before: bool [K], the
+        coins that had diverged before it.
+    """
+    now = np.asarray(m["diverged"], bool)
+    for i in np.flatnonzero(now[: len(names)] & ~before[: len(names)]):
+        logging.warning(
+            "%s diverged in epoch %d (a non-finite loss or gradient): it stops with its best "
+            "params so far",
+            names[i],
+            int(m["epoch"]),
+        )
+    return now
+
+
 def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     """Runs epochs until every coin stopped or train.epochs; checkpoints as configured.
 
@@ -115,7 +134,9 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     run.log.start_group(group, len(names), t.epochs, start)
     began = time.monotonic()
     live = LiveCoins(run.trainer_for, preps, state, arrays)
-    finished = start >= t.epochs or not sharding.to_host(state.active).any()
+    host = sharding.to_host({"active": state.active, "diverged": state.diverged})
+    finished = start >= t.epochs or not host["active"].any()
+    diverged = np.asarray(host["diverged"], bool)
     while not finished:
         computed = live.trainer.num_coins
         m = live.run_epoch()
@@ -123,6 +144,7 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
         if t.reduce_on_plateau:
             record["lr_scale"] = m["lr_scale"][: len(names)]
         run.log.epoch(writers.to_jsonable(record), sharding.memory_bytes()[0])
+        diverged = _log_divergence(names, m, diverged)
         finished = record["epoch"] >= t.epochs or not m["active"].any()
         if ckpts.due(record["epoch"], force=finished):  # All processes save.
             ckpts.maybe_save(record["epoch"], live.full_state(), force=finished)

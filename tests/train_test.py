@@ -6,6 +6,7 @@ only the first of them pays for compiling.
 """
 
 import functools
+import logging as std_logging
 import os
 import signal
 import subprocess
@@ -476,3 +477,14 @@ def test_resume_refuses_a_different_config_but_not_a_different_fetch(full_run):
     config.data.retries, config.data.cache_dir = 1, "/nonexistent/cache"
     train.train_and_evaluate(config, str(full_run))
     assert _comparable(full_run)[0]["series"] == before[0]["series"]
+
+
+def test_divergence_is_logged_once_per_series(caplog):
+    names = ["A-1h", "B-1h", "C-1h"]
+    before = np.array([False, True, False, False])  # B diverged earlier; slot 3 is padding
+    m = {"epoch": 4, "diverged": np.array([True, True, False, True])}
+    with caplog.at_level(std_logging.WARNING):
+        now = train._log_divergence(names, m, before)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == std_logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("A-1h diverged in epoch 4"), warnings
+    np.testing.assert_array_equal(now, m["diverged"])
