@@ -120,8 +120,25 @@ def load_forecasts(path) -> dict:
         return {k: z[k] for k in z.files}
 
 
+def consistent_ohlc(pred_HC: np.ndarray) -> np.ndarray:
+    """Forecast candles made valid: high >= max(open, close) and low <= min(open, close).
+
+    The model predicts the four columns separately, so a raw candle can break that order
+    (seen on 1 of 400 predicted candles); the violating high or low is moved to the
+    nearer body edge, and nothing else changes.
+    """
+    out = np.array(pred_HC, np.float64)
+    body_hi = np.maximum(out[..., 0], out[..., 3])
+    body_lo = np.minimum(out[..., 0], out[..., 3])
+    out[..., 1] = np.maximum(out[..., 1], body_hi)
+    out[..., 2] = np.minimum(out[..., 2], body_lo)
+    return out
+
+
 def next_candles(module, params, prep, lookback: int, horizon: int) -> dict:
     """The next H candles after the newest one of `prep`, in prices (a forecast.json entry).
+
+    The candles are made consistent (`consistent_ohlc`).
 
     Raises:
       SeriesSkipped: the newest L candles are too few or span a gap, or the
@@ -136,9 +153,11 @@ def next_candles(module, params, prep, lookback: int, horizon: int) -> dict:
     step = INTERVAL_MS[prep.interval]
     t = len(prep.ohlc) - 1
     ends = np.array([t])
-    pred_HC = windows.to_prices(
-        prep, ends, predict_windows(module, params, prep, ends, lookback, horizon)
-    )[0]
+    pred_HC = consistent_ohlc(
+        windows.to_prices(
+            prep, ends, predict_windows(module, params, prep, ends, lookback, horizon)
+        )[0]
+    )
     times = prep.open_time_ms[t] + step * np.arange(1, horizon + 1, dtype=np.int64)
     candles = [
         {

@@ -11,6 +11,7 @@
 <workdir>/forecast.json, forecast.csv --mode predict
 <workdir>/eval-<stamp>.json, .md      --mode evaluate
 <workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard)
+<workdir>/export/<SERIES>/            --mode export: a portable model folder
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ MODELS_DIR = "models"
 FORECASTS_DIR = "forecasts"
 PLOTS_DIR = "plots"
 TENSORBOARD_DIR = "tb"
+EXPORT_DIR = "export"
 # Inside a saved series model folder (models/<SERIES>/).
 MODEL_META_FILE = "meta.json"
 MODEL_PARAMS_DIR = "params"
@@ -85,3 +87,7 @@ def forecast_csv(workdir: str) -> str:
 
 def tensorboard_dir(workdir: str) -> str:
     return os.path.join(workdir, TENSORBOARD_DIR)
+
+
+def export_dir(workdir: str, series: str) -> str:
+    return os.path.join(workdir, EXPORT_DIR, series)

@@ -116,3 +116,13 @@ def test_candle_minmax_has_no_price_metrics(tmp_path):
         forecast.forecast_record(prep, fc, H)
     entry, record = evaluate.evaluate_model(Probe(), params, prep, L, H, str(tmp_path))
     assert record is None and entry["test"]["price_space"] is False
+
+
+def test_consistent_ohlc_moves_only_the_violating_high_or_low():
+    raw = np.array([[10.0, 12.0, 9.0, 11.0], [10.0, 9.5, 9.0, 11.0], [10.0, 12.0, 10.5, 9.0]])
+    fixed = forecast.consistent_ohlc(raw)
+    np.testing.assert_array_equal(fixed[0], raw[0])  # already valid: unchanged
+    np.testing.assert_array_equal(fixed[1], [10.0, 11.0, 9.0, 11.0])  # high below the close
+    np.testing.assert_array_equal(fixed[2], [10.0, 12.0, 9.0, 9.0])  # low above the close
+    assert (fixed[:, 1] >= fixed[:, [0, 3]].max(1)).all()
+    assert (fixed[:, 2] <= fixed[:, [0, 3]].min(1)).all()

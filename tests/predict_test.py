@@ -125,7 +125,9 @@ def test_predict_continues_the_grid_and_matches_the_model(workdir):
         module, params, trained, _ = saved.load_model(os.path.join(workdir, "models", name))
         prep = windows.prepare_series(series[name], trained.data)
         y = np.asarray(module.apply({"params": params}, windows.latest_window(prep, L), None))
-        expected = series[name].ohlcv[-1, 3] * np.exp(y[0].astype(np.float64))
+        o, h, lo, c = (series[name].ohlcv[-1, 3] * np.exp(y[0].astype(np.float64))).T
+        # Made consistent: high above and low below the candle body, nothing else moved.
+        expected = np.stack([o, np.max([o, h, c], 0), np.min([o, lo, c], 0), c], axis=1)
         got = np.array([[c[k] for k in ("open", "high", "low", "close")] for c in fc["forecast"]])
         np.testing.assert_allclose(got, expected, rtol=1e-5)
     with open(os.path.join(workdir, "forecast.csv")) as f:

@@ -1,0 +1,115 @@
+"""The model card (README.md) of an exported series model, written from its measured metrics.
+
+Every claim in the card is computed from the series' results.json entry: its skill
+against the better naive forecast and the fitted baselines on the validation and test
+splits. "Intended use and limits" follows from those numbers, so a model that does not
+beat persistence on close says so.
+"""
+
+from __future__ import annotations
+
+NOISE = 0.01  # |skill| below this on one series is noise
+COLUMNS = ("open", "high", "low", "close")
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:+.2f}%"
+
+
+def _skill(entry: dict, split: str, col: str, block: str | None = None):
+    """Skill on `split` of the model (block None) or a fitted baseline ('ridge', 'vol_band')."""
+    scores = entry.get(split) or {}
+    if block is not None:
+        scores = scores.get(block) or {}
+    return ((scores.get("columns") or {}).get(col) or {}).get("skill")
+
+
+def _metrics_table(entry: dict) -> list[str]:
+    lines = [
+        "| column | val skill | test skill | test: ridge | test: volatility band |",
+        "|---|---|---|---|---|",
+    ]
+    for col in COLUMNS:
+        cells = [
+            _skill(entry, "val", col),
+            _skill(entry, "test", col),
+            _skill(entry, "test", col, "ridge"),
+            _skill(entry, "test", col, "vol_band"),
+        ]
+        lines.append(f"| {col} | " + " | ".join(_pct(c) for c in cells) + " |")
+    return lines
+
+
+def _limits(entry: dict) -> list[str]:
+    """Plain statements of what the test metrics allow and forbid."""
+    out = []
+    close = _skill(entry, "test", "close")
+    dm = ((entry.get("test") or {}).get("dm") or {}).get("p_value_better")
+    if close is None or close < NOISE or dm is None or dm >= 0.05:
+        out.append(
+            f"- It does **not** beat persistence on close (test skill {_pct(close)}, "
+            f"Diebold–Mariano p = {dm if dm is None else f'{dm:.3f}'}): do not use it "
+            "to predict the direction or level of the close."
+        )
+    for col in ("high", "low"):
+        model, band = _skill(entry, "test", col), _skill(entry, "test", col, "vol_band")
+        if model is not None and band is not None and band >= model:
+            out.append(
+                f"- On {col}, the two-parameter volatility band scores {_pct(band)} against "
+                f"the model's {_pct(model)}: prefer the band for {col}-based ranges."
+            )
+    if not out:
+        out.append("- On this series' test split it beats the naive and fitted baselines above.")
+    return out
+
+
+def render(meta: dict, entry: dict) -> str:
+    """The README.md text of an exported model (meta: its meta.json; entry: its results)."""
+    data = entry.get("data") or {}
+    model = meta.get("model") or {}
+    cfg = meta.get("config") or {}
+    d = cfg.get("data") or {}
+    lines = [
+        f"# {meta['series']}: cpbjax {model.get('name', '?')} forecaster",
+        "",
+        f"Forecasts the next {d.get('horizon')} {meta['interval']} OHLC candles of "
+        f"{meta['symbol']} from the last {d.get('lookback')}, "
+        f"{model.get('decoding', '?')} decoding, {meta.get('num_params')} parameters.",
+        "",
+        "## Data",
+        "",
+        f"- source: {data.get('source')}; candles {data.get('first')} to {data.get('last')} "
+        f"({data.get('used_candles')} used); windows "
+        + " / ".join(f"{k} {v}" for k, v in (data.get("windows") or {}).items()),
+        f"- training status: {entry.get('status')}, best epoch {entry.get('best_epoch')}",
+        "",
+        "## Metrics (skill = 1 − MAE / MAE of the better naive forecast, price units)",
+        "",
+        *_metrics_table(entry),
+        "",
+        "On one series |skill| < 1% is noise. The test split was never used for any choice.",
+        "",
+        "## Intended use and limits",
+        "",
+        "- Research and monitoring of short-horizon ranges; not investment advice.",
+        *(
+            ["- Trained on synthetic data (the offline demo): it models no real market."]
+            if data.get("source") == "synthetic"
+            else []
+        ),
+        *_limits(entry),
+        "- Forecast candles are made consistent: high ≥ max(open, close), low ≤ min(open, close).",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "import cpbjax",
+        'model = cpbjax.load("path/to/this/folder")',
+        "forecast = model.predict(candles_df)  # next candles, a DataFrame",
+        "```",
+        "",
+        "Without cpbjax: `jax.export.deserialize(open('forward.jax_export', 'rb').read())"
+        ".call(params, x_BLF)` on windows normalised as `normalization.json` says.",
+        "",
+    ]
+    return "\n".join(lines)

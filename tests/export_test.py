@@ -1,0 +1,85 @@
+"""Tests of --mode export (cpbjax.export, cpbjax.model_card): folders that predict as the run does."""
+
+import functools
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from cpbjax import checkpoint, export, forecast, saved, train, writers
+from cpbjax import config as config_lib
+from cpbjax.data import sources, windows
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config():
+    c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
+    c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
+    c.train.epochs, c.eval.plots = 1, False
+    return config_lib.validate(c)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("export") / "run")
+    train.train_and_evaluate(_config(), workdir)
+    return workdir, export.run_export(_config(), workdir)
+
+
+@functools.cache
+def _series(name):
+    return {s.name: s for s in sources.load_all(_config().data)[0]}[name]
+
+
+def test_export_folder_holds_weights_config_norm_metrics_and_card(exported):
+    workdir, done = exported
+    assert sorted(done) == ["BTCUSDT-1h", "ETHUSDT-1h"]
+    folder = done["BTCUSDT-1h"]
+    assert folder == os.path.join(workdir, "export", "BTCUSDT-1h")
+    for name in ("params.msgpack", "config.json", "normalization.json", "metrics.json"):
+        assert os.path.getsize(os.path.join(folder, name)) > 0
+    entry = writers.read_json(os.path.join(workdir, "results.json"))["series"]["BTCUSDT-1h"]
+    assert writers.read_json(os.path.join(folder, "metrics.json")) == entry
+    with open(os.path.join(folder, "README.md")) as f:
+        card = f.read()
+    close = entry["test"]["columns"]["close"]["skill"]
+    assert f"{100 * close:+.2f}%" in card  # the card quotes the measured test skill
+    assert "Intended use and limits" in card and entry["data"]["first"] in card
+
+
+def test_exported_model_predicts_exactly_what_the_runs_model_predicts(exported):
+    workdir, done = exported
+    for name, folder in done.items():
+        run_model = saved.load_model(os.path.join(workdir, "models", name))
+        exp_model = export.load_export(folder)
+        params, _ = checkpoint.load_series_model(os.path.join(workdir, "models", name))
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(exp_model.params), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert exp_model.trained.to_dict() == run_model.trained.to_dict()
+        d = run_model.trained.data
+        prep = windows.prepare_series(_series(name), d, fitted_norm=exp_model.norm)
+        ends = prep.ends["test"]
+        outs = [
+            forecast.predict_windows(m.module, m.params, prep, ends, d.lookback, d.horizon)
+            for m in (run_model, exp_model)
+        ]
+        np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_serialized_forward_runs_without_the_model_code(exported):
+    workdir, done = exported
+    folder = done["ETHUSDT-1h"]
+    model = export.load_export(folder)
+    with open(os.path.join(folder, "forward.jax_export"), "rb") as f:
+        forward = jax.export.deserialize(f.read())
+    d = model.trained.data
+    x = np.random.default_rng(0).standard_normal((3, d.lookback, len(d.features))).astype("f4")
+    expected = model.module.apply({"params": model.params}, x, None, train=False)
+    np.testing.assert_allclose(forward.call(model.params, x), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_export_without_models_names_the_folder(tmp_path):
+    with pytest.raises(saved.ModelNotFound, match="no saved model under"):
+        export.run_export(_config(), str(tmp_path))
