@@ -112,19 +112,19 @@ def main(argv):
     )
 
     if _MODE.value == "train":
-        from cpbjax import ledger, train
+        from cpbjax import driver, ledger
 
         try:
-            train.train_and_evaluate(config, workdir)
-        except (config_lib.ConfigError, ledger.RunMismatch, train.NothingTrained) as e:
+            driver.train_and_evaluate(config, workdir)
+        except (config_lib.ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
             _exit(str(e))
     else:
-        from cpbjax import evaluate, export, predict, saved
+        from cpbjax import evaluate, portable, predict, saved
 
         run = {
             "evaluate": evaluate.run_evaluate,
             "predict": predict.run_predict,
-            "export": export.run_export,
+            "export": portable.run_export,
         }[_MODE.value]
         try:
             run(config, workdir)
@@ -133,7 +133,7 @@ def main(argv):
             saved.ModelNotFound,
             predict.NothingToForecast,
             evaluate.NothingEvaluated,
-            export.NothingToExport,
+            portable.NothingToExport,
         ) as e:
             _exit(str(e))
 

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, compaction, ledger, train, writers
+from cpbjax import checkpoint, compaction, driver, ledger, writers
 from cpbjax import config as config_lib
 from tests import train_test
 
@@ -26,11 +26,11 @@ SHRINKS = [8, 4, 2, 1]
 _RUNS = "import sys; from tests import compaction_test as t; t.run_all(sys.argv[1])"
 _TWO_DEVICES = """
 import os, sys
-from cpbjax import compaction, train
+from cpbjax import compaction, driver
 from tests import compaction_test as t
-train.train_and_evaluate(t.compaction_config(False), os.path.join(sys.argv[1], "whole"))
+driver.train_and_evaluate(t.compaction_config(False), os.path.join(sys.argv[1], "whole"))
 compaction.compaction_pays = lambda *args: True
-train.train_and_evaluate(t.compaction_config(True), os.path.join(sys.argv[1], "compacted"))
+driver.train_and_evaluate(t.compaction_config(True), os.path.join(sys.argv[1], "compacted"))
 """
 
 
@@ -52,10 +52,10 @@ def run_all(root: str) -> None:
     """<root>/whole, <root>/compacted, and <root>/resumed: the compacted run killed just
     after a checkpoint taken while compacted, then resumed (<root>/killed.json says where
     and what the checkpoint held)."""
-    train.train_and_evaluate(compaction_config(False), os.path.join(root, "whole"))
+    driver.train_and_evaluate(compaction_config(False), os.path.join(root, "whole"))
     compaction.compaction_pays = lambda *args: True
     compacted = os.path.join(root, "compacted")
-    train.train_and_evaluate(compaction_config(True), compacted)
+    driver.train_and_evaluate(compaction_config(True), compacted)
     kill_epoch = _coins_computed(compacted).index(2) + 2  # a checkpoint taken at K=2
     save = checkpoint.GroupCheckpoints.maybe_save
 
@@ -69,7 +69,7 @@ def run_all(root: str) -> None:
     resumed = os.path.join(root, "resumed")
     checkpoint.GroupCheckpoints.maybe_save = save_then_die
     with contextlib.suppress(_Killed):  # (killed.json shows whether it was)
-        train.train_and_evaluate(compaction_config(True), resumed)
+        driver.train_and_evaluate(compaction_config(True), resumed)
     checkpoint.GroupCheckpoints.maybe_save = save
     ckpts = checkpoint.GroupCheckpoints(os.path.join(resumed, "checkpoints", "group-000"), 1, 5)
     state, epoch = ckpts.restore_latest(train_test.make_trainer(8).abstract_state())
@@ -80,7 +80,7 @@ def run_all(root: str) -> None:
         "restored_active": np.asarray(state.active).tolist(),
     }
     writers.write_json(os.path.join(root, "killed.json"), killed)
-    train.train_and_evaluate(compaction_config(True), resumed)
+    driver.train_and_evaluate(compaction_config(True), resumed)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, export, forecast, saved, train, writers
+from cpbjax import checkpoint, driver, forecast, portable, saved, writers
 from cpbjax import config as config_lib
 from cpbjax.data import sources, windows
 
@@ -24,8 +24,8 @@ def _config():
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("export") / "run")
-    train.train_and_evaluate(_config(), workdir)
-    return workdir, export.run_export(_config(), workdir)
+    driver.train_and_evaluate(_config(), workdir)
+    return workdir, portable.run_export(_config(), workdir)
 
 
 @functools.cache
@@ -53,7 +53,7 @@ def test_exported_model_predicts_exactly_what_the_runs_model_predicts(exported):
     workdir, done = exported
     for name, folder in done.items():
         run_model = saved.load_model(os.path.join(workdir, "models", name))
-        exp_model = export.load_export(folder)
+        exp_model = portable.load_export(folder)
         params, _ = checkpoint.load_series_model(os.path.join(workdir, "models", name))
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(exp_model.params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -71,7 +71,7 @@ def test_exported_model_predicts_exactly_what_the_runs_model_predicts(exported):
 def test_serialized_forward_runs_without_the_model_code(exported):
     workdir, done = exported
     folder = done["ETHUSDT-1h"]
-    model = export.load_export(folder)
+    model = portable.load_export(folder)
     with open(os.path.join(folder, "forward.jax_export"), "rb") as f:
         forward = jax.export.deserialize(f.read())
     d = model.trained.data
@@ -82,4 +82,4 @@ def test_serialized_forward_runs_without_the_model_code(exported):
 
 def test_export_without_models_names_the_folder(tmp_path):
     with pytest.raises(saved.ModelNotFound, match="no saved model under"):
-        export.run_export(_config(), str(tmp_path))
+        portable.run_export(_config(), str(tmp_path))

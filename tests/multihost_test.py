@@ -41,11 +41,11 @@ def run_config(port: int, process_id: int, num_processes: int):
 
 
 def drive(workdir: str, port: int, process_id: int, num_processes: int) -> None:
-    from cpbjax import platform, train  # noqa: PLC0415 (after the subprocess's env is set)
+    from cpbjax import driver, platform  # noqa: PLC0415 (after the subprocess's env is set)
 
     config = run_config(port, process_id, num_processes)
     platform.configure(config)
-    train.train_and_evaluate(config, workdir)
+    driver.train_and_evaluate(config, workdir)
 
 
 def _free_port() -> int:
@@ -104,8 +104,8 @@ def test_two_processes_equal_one_process_with_two_devices(tmp_path):
     assert multi_metrics == single_metrics
     assert [r["epoch"] for r in multi_metrics] == list(range(1, EPOCHS + 1))
     # Both processes wrote their shard of each group checkpoint; it restores whole.
-    steps = sorted(os.listdir(multi / "checkpoints" / "group-000"))
-    assert steps == ["2", "4"]
+    entries = sorted(os.listdir(multi / "checkpoints" / "group-000"))
+    assert entries == ["2", "4", checkpoint.DIGESTS_FILE]  # process 0 records the digests
     for name in ("BTCUSDT-1h", "ETHUSDT-1h"):
         assert multi_results["series"][name]["status"] == "trained"
         _, meta = checkpoint.load_series_model(str(multi / "models" / name))

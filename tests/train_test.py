@@ -22,7 +22,7 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import checkpoint, models, sharding, step, train, writers
+from cpbjax import checkpoint, driver, models, sharding, step, writers
 from cpbjax import config as config_lib
 from cpbjax.data import sources, windows
 from cpbjax.group import GroupTrainer, coin_keys
@@ -332,14 +332,14 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
 def test_group_size_rounds_to_devices_and_caps_at_series():
     t = make_config().train
     t.group_size = 0
-    assert train.group_size(40, t, 1, "gpu") == 40 and train.group_size(100, t, 1, "gpu") == 64
-    assert train.group_size(3, t, 2, "gpu") == 4
+    assert driver.group_size(40, t, 1, "gpu") == 40 and driver.group_size(100, t, 1, "gpu") == 64
+    assert driver.group_size(3, t, 2, "gpu") == 4
     # As many as fit on the CPU: 4 coins per device.
-    assert train.group_size(40, t, 2, "cpu") == 8 and train.group_size(40, t, 1, "cpu") == 4
-    assert train.group_size(3, t, 2, "cpu") == 4
+    assert driver.group_size(40, t, 2, "cpu") == 8 and driver.group_size(40, t, 1, "cpu") == 4
+    assert driver.group_size(3, t, 2, "cpu") == 4
     t.group_size = 5
-    assert train.group_size(40, t, 4, "gpu") == 8 and train.group_size(2, t, 1, "gpu") == 2
-    assert train.group_size(40, t, 2, "cpu") == 6
+    assert driver.group_size(40, t, 4, "gpu") == 8 and driver.group_size(2, t, 1, "gpu") == 2
+    assert driver.group_size(40, t, 2, "cpu") == 6
 
 
 # ---------------------------------------------------------------------------------------
@@ -361,7 +361,7 @@ def driver_config():
 
 def drive(workdir):
     logging.set_verbosity(logging.INFO)  # what launch.py shows; the resume test reads it
-    train.train_and_evaluate(driver_config(), workdir)
+    driver.train_and_evaluate(driver_config(), workdir)
 
 
 @pytest.fixture(scope="module")
@@ -469,13 +469,13 @@ def test_resume_refuses_a_different_config_but_not_a_different_fetch(full_run):
     config = driver_config()
     config.train.learning_rate = 0.5
     with pytest.raises(ValueError, match="train.learning_rate"):
-        train.train_and_evaluate(config, str(full_run))
+        driver.train_and_evaluate(config, str(full_run))
     saved = writers.read_json(os.path.join(full_run, "config.json"))
     assert saved["train"]["learning_rate"] == driver_config().train.learning_rate
     # Fetch settings change where candles come from, not which: a finished run is reused.
     config = driver_config()
     config.data.retries, config.data.cache_dir = 1, "/nonexistent/cache"
-    train.train_and_evaluate(config, str(full_run))
+    driver.train_and_evaluate(config, str(full_run))
     assert _comparable(full_run)[0]["series"] == before[0]["series"]
 
 
@@ -484,7 +484,7 @@ def test_divergence_is_logged_once_per_series(caplog):
     before = np.array([False, True, False, False])  # B diverged earlier; slot 3 is padding
     m = {"epoch": 4, "diverged": np.array([True, True, False, True])}
     with caplog.at_level(std_logging.WARNING):
-        now = train._log_divergence(names, m, before)
+        now = driver._log_divergence(names, m, before)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == std_logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith("A-1h diverged in epoch 4"), warnings
     np.testing.assert_array_equal(now, m["diverged"])
