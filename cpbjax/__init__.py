@@ -1,3 +1,26 @@
-"""cpbjax: short-horizon OHLC forecasting for crypto pairs, many models as one JAX program."""
+"""cpbjax: short-horizon OHLC forecasting for crypto pairs, many models as one JAX program.
+
+The Python API (cpbjax/api.py), loaded on first use so that `import cpbjax.metrics` needs
+no jax:
+
+    results = cpbjax.train("configs/gru.py:demo", "runs/demo")
+    model = cpbjax.load("runs/demo/models/BTCUSDT-1h")
+    forecast = model.predict(candles_df)
+    folders = cpbjax.export("runs/demo")
+"""
 
 __version__ = "0.1.0"
+
+_API = ("train", "load", "export", "Model")
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from cpbjax import api  # noqa: PLC0415 (deferred: it imports jax)
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'cpbjax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_API])

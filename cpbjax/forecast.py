@@ -193,7 +193,17 @@ def forecast_csv(series: dict) -> str:
     return buf.getvalue()
 
 
-def write_forecast_files(workdir: str, doc: dict) -> None:
-    """Writes --mode predict's <workdir>/forecast.json and forecast.csv."""
-    writers.write_json(workdir_lib.forecast_json(workdir), doc)
-    writers.atomic_write(workdir_lib.forecast_csv(workdir), forecast_csv(doc["series"]))
+def write_forecast_files(workdir: str, doc: dict) -> list[str]:
+    """Writes --mode predict's <workdir>/forecast.json and forecast.csv (the latest), and
+    the same JSON under predictions/ stamped with its creation time, so no earlier
+    forecast is overwritten. Returns the paths written."""
+    stamp = doc["run"]["created"].replace(":", "").replace("-", "")
+    paths = [
+        workdir_lib.forecast_json(workdir),
+        workdir_lib.forecast_csv(workdir),
+        workdir_lib.prediction_archive(workdir, stamp),
+    ]
+    writers.write_json(paths[0], doc)
+    writers.atomic_write(paths[1], forecast_csv(doc["series"]))
+    writers.write_json(paths[2], doc)
+    return paths

@@ -11,6 +11,8 @@ import time
 from absl import logging
 
 from cpbjax import forecast, saved
+from cpbjax.config import INTERVAL_MS
+from cpbjax.data import klines_api
 from cpbjax.data.series import SeriesSkipped
 from cpbjax.evaluate import run_facts
 
@@ -33,13 +35,44 @@ def _forecast_all(loaded, preps, cfg, skipped: dict) -> dict:
     return series
 
 
+def _mark_freshness(series: dict, now_ms: int) -> None:
+    """Records each forecast's age in intervals, warning loudly when candles are missing.
+
+    1 means the forecast starts from the newest closed candle; more means newer closed
+    candles exist that the data did not hold, so early forecast steps are already past.
+    """
+    for name, s in series.items():
+        step = INTERVAL_MS[s["interval"]]
+        age = klines_api.newest_closed_age([s["last_open_time_ms"]], step, now_ms)
+        s["age_intervals"] = age
+        if age > 1:
+            logging.warning(
+                "%s: STALE: the newest candle (%s) is %d intervals old, so %d forecast steps "
+                "are already past; data.source='binance_rest' (the default for predict on "
+                "binance data) tops the history up to now",
+                name,
+                s["last_open_time"],
+                age,
+                min(age - 1, len(s["forecast"])),
+            )
+
+
+def _summary(name: str, s: dict) -> str:
+    """One printed line: the newest closed candle and the forecast span."""
+    first, last = s["forecast"][0]["open_time"], s["forecast"][-1]["open_time"]
+    age = "up to date" if s["age_intervals"] <= 1 else f"{s['age_intervals']} intervals old"
+    return f"{name}: newest closed candle {s['last_open_time']} ({age}); forecast {first} .. {last}"
+
+
 def run_predict(config, workdir: str) -> dict:
     """Forecasts the next H candles of config.predict.symbols x intervals from the newest data.
 
     Writes <workdir>/forecast.json ({"run", "model", "horizon", "series": {name:
     {"symbol", "interval", "last_open_time", "last_open_time_ms", "last_candle",
     "forecast": [{"step", "open_time", "open_time_ms", "open", "high", "low",
-    "close"}, ...]}}, "skipped"}) and <workdir>/forecast.csv.
+    "close"}, ...], "age_intervals"}}, "skipped"}) and <workdir>/forecast.csv, and keeps
+    every earlier forecast as <workdir>/predictions/forecast-<UTC time>.json. Prints the
+    newest closed candle and the forecast span of each series.
 
     Returns:
       The forecast.json dict.
@@ -65,7 +98,9 @@ def run_predict(config, workdir: str) -> dict:
         "series": series,
         "skipped": skipped,
     }
-    forecast.write_forecast_files(workdir, doc)
+    _mark_freshness(series, klines_api.clock_ms())
+    paths = forecast.write_forecast_files(workdir, doc)
     for name, reason in skipped.items():
         logging.warning("%s: not forecast: %s", name, reason)
+    print("\n".join([*(_summary(n, s) for n, s in series.items()), f"wrote {', '.join(paths)}"]))
     return doc

@@ -8,7 +8,8 @@
 <workdir>/models/<SERIES>/            one series' best model (meta.json + params/)
 <workdir>/forecasts/<SERIES>.npz      test forecasts (eval.save_forecasts)
 <workdir>/report.md, plots/           the report and its figures
-<workdir>/forecast.json, forecast.csv --mode predict
+<workdir>/forecast.json, forecast.csv --mode predict (the latest)
+<workdir>/predictions/forecast-<UTC time>.json  every --mode predict forecast
 <workdir>/eval-<stamp>.json, .md      --mode evaluate
 <workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard)
 <workdir>/export/<SERIES>/            --mode export: a portable model folder
@@ -31,6 +32,7 @@ FORECASTS_DIR = "forecasts"
 PLOTS_DIR = "plots"
 TENSORBOARD_DIR = "tb"
 EXPORT_DIR = "export"
+PREDICTIONS_DIR = "predictions"
 # Inside a saved series model folder (models/<SERIES>/).
 MODEL_META_FILE = "meta.json"
 MODEL_PARAMS_DIR = "params"
@@ -91,3 +93,8 @@ def tensorboard_dir(workdir: str) -> str:
 
 def export_dir(workdir: str, series: str) -> str:
     return os.path.join(workdir, EXPORT_DIR, series)
+
+
+def prediction_archive(workdir: str, stamp: str) -> str:
+    """predictions/forecast-<stamp>.json: one forecast of --mode predict, kept."""
+    return os.path.join(workdir, PREDICTIONS_DIR, f"forecast-{stamp}.json")

@@ -1,0 +1,159 @@
+"""The Python API: train a run, load a trained model, forecast the next candles from a DataFrame.
+
+    import cpbjax
+    results = cpbjax.train("configs/gru.py:demo", "runs/demo")   # what launch.py runs
+    model = cpbjax.load("runs/demo/models/BTCUSDT-1h")            # or an exported folder
+    forecast = model.predict(candles_df)                         # the next H candles
+    folders = cpbjax.export("runs/demo")                          # portable model folders
+
+`candles_df` is an ordinary pandas OHLCV frame (columns open, high, low, close, volume)
+indexed by timezone-aware UTC open times. The model's saved normalisation is applied, and
+the forecast candles are made consistent (high >= max(open, close), low <= min(open,
+close); see forecast.consistent_ohlc).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+import numpy as np
+import pandas as pd
+
+from cpbjax import config as config_lib
+from cpbjax import driver, forecast, platform, portable, saved, writers
+from cpbjax import workdir as workdir_lib
+from cpbjax.config import INTERVAL_MS
+from cpbjax.data import parsing, windows
+from cpbjax.data.series import Series, SeriesSkipped
+
+OHLCV = ("open", "high", "low", "close", "volume")
+
+
+def train(config: str | ml_collections.ConfigDict, workdir: str) -> dict:
+    """Trains and evaluates every series of a config, as `python launch.py` does.
+
+    Args:
+      config: a ConfigDict, or a config path with an optional variant, e.g.
+        "configs/gru.py:demo".
+      workdir: the run folder (rerunning resumes it).
+
+    Returns:
+      The results dict written to <workdir>/results.json.
+    """
+    if isinstance(config, str):
+        config = config_lib.load(config)
+    platform.configure(config_lib.validate(config))
+    return driver.train_and_evaluate(config, workdir)
+
+
+def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) -> dict:
+    """Writes <workdir>/export/<SERIES>/ for every trained series (see cpbjax/portable.py).
+
+    Args:
+      workdir: a trained run. config: optional; its predict.symbols / predict.intervals
+        restrict the series (default: the run's own config.json, i.e. all series).
+
+    Returns:
+      series name -> export folder.
+    """
+    if config is None:
+        config = saved.as_config(writers.read_json(workdir_lib.config_json(workdir)))
+    elif isinstance(config, str):
+        config = config_lib.load(config)
+    return portable.run_export(config, workdir)
+
+
+def load(path: str) -> Model:
+    """A trained series model: <workdir>/models/<SERIES>/ or an --mode export folder."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is not a model folder")
+    loaded = portable.load_export(path) if portable.is_export(path) else saved.load_model(path)
+    symbol, interval = saved.parse_series(os.path.basename(os.path.normpath(path)))
+    if interval not in INTERVAL_MS:
+        raise ValueError(f"{path}: the folder name is not <SYMBOL>-<INTERVAL>, e.g. BTCUSDT-1h")
+    return Model(loaded, symbol, interval)
+
+
+def _check_frame(candles, interval: str) -> pd.DataFrame:
+    """The OHLCV columns of `candles`, lower-cased, after the checks that name a problem."""
+    if not isinstance(candles, pd.DataFrame):
+        raise TypeError(f"candles must be a pandas DataFrame, not {type(candles).__name__}")
+    frame = candles.rename(columns=str.lower)
+    missing = [c for c in OHLCV if c not in frame.columns]
+    if missing:
+        raise ValueError(f"candles lack the columns {missing} (need {list(OHLCV)})")
+    index = frame.index
+    if not isinstance(index, pd.DatetimeIndex) or index.tz is None:
+        raise ValueError("candles need a timezone-aware UTC DatetimeIndex of open times")
+    if not index.is_monotonic_increasing or index.has_duplicates:
+        raise ValueError("candle open times must be strictly increasing (sorted, no repeats)")
+    nan = frame[list(OHLCV)].isna().any(axis=1)
+    if nan.any():
+        raise ValueError(f"candles hold NaN, first at {index[nan.to_numpy()][0]}")
+    step = np.diff(index.tz_convert("UTC").asi8 // 1_000_000)
+    if len(step) and (step % INTERVAL_MS[interval] != 0).all():
+        raise ValueError(
+            f"candles are {pd.Timedelta(int(np.median(step)), 'ms')} apart, but the model "
+            f"forecasts {interval} candles"
+        )
+    return frame
+
+
+def candles_to_series(candles: pd.DataFrame, symbol: str, interval: str) -> Series:
+    """A validated Series from an OHLCV DataFrame (see the module docstring).
+
+    Raises:
+      ValueError, TypeError: naming the problem (columns, index, NaN, interval, an
+        invalid candle).
+    """
+    frame = _check_frame(candles, interval)
+    times = frame.index.tz_convert("UTC").asi8 // 1_000_000
+    ohlcv = frame[list(OHLCV)].to_numpy(np.float64)
+    for rule, bad in parsing.invalid_rows(times, ohlcv, INTERVAL_MS[interval]).items():
+        if bad.any():
+            raise ValueError(f"invalid candle ({rule}) at {parsing.iso(times[bad][0])}")
+    return Series(symbol, interval, times.astype(np.int64), ohlcv)
+
+
+class Model:
+    """One trained series model: `predict` forecasts from the newest candles given."""
+
+    def __init__(self, loaded: saved.LoadedModel, symbol: str, interval: str):
+        self.loaded, self.symbol, self.interval = loaded, symbol, interval
+
+    @property
+    def config(self) -> ml_collections.ConfigDict:
+        """The config the model was trained with."""
+        return self.loaded.trained
+
+    @property
+    def lookback(self) -> int:
+        return self.config.data.lookback
+
+    @property
+    def horizon(self) -> int:
+        return self.config.data.horizon
+
+    def predict(self, candles: pd.DataFrame) -> pd.DataFrame:
+        """The next H candles after the newest row of `candles`.
+
+        Returns:
+          A DataFrame indexed by the forecast candles' UTC open times, with columns
+          step (1..H), open, high, low, close (prices).
+
+        Raises:
+          ValueError, TypeError: bad input, naming the problem (too few candles, a gap
+            in the newest L candles, the wrong interval, NaN, ...).
+        """
+        series = candles_to_series(candles, self.symbol, self.interval)
+        model, d = self.loaded, self.config.data
+        try:
+            prep = windows.prepare_latest(series, d, model.norm)
+            doc = forecast.next_candles(model.module, model.params, prep, d.lookback, d.horizon)
+        except SeriesSkipped as e:
+            raise ValueError(f"{series.name}: {e}") from None
+        out = pd.DataFrame(doc["forecast"]).drop(columns=["open_time"])
+        out.index = pd.to_datetime(out.pop("open_time_ms"), unit="ms", utc=True)
+        out.index.name = "open_time"
+        return out
