@@ -1,4 +1,4 @@
-"""Shared benchmark helpers: median timing, machine facts, markdown tables, dated notes."""
+"""Shared benchmark helpers: median timing, machine facts, markdown tables, run records."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import importlib.metadata
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
+
+from cpbjax import writers
 
 # Packages whose versions every recorded figure carries (absent ones are left out).
 _VERSIONED = ("jax", "jaxlib", "flax", "optax", "torch", "numpy")
@@ -102,46 +103,56 @@ def _facts_line(facts: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in facts.items() if k != "date")
 
 
-def append_to_build_notes(
-    path: str, title: str, command: str, table_md: str, facts: dict | None = None
-) -> str:
-    """Appends a dated section (title, machine, versions, command, table) to `path`.
+# Where the benchmark scripts write their records by default (--records-dir).
+RECORDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
 
-    The file is rewritten atomically (temp file + os.replace), so a reader never
-    sees half a section. A missing file is created.
+
+def _record_stamp(date: str) -> str:
+    """'2026-11-23 03:54 UTC' -> '20261123T0354Z' (file-name safe, sorts by time)."""
+    try:
+        when = datetime.datetime.strptime(date, "%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        when = datetime.datetime.now(datetime.timezone.utc)
+    return when.strftime("%Y%m%dT%H%MZ")
+
+
+def write_record(
+    records_dir: str,
+    script: str,
+    title: str,
+    command: str,
+    table_md: str,
+    facts: dict | None = None,
+) -> str:
+    """Writes one run's record (title, date, machine, versions, command, tables) to a new file.
+
+    The file is `<records_dir>/<script>-<YYYYMMDDTHHMMZ>.md`, named by the UTC minute
+    of `facts["date"]`; a second record of the same script in the same minute gets
+    `-2`, `-3`, ... An existing record is never touched. The file is written with
+    `cpbjax.writers.atomic_write`, so it appears whole; a missing folder is created.
 
     Args:
-      path: the notes file, usually BUILD_NOTES.md.
-      title: the section heading, e.g. "Torch baseline, seconds per model-epoch".
-      command: the exact command line that produced the table.
-      table_md: a table from `markdown_table`.
+      records_dir: the folder of records, usually `RECORDS_DIR` (benchmarks/records).
+      script: the script's name without `.py`, e.g. "train_bench".
+      title: the record's heading, e.g. "Torch baseline: seconds per model-epoch".
+      command: the exact command line that produced the tables.
+      table_md: the tables, e.g. from `markdown_table`.
       facts: machine facts; None measures them now with `machine_facts()`.
 
     Returns:
-      The section that was appended.
+      The path of the record written.
     """
     facts = machine_facts() if facts is None else facts
-    section = (
-        f"\n### {title} ({facts.get('date', '')})\n\n"
+    text = (
+        f"# {title} ({facts.get('date', '')})\n\n"
         f"Machine: {_facts_line(facts)}.\n\n"
         f"Command: `{command}`\n\n{table_md}"
     )
-    try:
-        with open(path) as f:
-            old = f.read()
-        mode = os.stat(path).st_mode & 0o777
-    except FileNotFoundError:
-        old, mode = "", 0o644
-    if old and not old.endswith("\n"):
-        old += "\n"
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".notes-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(old + section)
-        os.chmod(tmp, mode)  # mkstemp makes 0600; keep the notes file's own mode.
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return section
+    os.makedirs(records_dir, exist_ok=True)
+    stem = f"{script}-{_record_stamp(facts.get('date', ''))}"
+    path, n = os.path.join(records_dir, f"{stem}.md"), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(records_dir, f"{stem}-{n}.md")
+    writers.atomic_write(path, text)
+    return path

@@ -9,6 +9,8 @@ Also times the synthetic source for the same series.
 
 Usage:
   python benchmarks/data_bench.py --mirror ../shared/data/binance-vision --repeats 5
+  Each run also writes its table to a new file benchmarks/records/data_bench-<UTC time>.md
+  (--records-dir DIR elsewhere, --records-dir "" none).
 """
 
 from __future__ import annotations
@@ -71,7 +73,11 @@ def _args(argv):
     )
     p.add_argument("--config", default=str(REPO / "configs/transformer.py"))
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--notes", default="", help="append the table to this file (BUILD_NOTES.md)")
+    p.add_argument(
+        "--records-dir",
+        default=common.RECORDS_DIR,
+        help='write this run\'s record to a new file in this folder ("" = none)',
+    )
     return p.parse_args(argv)
 
 
@@ -97,9 +103,12 @@ def main(argv=None) -> list[dict]:
     ]
     table = common.markdown_table(rows, columns)
     print(table)
-    if args.notes:
+    if args.records_dir:
         command = "python benchmarks/data_bench.py " + " ".join(argv or sys.argv[1:])
-        common.append_to_build_notes(args.notes, "Data layer, all series", command, table)
+        path = common.write_record(
+            args.records_dir, "data_bench", "Data layer, all series", command, table
+        )
+        print(f"Record: {path}")
     return rows
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Trains and evaluates all three models in both decoding modes on one data source, then
-# prints the comparison of BUILD_NOTES.md "Decoding modes" (benchmarks/compare_runs.py).
+# prints the comparison of docs/performance.md "Decoding modes" (benchmarks/compare_runs.py).
 #
 #   bash benchmarks/decoding_table.sh BASE_URL RUNS_DIR [launch.py flags ...]
 #

@@ -11,7 +11,9 @@ Every figure is a median.
 Usage:
   python benchmarks/model_bench.py [--models transformer,gru,lstm]
       [--decoding autoregressive] [--dtype float32] [--compile_repeats 3] [--repeats 20]
-      [--threefry_partitionable default|true|false] [--notes BUILD_NOTES.md]
+      [--threefry_partitionable default|true|false] [--records-dir benchmarks/records]
+  Each run also writes its table to a new file benchmarks/records/model_bench-<UTC time>.md
+  (--records-dir DIR elsewhere, --records-dir "" none).
 """
 
 from __future__ import annotations
@@ -110,7 +112,11 @@ def _args(argv):
         choices=["default", "true", "false"],
         help="set jax_threefry_partitionable (dropout RNG; changes compile time)",
     )
-    p.add_argument("--notes", default="", help="append the table to this file (BUILD_NOTES.md)")
+    p.add_argument(
+        "--records-dir",
+        default=common.RECORDS_DIR,
+        help='write this run\'s record to a new file in this folder ("" = none)',
+    )
     return p.parse_args(argv)
 
 
@@ -138,9 +144,10 @@ def main(argv=None) -> list[dict]:
     print(f"Command: {command}")
     print("Machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
     print(table)
-    if args.notes:
+    if args.records_dir:
         title = "Models: train-step compile time and time per batch"
-        common.append_to_build_notes(args.notes, title, command, table, facts)
+        path = common.write_record(args.records_dir, "model_bench", title, command, table, facts)
+        print(f"Record: {path}")
     return rows
 
 

@@ -25,6 +25,8 @@ at both thread counts and quote its faster figure; otherwise the ratio flatters 
 
 Usage:
   python benchmarks/torch_baseline.py --model gru --series 2 --epochs 2
+  Each run also writes its table to a new file benchmarks/records/torch_baseline-<UTC time>.md
+  (--records-dir DIR elsewhere, --records-dir "" none).
 """
 
 from __future__ import annotations
@@ -412,7 +414,11 @@ def _parse_args(argv):
     p.add_argument("--candles", type=int, default=5000, help="candles per synthetic series")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="torch, host random and shuffle seed")
-    p.add_argument("--notes", default="", help="append the table to this file (BUILD_NOTES.md)")
+    p.add_argument(
+        "--records-dir",
+        default=common.RECORDS_DIR,
+        help='write this run\'s record to a new file in this folder ("" = none)',
+    )
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.model.split(",") if m.strip()]
     for m in args.models:
@@ -438,13 +444,18 @@ def main(argv=None) -> list[dict]:
         )
     table = common.markdown_table(rows, _COLUMNS)
     print(table)
-    if args.notes:
+    if args.records_dir:
         command = "python benchmarks/torch_baseline.py " + " ".join(
             sys.argv[1:] if argv is None else argv
         )
-        common.append_to_build_notes(
-            args.notes, "Torch baseline: seconds per model-epoch", command, table
+        path = common.write_record(
+            args.records_dir,
+            "torch_baseline",
+            "Torch baseline: seconds per model-epoch",
+            command,
+            table,
         )
+        print(f"Record: {path}")
     return rows
 
 

@@ -25,9 +25,10 @@ Usage:
   python benchmarks/train_bench.py --models transformer,gru,lstm --coins 1,4,8,20,40
       [--torch-coins 20] [--repeats 3] [--epochs-measured 2] [--candles 5000]
       [--source synthetic|binance --base-url DIR] [--decoding autoregressive,direct]
-      [--dtype float32,bfloat16] [--device cpu|cuda] [--notes BUILD_NOTES.md] [--quick]
+      [--dtype float32,bfloat16] [--device cpu|cuda] [--records-dir benchmarks/records] [--quick]
+  The tables also go to a new record file, benchmarks/records/train_bench-<UTC time>.md.
   --quick: a smoke test (tiny configs, K=2, 200 candles, one round; about a minute per
-  model on 2 cores). --torch-coins 0 or no torch installed: cpbjax only. On a GPU
+  model on 2 cores; no record unless --records-dir is given). --torch-coins 0 or no torch installed: cpbjax only. On a GPU
   machine JAX uses the GPU by itself; --device cuda puts the torch loop there too.
 """
 
@@ -600,6 +601,8 @@ def report(results: Results, peaks: dict, notes: list[str]) -> str:
 
 # ---------------------------------------------------------------- command line
 
+_REL_RECORDS = "benchmarks/records"
+
 # Flag defaults, and what --quick shrinks them to (a flag given explicitly wins).
 _DEFAULTS = {
     "coins": "1,4,8,20,40",
@@ -609,6 +612,7 @@ _DEFAULTS = {
     "warmup_epochs": 1,
     "candles": 5000,
     "peak_size": 0,
+    "records_dir": common.RECORDS_DIR,
 }
 _QUICK = {
     "coins": "2",
@@ -618,6 +622,7 @@ _QUICK = {
     "warmup_epochs": 0,
     "candles": 200,
     "peak_size": 1024,
+    "records_dir": "",
 }
 
 
@@ -645,7 +650,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help="float32,bfloat16")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="torch's device")
     p.add_argument("--peak-size", type=int, help="n of the matmul peak; 0 = 4096 CPU, 8192 GPU")
-    p.add_argument("--notes", default="", help="append the tables to this file (BUILD_NOTES.md)")
+    p.add_argument(
+        "--records-dir",
+        help=f"write this run's record to a new file in this folder (default {_REL_RECORDS},"
+        ' none with --quick; "" = none)',
+    )
     p.add_argument(
         "--quick", action="store_true", help="smoke test: tiny configs, K=2, 200 candles, one round"
     )
@@ -733,9 +742,10 @@ def main(argv=None) -> Results:
     )
     text = report(results, peaks, notes)
     print(text, flush=True)
-    if args.notes:
+    if args.records_dir:
         title = "Training throughput: cpbjax group epoch vs the torch loop"
-        common.append_to_build_notes(args.notes, title, command, text, facts)
+        path = common.write_record(args.records_dir, "train_bench", title, command, text, facts)
+        print(f"Record: {path}")
     return results
 
 

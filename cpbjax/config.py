@@ -94,7 +94,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.matmul_precision = "default"  # highest | high | default (JAX's counterpart of TF32).
     c.dtype = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
 
-    # Multi-host training (BUILD_NOTES "Multi-host runs"); all processes run the same command.
+    # Multi-host training (docs/design.md "Multi-host runs"); all processes run the same command.
     c.distributed = h = ml_collections.ConfigDict()
     h.enabled = False  # Call jax.distributed.initialize() before anything touches a device.
     h.coordinator_address = ""  # host:port of process 0; "" = auto-detect (SLURM, Open MPI).
@@ -127,8 +127,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = m = ml_collections.ConfigDict()
     m.name = "transformer"  # transformer | gru | lstm (see cpbjax/models/__init__.py).
     # direct | autoregressive: on 40 real series direct tied or beat autoregressive on
-    # validation, its epochs taking 58-69% of the time (BUILD_NOTES "Decoding modes"); the
-    # replaced system's was autoregressive.
+    # validation, its epochs taking 58-69% of the time (docs/performance.md "Decoding
+    # modes"); the replaced system's was autoregressive.
     m.decoding = "direct"
     m.aux_targets = ()  # Multi-task head's extra targets: bb_position, realized_vol; () = none.
     m.aux_weight = 0.1  # Weight of the auxiliary MSE in the training loss (not in val loss).

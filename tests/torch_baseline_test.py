@@ -49,20 +49,35 @@ def test_machine_facts_names_cores_and_installed_versions():
     assert facts["cpu"] and facts["date"].endswith("UTC")
 
 
-def test_append_to_build_notes_keeps_the_file_and_adds_a_dated_section(tmp_path):
-    path = tmp_path / "NOTES.md"
-    path.write_text("# notes\nold line")
-    os.chmod(path, 0o640)
+def test_write_record_writes_a_new_dated_file_per_run(tmp_path):
+    records = tmp_path / "records"
     facts = {"date": "2026-01-02 03:04 UTC", "cpu": "Test CPU", "cores": 2}
     table = common.markdown_table([{"a": 1}], ["a"])
-    common.append_to_build_notes(str(path), "Title", "python x.py --y", table, facts=facts)
+    first = common.write_record(str(records), "x_bench", "Title", "python x.py --y", table, facts)
     expected = (
-        "# notes\nold line\n\n### Title (2026-01-02 03:04 UTC)\n\n"
+        "# Title (2026-01-02 03:04 UTC)\n\n"
         "Machine: cpu Test CPU, cores 2.\n\nCommand: `python x.py --y`\n\n| a |\n|---|\n| 1 |\n"
     )
-    assert path.read_text() == expected
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
-    assert [p.name for p in tmp_path.iterdir()] == ["NOTES.md"]  # No temp file left.
+    assert first == str(records / "x_bench-20260102T0304Z.md")
+    assert (records / "x_bench-20260102T0304Z.md").read_text() == expected
+    # A second run in the same minute gets its own file; the first is left as it was.
+    second = common.write_record(str(records), "x_bench", "Other", "python x.py", table, facts)
+    assert second == str(records / "x_bench-20260102T0304Z-2.md")
+    assert (records / "x_bench-20260102T0304Z.md").read_text() == expected
+    assert sorted(p.name for p in records.iterdir()) == [
+        "x_bench-20260102T0304Z-2.md",
+        "x_bench-20260102T0304Z.md",
+    ]  # No temp file left.
+    mode = stat.S_IMODE(os.stat(first).st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask
+
+
+def test_records_dir_is_benchmarks_records():
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    expected = os.path.join(repo, "benchmarks", "records")
+    assert expected == common.RECORDS_DIR
 
 
 # ---------------------------------------------------------------- the old models
