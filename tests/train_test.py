@@ -437,8 +437,11 @@ def test_driver_writes_the_workdir_contract(full_run):
     config = writers.read_json(os.path.join(full_run, "config.json"))
     assert config["train"]["epochs"] == DRIVER_EPOCHS
     assert os.path.exists(os.path.join(full_run, "report.md"))
-    steps = sorted(int(d) for d in os.listdir(os.path.join(full_run, "checkpoints", "group-001")))
+    entries = os.listdir(os.path.join(full_run, "checkpoints", "group-001"))
+    steps = sorted(int(d) for d in entries if d != checkpoint.DIGESTS_FILE)
     assert steps == [DRIVER_EPOCHS - 4, DRIVER_EPOCHS]  # every 4 epochs, keep 2
+    digests = writers.read_json(os.path.join(full_run, "checkpoints", "group-001", "digests.json"))
+    assert sorted(map(int, digests)) == steps  # a digest for each kept step, none for dropped
 
 
 def test_same_seed_twice_gives_identical_results(full_run, driver_env, tmp_path):
