@@ -1,7 +1,7 @@
 """Entry point: flags, workdir, device log, then one call into the cpbjax package.
 
 python launch.py --config configs/transformer.py [--config.train.learning_rate=3e-4]
-    [--workdir runs/my-run] [--mode train|evaluate|predict]
+    [--workdir runs/my-run] [--mode train|evaluate|predict|serve]
 """
 
 import logging as std_logging
@@ -25,7 +25,9 @@ from cpbjax import platform  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "evaluate", "predict"], "What to run.")
+_MODE = flags.DEFINE_enum(
+    "mode", "train", ["train", "evaluate", "predict", "serve"], "What to run."
+)
 flags.mark_flags_as_required(["config"])
 
 
@@ -117,9 +119,13 @@ def main(argv):
         except (config_lib.ConfigError, ledger.RunMismatch, train.NothingTrained) as e:
             _exit(str(e))
     else:
-        from cpbjax import evaluate, predict, saved
+        from cpbjax import evaluate, predict, saved, serve
 
-        run = evaluate.run_evaluate if _MODE.value == "evaluate" else predict.run_predict
+        run = {
+            "evaluate": evaluate.run_evaluate,
+            "predict": predict.run_predict,
+            "serve": serve.run_serve,
+        }[_MODE.value]
         try:
             run(config, workdir)
         except (
@@ -127,6 +133,7 @@ def main(argv):
             saved.ModelNotFound,
             predict.NothingToForecast,
             evaluate.NothingEvaluated,
+            serve.ServeError,
         ) as e:
             _exit(str(e))
 
