@@ -2,6 +2,9 @@
 
 python launch.py --config configs/transformer.py [--config.train.learning_rate=3e-4]
     [--workdir runs/my-run] [--mode train|evaluate|predict|serve]
+
+--mode evaluate|predict|serve without --config use the run's own config
+(configs/workdir.py:<workdir>, read from <workdir>/config.json).
 """
 
 import logging as std_logging
@@ -29,12 +32,32 @@ _MODE = flags.DEFINE_enum(
     "mode", "train", ["train", "evaluate", "predict", "serve"], "What to run."
 )
 flags.mark_flags_as_required(["config"])
+RUN_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "workdir.py")
+
+
+def _flag_value(argv, name: str) -> str | None:
+    """The value of --name=V or --name V in argv, else None."""
+    for i, arg in enumerate(argv[1:], 1):
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+        if arg == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _with_run_config(argv):
+    """argv, with --config=configs/workdir.py:<workdir> first where a mode that reads a
+    trained run (evaluate, predict, serve) is given a --workdir and no --config."""
+    mode, workdir = _flag_value(argv, "mode"), _flag_value(argv, "workdir")
+    if _flag_value(argv, "config") is None and mode not in (None, "train") and workdir:
+        return [argv[0], f"--config={RUN_CONFIG}:{workdir}", *argv[1:]]
+    return argv
 
 
 def _parse_flags(argv):
     """absl parsing, but an unknown or mistyped config key exits 2 with one clear line."""
     try:
-        return flags.FLAGS(argv)
+        return flags.FLAGS(_with_run_config(argv))
     except (AttributeError, KeyError) as e:
         # ml_collections reports only the last path component, e.g. "'lr_typo'".
         key = re.findall(r"'([^']+)'", str(e))
