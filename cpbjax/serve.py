@@ -157,7 +157,7 @@ def build_app(forecaster: Forecaster) -> Starlette:
         return _error(exc.status_code, exc.detail or "error")
 
     async def server_error(request: Request, exc: Exception):
-        logging.exception("%s %s failed", request.method, request.url.path)
+        # uvicorn logs the traceback (Starlette re-raises after this); the client gets none.
         return _error(500, f"internal error ({type(exc).__name__}); see the server log")
 
     routes = [
