@@ -46,10 +46,11 @@ LEGEND = (
     "'model better than naive' on close absolute errors."
 )
 STATUS_LEGEND = (
-    "status: trained = ran all train.epochs epochs and its validation loss was still "
-    "improving within train.patience epochs; stopped_early = no validation improvement for "
-    "train.patience epochs, so it stopped before train.epochs; diverged = a non-finite loss "
-    "stopped it. Every saved model and every score is that of the best validation epoch."
+    "status: trained = reached train.epochs while its validation loss had improved within "
+    "the last train.patience epochs (more epochs might still help); stopped_early = no "
+    "validation improvement for train.patience epochs, so early stopping ended it (possibly "
+    "on the last epoch); diverged = a non-finite loss ended it. In every case the saved "
+    "model and all scores are those of the best validation epoch."
 )
 MIN_WIDTH = 160  # Console columns when not on a terminal (CI logs): keep rows on one line.
 SIGNIFICANCE = 0.05
