@@ -179,11 +179,14 @@ def test_malformed_http_gets_400_without_traceback(server):
     assert reply.startswith(b"HTTP/1.1 400") and b"Traceback" not in reply
 
 
-def test_report_is_served(server):
+def test_report_is_served(server, trained):
+    """The training run wrote report.html (every run does); GET / serves exactly that."""
     _, port, _ = server
+    with open(os.path.join(trained, "report.html"), encoding="utf-8") as f:
+        page = f.read()
     status, body, ctype = _get(port, "/")
     assert status == 200 and ctype.startswith("text/html")
-    assert "<html" in body.lower()
+    assert body == page and "<html" in body.lower() and SERIES in body
 
 
 def test_sigterm_stops_cleanly(server):
