@@ -1,7 +1,10 @@
 """Entry point: flags, workdir, device log, then one call into the cpbjax package.
 
 python launch.py --config configs/transformer.py [--config.train.learning_rate=3e-4]
-    [--workdir runs/my-run] [--mode train|evaluate|predict|export]
+    [--workdir runs/my-run] [--mode train|evaluate|predict|export|serve]
+
+--mode evaluate|predict|export|serve without --config use the run's own config
+(configs/workdir.py:<workdir>, read from <workdir>/config.json).
 """
 
 import logging as std_logging
@@ -26,15 +29,35 @@ from cpbjax import platform  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
 _MODE = flags.DEFINE_enum(
-    "mode", "train", ["train", "evaluate", "predict", "export"], "What to run."
+    "mode", "train", ["train", "evaluate", "predict", "export", "serve"], "What to run."
 )
 flags.mark_flags_as_required(["config"])
+RUN_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "workdir.py")
+
+
+def _flag_value(argv, name: str) -> str | None:
+    """The value of --name=V or --name V in argv, else None."""
+    for i, arg in enumerate(argv[1:], 1):
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+        if arg == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _with_run_config(argv):
+    """argv, with --config=configs/workdir.py:<workdir> first where a mode that reads a
+    trained run (evaluate, predict, serve) is given a --workdir and no --config."""
+    mode, workdir = _flag_value(argv, "mode"), _flag_value(argv, "workdir")
+    if _flag_value(argv, "config") is None and mode not in (None, "train") and workdir:
+        return [argv[0], f"--config={RUN_CONFIG}:{workdir}", *argv[1:]]
+    return argv
 
 
 def _parse_flags(argv):
     """absl parsing, but an unknown or mistyped config key exits 2 with one clear line."""
     try:
-        return flags.FLAGS(argv)
+        return flags.FLAGS(_with_run_config(argv))
     except (AttributeError, KeyError) as e:
         # ml_collections reports only the last path component, e.g. "'lr_typo'".
         key = re.findall(r"'([^']+)'", str(e))
@@ -119,12 +142,13 @@ def main(argv):
         except (config_lib.ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
             _exit(str(e))
     else:
-        from cpbjax import evaluate, portable, predict, saved
+        from cpbjax import evaluate, portable, predict, saved, serve
 
         run = {
             "evaluate": evaluate.run_evaluate,
             "predict": predict.run_predict,
             "export": portable.run_export,
+            "serve": serve.run_serve,
         }[_MODE.value]
         try:
             run(config, workdir)
@@ -134,6 +158,7 @@ def main(argv):
             predict.NothingToForecast,
             evaluate.NothingEvaluated,
             portable.NothingToExport,
+            serve.ServeError,
         ) as e:
             _exit(str(e))
 

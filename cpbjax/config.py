@@ -170,6 +170,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging = g = ml_collections.ConfigDict()
     g.progress = "auto"  # auto | rich | plain: live progress on a TTY, log lines elsewhere.
     g.tensorboard = False  # Also write the epoch scalars as TensorBoard files under <workdir>/tb/.
+
+    c.serve = v = ml_collections.ConfigDict()
+    v.host = "127.0.0.1"  # --mode serve: address to bind; only loopback unless you change it.
+    v.port = 8000  # --mode serve: TCP port, 1..65535.
     return c
 
 
@@ -444,7 +448,16 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _validate_model(config)
     _validate_train(config)
     _validate_rest(config)
+    _validate_serve(config)
     return config
+
+
+def _validate_serve(c) -> None:
+    if "serve" not in c:  # a config saved by an earlier cpbjax (a model's meta.json)
+        return
+    host = c.serve.host
+    _check(isinstance(host, str) and bool(host.strip()), "serve.host", host, "a host name or IP")
+    _int_range(c, "serve.port", 1, 65535)
 
 
 # Model widths (and heads) of the `demo` and `tiny` variants.

@@ -1,26 +1,28 @@
-"""The run report: a printed rich table, <workdir>/report.md and PNG plots.
+"""The run report: a printed rich table, <workdir>/report.md, report.html and PNG plots.
 
-Plots are drawn on matplotlib Figures with the Agg canvas directly, never via
-pyplot, so reporting changes no global backend and leaks no open figures.
+The figures are drawn by cpbjax/plots.py; report.html (cpbjax/report_html.py) holds
+the same content as report.md with every figure inlined, in one file.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import statistics
 
-import numpy as np
 from absl import logging
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
 from cpbjax import forecast, writers
 from cpbjax import workdir as workdir_lib
-from cpbjax.config import INTERVAL_MS
-from cpbjax.data import parsing
+from cpbjax.plots import (  # noqa: F401  (loss_curves and plot_* are re-exported)
+    NOISE_BAND,
+    loss_curves,
+    plot_forecasts,
+    plot_loss,
+    plot_name,
+    plot_skill,
+)
 
 HEADERS = (
     "series",
@@ -43,8 +45,14 @@ LEGEND = (
     "(what always saying 'up' scores); DM p: one-sided Diebold-Mariano p-value of "
     "'model better than naive' on close absolute errors."
 )
+STATUS_LEGEND = (
+    "status: trained = reached train.epochs while its validation loss had improved within "
+    "the last train.patience epochs (more epochs might still help); stopped_early = no "
+    "validation improvement for train.patience epochs, so early stopping ended it (possibly "
+    "on the last epoch); diverged = a non-finite loss ended it. In every case the saved "
+    "model and all scores are those of the best validation epoch."
+)
 MIN_WIDTH = 160  # Console columns when not on a terminal (CI logs): keep rows on one line.
-NOISE_BAND = 0.01  # |skill| below this on one series is noise (see the README).
 SIGNIFICANCE = 0.05
 
 
@@ -172,34 +180,64 @@ def _md_table(headers, rows) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def _facts(prefix: str, value) -> list[str]:
-    """Flattens run facts into `- key: value` lines."""
+def fact_lines(prefix: str, value, skip=("model",)) -> list[str]:
+    """Flattens run facts into `- key: value` lines (seconds rounded to 0.1 s).
+
+    `skip` names top-level keys already printed above (the model line).
+    """
     if isinstance(value, dict):
-        return [line for k, v in value.items() for line in _facts(f"{prefix}{k}.", v)]
+        return [
+            line
+            for k, v in value.items()
+            if f"{prefix}{k}" not in skip
+            for line in fact_lines(f"{prefix}{k}.", v, skip)
+        ]
     if isinstance(value, (list, tuple)):
         value = ", ".join(map(str, value))
+    elif isinstance(value, float):
+        value = f"{value:.1f}" if prefix.endswith("seconds.") else format(value, ".6g")
     return [f"- {prefix[:-1]}: {value}"]
 
 
-def _data_location(d) -> str:
-    return {"binance": d.base_url, "local": d.local_dir}.get(d.source, "(offline)")
+def data_description(d, results: dict | None = None) -> str:
+    """Where the data came from, in words that fit the source (months are Binance's only)."""
+    where = f"{len(d.symbols)} symbols x {', '.join(d.intervals)}"
+    spans = [e.get("data") or {} for e in (results or {}).get("series", {}).values()]
+    firsts, lasts = (
+        [s["first"] for s in spans if "first" in s],
+        [s["last"] for s in spans if "last" in s],
+    )
+    span = f", candles {min(firsts)[:10]} .. {max(lasts)[:10]}" if firsts and lasts else ""
+    if d.source == "synthetic":
+        return (
+            f"synthetic (generated offline, {d.synthetic_candles} candles per series, "
+            f"newest {d.max_candles} used), {where}{span}"
+        )
+    if d.source == "local":
+        return f"local files in {d.local_dir} (whole files, newest {d.max_candles} candles), {where}{span}"
+    end = d.end or "the last complete month"
+    return (
+        f"binance {d.base_url}, {d.months} monthly files up to {end}, newest "
+        f"{d.max_candles} candles, {where}{span}"
+    )
 
 
 def render_markdown(results: dict, config, plots: list[str], title: str = "cpbjax report") -> str:
-    """The report.md text: run facts, the results table, baselines, skipped series, plots."""
+    """The report.md text: run facts, summary, results table, baselines, skipped series, plots."""
     model = config.model.name
-    lines = [f"# {title}", "", "## Run", ""]
+    d = config.data
+    lines = [f"# {title}", "", "The .html file beside this one shows all of it on one page.", ""]
+    lines += ["## Run", ""]
     lines += [
-        f"- model: {model} ({config.model.decoding}), lookback {config.data.lookback} -> "
-        f"horizon {config.data.horizon}, normalization {config.data.normalization}",
-        f"- data: source {config.data.source} {_data_location(config.data)}, "
-        f"{len(config.data.symbols)} symbols x {', '.join(config.data.intervals)}, "
-        f"{config.data.months} months, last {config.data.max_candles} candles",
+        f"- model: {model} ({config.model.decoding}), lookback {d.lookback} -> "
+        f"horizon {d.horizon}, normalization {d.normalization}",
+        f"- data: {data_description(d, results)}",
     ]
-    lines += _facts("", results.get("run") or {})
-    lines += ["", "## Results (test split, price units)", ""]
+    lines += fact_lines("", results.get("run") or {})
+    lines += ["", "## Summary", "", *[f"- {s}" for s in summary_lines(results)], ""]
+    lines += ["## Results (test split, price units)", ""]
     lines += _md_table(HEADERS, table_rows(results, model))
-    lines += ["", LEGEND, "", *[f"- {s}" for s in summary_lines(results)], ""]
+    lines += ["", LEGEND, "", STATUS_LEGEND, ""]
     lines += ["## Baselines: test skill % against the better naive forecast", ""]
     lines += _md_table(BASELINE_HEADERS, baseline_rows(results))
     lines += ["", "Ridge and band are fitted on train+val only (see cpbjax/baselines.py).", ""]
@@ -207,107 +245,26 @@ def render_markdown(results: dict, config, plots: list[str], title: str = "cpbja
     if skipped:
         lines += ["## Skipped series", ""]
         lines += [f"- {name}: {reason}" for name, reason in sorted(skipped.items())] + [""]
-    if plots:
-        lines += ["## Plots", ""] + [f"![{os.path.basename(p)}]({p})" for p in plots] + [""]
-    return "\n".join(lines)
+    return "\n".join(lines + _md_plots(plots))
+
+
+def _md_plots(plots: list[str]) -> list[str]:
+    """The plots, the skill chart first, then one sub-heading per series."""
+    if not plots:
+        return []
+    lines, current = ["## Plots", ""], None
+    for p in plots:
+        stem = os.path.basename(p)[:-4]
+        series = stem.partition("-")[2] if stem.startswith(("loss-", "forecast-")) else None
+        if series and series != current:
+            lines += ["", f"### {series}", ""]
+            current = series
+        lines.append(f"![{os.path.basename(p)}]({p})")
+    return lines + [""]
 
 
 # ---------------------------------------------------------------------------
-# Plots.
-
-
-def _figure(width=5.0, height=3.0) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=80, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, path: str) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    writers.atomic_write(path, buf.getvalue())
-    return path
-
-
-def loss_curves(history: list[dict]) -> dict:
-    """Series name -> (epochs, train losses, val losses) from metrics.jsonl records."""
-    curves: dict = {}
-    for rec in history:
-        for i, name in enumerate(rec.get("series", [])):
-            epochs, train, val = curves.setdefault(name, ([], [], []))
-            epochs.append(rec["epoch"])
-            train.append(np.nan if rec["train_loss"][i] is None else rec["train_loss"][i])
-            val.append(np.nan if rec["val_loss"][i] is None else rec["val_loss"][i])
-    return curves
-
-
-def plot_loss(path: str, name: str, epochs, train, val) -> str:
-    """Train and validation loss of one series against the epoch."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    ax.plot(epochs, train, label="train")
-    ax.plot(epochs, val, label="val")
-    ax.set(title=f"{name} loss", xlabel="epoch", ylabel="loss (normalised MSE)")
-    ax.legend()
-    return _save(fig, path)
-
-
-def plot_forecasts(path: str, record: dict, num_windows: int, context: int) -> str:
-    """Forecast against actual close for `num_windows` test windows of one series.
-
-    Each panel shows the closes of the `context` candles up to the window's last
-    one (taken from the preceding windows' last candles), the actual next H
-    closes, the predicted closes and the predicted high-low band.
-    """
-    n, horizon = record["actual"].shape[:2]
-    # Evenly spaced windows, skipping the first ones so that each has its context.
-    first = min(context - 1, n - 1)
-    picks = np.unique(np.linspace(first, n - 1, num_windows).round().astype(int))
-    step = INTERVAL_MS[str(record["interval"])]
-    times, last = record["last_open_time_ms"], record["last_candle"]
-    fig = _figure(3.5 * len(picks), 3.0)
-    for k, i in enumerate(picks):
-        ax = fig.add_subplot(1, len(picks), k + 1)
-        prev = np.arange(max(0, i - context + 1), i + 1)
-        prev = prev[(times[i] - times[prev]) < context * step]  # same run of candles only
-        ax.plot((times[prev] - times[i]) / step, last[prev, 3], "k-", lw=1)
-        steps = np.arange(horizon + 1)  # 0 is the last input candle
-        pred = record["predicted"][i]
-        ax.plot(steps, np.r_[last[i, 3], record["actual"][i, :, 3]], "k.-", lw=1, label="actual")
-        ax.plot(steps, np.r_[last[i, 3], pred[:, 3]], "C0.--", lw=1, label="predicted")
-        ax.fill_between(
-            steps[1:], pred[:, 2], pred[:, 1], color="C0", alpha=0.2, label="pred. low-high"
-        )
-        ax.set_title(parsing.iso(times[i])[:16], fontsize=9)
-        ax.set_xlabel("candles after the last input", fontsize=8)
-        ax.tick_params(labelsize=7)
-    fig.axes[0].legend(fontsize=7)
-    fig.suptitle(str(record["series"]))
-    return _save(fig, path)
-
-
-def plot_skill(path: str, results: dict) -> str | None:
-    """Test skill of close, high and low of every series; None if nothing to draw."""
-    names = sorted(
-        n for n, e in results.get("series", {}).items() if _close(e).get("skill") is not None
-    )
-    if not names:
-        return None
-    fig = _figure(6.0, 1.0 + 0.3 * len(names))
-    ax = fig.add_subplot()
-    y = np.arange(len(names))
-    for j, col in enumerate(("close", "high", "low")):
-        vals = [
-            ((results["series"][n]["test"]["columns"][col]).get("skill") or 0.0) * 100
-            for n in names
-        ]
-        ax.barh(y + (j - 1) * 0.27, vals, height=0.27, label=col)
-    ax.axvspan(-100 * NOISE_BAND, 100 * NOISE_BAND, color="0.85", zorder=0, label="noise band")
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(y, names, fontsize=7)
-    ax.set(xlabel="test skill vs better naive (%)", title="skill = 1 - MAE / MAE naive")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, path)
+# Plots (drawn by cpbjax/plots.py) and the report files.
 
 
 def _read_forecasts(workdir: str, name: str) -> dict | None:
@@ -316,22 +273,25 @@ def _read_forecasts(workdir: str, name: str) -> dict | None:
 
 
 def write_plots(folder, results, config, history, forecasts) -> list[str]:
-    """Writes skill.png, loss-<series>.png and forecast-<series>.png; returns their paths."""
+    """Writes skill.png, then loss-<series>.png and forecast-<series>.png of each series;
+    returns their paths in that order."""
     os.makedirs(folder, exist_ok=True)
     series = results.get("series", {})
-    skill = plot_skill(os.path.join(folder, "skill.png"), results)
+    skill = plot_skill(os.path.join(folder, plot_name("skill")), results)
     paths = [skill] if skill else []
-    for name, (epochs, train, val) in sorted(loss_curves(history).items()):
-        if name in series:
-            paths.append(
-                plot_loss(os.path.join(folder, f"loss-{name}.png"), name, epochs, train, val)
-            )
-    for name in sorted(series) if config.eval.plot_windows else ():
+    curves = loss_curves(history)
+    for name, entry in sorted(series.items()):
+        if name in curves:
+            path = os.path.join(folder, plot_name("loss", name))
+            best, status = entry.get("best_epoch"), entry.get("status")
+            paths.append(plot_loss(path, name, *curves[name], best_epoch=best, status=status))
+        if not config.eval.plot_windows:
+            continue
         record = forecasts.get(name)
         if record is None:
             logging.info("no test forecasts of %s to plot", name)
             continue
-        path = os.path.join(folder, f"forecast-{name}.png")
+        path = os.path.join(folder, plot_name("forecast", name))
         paths.append(plot_forecasts(path, record, config.eval.plot_windows, config.data.lookback))
     return paths
 
@@ -339,7 +299,7 @@ def write_plots(folder, results, config, history, forecasts) -> list[str]:
 def write_reports(
     workdir, results, config, history=None, forecasts=None, stem="report", console=None
 ) -> str:
-    """Prints the results table and writes <workdir>/<stem>.md and its plots.
+    """Prints the results table and writes <workdir>/<stem>.md, <stem>.html and the plots.
 
     Args:
       workdir: the run folder.
@@ -353,7 +313,7 @@ def write_reports(
       console: the rich Console to print to (default: stdout).
 
     Returns:
-      The path of the markdown report.
+      The path of the markdown report (the HTML one is workdir.report_html(workdir, stem)).
     """
     print_table(results, config.model.name, console)
     plots = []
@@ -369,4 +329,8 @@ def write_reports(
     path = workdir_lib.report_md(workdir, stem)
     rel = [os.path.relpath(p, workdir) for p in plots]
     writers.atomic_write(path, render_markdown(results, config, rel, title=f"cpbjax {stem}"))
+    from cpbjax import report_html  # noqa: PLC0415 (it builds on this module's tables)
+
+    page = report_html.render_html(results, config, plots, title=f"cpbjax {stem}")
+    writers.atomic_write(workdir_lib.report_html(workdir, stem), page)
     return path

@@ -8,9 +8,10 @@
 <workdir>/models/<SERIES>/            one series' best model (meta.json + params/)
 <workdir>/forecasts/<SERIES>.npz      test forecasts (eval.save_forecasts)
 <workdir>/report.md, plots/           the report and its figures
+<workdir>/report.html                 the same report in one self-contained page
 <workdir>/forecast.json, forecast.csv --mode predict (the latest)
 <workdir>/predictions/forecast-<UTC time>.json  every --mode predict forecast
-<workdir>/eval-<stamp>.json, .md      --mode evaluate
+<workdir>/eval-<stamp>.json, .md, .html --mode evaluate
 <workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard)
 <workdir>/export/<SERIES>/            --mode export: a portable model folder
 """
@@ -72,6 +73,10 @@ def forecasts_file(workdir: str, series: str) -> str:
 
 def report_md(workdir: str, stem: str = REPORT_STEM) -> str:
     return os.path.join(workdir, f"{stem}.md")
+
+
+def report_html(workdir: str, stem: str = REPORT_STEM) -> str:
+    return os.path.join(workdir, f"{stem}.html")
 
 
 def plots_dir(workdir: str, stem: str = REPORT_STEM) -> str:

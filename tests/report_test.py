@@ -172,7 +172,7 @@ def test_plots_off(tmp_path):
         forecasts=records,
         console=Console(file=io.StringIO()),
     )
-    assert os.listdir(workdir) == ["report.md"]
+    assert sorted(os.listdir(workdir)) == ["report.html", "report.md"]
 
 
 def test_loss_curves_from_history():

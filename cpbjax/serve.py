@@ -1,0 +1,213 @@
+"""--mode serve: the run's report.html and a JSON forecast API over HTTP (Starlette + uvicorn).
+
+GET /                   <workdir>/report.html
+GET /health             {"status": "ok", "model", "series": n, "workdir"}
+GET /series             the series with a loaded model, with their training facts
+GET /forecast/{series}  a fresh forecast of the next H candles (forecast.json's entry)
+
+The models are loaded once at start (cpbjax/saved.py, as --mode predict loads them); each
+forecast loads the newest data of its series from the config's data location and runs
+the same `forecast.next_candles` as --mode predict. Only the names of loaded models are
+accepted: anything else is a 404 (a well-formed name) or a 400 (a malformed one), always
+with a JSON message, never a traceback. It binds to serve.host (127.0.0.1 by default)
+and stops cleanly on SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import uvicorn
+from absl import logging
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse
+from starlette.routing import Route
+
+from cpbjax import forecast, saved, writers
+from cpbjax import workdir as workdir_lib
+from cpbjax.config import ConfigError
+from cpbjax.data import parsing
+from cpbjax.data.series import SeriesSkipped
+
+# SYMBOL-INTERVAL, as models/<SERIES>/ names them (e.g. BTCUSDT-1h).
+_SERIES_RE = re.compile(r"^[A-Z0-9]{2,20}-[0-9]{1,2}[mhdwM]$")
+
+
+PATHS = ("/", "/health", "/series", "/forecast/{series}")
+
+
+class ServeError(RuntimeError):
+    """The server cannot start (e.g. the port is taken); the message says why."""
+
+
+class Forecaster:
+    """The loaded models of a workdir, and fresh forecasts of their series.
+
+    Args:
+      config: the given config (data location, predict.symbols/intervals, serve).
+      workdir: the trained run.
+
+    Raises:
+      saved.ModelNotFound: no requested model exists or could be read.
+    """
+
+    def __init__(self, config, workdir: str):
+        available = saved.available_models(workdir)
+        names, _ = saved.select_series(available, config.predict.symbols, config.predict.intervals)
+        self.models, trained, self.unreadable = saved.load_models(available, names)
+        self.config = saved.run_config(config, trained, list(self.models))
+        self.workdir = workdir
+        self._lock = threading.Lock()  # one forecast at a time: each one uses every core
+
+    def series(self) -> list[dict]:
+        """One entry per loaded model: name, symbol, interval and its training facts."""
+        path = workdir_lib.results_json(self.workdir)
+        results = writers.read_json(path) if os.path.exists(path) else {}
+        out = []
+        for name in self.models:
+            entry = results.get("series", {}).get(name, {})
+            close = ((entry.get("test") or {}).get("columns") or {}).get("close") or {}
+            symbol, interval = saved.parse_series(name)
+            out.append(
+                {
+                    "name": name,
+                    "symbol": symbol,
+                    "interval": interval,
+                    "status": entry.get("status"),
+                    "best_epoch": entry.get("best_epoch"),
+                    "test_close_skill": close.get("skill"),
+                }
+            )
+        return out
+
+    def forecast(self, name: str) -> dict:
+        """A fresh forecast of `name` (a loaded model) from the newest data.
+
+        Raises:
+          SeriesSkipped: its data cannot be loaded or is too short for one window.
+        """
+        cfg = saved.run_config(self.config, self.models[name].trained, [name])
+        with self._lock:
+            preps, skipped = saved.prepare(cfg, {name: self.models[name]})
+            if name not in preps:
+                raise SeriesSkipped(skipped.get(name, "no usable data"))
+            model = self.models[name]
+            entry = forecast.next_candles(
+                model.module, model.params, preps[name], cfg.data.lookback, cfg.data.horizon
+            )
+        return {
+            "series": name,
+            "model": cfg.model.name,
+            "horizon": cfg.data.horizon,
+            "created": parsing.iso(time.time() * 1000),
+            **entry,
+        }
+
+
+def _error(status: int, message: str, **extra) -> JSONResponse:
+    return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
+
+
+def build_app(forecaster: Forecaster) -> Starlette:
+    """The Starlette app over one Forecaster (see the module docstring for the routes)."""
+    report = workdir_lib.report_html(forecaster.workdir)
+
+    async def index(request: Request):
+        if not os.path.exists(report):
+            return _error(404, f"no report at {report}: train with this --workdir first")
+        return FileResponse(report, media_type="text/html")
+
+    async def health(request: Request):
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": forecaster.config.model.name,
+                "series": len(forecaster.models),
+                "workdir": os.path.abspath(forecaster.workdir),
+            }
+        )
+
+    async def series(request: Request):
+        items = await run_in_threadpool(forecaster.series)
+        return JSONResponse({"series": items, "unreadable": forecaster.unreadable})
+
+    async def forecast_one(request: Request):
+        name = request.path_params["series"]
+        if not _SERIES_RE.match(name):
+            return _error(400, f"malformed series name {name!r}: expected e.g. BTCUSDT-1h")
+        if name not in forecaster.models:
+            return _error(404, f"unknown series {name!r}", series=sorted(forecaster.models))
+        try:
+            return JSONResponse(await run_in_threadpool(forecaster.forecast, name))
+        except SeriesSkipped as e:
+            return _error(422, f"{name}: cannot forecast: {e}")
+        except (OSError, ConfigError) as e:  # the data location is unreachable or unusable
+            return _error(503, f"{name}: cannot load its data: {e}")
+
+    async def http_error(request: Request, exc: HTTPException):
+        if exc.status_code == 404:  # no route matched
+            return _error(404, f"no such path {request.url.path!r}", paths=list(PATHS))
+        return _error(exc.status_code, exc.detail or "error")
+
+    async def server_error(request: Request, exc: Exception):
+        # uvicorn logs the traceback (Starlette re-raises after this); the client gets none.
+        return _error(500, f"internal error ({type(exc).__name__}); see the server log")
+
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/report.html", index, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/series", series, methods=["GET"]),
+        Route("/forecast/{series:str}", forecast_one, methods=["GET"]),
+    ]
+    handlers = {HTTPException: http_error, Exception: server_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def _serve(app: Starlette, host: str, port: int) -> None:
+    """Runs uvicorn until SIGTERM/SIGINT; returns normally after a graceful shutdown.
+
+    uvicorn re-raises the signal it caught once it has shut down; with our no-op
+    handlers installed underneath its own, that ends here instead of killing the
+    process, so the exit status is 0.
+    """
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=True)
+    server = uvicorn.Server(config)
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    except SystemExit as e:  # uvicorn exits when it cannot bind
+        raise ServeError(f"cannot serve on {host}:{port} (see the log above)") from e
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        raise ServeError(f"cannot serve on {host}:{port} (see the log above; port in use?)")
+
+
+def run_serve(config, workdir: str) -> None:
+    """Loads the models of `workdir` and serves them on config.serve.host:port until stopped.
+
+    Raises:
+      saved.ModelNotFound: the workdir has no usable model.
+      ServeError: the server could not start.
+    """
+    forecaster = Forecaster(config, workdir)
+    host, port = config.serve.host, config.serve.port
+    logging.info(
+        "serving %d series of %s on http://%s:%d/ (report at /, API at /health, /series, "
+        "/forecast/<SERIES>)",
+        len(forecaster.models),
+        workdir,
+        host,
+        port,
+    )
+    _serve(build_app(forecaster), host, port)
+    logging.info("server on %s:%d stopped", host, port)

@@ -1,0 +1,290 @@
+"""Tests of --mode serve (cpbjax/serve.py) over real HTTP on 127.0.0.1.
+
+A module fixture trains one tiny series once (launch.py, 1 epoch) and starts
+`launch.py --mode serve` on a free loopback port as a subprocess; the tests talk to
+it with urllib and the last one stops it with SIGTERM. Every wait is bounded.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import ml_collections
+import pytest
+import uvicorn
+
+from cpbjax import config as config_lib
+from cpbjax import serve
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERIES = "BTCUSDT-1h"
+TINY = [
+    "--config=configs/gru.py:tiny",
+    "--config.data.symbols=('BTCUSDT',)",
+    "--config.data.intervals=('1h',)",
+    "--config.train.epochs=1",
+]
+START_TIMEOUT_S = 180  # imports, model loading and a loaded 2-core machine
+REQUEST_TIMEOUT_S = 60  # the first forecast compiles the model
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(workdir, port: int, log):
+    """`python launch.py --mode serve --workdir W --config.serve.port=P` (the run's config)."""
+    cmd = [sys.executable, "launch.py", "--mode", "serve", "--workdir", workdir]
+    cmd.append(f"--config.serve.port={port}")
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _get(port: int, path: str, method: str = "GET"):
+    """(status, parsed JSON or text body, content type) of one request to 127.0.0.1."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+            status, body, ctype = r.status, r.read(), r.headers.get("content-type", "")
+    except urllib.error.HTTPError as e:
+        status, body, ctype = e.code, e.read(), e.headers.get("content-type", "")
+    text = body.decode()
+    return status, json.loads(text) if ctype.startswith("application/json") else text, ctype
+
+
+def _wait_healthy(proc, port: int, log_path: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited {proc.returncode}:\n{_read(log_path)[-3000:]}")
+        try:
+            if _get(port, "/health")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"no /health within {START_TIMEOUT_S}s:\n{_read(log_path)[-3000:]}")
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("serve") / "run")
+    done = subprocess.run(
+        [sys.executable, "launch.py", *TINY, f"--workdir={workdir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def server(trained, tmp_path_factory):
+    """(process, port, log path) of a server on the trained workdir; stopped at the end."""
+    port = _free_port()
+    log_path = str(tmp_path_factory.mktemp("serve-log") / "serve.log")
+    with open(log_path, "wb") as log:
+        proc = _serve(trained, port, log)
+    try:
+        _wait_healthy(proc, port, log_path)
+        yield proc, port, log_path
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_health_and_series(server, trained):
+    _, port, log_path = server
+    assert f"Uvicorn running on http://127.0.0.1:{port}" in _read(log_path)  # loopback only
+    status, body, _ = _get(port, "/health")
+    assert status == 200
+    assert body["status"] == "ok" and body["model"] == "gru" and body["series"] == 1
+    assert body["workdir"] == os.path.abspath(trained)
+    status, body, _ = _get(port, "/series")
+    assert status == 200
+    (entry,) = body["series"]
+    assert entry["name"] == SERIES and entry["symbol"] == "BTCUSDT" and entry["interval"] == "1h"
+    assert entry["status"] in ("trained", "stopped_early") and entry["best_epoch"] == 1
+
+
+def test_forecast_is_fresh_and_in_prices(server, trained):
+    _, port, _ = server
+    status, body, _ = _get(port, f"/forecast/{SERIES}")
+    assert status == 200, body
+    assert body["series"] == SERIES and body["model"] == "gru" and body["horizon"] == 10
+    candles = body["forecast"]
+    assert [c["step"] for c in candles] == list(range(1, 11))
+    times = [c["open_time_ms"] for c in candles]
+    assert times[0] == body["last_open_time_ms"] + 3_600_000
+    assert all(b - a == 3_600_000 for a, b in zip(times, times[1:], strict=False))
+    last_close = body["last_candle"]["close"]
+    for c in candles:  # prices near the last close, not the normalised space
+        assert all(
+            0.5 * last_close < c[k] < 2 * last_close for k in ("open", "high", "low", "close")
+        )
+    # The same path as --mode predict: its forecast.json for the same series agrees.
+    with open(os.path.join(trained, "results.json")) as f:
+        assert SERIES in json.load(f)["series"]
+
+
+@pytest.mark.parametrize(
+    "path, method, code, words",
+    [
+        ("/forecast/DOGEUSDT-1h", "GET", 404, "unknown series 'DOGEUSDT-1h'"),
+        ("/forecast/BTCUSDT-4h", "GET", 404, "unknown series"),
+        ("/forecast/btc%20usdt", "GET", 400, "malformed series name 'btc usdt'"),
+        ("/forecast/%3Cscript%3E", "GET", 400, "malformed series name"),
+        ("/forecast/..%2F..%2Fetc%2Fpasswd", "GET", 404, "no such path"),
+        ("/forecast/", "GET", 404, "no such path"),
+        ("/nothing-here", "GET", 404, "no such path"),
+        ("/health", "POST", 405, "Method Not Allowed"),
+    ],
+)
+def test_bad_requests_get_a_json_message(server, path, method, code, words):
+    _, port, _ = server
+    status, body, ctype = _get(port, path, method)
+    assert status == code
+    assert ctype.startswith("application/json"), body
+    assert words in body["error"] and body["status"] == code
+    assert "Traceback" not in json.dumps(body)
+
+
+def test_unknown_series_lists_the_known_ones(server):
+    _, port, _ = server
+    _, body, _ = _get(port, "/forecast/DOGEUSDT-1h")
+    assert body["series"] == [SERIES]
+
+
+def test_malformed_http_gets_400_without_traceback(server):
+    _, port, _ = server
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400") and b"Traceback" not in reply
+
+
+def test_report_is_served(server, trained):
+    """The training run wrote report.html (every run does); GET / serves exactly that."""
+    _, port, _ = server
+    with open(os.path.join(trained, "report.html"), encoding="utf-8") as f:
+        page = f.read()
+    status, body, ctype = _get(port, "/")
+    assert status == 200 and ctype.startswith("text/html")
+    assert body == page and "<html" in body.lower() and SERIES in body
+
+
+def test_sigterm_stops_cleanly(server):
+    """Last in this file: stops the module's server."""
+    proc, port, log_path = server
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    log = _read(log_path)
+    assert "Traceback" not in log and "stopped" in log
+    with pytest.raises(OSError):
+        _get(port, "/health")
+
+
+def test_port_in_use_exits_2(trained, tmp_path):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        log_path = str(tmp_path / "busy.log")
+        with open(log_path, "wb") as log:
+            proc = _serve(trained, port, log)
+        assert proc.wait(timeout=START_TIMEOUT_S) == 2
+    log = _read(log_path)
+    assert f"error: cannot serve on 127.0.0.1:{port}" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("port", 0, "config.serve.port=0 is not allowed"),
+        ("port", 65536, "<= 65535"),
+        ("port", "80", "an integer"),
+        ("host", "", "config.serve.host=''"),
+        ("host", 127, "a host name or IP"),
+    ],
+)
+def test_serve_config_is_checked(field, value, words):
+    c = config_lib.load("configs/gru.py:tiny")
+    assert (c.serve.host, c.serve.port) == ("127.0.0.1", 8000)
+    # ConfigDict fields keep their type: replace the group to put a value of another type.
+    c.serve = ml_collections.ConfigDict({**c.serve.to_dict(), field: value})
+    with pytest.raises(config_lib.ConfigError, match="serve") as e:
+        config_lib.validate(c)
+    assert words in str(e.value)
+
+
+def test_serve_needs_a_trained_workdir(tmp_path):
+    def launch(*args):
+        cmd = [sys.executable, "launch.py", "--mode=serve", *args]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    done = launch(*TINY)
+    assert done.returncode == 2 and "--mode serve needs --workdir" in done.stderr
+    done = launch(*TINY, f"--workdir={tmp_path}")
+    assert done.returncode == 2 and "error: no saved model under" in done.stderr
+    done = launch(f"--workdir={tmp_path}")  # no --config: the run's own, which is missing
+    assert done.returncode == 2 and "cannot read the run's config" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_run_config_reads_the_workdir(trained):
+    """configs/workdir.py:W, what the server ran with, is the config the run trained with."""
+    expected = config_lib.load("configs/gru.py:tiny")
+    expected.data.symbols, expected.data.intervals = ("BTCUSDT",), ("1h",)
+    expected.train.epochs = 1
+    assert config_lib.load(f"configs/workdir.py:{trained}").to_dict() == expected.to_dict()
+
+
+class _FailingForecaster:
+    """A stand-in whose every call fails, for the server's last-resort handler."""
+
+    models, unreadable, workdir = {SERIES: None}, {}, "/nonexistent"
+    config = ml_collections.ConfigDict({"model": {"name": "gru"}})
+
+    def series(self):
+        raise ValueError("damaged results.json")
+
+    def forecast(self, name):
+        raise RuntimeError("boom")
+
+
+def test_a_failing_handler_answers_json_500_without_traceback():
+    port = _free_port()
+    config = uvicorn.Config(
+        serve.build_app(_FailingForecaster()), host="127.0.0.1", port=port, log_level="critical"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.started
+        for path, kind in ((f"/forecast/{SERIES}", "RuntimeError"), ("/series", "ValueError")):
+            status, body, _ = _get(port, path)
+            assert status == 500 and body["error"] == f"internal error ({kind}); see the server log"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert not thread.is_alive()
