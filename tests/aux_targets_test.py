@@ -18,7 +18,7 @@ from absl.testing import parameterized
 
 from cpbjax import config as config_lib
 from cpbjax import group, models, sharding, step, train, writers
-from cpbjax.data import windows
+from cpbjax.data import auxiliary, windows
 from tests import models_test, train_test, windows_test
 
 AUX = ("bb_position", "realized_vol")
@@ -76,7 +76,7 @@ def test_realized_vol_needs_two_returns():
 
 
 def test_every_allowed_name_has_a_definition():
-    assert set(windows._AUX_FUNCTIONS) == set(config_lib.AUX_TARGETS)
+    assert set(auxiliary.FUNCTIONS) == set(config_lib.AUX_TARGETS)
 
 
 # ---------------------------------------------------------------------------------------
