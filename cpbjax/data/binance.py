@@ -43,7 +43,7 @@ from requests.adapters import HTTPAdapter
 from rich import progress as rich_progress
 
 from cpbjax import __version__, writers
-from cpbjax.config import ConfigError
+from cpbjax import config_rules as rules
 from cpbjax.data import parsing
 from cpbjax.data.series import SeriesSkipped
 
@@ -400,9 +400,10 @@ def open_mirror(data_cfg):
     path = urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else url
     path = os.path.expanduser(path)
     if not os.path.isdir(path):
-        raise ConfigError(
-            f"config.data.base_url={url!r} is not allowed: expected an http(s):// URL, "
-            f"a file:// URL or an existing directory ({path} is not a directory)"
+        rules.fail(
+            "data.base_url",
+            url,
+            f"an http(s):// URL, a file:// URL or an existing directory ({path} is not a directory)",
         )
     return DirMirror(path)
 

@@ -23,9 +23,8 @@ import numpy as np
 import pandas as pd
 
 from cpbjax import writers
-from cpbjax.config import INTERVAL_MS
 from cpbjax.data import parsing
-from cpbjax.data.series import Series
+from cpbjax.data.series import INTERVAL_MS, Series
 
 DEFAULT_SEED = 0
 # The synthetic source's series end here, so every run sees the same candles.
@@ -136,7 +135,7 @@ def generate(
 
     Args:
       symbol: e.g. "BTCUSDT"; the base asset sets the price level and volatility.
-      interval: a key of config.INTERVAL_MS.
+      interval: a key of series.INTERVAL_MS.
       n_candles: candles to generate, gap-free.
       seed: data seed.
       end_ms: the last candle opens at end_ms floored to the interval grid.

@@ -7,12 +7,17 @@ D model width, N heads, K head width, S attended (key) positions, T query positi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from cpbjax import config_rules as rules
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -37,6 +42,21 @@ class ModelConfig:
     dtype: str = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
     matmul_precision: str = "default"  # highest | high | default.
 
+    # The fields `models.make_config` fills from outside config.model (the data's shapes,
+    # config.dtype, ...); every other field is a config.model entry of the same name.
+    FROM_RUN: ClassVar[frozenset[str]] = frozenset(
+        (
+            "lookback",
+            "horizon",
+            "num_features",
+            "num_targets",
+            "num_aux",
+            "dtype",
+            "matmul_precision",
+        )
+    )
+    MAX_INT: ClassVar[int] = 65536  # Upper bound of every int field (widths, heads, layers).
+
     @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
@@ -44,6 +64,67 @@ class ModelConfig:
     @property
     def precision(self) -> jax.lax.Precision:
         return PRECISIONS[self.matmul_precision]
+
+    @classmethod
+    def group_fields(cls) -> tuple[str, ...]:
+        """The fields read from config.model, in declaration order (name, decoding, ...)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.FROM_RUN)
+
+    @classmethod
+    def check_group(cls, group: Mapping, run_entries=()) -> None:
+        """Checks config.model against this dataclass; raises ConfigError on the first problem.
+
+        Every entry must be one of `group_fields()` or of `run_entries` (config.model
+        entries the run reads, checked by cpbjax.config), and every field must be there.
+        Each value then passes `check_field`, and the whole group `check_rules`.
+        """
+        fields, name = cls.group_fields(), group["name"]
+        for key in group:
+            allowed = f"a field of model {name!r}: " + ", ".join((*fields, *run_entries))
+            rules.check(key in fields or key in run_entries, f"model.{key}", group[key], allowed)
+        for field in fields:
+            if field not in group:
+                raise rules.ConfigError(f"config.model.{field} is missing: model {name!r} needs it")
+        hints = _field_types(cls)
+        for field in fields:
+            cls.check_field(field, hints[field], group[field])
+        cls.check_rules(group)
+
+    @classmethod
+    def check_field(cls, field: str, kind: Any, value: Any) -> None:
+        """One config.model value, by the field's type: ints >= 1, dropout in [0, 1), ..."""
+        if field == "decoding":
+            rules.one_of("model.decoding", value, DECODINGS)
+        elif field == "dropout":
+            rules.num_in("model.dropout", value, 0, 1, hi_open=True)
+        elif kind is bool:
+            rules.bool_field(f"model.{field}", value)
+        elif kind is int:
+            rules.int_in(f"model.{field}", value, 1, cls.MAX_INT)
+        elif kind is float:
+            rules.check(rules.is_num(value), f"model.{field}", value, "a finite number")
+        elif kind is str:
+            rules.check(isinstance(value, str), f"model.{field}", value, "a string")
+
+    @classmethod
+    def check_rules(cls, group: Mapping) -> None:
+        """Rules between fields (e.g. a width that its heads divide); none here."""
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """field name -> its type (annotations may be strings under `from __future__`)."""
+    return typing.get_type_hints(cls)
+
+
+def check_divides(group: Mapping, width: str, heads: str) -> None:
+    """config.model.<width> must be a multiple of config.model.<heads> (attention heads)."""
+    rules.check(
+        group[width] % group[heads] == 0,
+        f"model.{width}",
+        group[width],
+        f"a multiple of model.{heads} ({group[heads]})",
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

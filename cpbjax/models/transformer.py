@@ -28,6 +28,10 @@ class TransformerConfig(common.ModelConfig):
     num_decoder_layers: int
     ff_dim: int  # Feed-forward width (GELU).
 
+    @classmethod
+    def check_rules(cls, group) -> None:
+        common.check_divides(group, "d_model", "num_heads")
+
 
 def sinusoid(length: int, width: int) -> np.ndarray:
     """The sinusoidal position table [length, width] of "Attention is all you need"."""
