@@ -1,7 +1,9 @@
 """Pieces shared by the architectures: the config base, attention, teacher forcing, RNN seq2seq.
 
-Shape suffixes: B batch, L lookback, H horizon, F input features, C targets,
-D model width, N heads, K head width, S attended (key) positions, T query positions.
+Shape suffixes (the package's legend): B batch, L lookback, H horizon, F input features,
+C targets (OHLC), A aux targets, D model width. Attention adds Q query positions,
+P attended (key/value) positions, E heads and W head width (D / E); an RNN cell's
+input width is I (F, D or C, by layer).
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ class Attention(nn.Module):
 
     cfg: ModelConfig
     features: int  # D.
-    num_heads: int  # N; D must divide by it.
+    num_heads: int  # E; D must divide by it.
     dropout: float = 0.0  # On the attention weights, as in torch.
 
     def setup(self):
@@ -230,26 +232,26 @@ class Attention(nn.Module):
         self.out = dense(self.cfg, self.features)
         self.weights_dropout = nn.Dropout(self.dropout)
 
-    def _heads(self, x_BTD: jax.Array) -> jax.Array:
-        return x_BTD.reshape(*x_BTD.shape[:-1], self.num_heads, -1)  # [B, T, N, K]
+    def _heads(self, x_BQD: jax.Array) -> jax.Array:
+        return x_BQD.reshape(*x_BQD.shape[:-1], self.num_heads, -1)  # [B, Q, E, W]
 
-    def project_kv(self, m_BSD: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Keys and values of a memory, each [B, S, N, K]."""
-        return self._heads(self.key(m_BSD)), self._heads(self.value(m_BSD))
+    def project_kv(self, m_BPD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys and values of a memory, each [B, P, E, W]."""
+        return self._heads(self.key(m_BPD)), self._heads(self.value(m_BPD))
 
-    def __call__(self, x_BTD, k_BSNK, v_BSNK, mask=None, train: bool = False) -> jax.Array:
-        """Attends queries from x to projected keys/values; mask [..., T, S] True = visible."""
-        q_BTNK = self._heads(self.query(x_BTD))
-        scale = 1.0 / math.sqrt(q_BTNK.shape[-1])
+    def __call__(self, x_BQD, k_BPEW, v_BPEW, mask=None, train: bool = False) -> jax.Array:
+        """Attends queries from x to projected keys/values; mask [..., Q, P] True = visible."""
+        q_BQEW = self._heads(self.query(x_BQD))
+        scale = 1.0 / math.sqrt(q_BQEW.shape[-1])
         prec = self.cfg.precision
-        logits_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK * scale, k_BSNK, precision=prec)
-        logits_BNTS = logits_BNTS.astype(jnp.float32)  # Softmax in float32 under bfloat16.
+        logits_BEQP = jnp.einsum("bqew,bpew->beqp", q_BQEW * scale, k_BPEW, precision=prec)
+        logits_BEQP = logits_BEQP.astype(jnp.float32)  # Softmax in float32 under bfloat16.
         if mask is not None:
-            logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)
-        w_BNTS = jax.nn.softmax(logits_BNTS, axis=-1).astype(self.cfg.compute_dtype)
-        w_BNTS = self.weights_dropout(w_BNTS, deterministic=not train)
-        y_BTNK = jnp.einsum("bnts,bsnk->btnk", w_BNTS, v_BSNK, precision=prec)
-        return self.out(y_BTNK.reshape(*y_BTNK.shape[:2], -1))
+            logits_BEQP = jnp.where(mask, logits_BEQP, jnp.finfo(jnp.float32).min)
+        w_BEQP = jax.nn.softmax(logits_BEQP, axis=-1).astype(self.cfg.compute_dtype)
+        w_BEQP = self.weights_dropout(w_BEQP, deterministic=not train)
+        y_BQEW = jnp.einsum("beqp,bpew->bqew", w_BEQP, v_BPEW, precision=prec)
+        return self.out(y_BQEW.reshape(*y_BQEW.shape[:2], -1))
 
 
 class RNNSeq2Seq(nn.Module):
@@ -314,8 +316,8 @@ class RNNSeq2Seq(nn.Module):
         memory = self.attention.prepare(enc_BLD)
         last_BD = enc_BLD[:, -1]
         if cfg.decoding == "direct":
-            y_BX = self._head(last_BD, self.attention(memory, last_BD))
-            y_hat_BHC = y_BX.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
+            y_flat = self._head(last_BD, self.attention(memory, last_BD))  # [B, H * C]
+            y_hat_BHC = y_flat.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
         else:
             y_hat_BHC = self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
         return outputs(self.aux_head, y_hat_BHC, last_BD, return_aux)
