@@ -3,7 +3,10 @@
 `base_config()` returns every field with the default of the system being
 replaced; the files in configs/ pick a model and adjust a few values.
 `validate()` checks the whole config before anything downloads or compiles,
-and raises `ConfigError` naming the field, the value and what is allowed.
+and raises `ConfigError` naming the field, the value and what is allowed. Names
+that other modules own (data sources, models, features, aux targets) are read from
+them when validating, and config.model is checked by the registered model's config
+dataclass (`cpbjax.models.validate_group`), so user-registered ones are allowed.
 """
 
 from __future__ import annotations
