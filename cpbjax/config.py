@@ -3,18 +3,24 @@
 `base_config()` returns every field with the default of the system being
 replaced; the files in configs/ pick a model and adjust a few values.
 `validate()` checks the whole config before anything downloads or compiles,
-and raises `ConfigError` naming the field, the value and what is allowed.
+and raises `ConfigError` naming the field, the value and what is allowed. Names
+that other modules own (data sources, models, features, aux targets) are read from
+them when validating, and config.model is checked by the registered model's config
+dataclass (`cpbjax.models.validate_group`), so user-registered ones are allowed.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
-import math
 import os
 import re
-from typing import Any
 
 import ml_collections
+
+from cpbjax import config_rules as rules
+from cpbjax.config_rules import ConfigError as ConfigError  # config_lib.ConfigError, as before
+from cpbjax.data.series import INTERVAL_MS
 
 DEFAULT_SYMBOLS = (
     "BTCUSDT",
@@ -40,50 +46,31 @@ DEFAULT_SYMBOLS = (
 )
 DEFAULT_INTERVALS = ("15m", "1h")
 
-# Interval name -> length in milliseconds (the Binance Vision names).
-INTERVAL_MS = {
-    "1m": 60_000,
-    "3m": 180_000,
-    "5m": 300_000,
-    "15m": 900_000,
-    "30m": 1_800_000,
-    "1h": 3_600_000,
-    "2h": 7_200_000,
-    "4h": 14_400_000,
-    "6h": 21_600_000,
-    "8h": 28_800_000,
-    "12h": 43_200_000,
-    "1d": 86_400_000,
+# Name lists that other modules own, read from the owner each time they are asked for
+# (`config.SOURCES`, or validate()), so a source or model registered from user code is
+# allowed. Imported only then: the owners import jax, requests, scipy, and never config.
+_OWNED_NAMES = {
+    "SOURCES": ("cpbjax.data.sources", lambda m: tuple(m.SOURCES)),
+    "MODELS": ("cpbjax.models", lambda m: tuple(m.REGISTRY)),
+    "FEATURES": ("cpbjax.data.features", lambda m: tuple(m.NAMES)),
+    "AUX_TARGETS": ("cpbjax.data.auxiliary", lambda m: tuple(m.FUNCTIONS)),
 }
-
-SOURCES = ("binance", "local", "synthetic")
-MODELS = ("transformer", "gru", "lstm")
-FEATURES = (
-    "open",
-    "high",
-    "low",
-    "close",
-    "volume",
-    "log_return",
-    "rsi",
-    "macd",
-    "macd_signal",
-    "roc",
-    "bb_upper",
-    "bb_lower",
-    "bb_width",
-    "bb_position",
-    "volatility",
-    "atr",
-    "volume_norm",
-)
-# Auxiliary training targets of model.aux_targets (cpbjax/data/windows.py defines them).
-AUX_TARGETS = ("bb_position", "realized_vol")
+# config.model entries that the run reads (windows, the loss), not the model; every
+# other config.model entry is a field of the model's config dataclass (cpbjax.models).
+_RUN_MODEL_ENTRIES = ("aux_targets", "aux_weight")
 _SYMBOL_RE = re.compile(r"^[A-Z0-9]{2,20}$")
 
 
-class ConfigError(ValueError):
-    """A config value that is not allowed; the message names field, value and rule."""
+def __getattr__(name: str):
+    """config.SOURCES, MODELS, FEATURES, AUX_TARGETS: the names their owners hold now."""
+    if name in _OWNED_NAMES:
+        return _names(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _names(kind: str) -> tuple[str, ...]:
+    owner, read = _OWNED_NAMES[kind]
+    return read(importlib.import_module(owner))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -114,7 +101,7 @@ def base_config() -> ml_collections.ConfigDict:
     d.max_candles = 5000  # Keep the newest this many candles of each series.
     d.min_candles = 5000  # Skip a series with fewer usable candles than this.
     d.bad_rows = "skip_series"  # skip_series | drop_rows: what invalid candles do.
-    d.features = ("open", "high", "low", "close")  # Model inputs (FEATURES).
+    d.features = ("open", "high", "low", "close")  # Model inputs (features.NAMES).
     d.lookback = 30  # Input candles per window (L).
     d.horizon = 10  # Forecast candles per window (H); targets are OHLC.
     d.splits = (0.70, 0.15, 0.15)  # Chronological train / val / test fractions.
@@ -186,40 +173,20 @@ def load(path_and_arg: str) -> ml_collections.ConfigDict:
     return module.get_config(arg or None)
 
 
-def _fail(field: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"config.{field}={value!r} is not allowed: expected {allowed}")
-
-
-def _check(ok: bool, field: str, value: Any, allowed: str) -> None:
-    if not ok:
-        _fail(field, value, allowed)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _int_range(c, field: str, lo: int, hi: int | None = None) -> None:
-    v = _get(c, field)
-    ok = _is_int(v) and v >= lo and (hi is None or v <= hi)
-    _check(ok, field, v, f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+    rules.int_in(field, _get(c, field), lo, hi)
 
 
 def _num_range(c, field: str, lo: float, hi: float, lo_open=False, hi_open=False) -> None:
-    v = _get(c, field)
-    ok = _is_num(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-    lb = f"{'>' if lo_open else '>='} {lo}"
-    ub = f"{'<' if hi_open else '<='} {hi}"
-    _check(ok, field, v, f"a number {lb} and {ub}")
+    rules.num_in(field, _get(c, field), lo, hi, lo_open, hi_open)
 
 
 def _choice(c, field: str, allowed) -> None:
-    v = _get(c, field)
-    _check(v in allowed, field, v, "one of " + ", ".join(map(str, allowed)))
+    rules.one_of(field, _get(c, field), allowed)
+
+
+def _bool(c, field: str) -> None:
+    rules.bool_field(field, _get(c, field))
 
 
 def _get(c, field: str):
@@ -238,9 +205,9 @@ def _validate_top(c) -> None:
 
 def _validate_distributed(c) -> None:
     h = c.distributed
-    _check(isinstance(h.enabled, bool), "distributed.enabled", h.enabled, "True or False")
+    _bool(c, "distributed.enabled")
     address = h.coordinator_address
-    _check(
+    rules.check(
         address == "" or re.fullmatch(r"[^\s:]+:\d{1,5}", address) is not None,
         "distributed.coordinator_address",
         address,
@@ -249,14 +216,14 @@ def _validate_distributed(c) -> None:
     _int_range(c, "distributed.num_processes", 0)
     _int_range(c, "distributed.process_id", -1)
     explicit = (address != "", h.num_processes > 0, h.process_id >= 0)
-    _check(
+    rules.check(
         all(explicit) or not any(explicit),
         "distributed",
         h.to_dict(),
         "coordinator_address, num_processes and process_id all set, or none (auto-detect)",
     )
     if all(explicit):
-        _check(
+        rules.check(
             h.process_id < h.num_processes,
             "distributed.process_id",
             h.process_id,
@@ -266,43 +233,65 @@ def _validate_distributed(c) -> None:
 
 def _validate_data(c) -> None:
     d = c.data
-    _choice(c, "data.source", SOURCES)
-    for field, names, check, allowed in (
-        ("data.symbols", d.symbols, _SYMBOL_RE.match, "Binance symbols like BTCUSDT"),
-        ("data.intervals", d.intervals, INTERVAL_MS.__contains__, ", ".join(INTERVAL_MS)),
-        ("data.features", d.features, FEATURES.__contains__, ", ".join(FEATURES)),
-    ):
-        _check(
-            isinstance(names, (tuple, list)) and len(names) > 0, field, names, "a non-empty tuple"
-        )
-        for name in names:
-            _check(isinstance(name, str) and bool(check(name)), field, name, allowed)
-        _check(len(set(names)) == len(names), field, names, "no repeated entries")
-    _check(
+    _choice(c, "data.source", _names("SOURCES"))
+    _validate_name_lists(c)
+    rules.check(
         isinstance(d.base_url, str) and bool(d.base_url),
         "data.base_url",
         d.base_url,
         "an http(s):// URL, a file:// URL or a directory",
     )
     if d.source == "local":
-        _check(
+        rules.check(
             os.path.isdir(os.path.expanduser(d.local_dir)),
             "data.local_dir",
             d.local_dir,
             "an existing directory when data.source='local'",
         )
     _int_range(c, "data.months", 1, 120)
-    _check(
+    rules.check(
         d.end == "" or re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", d.end) is not None,
         "data.end",
         d.end,
         "'' or a month as YYYY-MM",
     )
+    _validate_windows(c)
+    _int_range(c, "data.download_workers", 1, 64)
+    _num_range(c, "data.timeout_seconds", 0, 600, lo_open=True)
+    _int_range(c, "data.retries", 0, 20)
+    _int_range(c, "data.synthetic_candles", 1)
+    rules.check(
+        tuple(d.features[:4]) == ("open", "high", "low", "close"),
+        "data.features",
+        d.features,
+        "a tuple starting with open, high, low, close (the targets)",
+    )
+
+
+def _validate_name_lists(c) -> None:
+    """data.symbols, intervals and features: non-empty tuples of known names, no repeats."""
+    d, features = c.data, _names("FEATURES")
+    for field, names, check, allowed in (
+        ("data.symbols", d.symbols, _SYMBOL_RE.match, "Binance symbols like BTCUSDT"),
+        ("data.intervals", d.intervals, INTERVAL_MS.__contains__, ", ".join(INTERVAL_MS)),
+        ("data.features", d.features, features.__contains__, ", ".join(features)),
+    ):
+        rules.check(
+            isinstance(names, (tuple, list)) and len(names) > 0, field, names, "a non-empty tuple"
+        )
+        for name in names:
+            rules.check(isinstance(name, str) and bool(check(name)), field, name, allowed)
+        rules.check(len(set(names)) == len(names), field, names, "no repeated entries")
+
+
+def _validate_windows(c) -> None:
+    """Window sizes, candle counts, bad rows, normalisation and the split fractions."""
+    d = c.data
     _int_range(c, "data.lookback", 1, 4096)
     _int_range(c, "data.horizon", 1, 1024)
     _int_range(c, "data.max_candles", 1)
     _int_range(c, "data.min_candles", 1)
-    _check(
+    rules.check(
         d.min_candles <= d.max_candles,
         "data.min_candles",
         d.min_candles,
@@ -314,71 +303,37 @@ def _validate_data(c) -> None:
     ok = (
         isinstance(splits, (tuple, list))
         and len(splits) == 3
-        and all(_is_num(s) and s > 0 for s in splits)
+        and all(rules.is_num(s) and s > 0 for s in splits)
         and abs(sum(splits) - 1) < 1e-6
     )
-    _check(ok, "data.splits", splits, "three positive fractions (train, val, test) summing to 1")
-    _int_range(c, "data.download_workers", 1, 64)
-    _num_range(c, "data.timeout_seconds", 0, 600, lo_open=True)
-    _int_range(c, "data.retries", 0, 20)
-    _int_range(c, "data.synthetic_candles", 1)
-    _check(
-        tuple(d.features[:4]) == ("open", "high", "low", "close"),
-        "data.features",
-        d.features,
-        "a tuple starting with open, high, low, close (the targets)",
+    rules.check(
+        ok, "data.splits", splits, "three positive fractions (train, val, test) summing to 1"
     )
 
 
 def _validate_model(c) -> None:
-    m = c.model
-    _choice(c, "model.name", MODELS)
-    _choice(c, "model.decoding", ("autoregressive", "direct"))
-    for field in (
-        "d_model",
-        "num_heads",
-        "num_encoder_layers",
-        "num_decoder_layers",
-        "ff_dim",
-        "hidden",
-        "num_layers",
-        "attention_heads",
-    ):
-        if field in m:
-            _int_range(c, f"model.{field}", 1, 65536)
-    if "dropout" in m:
-        _num_range(c, "model.dropout", 0, 1, hi_open=True)
-    if "d_model" in m and "num_heads" in m:
-        _check(
-            m.d_model % m.num_heads == 0,
-            "model.d_model",
-            m.d_model,
-            f"a multiple of model.num_heads ({m.num_heads})",
-        )
-    if "hidden" in m and "attention_heads" in m:
-        _check(
-            m.hidden % m.attention_heads == 0,
-            "model.hidden",
-            m.hidden,
-            f"a multiple of model.attention_heads ({m.attention_heads})",
-        )
+    """config.model: the registered model's own fields (its dataclass's rules), then aux."""
+    from cpbjax import models  # The registry imports jax: only when a config is validated.
+
+    models.validate_group(c.model, run_entries=_RUN_MODEL_ENTRIES)
     _validate_aux(c)
 
 
 def _validate_aux(c) -> None:
     m = c.model
     names = m.aux_targets
-    _check(
+    rules.check(
         isinstance(names, (tuple, list)),
         "model.aux_targets",
         names,
         "a tuple of auxiliary target names, () for none",
     )
+    aux_names = _names("AUX_TARGETS")
     for name in names:
-        _check(name in AUX_TARGETS, "model.aux_targets", name, ", ".join(AUX_TARGETS))
-    _check(len(set(names)) == len(names), "model.aux_targets", names, "no repeated entries")
+        rules.check(name in aux_names, "model.aux_targets", name, ", ".join(aux_names))
+    rules.check(len(set(names)) == len(names), "model.aux_targets", names, "no repeated entries")
     if "realized_vol" in names:  # The std of one return is always 0.
-        _check(
+        rules.check(
             c.data.horizon >= 2,
             "data.horizon",
             c.data.horizon,
@@ -388,7 +343,6 @@ def _validate_aux(c) -> None:
 
 
 def _validate_train(c) -> None:
-    t = c.train
     _choice(c, "train.optimizer", ("adam", "adamw"))
     _num_range(c, "train.learning_rate", 0, 10, lo_open=True)
     _num_range(c, "train.weight_decay", 0, 1)
@@ -404,41 +358,21 @@ def _validate_train(c) -> None:
     _int_range(c, "train.plateau_patience", 1)
     _num_range(c, "train.teacher_forcing", 0, 1)
     _int_range(c, "train.group_size", 0)
-    _check(
-        isinstance(t.reduce_on_plateau, bool),
-        "train.reduce_on_plateau",
-        t.reduce_on_plateau,
-        "True or False",
-    )
-    _check(
-        isinstance(t.compact_groups, bool),
-        "train.compact_groups",
-        t.compact_groups,
-        "True or False",
-    )
+    _bool(c, "train.reduce_on_plateau")
+    _bool(c, "train.compact_groups")
 
 
 def _validate_rest(c) -> None:
     _int_range(c, "ckpt.every_epochs", 1)
     _int_range(c, "ckpt.keep", 1)
-    _check(
-        isinstance(c.eval.save_forecasts, bool),
-        "eval.save_forecasts",
-        c.eval.save_forecasts,
-        "True or False",
-    )
+    _bool(c, "eval.save_forecasts")
     _int_range(c, "eval.plot_windows", 0, 100)
     for name in c.predict.symbols:
-        _check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
+        rules.check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
     for name in c.predict.intervals:
-        _check(name in INTERVAL_MS, "predict.intervals", name, ", ".join(INTERVAL_MS))
+        rules.check(name in INTERVAL_MS, "predict.intervals", name, ", ".join(INTERVAL_MS))
     _choice(c, "logging.progress", ("auto", "rich", "plain"))
-    _check(
-        isinstance(c.logging.tensorboard, bool),
-        "logging.tensorboard",
-        c.logging.tensorboard,
-        "True or False",
-    )
+    _bool(c, "logging.tensorboard")
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -456,21 +390,19 @@ def _validate_serve(c) -> None:
     if "serve" not in c:  # a config saved by an earlier cpbjax (a model's meta.json)
         return
     host = c.serve.host
-    _check(isinstance(host, str) and bool(host.strip()), "serve.host", host, "a host name or IP")
+    rules.check(
+        isinstance(host, str) and bool(host.strip()), "serve.host", host, "a host name or IP"
+    )
     _int_range(c, "serve.port", 1, 65535)
 
 
-# Model widths (and heads) of the `demo` and `tiny` variants.
-_TINY_MODEL = {"d_model": 32, "num_heads": 4, "ff_dim": 64, "hidden": 32, "attention_heads": 4}
-
-
 def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-    """Applies a named variant: None (the default run), `demo` or `tiny`.
+    """Applies the data and training part of a variant: None (the default run), demo, tiny.
 
     `demo` is the README's offline run: all 40 default series from the synthetic
-    source, with small models, 2000 candles and 5 epochs, so every stage runs in a
-    few minutes on a 2-core CPU. `tiny` is what the tests run: 8 synthetic series,
-    the same small models, 3 epochs.
+    source, 2000 candles and 5 epochs, so every stage runs in a few minutes on a
+    2-core CPU. `tiny` is what the tests run: 8 synthetic series, 3 epochs. Both
+    also shrink the model; each configs/*.py file sets its own small widths.
     """
     if arg in (None, ""):
         return c
@@ -487,7 +419,4 @@ def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collectio
         c.data.symbols = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
         c.train.batch_size = 32
         c.eval.plot_windows = 1
-    for field, value in _TINY_MODEL.items():
-        if field in c.model:
-            c.model[field] = value
     return c

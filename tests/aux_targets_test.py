@@ -18,7 +18,7 @@ from absl.testing import parameterized
 
 from cpbjax import config as config_lib
 from cpbjax import driver, group, models, sharding, step, writers
-from cpbjax.data import windows
+from cpbjax.data import auxiliary, windows
 from tests import models_test, train_test, windows_test
 
 AUX = ("bb_position", "realized_vol")
@@ -75,8 +75,13 @@ def test_realized_vol_needs_two_returns():
     config_lib.validate(c)
 
 
-def test_every_allowed_name_has_a_definition():
-    assert set(windows._AUX_FUNCTIONS) == set(config_lib.AUX_TARGETS)
+def test_the_config_accepts_exactly_the_defined_aux_targets():
+    c = train_test.make_config()
+    c.model.aux_targets = tuple(auxiliary.FUNCTIONS)
+    config_lib.validate(c)
+    c.model.aux_targets = ("bb_position", "not_a_target")
+    with pytest.raises(config_lib.ConfigError, match="not_a_target"):
+        config_lib.validate(c)
 
 
 # ---------------------------------------------------------------------------------------

@@ -242,21 +242,24 @@ def _expected_cache(loaded):
     return sorted(names)
 
 
-def test_http_download_with_injected_faults(server, tmp_path):
-    base_url, root, faults = server
-    symbols = [
-        "BTCUSDT",
-        "ETHUSDT",
-        "BNBUSDT",
-        "SOLUSDT",
-        "PEPEUSDT",
-        "XRPUSDT",
-        "ADAUSDT",
-        "LTCUSDT",
-        "AVAXUSDT",
-    ]
-    _mirror(root, symbols)
-    faulty = "2025-01"
+# Symbols of the fault test, and the month whose requests fail.
+FAULT_SYMBOLS = (
+    "BTCUSDT",
+    "ETHUSDT",
+    "BNBUSDT",
+    "SOLUSDT",
+    "PEPEUSDT",
+    "XRPUSDT",
+    "ADAUSDT",
+    "LTCUSDT",
+    "AVAXUSDT",
+)
+FAULTY = "2025-01"
+
+
+def _inject_faults(root, faults):
+    """Queues one server fault per request of FAULTY and damages XRPUSDT's and LTCUSDT's files."""
+    faulty = FAULTY
     faults.queues[_url_path("BTCUSDT", faulty)] = ["500"]  # then success
     faults.queues[_url_path("ETHUSDT", faulty)] = ["sleep"]  # a timeout, then success
     faults.queues[_url_path("BNBUSDT", faulty)] = ["429", "503"]
@@ -268,9 +271,16 @@ def test_http_download_with_injected_faults(server, tmp_path):
         f.write("0" * 64 + f"  XRPUSDT-1h-{faulty}.zip\n")
     for suffix in ("", ".CHECKSUM"):
         os.remove(_zip(root, "LTCUSDT", "2024-12") + suffix)
+
+
+def test_http_download_with_injected_faults(server, tmp_path):
+    base_url, root, faults = server
+    symbols = list(FAULT_SYMBOLS)
+    _mirror(root, symbols)
+    faulty = FAULTY
+    _inject_faults(root, faults)
     cache = tmp_path / "cache"
     loaded, skipped = _load(_cfg(base_url, cache, [*symbols, "DOGEUSDT"]))
-
     for symbol, hits in (("BTCUSDT", 2), ("ETHUSDT", 2), ("BNBUSDT", 3), ("PEPEUSDT", 2)):
         s = loaded[f"{symbol}-1h"]
         assert faults.hits[_url_path(symbol, faulty)] == hits, symbol
@@ -299,41 +309,14 @@ def test_http_download_with_injected_faults(server, tmp_path):
     # The cache holds exactly the verified zips with their CHECKSUMs: nothing partial.
     assert _cache_files(cache) == _expected_cache(loaded)
 
-    # A second run downloads no verified zip again.
+    _assert_no_download_again(base_url, cache, symbols, loaded, faults)
+
+
+def _assert_no_download_again(base_url, cache, symbols, loaded, faults):
+    """A second run downloads no verified zip again and loads the same candles."""
     faults.hits.clear()
     again, _ = _load(_cfg(base_url, cache, symbols))
     for s in loaded.values():
         for month in s.notes["months"]:
             assert faults.hits[_url_path(s.symbol, month)] == 0, (s.name, month)
         np.testing.assert_array_equal(again[s.name].ohlcv[-672:], s.ohlcv[-672:])
-
-
-def test_http_corrupt_cache_file_is_downloaded_again(server, tmp_path):
-    base_url, root, faults = server
-    _mirror(root, ["BTCUSDT"])
-    cache = tmp_path / "cache"
-    first, _ = _load(_cfg(base_url, cache, ["BTCUSDT"]))
-    (cached,) = [
-        os.path.join(d, f)
-        for d, _, files in os.walk(cache)
-        for f in files
-        if f == "BTCUSDT-1h-2025-01.zip"
-    ]
-    with open(cached, "r+b") as f:
-        f.write(b"XX")
-    faults.hits.clear()
-    second, _ = _load(_cfg(base_url, cache, ["BTCUSDT"]))
-    assert faults.hits[_url_path("BTCUSDT", "2025-01")] == 1
-    assert faults.hits[_url_path("BTCUSDT", "2025-02")] == 0
-    np.testing.assert_array_equal(second["BTCUSDT-1h"].ohlcv, first["BTCUSDT-1h"].ohlcv)
-    assert _cache_files(cache) == _expected_cache(second)
-
-
-def test_http_probes_back_to_a_series_that_ends_early(server, tmp_path):
-    base_url, root, faults = server
-    _mirror(root, ["OPUSDT"])
-    loaded, _ = _load(_cfg(base_url, tmp_path / "cache", ["OPUSDT"], end="2025-08"))
-    assert loaded["OPUSDT-1h"].notes["months"] == ["2024-12", "2025-01", "2025-02"]
-    assert loaded["OPUSDT-1h"].notes["failed_months"] == {}  # Months after the last are not holes.
-    probed = [p for p in faults.hits if p.endswith(".CHECKSUM")]
-    assert len(probed) == 6 + 3  # 2025-08 back to 2025-03 missing, then three found.

@@ -1,12 +1,15 @@
 """Tests of cpbjax.data.features against plain row-by-row reference computations."""
 
 import math
+import os
 
 import numpy as np
 import pytest
 
 from cpbjax import config as config_lib
 from cpbjax.data import features
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 T = 90
 
@@ -94,9 +97,15 @@ def _references(x):
 REFERENCES = _references(_candles())
 
 
-def test_names_match_config_features():
-    assert set(features.NAMES) == set(config_lib.FEATURES)
+def test_every_feature_has_a_reference_and_passes_validation():
     assert set(REFERENCES) == set(features.NAMES)
+    c = config_lib.load(os.path.join(ROOT, "configs/gru.py"))
+    ohlc = ("open", "high", "low", "close")
+    c.data.features = (*ohlc, *(n for n in features.NAMES if n not in ohlc))
+    config_lib.validate(c)  # the config accepts exactly the names features.py computes
+    c.data.features = ("open", "high", "low", "close", "not_a_feature")
+    with pytest.raises(config_lib.ConfigError, match="not_a_feature"):
+        config_lib.validate(c)
 
 
 @pytest.mark.parametrize("name", features.NAMES)

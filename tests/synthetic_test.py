@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpbjax.config import INTERVAL_MS
 from cpbjax.data import parsing, synthetic
+from cpbjax.data.series import INTERVAL_MS
 
 N = 6000
 

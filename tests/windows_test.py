@@ -11,9 +11,9 @@ from absl.testing import parameterized
 from cpbjax import config as config_lib
 from cpbjax import writers
 from cpbjax.data import features, windows
-from cpbjax.data.series import Series, SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
-STEP_MS = config_lib.INTERVAL_MS["1h"]
+STEP_MS = INTERVAL_MS["1h"]
 L, H = 8, 3
 INDICATORS = (
     "open",

@@ -1,8 +1,10 @@
 """Market data: sources (Binance Vision, local files, synthetic), parsing, features, windows.
 
 `sources.load_all(config.data)` returns validated `Series` records and the skip
-reason of every series that could not be used; `windows` turns them into
-leak-free windows on the device.
+reason of every series that could not be used (`binance` with its `mirrors` and
+download `progress`, `synthetic`, local files; all through `parsing`); `windows`
+turns them into leak-free windows on the device, with `features`, `normalize` and
+the `auxiliary` targets.
 """
 
 from cpbjax.data.series import Series, SeriesSkipped

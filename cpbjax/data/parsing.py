@@ -16,8 +16,7 @@ import zipfile
 import numpy as np
 import pandas as pd
 
-from cpbjax.config import INTERVAL_MS
-from cpbjax.data.series import Series, SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 OHLCV = ("open", "high", "low", "close", "volume")
 # Epoch values above this are microseconds: 1e14 us is 1973, 1e14 ms is year 5138.

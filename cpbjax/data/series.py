@@ -1,10 +1,27 @@
-"""The `Series` record every data source returns, and the skip exception."""
+"""The `Series` record every data source returns, the skip exception and the interval lengths."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
+
+# Interval name -> length in milliseconds (the Binance Vision names); config.data.intervals
+# and config.predict.intervals must be keys of it.
+INTERVAL_MS = {
+    "1m": 60_000,
+    "3m": 180_000,
+    "5m": 300_000,
+    "15m": 900_000,
+    "30m": 1_800_000,
+    "1h": 3_600_000,
+    "2h": 7_200_000,
+    "4h": 14_400_000,
+    "6h": 21_600_000,
+    "8h": 28_800_000,
+    "12h": 43_200_000,
+    "1d": 86_400_000,
+}
 
 
 class SeriesSkipped(Exception):

@@ -1,7 +1,8 @@
 """The data-source registry (binance, local, synthetic) and `load_all`.
 
 A source is one function `(data_cfg, pairs) -> (name -> Series, name -> reason)`
-registered with `@register("name")`; `data.source` picks it. Every source passes
+registered with `@register("name")`, here or from user code; `data.source` picks it,
+and `cpbjax.config.validate` allows every name registered when it runs. Every source passes
 its candles through `parsing.build_series`, so validation is the same for all.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from absl import logging
 
-from cpbjax.config import ConfigError
+from cpbjax import config_rules as rules
 from cpbjax.data import binance, parsing, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 
@@ -136,11 +137,7 @@ def load_all(data_cfg) -> tuple[list[Series], dict[str, str]]:
     Raises:
       ConfigError: data.source is not registered, or the source's location is unusable.
     """
-    if data_cfg.source not in SOURCES:
-        raise ConfigError(
-            f"config.data.source={data_cfg.source!r} is not allowed: expected one of "
-            + ", ".join(SOURCES)
-        )
+    rules.one_of("data.source", data_cfg.source, SOURCES)
     pairs = [(s, i) for s in data_cfg.symbols for i in data_cfg.intervals]
     loaded, skipped = SOURCES[data_cfg.source](data_cfg, pairs)
     names = [f"{s}-{i}" for s, i in pairs]

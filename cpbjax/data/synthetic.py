@@ -23,9 +23,8 @@ import numpy as np
 import pandas as pd
 
 from cpbjax import writers
-from cpbjax.config import INTERVAL_MS
 from cpbjax.data import parsing
-from cpbjax.data.series import Series
+from cpbjax.data.series import INTERVAL_MS, Series
 
 DEFAULT_SEED = 0
 # The synthetic source's series end here, so every run sees the same candles.
@@ -34,7 +33,7 @@ END_MS = int(datetime.datetime(2025, 7, 1, tzinfo=datetime.timezone.utc).timesta
 MICROSECONDS_FROM = "2025-01"
 
 ALPHA, BETA, DOF = 0.10, 0.85, 5.0  # GARCH(1,1) and Student-t shape.
-SUBSTEPS = 8  # Points of the intra-candle path that sets high and low.
+SUBSTEPS = 8  # U, points of the intra-candle path that sets high and low.
 _YEAR_MS = 365 * 86_400_000
 _HOUR_MS = 3_600_000
 # Base asset -> (typical price in USDT, annualised volatility).
@@ -117,15 +116,15 @@ def _garch(z: np.ndarray, sigma_bar: float) -> tuple[np.ndarray, np.ndarray]:
 def _candles(log_p0: float, r_T: np.ndarray, sigma_T: np.ndarray, rng) -> np.ndarray:
     """OHLC [T, 4] from returns r [T] via a Brownian bridge of SUBSTEPS points per candle."""
     n = len(r_T)
-    inc_TM = rng.standard_normal((n, SUBSTEPS)) * (sigma_T[:, None] / math.sqrt(SUBSTEPS))
-    bridge_TM = inc_TM - inc_TM.mean(axis=1, keepdims=True) + r_T[:, None] / SUBSTEPS
-    path_TM = np.cumsum(bridge_TM, axis=1)  # log price relative to the candle's open
-    log_close = log_p0 + np.cumsum(path_TM[:, -1])
+    inc_TU = rng.standard_normal((n, SUBSTEPS)) * (sigma_T[:, None] / math.sqrt(SUBSTEPS))
+    bridge_TU = inc_TU - inc_TU.mean(axis=1, keepdims=True) + r_T[:, None] / SUBSTEPS
+    path_TU = np.cumsum(bridge_TU, axis=1)  # log price relative to the candle's open
+    log_close = log_p0 + np.cumsum(path_TU[:, -1])
     log_open = np.concatenate([[log_p0], log_close[:-1]])
     o, c = np.exp(log_open), np.exp(log_close)
     # The path's extremes, widened to cover open and close exactly despite rounding.
-    h = np.maximum(np.exp(log_open + path_TM.max(axis=1)), np.maximum(o, c))
-    low = np.minimum(np.exp(log_open + path_TM.min(axis=1)), np.minimum(o, c))
+    h = np.maximum(np.exp(log_open + path_TU.max(axis=1)), np.maximum(o, c))
+    low = np.minimum(np.exp(log_open + path_TU.min(axis=1)), np.minimum(o, c))
     return np.stack([o, h, low, c], axis=1)
 
 
@@ -136,7 +135,7 @@ def generate(
 
     Args:
       symbol: e.g. "BTCUSDT"; the base asset sets the price level and volatility.
-      interval: a key of config.INTERVAL_MS.
+      interval: a key of series.INTERVAL_MS.
       n_candles: candles to generate, gap-free.
       seed: data seed.
       end_ms: the last candle opens at end_ms floored to the interval grid.

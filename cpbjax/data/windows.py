@@ -5,32 +5,16 @@ Windows are never materialised: a series is stored once as [T, F] inputs and
 [T, C] targets, and `gather` slices a batch of windows from them inside the
 jitted step, so host and device memory stay O(K·T·F).
 
-Normalisation is arranged so that the device only ever subtracts an anchor:
-  x[t-L+1..t] = inputs[...] - anchor[t] * price_mask      (price columns only)
-  y[t+1..t+H] = targets[...] - anchor[t]
-  - last_close: inputs/targets of price columns hold log(p / p0) and
-    anchor[t] = log(close[t] / p0), so windows are log ratios to the window's own
-    last close. Nothing is fitted, and predictions map back exactly.
-  - zscore: each column is standardised with mean/std of the TRAIN candles only;
-    anchor = 0.
-  - candle_minmax: the replaced system's per-candle (x - low) / (high - low);
-    anchor = 0. Lossy: the price level is gone, so no price-space metric exists.
-Non-price features (volume, RSI, ...) are z-scored with train-split statistics in
-every mode.
+Normalisation (`normalize`) is arranged so that the device only ever subtracts an
+anchor: x = inputs - anchor[t] * price_mask, y = targets - anchor[t].
 
 Indicators are computed on the whole series (they are causal), then the newest
 `max_candles` candles after the warm-up are kept, so warm-up rows are dropped,
 never zero-filled, and never cost the kept series any candles. Indicators run
 across a gap as if the candles were consecutive; windows never span a gap.
 
-Auxiliary targets (config.model.aux_targets, the multi-task head's) are one row per
-window, at its end t: realized_vol, the population std of the H close log returns
-r_{t+1..t+H}, and bb_position, `features`' Bollinger position (20 periods, 2 std) of
-the last forecast candle t+H. Neither reads a candle after t+H, the last OHLC target,
-so both inherit its purge. Each is z-scored with the mean/std of its values on the
-train windows, then scaled to the RMS of those windows' OHLC targets, so an aux MSE
-weighs like the OHLC MSE whatever the normalisation (under last_close the OHLC targets
-are log ratios of about 1e-2, and unit-variance aux targets would swamp them).
+Auxiliary targets (config.model.aux_targets, `auxiliary`) are one row per window,
+indexed by its end t.
 
 Splits are chronological over the gap-free windows. Purging is by candle index:
 a window of one split is kept only if its last target candle comes before the
@@ -44,7 +28,6 @@ them alone, so changing any later candle changes nothing in training.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -52,9 +35,9 @@ import numpy as np
 from absl import logging
 from flax import struct
 
-from cpbjax.config import AUX_TARGETS, INTERVAL_MS
+from cpbjax.data import auxiliary, normalize
 from cpbjax.data import features as features_lib
-from cpbjax.data.series import Series, SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 SPLITS = ("train", "val", "test")
 NUM_TARGETS = 4  # OHLC.
@@ -169,127 +152,63 @@ def split_ends(ends: np.ndarray, splits, horizon: int) -> dict:
     return parts
 
 
-def _train_stats(x_NC: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Column mean and population std of the train candles; std 1 where it is 0."""
-    sd = x_NC.std(axis=0)
-    return x_NC.mean(axis=0), np.where(sd > 0, sd, 1.0)
-
-
-def _fitted_stats(fitted: dict, mean_key: str, std_key: str, width: int):
-    """(mean, std) float64 [width] of a saved `norm`, checked against the column count."""
-    mu, sd = np.asarray(fitted[mean_key], np.float64), np.asarray(fitted[std_key], np.float64)
-    if mu.shape != (width,) or sd.shape != (width,) or not (sd > 0).all():
-        raise ValueError(
-            f"saved normalisation {mean_key}/{std_key} do not fit {width} columns "
-            f"with std > 0: {mu.tolist()}, {sd.tolist()}"
-        )
-    return mu, sd
-
-
-def _normalise(ohlc, feats, names, n_train: int, kind: str, fitted: dict | None = None):
-    """Returns (inputs [T,F], targets [T,4], anchor [T], norm) as float64.
-
-    Statistics are fitted on the first `n_train` candles (the train candles) only, or
-    taken from `fitted` (the `norm` a training run saved with its model), so a saved
-    model sees new data scaled exactly as its training data was.
-    """
-    price = _price_mask(names).astype(bool)
-    if fitted is None:
-        mu, sd = _train_stats(feats[:n_train])
-    else:
-        mu, sd = _fitted_stats(fitted, "feature_mean", "feature_std", len(names))
-    # Non-price columns keep this z-score in every mode; zscore keeps it for all columns.
-    inputs = (feats - mu) / sd
-    norm = {"kind": kind, "feature_mean": mu, "feature_std": sd}
-    if kind == "last_close":
-        log_p0 = math.log(ohlc[0, 3])  # cancels out of every window; kept for to_prices
-        with np.errstate(divide="ignore", invalid="ignore"):  # a band <= 0 is caught later
-            inputs[:, price] = np.log(feats[:, price]) - log_p0
-        targets = np.log(ohlc) - log_p0
-        return inputs, targets, targets[:, 3].copy(), {**norm, "log_p0": log_p0}
-    anchor = np.zeros(len(ohlc))
-    if kind == "zscore":
-        if fitted is None:
-            t_mu, t_sd = _train_stats(ohlc[:n_train])
-        else:
-            t_mu, t_sd = _fitted_stats(fitted, "mean", "std", NUM_TARGETS)
-        return inputs, (ohlc - t_mu) / t_sd, anchor, {**norm, "mean": t_mu, "std": t_sd}
-    if kind == "candle_minmax":
-        low, high = ohlc[:, 2:3], ohlc[:, 1:2]
-        rng = np.where(high - low > 0, high - low, 1.0)
-        inputs[:, price] = (feats[:, price] - low) / rng
-        return inputs, (ohlc - low) / rng, anchor, norm
-    raise ValueError(
-        f"data.normalization={kind!r} is not allowed: expected last_close, zscore or candle_minmax"
-    )
-
-
-def _realized_vol(close_T, bb_position_T, ends_N, horizon):
-    r_T = np.diff(np.log(close_T))  # r_T[i] = log(c[i+1] / c[i]), the return of candle i+1
-    return r_T[ends_N[:, None] + np.arange(horizon)].std(axis=1)  # returns of t+1..t+H
-
-
-def _bb_position(close_T, bb_position_T, ends_N, horizon):
-    return bb_position_T[ends_N + horizon]
-
-
-# Aux target name -> f(close [T], bb_position [T], ends [N], H) -> raw float64 [N].
-_AUX_FUNCTIONS = {"realized_vol": _realized_vol, "bb_position": _bb_position}
-
-
-def _fitted_aux_stats(fitted: dict, names: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, std) float64 [A] of `names` from a saved `norm`, matched by name."""
-    saved = list(fitted.get("aux_targets", ()))
-    missing = [n for n in names if n not in saved]
-    if missing:
-        raise ValueError(
-            f"saved normalisation has no statistics of aux targets {missing} "
-            f"(it has {saved}): use the model's config.model.aux_targets"
-        )
-    mu, sd = _fitted_stats(fitted, "aux_mean", "aux_std", len(saved))
-    order = [saved.index(n) for n in names]
-    return mu[order], sd[order]
-
-
-def _aux(
-    names, close_T, bb_position_T, y_scale: float, ends: dict, horizon: int, fitted: dict | None
-):
-    """(aux float32 [T, A] indexed by window end, its `norm` entries).
-
-    `y_scale` is the RMS of the train windows' normalised OHLC targets; see the
-    module docstring.
-    """
-    ends_N = np.concatenate([ends[s] for s in SPLITS])  # train windows first
-    raw_NA = np.stack(
-        [_AUX_FUNCTIONS[n](close_T, bb_position_T, ends_N, horizon) for n in names], axis=1
-    )
-    if fitted is None:
-        mu, sd = _train_stats(raw_NA[: len(ends["train"])])
-        sd = sd / (y_scale if y_scale > 0 else 1.0)
-    else:
-        mu, sd = _fitted_aux_stats(fitted, names)
-    aux_TA = np.zeros((len(close_T), len(names)))
-    aux_TA[ends_N] = (raw_NA - mu) / sd
-    bad = [n for j, n in enumerate(names) if not np.isfinite(aux_TA[:, j]).all()]
-    if bad:
-        raise SeriesSkipped(f"non-finite aux targets {bad} (model.aux_targets)")
-    return aux_TA.astype(np.float32), {"aux_targets": names, "aux_mean": mu, "aux_std": sd}
-
-
-def _target_rms(targets_T4, anchor_T, ends_N, horizon: int) -> float:
-    """RMS of the normalised OHLC targets of the windows ending at ends_N (what `gather` gives)."""
-    y_NHC = targets_T4[ends_N[:, None] + np.arange(1, horizon + 1)] - anchor_T[ends_N, None, None]
-    return float(np.sqrt(np.mean(np.square(y_NHC))))
-
-
 def _kept_rows(series: Series, data_cfg, names):
-    """(open times, ohlcv, features) of the newest max_candles candles past the warm-up.
+    """(open times [T], ohlcv [T, 5], features [T, F]): the newest max_candles past the warm-up.
 
-    Also returns first_valid, the number of warm-up rows of the whole series.
+    Raises:
+      SeriesSkipped: if fewer than data.min_candles candles remain.
     """
-    feats, first_valid = features_lib.compute(series.ohlcv, names)
+    feats_TF, first_valid = features_lib.compute(series.ohlcv, names)
     start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
-    return series.open_time_ms[start:], series.ohlcv[start:], feats[start:], first_valid
+    times_T, ohlcv_T5 = series.open_time_ms[start:], series.ohlcv[start:]
+    if len(ohlcv_T5) < data_cfg.min_candles:
+        raise SeriesSkipped(
+            f"only {len(ohlcv_T5)} usable candles ({len(series.ohlcv)} loaded, the first "
+            f"{first_valid} are indicator warm-up), need data.min_candles={data_cfg.min_candles}"
+        )
+    return times_T, ohlcv_T5, feats_TF[start:]
+
+
+def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
+    """split name -> int64 [N_split] purged ends of the gap-free windows.
+
+    Raises:
+      SeriesSkipped: if a split has no window.
+    """
+    L, H = data_cfg.lookback, data_cfg.horizon
+    ends = split_ends(_contiguous_ends(times_T, INTERVAL_MS[interval], L, H), data_cfg.splits, H)
+    for split in SPLITS:
+        if len(ends[split]) == 0:
+            raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
+    return ends
+
+
+def _normalised(ohlc_TC, feats_TF, names, aux_names, ends: dict, data_cfg, fitted) -> dict:
+    """The normalised PreparedSeries fields: inputs, targets, anchor, aux, norm, price_mask.
+
+    `feats_TF` holds the columns of `names`, then bb_position when an aux target needs it.
+    """
+    H = data_cfg.horizon
+    n_train = int(ends["train"][-1]) + H + 1  # every candle a training window reads
+    inputs_TF, targets_TC, anchor_T, norm = normalize.normalise(
+        ohlc_TC, feats_TF[:, : len(names)], names, n_train, data_cfg.normalization, fitted
+    )
+    normalize.check_finite(inputs_TF, names)
+    aux_TA = np.zeros((len(ohlc_TC), 0), np.float32)
+    if aux_names:
+        y_scale = auxiliary.target_rms(targets_TC, anchor_T, ends["train"], H)
+        aux_TA, aux_norm = auxiliary.compute(
+            aux_names, ohlc_TC[:, 3], feats_TF[:, -1], y_scale, ends, H, fitted
+        )
+        norm = {**norm, **aux_norm}
+    return {
+        "inputs": inputs_TF.astype(np.float32),
+        "targets": targets_TC.astype(np.float32),
+        "anchor": anchor_T.astype(np.float32),
+        "aux": aux_TA,
+        "norm": norm,
+        "price_mask": normalize.price_mask(names),
+    }
 
 
 def prepare_series(
@@ -313,50 +232,26 @@ def prepare_series(
       ValueError: an unknown aux target, or a fitted_norm that does not fit.
     """
     names, aux_names = tuple(data_cfg.features), tuple(aux_targets)
-    L, H = data_cfg.lookback, data_cfg.horizon
-    if not set(aux_names) <= set(AUX_TARGETS):
-        raise ValueError(f"aux targets {aux_names}: expected names from {AUX_TARGETS}")
+    if not set(aux_names) <= set(auxiliary.FUNCTIONS):
+        raise ValueError(
+            f"aux targets {aux_names}: expected names from {tuple(auxiliary.FUNCTIONS)}"
+        )
     # bb_position's bands need 19 earlier candles: its warm-up is dropped like the inputs'.
     extra = ("bb_position",) if "bb_position" in aux_names else ()
-    times, ohlcv, all_feats, warmup = _kept_rows(series, data_cfg, names + extra)
-    feats = all_feats[:, : len(names)]
-    if len(ohlcv) < data_cfg.min_candles:
-        raise SeriesSkipped(
-            f"only {len(ohlcv)} usable candles ({len(series.ohlcv)} loaded, the first "
-            f"{warmup} are indicator warm-up), need data.min_candles={data_cfg.min_candles}"
-        )
-    ends = split_ends(
-        _contiguous_ends(times, INTERVAL_MS[series.interval], L, H), data_cfg.splits, H
-    )
-    for split in SPLITS:
-        if len(ends[split]) == 0:
-            raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
-    n_train = int(ends["train"][-1]) + H + 1  # every candle a training window reads
-    ohlc = ohlcv[:, :4]
-    inputs, targets, anchor, norm = _normalise(
-        ohlc, feats, names, n_train, data_cfg.normalization, fitted_norm
-    )
-    _check_finite(inputs, names)
-    aux = np.zeros((len(ohlc), 0), np.float32)
-    if aux_names:
-        y_scale = _target_rms(targets, anchor, ends["train"], H)
-        aux, aux_norm = _aux(aux_names, ohlc[:, 3], all_feats[:, -1], y_scale, ends, H, fitted_norm)
-        norm = {**norm, **aux_norm}
-    notes = dict(series.notes, used_candles=len(ohlc), windows={s: len(e) for s, e in ends.items()})
+    times_T, ohlcv_T5, feats_TF = _kept_rows(series, data_cfg, names + extra)
+    ends = _split_windows(times_T, series.interval, data_cfg)
+    ohlc_TC = ohlcv_T5[:, :NUM_TARGETS]
+    fields = _normalised(ohlc_TC, feats_TF, names, aux_names, ends, data_cfg, fitted_norm)
+    counts = {split: len(e) for split, e in ends.items()}
     return PreparedSeries(
         name=series.name,
         symbol=series.symbol,
         interval=series.interval,
-        open_time_ms=times,
-        ohlc=ohlc,
-        inputs=inputs.astype(np.float32),
-        targets=targets.astype(np.float32),
-        anchor=anchor.astype(np.float32),
-        aux=aux,
+        open_time_ms=times_T,
+        ohlc=ohlc_TC,
         ends=ends,
-        norm=norm,
-        price_mask=_price_mask(names),
-        notes=notes,
+        notes=dict(series.notes, used_candles=len(ohlc_TC), windows=counts),
+        **fields,
     )
 
 
@@ -383,19 +278,6 @@ def prepare_all(
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)
     return preps, skipped
-
-
-def _check_finite(inputs_TF: np.ndarray, names) -> None:
-    bad = [names[j] for j in np.nonzero(~np.isfinite(inputs_TF).all(axis=0))[0]]
-    if bad:
-        raise SeriesSkipped(
-            f"non-finite normalised values in features {bad} "
-            "(under last_close a price feature such as bb_lower must stay > 0)"
-        )
-
-
-def _price_mask(names) -> np.ndarray:
-    return np.array([n in features_lib.PRICE_FEATURES for n in names], np.float32)
 
 
 def padded_sizes(data_cfg) -> dict:
@@ -437,6 +319,29 @@ def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> No
             )
 
 
+def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, lookback: int):
+    """The GroupArrays of `stack_group` as numpy arrays: K coins, padded to `sizes`."""
+    t, f = sizes["T"], preps[0].inputs.shape[1]
+    host = {
+        "inputs": np.zeros((k, t, f), np.float32),
+        "targets": np.zeros((k, t, NUM_TARGETS), np.float32),
+        "anchor": np.zeros((k, t), np.float32),
+        "aux": np.zeros((k, t, preps[0].aux.shape[1]), np.float32),
+    }
+    for split in SPLITS:
+        host[f"{split}_ends"] = np.full((k, sizes[split]), lookback - 1, np.int32)
+        host[f"{split}_mask"] = np.zeros((k, sizes[split]), bool)
+    for i, p in enumerate(preps):
+        n_t = len(p.inputs)
+        for field in ("inputs", "targets", "anchor", "aux"):
+            host[field][i, :n_t] = getattr(p, field)
+        for split in SPLITS:
+            e = p.ends[split]
+            host[f"{split}_ends"][i, : len(e)] = e
+            host[f"{split}_mask"][i, : len(e)] = True
+    return GroupArrays(price_mask=np.asarray(preps[0].price_mask, np.float32), **host)
+
+
 def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, shardings=None):
     """Pads `preps` to `group_size` coins and fixed sizes; places them on the devices.
 
@@ -460,27 +365,7 @@ def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, sharding
     """
     sizes = padded_sizes(data_cfg)
     _check_fits(preps, group_size, sizes)
-    k, t, f = group_size, sizes["T"], preps[0].inputs.shape[1]
-    host = {
-        "inputs": np.zeros((k, t, f), np.float32),
-        "targets": np.zeros((k, t, NUM_TARGETS), np.float32),
-        "anchor": np.zeros((k, t), np.float32),
-        "aux": np.zeros((k, t, preps[0].aux.shape[1]), np.float32),
-    }
-    for split in SPLITS:
-        host[f"{split}_ends"] = np.full((k, sizes[split]), data_cfg.lookback - 1, np.int32)
-        host[f"{split}_mask"] = np.zeros((k, sizes[split]), bool)
-    for i, p in enumerate(preps):
-        n_t = len(p.inputs)
-        host["inputs"][i, :n_t] = p.inputs
-        host["targets"][i, :n_t] = p.targets
-        host["anchor"][i, :n_t] = p.anchor
-        host["aux"][i, :n_t] = p.aux
-        for split in SPLITS:
-            e = p.ends[split]
-            host[f"{split}_ends"][i, : len(e)] = e
-            host[f"{split}_mask"][i, : len(e)] = True
-    host = GroupArrays(price_mask=np.asarray(preps[0].price_mask, np.float32), **host)
+    host = _host_arrays(preps, group_size, sizes, data_cfg.lookback)
     if shardings is None:
         return jax.device_put(host)
     return jax.tree.map(

@@ -7,28 +7,55 @@
 or, with return_aux=True, (y_hat, aux_hat [B, A] float32): the multi-task head's
 forecasts of config.model.aux_targets (A = 0 without them; the head then has no
 parameters).
-Adding an architecture: a file with a module and a config dataclass whose own
-fields are named like its config.model fields, plus one REGISTRY line.
+Adding an architecture: a module and a config dataclass (a `common.ModelConfig`
+subclass) whose own fields are named like its config.model entries, then
+`register(name, module_cls, config_cls)`, from this package or from user code.
+`cpbjax.config.validate` checks config.model with the dataclass (`validate_group`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import ml_collections
 
+from cpbjax import config_rules as rules
 from cpbjax.data.windows import NUM_TARGETS
 from cpbjax.models import common, gru, lstm, transformer
 
-REGISTRY = {
-    "transformer": (transformer.Transformer, transformer.TransformerConfig),
-    "gru": (gru.GRUSeq2Seq, gru.GRUConfig),
-    "lstm": (lstm.LSTMSeq2Seq, lstm.LSTMConfig),
-}
+REGISTRY: dict[str, tuple[type[nn.Module], type[common.ModelConfig]]] = {}
 
-# ModelConfig fields that come from outside config.model.
-_SHARED = {f.name for f in dataclasses.fields(common.ModelConfig)} - {"name", "decoding", "dropout"}
+
+def register(name: str, module_cls: type[nn.Module], config_cls: type[common.ModelConfig]) -> None:
+    """Makes config.model.name=`name` build `module_cls(config_cls(...))`.
+
+    Raises:
+      ValueError: the name is taken.
+      TypeError: config_cls is not a common.ModelConfig dataclass.
+    """
+    if name in REGISTRY:
+        raise ValueError(f"model {name!r} is registered twice")
+    if not (isinstance(config_cls, type) and issubclass(config_cls, common.ModelConfig)):
+        raise TypeError(f"model {name!r}: {config_cls!r} is not a common.ModelConfig subclass")
+    REGISTRY[name] = (module_cls, config_cls)
+
+
+register("transformer", transformer.Transformer, transformer.TransformerConfig)
+register("gru", gru.GRUSeq2Seq, gru.GRUConfig)
+register("lstm", lstm.LSTMSeq2Seq, lstm.LSTMConfig)
+
+
+def validate_group(model_group, run_entries=()) -> None:
+    """Checks config.model: a registered name, then that model's dataclass rules.
+
+    Args:
+      model_group: the config.model group (a ConfigDict or any mapping).
+      run_entries: config.model entries that are not model fields (the run's own).
+
+    Raises:
+      ConfigError: naming the field, its value and what is allowed.
+    """
+    rules.one_of("model.name", model_group["name"], REGISTRY)
+    REGISTRY[model_group["name"]][1].check_group(model_group, run_entries)
 
 
 def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
@@ -61,12 +88,10 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
         "matmul_precision": config.matmul_precision,
     }
     own = {}
-    for field in dataclasses.fields(config_cls):
-        if field.name in _SHARED:
-            continue
-        if field.name not in config.model:
-            raise ValueError(f"config.model.{field.name} is missing: model {name!r} needs it")
-        own[field.name] = config.model[field.name]
+    for field in config_cls.group_fields():
+        if field not in config.model:
+            raise ValueError(f"config.model.{field} is missing: model {name!r} needs it")
+        own[field] = config.model[field]
     return config_cls(**shared, **own)
 
 

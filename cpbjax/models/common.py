@@ -1,18 +1,25 @@
 """Pieces shared by the architectures: the config base, attention, teacher forcing, RNN seq2seq.
 
-Shape suffixes: B batch, L lookback, H horizon, F input features, C targets,
-D model width, N heads, K head width, S attended (key) positions, T query positions.
+Shape suffixes (the package's legend): B batch, L lookback, H horizon, F input features,
+C targets (OHLC), A aux targets, D model width. Attention adds Q query positions,
+P attended (key/value) positions, E heads and W head width (D / E); an RNN cell's
+input width is I (F, D or C, by layer).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from cpbjax import config_rules as rules
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -37,6 +44,21 @@ class ModelConfig:
     dtype: str = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
     matmul_precision: str = "default"  # highest | high | default.
 
+    # The fields `models.make_config` fills from outside config.model (the data's shapes,
+    # config.dtype, ...); every other field is a config.model entry of the same name.
+    FROM_RUN: ClassVar[frozenset[str]] = frozenset(
+        (
+            "lookback",
+            "horizon",
+            "num_features",
+            "num_targets",
+            "num_aux",
+            "dtype",
+            "matmul_precision",
+        )
+    )
+    MAX_INT: ClassVar[int] = 65536  # Upper bound of every int field (widths, heads, layers).
+
     @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
@@ -44,6 +66,67 @@ class ModelConfig:
     @property
     def precision(self) -> jax.lax.Precision:
         return PRECISIONS[self.matmul_precision]
+
+    @classmethod
+    def group_fields(cls) -> tuple[str, ...]:
+        """The fields read from config.model, in declaration order (name, decoding, ...)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.FROM_RUN)
+
+    @classmethod
+    def check_group(cls, group: Mapping, run_entries=()) -> None:
+        """Checks config.model against this dataclass; raises ConfigError on the first problem.
+
+        Every entry must be one of `group_fields()` or of `run_entries` (config.model
+        entries the run reads, checked by cpbjax.config), and every field must be there.
+        Each value then passes `check_field`, and the whole group `check_rules`.
+        """
+        fields, name = cls.group_fields(), group["name"]
+        for key in group:
+            allowed = f"a field of model {name!r}: " + ", ".join((*fields, *run_entries))
+            rules.check(key in fields or key in run_entries, f"model.{key}", group[key], allowed)
+        for field in fields:
+            if field not in group:
+                raise rules.ConfigError(f"config.model.{field} is missing: model {name!r} needs it")
+        hints = _field_types(cls)
+        for field in fields:
+            cls.check_field(field, hints[field], group[field])
+        cls.check_rules(group)
+
+    @classmethod
+    def check_field(cls, field: str, kind: Any, value: Any) -> None:
+        """One config.model value, by the field's type: ints >= 1, dropout in [0, 1), ..."""
+        if field == "decoding":
+            rules.one_of("model.decoding", value, DECODINGS)
+        elif field == "dropout":
+            rules.num_in("model.dropout", value, 0, 1, hi_open=True)
+        elif kind is bool:
+            rules.bool_field(f"model.{field}", value)
+        elif kind is int:
+            rules.int_in(f"model.{field}", value, 1, cls.MAX_INT)
+        elif kind is float:
+            rules.check(rules.is_num(value), f"model.{field}", value, "a finite number")
+        elif kind is str:
+            rules.check(isinstance(value, str), f"model.{field}", value, "a string")
+
+    @classmethod
+    def check_rules(cls, group: Mapping) -> None:
+        """Rules between fields (e.g. a width that its heads divide); none here."""
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """field name -> its type (annotations may be strings under `from __future__`)."""
+    return typing.get_type_hints(cls)
+
+
+def check_divides(group: Mapping, width: str, heads: str) -> None:
+    """config.model.<width> must be a multiple of config.model.<heads> (attention heads)."""
+    rules.check(
+        group[width] % group[heads] == 0,
+        f"model.{width}",
+        group[width],
+        f"a multiple of model.{heads} ({group[heads]})",
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,7 +222,7 @@ class Attention(nn.Module):
 
     cfg: ModelConfig
     features: int  # D.
-    num_heads: int  # N; D must divide by it.
+    num_heads: int  # E; D must divide by it.
     dropout: float = 0.0  # On the attention weights, as in torch.
 
     def setup(self):
@@ -149,26 +232,26 @@ class Attention(nn.Module):
         self.out = dense(self.cfg, self.features)
         self.weights_dropout = nn.Dropout(self.dropout)
 
-    def _heads(self, x_BTD: jax.Array) -> jax.Array:
-        return x_BTD.reshape(*x_BTD.shape[:-1], self.num_heads, -1)  # [B, T, N, K]
+    def _heads(self, x_BQD: jax.Array) -> jax.Array:
+        return x_BQD.reshape(*x_BQD.shape[:-1], self.num_heads, -1)  # [B, Q, E, W]
 
-    def project_kv(self, m_BSD: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Keys and values of a memory, each [B, S, N, K]."""
-        return self._heads(self.key(m_BSD)), self._heads(self.value(m_BSD))
+    def project_kv(self, m_BPD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys and values of a memory, each [B, P, E, W]."""
+        return self._heads(self.key(m_BPD)), self._heads(self.value(m_BPD))
 
-    def __call__(self, x_BTD, k_BSNK, v_BSNK, mask=None, train: bool = False) -> jax.Array:
-        """Attends queries from x to projected keys/values; mask [..., T, S] True = visible."""
-        q_BTNK = self._heads(self.query(x_BTD))
-        scale = 1.0 / math.sqrt(q_BTNK.shape[-1])
+    def __call__(self, x_BQD, k_BPEW, v_BPEW, mask=None, train: bool = False) -> jax.Array:
+        """Attends queries from x to projected keys/values; mask [..., Q, P] True = visible."""
+        q_BQEW = self._heads(self.query(x_BQD))
+        scale = 1.0 / math.sqrt(q_BQEW.shape[-1])
         prec = self.cfg.precision
-        logits_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK * scale, k_BSNK, precision=prec)
-        logits_BNTS = logits_BNTS.astype(jnp.float32)  # Softmax in float32 under bfloat16.
+        logits_BEQP = jnp.einsum("bqew,bpew->beqp", q_BQEW * scale, k_BPEW, precision=prec)
+        logits_BEQP = logits_BEQP.astype(jnp.float32)  # Softmax in float32 under bfloat16.
         if mask is not None:
-            logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)
-        w_BNTS = jax.nn.softmax(logits_BNTS, axis=-1).astype(self.cfg.compute_dtype)
-        w_BNTS = self.weights_dropout(w_BNTS, deterministic=not train)
-        y_BTNK = jnp.einsum("bnts,bsnk->btnk", w_BNTS, v_BSNK, precision=prec)
-        return self.out(y_BTNK.reshape(*y_BTNK.shape[:2], -1))
+            logits_BEQP = jnp.where(mask, logits_BEQP, jnp.finfo(jnp.float32).min)
+        w_BEQP = jax.nn.softmax(logits_BEQP, axis=-1).astype(self.cfg.compute_dtype)
+        w_BEQP = self.weights_dropout(w_BEQP, deterministic=not train)
+        y_BQEW = jnp.einsum("beqp,bpew->bqew", w_BEQP, v_BPEW, precision=prec)
+        return self.out(y_BQEW.reshape(*y_BQEW.shape[:2], -1))
 
 
 class RNNSeq2Seq(nn.Module):
@@ -233,8 +316,8 @@ class RNNSeq2Seq(nn.Module):
         memory = self.attention.prepare(enc_BLD)
         last_BD = enc_BLD[:, -1]
         if cfg.decoding == "direct":
-            y_BX = self._head(last_BD, self.attention(memory, last_BD))
-            y_hat_BHC = y_BX.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
+            y_flat = self._head(last_BD, self.attention(memory, last_BD))  # [B, H * C]
+            y_hat_BHC = y_flat.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
         else:
             y_hat_BHC = self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
         return outputs(self.aux_head, y_hat_BHC, last_BD, return_aux)

@@ -17,6 +17,10 @@ class LSTMConfig(common.RNNConfig):
 
     attention_heads: int  # Heads of the decoder-over-encoder attention; hidden divides by it.
 
+    @classmethod
+    def check_rules(cls, group) -> None:
+        common.check_divides(group, "hidden", "attention_heads")
+
 
 class LSTMCell(nn.RNNCellBase):
     """An LSTM cell laid out like torch.nn.LSTM: input AND hidden biases (8·h per layer).

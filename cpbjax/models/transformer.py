@@ -23,19 +23,23 @@ class TransformerConfig(common.ModelConfig):
     """config.model fields of the Transformer."""
 
     d_model: int  # D, width of every attention and residual stream.
-    num_heads: int  # N; d_model divides by it.
+    num_heads: int  # E; d_model divides by it.
     num_encoder_layers: int
     num_decoder_layers: int
     ff_dim: int  # Feed-forward width (GELU).
 
+    @classmethod
+    def check_rules(cls, group) -> None:
+        common.check_divides(group, "d_model", "num_heads")
+
 
 def sinusoid(length: int, width: int) -> np.ndarray:
     """The sinusoidal position table [length, width] of "Attention is all you need"."""
-    pos_T1 = np.arange(length)[:, None]
+    pos_P1 = np.arange(length)[:, None]  # P positions (L or H)
     rate = np.exp(-np.log(10000.0) * np.arange(0, width, 2) / width)
     table = np.zeros((length, width + width % 2), np.float32)
-    table[:, 0::2] = np.sin(pos_T1 * rate)
-    table[:, 1::2] = np.cos(pos_T1 * rate)
+    table[:, 0::2] = np.sin(pos_P1 * rate)
+    table[:, 1::2] = np.cos(pos_P1 * rate)
     return table[:, :width]
 
 
@@ -50,8 +54,8 @@ class FeedForward(nn.Module):
     cfg: TransformerConfig
 
     @nn.compact
-    def __call__(self, h_BTD, train):
-        h = nn.gelu(common.dense(self.cfg, self.cfg.ff_dim, name="linear1")(h_BTD), False)
+    def __call__(self, h_BQD, train):
+        h = nn.gelu(common.dense(self.cfg, self.cfg.ff_dim, name="linear1")(h_BQD), False)
         h = nn.Dropout(self.cfg.dropout)(h, deterministic=not train)
         return common.dense(self.cfg, self.cfg.d_model, name="linear2")(h)
 
@@ -90,27 +94,27 @@ class DecoderLayer(nn.Module):
         self.norm3 = _layer_norm(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def __call__(self, h_BTD, cross_kv, train):
-        """All T positions at once, unmasked (the direct decoder's learned queries)."""
-        return self._block(h_BTD, self.self_attn.project_kv(h_BTD), cross_kv, None, train)
+    def __call__(self, h_BQD, cross_kv, train):
+        """All Q positions at once, unmasked (the direct decoder's learned queries)."""
+        return self._block(h_BQD, self.self_attn.project_kv(h_BQD), cross_kv, None, train)
 
     def step(self, h_B1D, cache, t, cross_kv, train):
-        """Position t only: writes its key/value into cache ([B, H, N, K] each), attends ≤ t."""
+        """Position t only: writes its key/value into cache ([B, H, E, W] each), attends ≤ t."""
         kv_t = self.self_attn.project_kv(h_B1D)
         cache = tuple(
             jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), t, axis=1)
             for c, new in zip(cache, kv_t, strict=True)
         )
-        visible_S = jnp.arange(cache[0].shape[1]) <= t
-        return self._block(h_B1D, cache, cross_kv, visible_S, train), cache
+        visible_P = jnp.arange(cache[0].shape[1]) <= t
+        return self._block(h_B1D, cache, cross_kv, visible_P, train), cache
 
-    def _block(self, h_BTD, self_kv, cross_kv, mask, train):
+    def _block(self, h_BQD, self_kv, cross_kv, mask, train):
         def residual(norm, h, branch):
             return norm(h + self.drop(branch, deterministic=not train))
 
-        h_BTD = residual(self.norm1, h_BTD, self.self_attn(h_BTD, *self_kv, mask, train))
-        h_BTD = residual(self.norm2, h_BTD, self.cross_attn(h_BTD, *cross_kv, train=train))
-        return residual(self.norm3, h_BTD, self.ff(h_BTD, train))
+        h_BQD = residual(self.norm1, h_BQD, self.self_attn(h_BQD, *self_kv, mask, train))
+        h_BQD = residual(self.norm2, h_BQD, self.cross_attn(h_BQD, *cross_kv, train=train))
+        return residual(self.norm3, h_BQD, self.ff(h_BQD, train))
 
 
 class Transformer(nn.Module):

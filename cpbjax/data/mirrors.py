@@ -1,0 +1,240 @@
+"""Where kline zips come from: a Binance Vision directory mirror or an http(s) host, verified.
+
+`DirMirror` reads a directory (plain path or file:// URL) in the data.binance.vision
+layout in place; `HttpMirror` downloads from an http(s) host into a cache. Every zip
+is checked against its .zip.CHECKSUM (sha256). A download whose body is truncated,
+whose checksum does not match, or which is not a zip (e.g. an HTML error page) is
+fetched once more; if it fails again, the month is recorded as failed. Verified
+downloads land in the cache through a temporary file and an atomic rename, zip first
+and CHECKSUM last, so a cached zip counts as verified only when its CHECKSUM sits
+beside it; it is never downloaded again. Over HTTP, months are probed newest first,
+at most data.months + PROBE_EXTRA_MONTHS of them, and a 404 means the month does not
+exist. Both mirrors answer `monthly_candidates`, `daily_candidates` and `fetch`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import re
+import urllib.parse
+import zipfile
+
+import requests
+from absl import logging
+
+from cpbjax import writers
+from cpbjax.data import parsing
+from cpbjax.data.progress import Progress
+
+PROBE_EXTRA_MONTHS = 24  # Over HTTP, months probed beyond data.months before giving up.
+_CHUNK_BYTES = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRef:
+    """One kline zip: a month "YYYY-MM" (monthly file) or a day "YYYY-MM-DD" (daily)."""
+
+    symbol: str
+    interval: str
+    period: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.symbol}-{self.interval}-{self.period}.zip"
+
+    @property
+    def relpath(self) -> str:
+        kind = "monthly" if len(self.period) == 7 else "daily"
+        return f"data/spot/{kind}/klines/{self.symbol}/{self.interval}/{self.name}"
+
+
+@dataclasses.dataclass
+class Fetched:
+    """The outcome for one file: ok (with its parsed klines), missing, failed or invalid."""
+
+    ref: FileRef
+    status: str  # ok | missing | failed (unverifiable download) | invalid (bad content)
+    reason: str = ""
+    klines: tuple | None = None  # (open_time_ms [N], ohlcv [N, 5]) when ok
+
+
+def months_back(end: str, count: int) -> list[str]:
+    """`count` months from `end` backwards, newest first."""
+    index = int(end[:4]) * 12 + int(end[5:7]) - 1
+    return [f"{i // 12:04d}-{i % 12 + 1:02d}" for i in range(index, index - count, -1)]
+
+
+def _checksum_problem(data: bytes, expected: str) -> str | None:
+    """Why `data` is not the verified zip, or None if it is."""
+    if not data.startswith(b"PK"):
+        head = data[:1024].lstrip().lower()
+        if head.startswith(b"<!doctype html") or b"<html" in head:
+            return "got an HTML page instead of a zip"
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != expected:
+        return f"checksum mismatch (sha256 {digest[:12]}..., CHECKSUM says {expected[:12]}...)"
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            z.namelist()
+    except zipfile.BadZipFile as e:
+        return f"not a valid zip ({e})"
+    return None
+
+
+def _parse_checksum(text: str, name: str) -> str:
+    """The sha256 hex digest of a "<sha256>  <zipname>" CHECKSUM file.
+
+    Raises:
+      ValueError: malformed content.
+    """
+    digest = text.split()[0].lower() if text.split() else ""
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"malformed {name}.CHECKSUM: {text[:60]!r}")
+    return digest
+
+
+def _parsed(ref: FileRef, data: bytes) -> Fetched:
+    try:
+        return Fetched(ref, "ok", klines=parsing.read_kline_zip(data, ref.name))
+    except parsing.KlineError as e:
+        return Fetched(ref, "invalid", reason=str(e))
+
+
+class DirMirror:
+    """A local directory (or file:// URL) in the Binance Vision layout, read in place."""
+
+    missing_reason = "missing from the mirror"
+
+    def __init__(self, root: str):
+        self.root = self.where = root
+        self.progress = Progress("off")  # Reading local files needs no progress bar.
+
+    def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
+        """Every month present up to `end`, newest first (a listing costs nothing)."""
+        return sorted(
+            (p for p in self._present(symbol, interval, "monthly") if p <= end), reverse=True
+        )
+
+    def daily_candidates(self, symbol: str, interval: str, days: list[str]) -> list[str]:
+        """The days among `days` (newest first) that are present."""
+        present = self._present(symbol, interval, "daily")
+        return [d for d in days if d in present]
+
+    def _present(self, symbol: str, interval: str, kind: str) -> set[str]:
+        folder = os.path.join(self.root, "data", "spot", kind, "klines", symbol, interval)
+        pattern = re.compile(rf"{re.escape(symbol)}-{re.escape(interval)}-([0-9-]+)\.zip")
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        return {m.group(1) for m in map(pattern.fullmatch, names) if m}
+
+    def fetch(self, ref: FileRef) -> Fetched:
+        """Reads one zip and its CHECKSUM, verifies and parses it."""
+        path = os.path.join(self.root, ref.relpath)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            with open(path + ".CHECKSUM") as f:
+                expected = _parse_checksum(f.read(), ref.name)
+        except FileNotFoundError as e:
+            return Fetched(ref, "failed", reason=f"no {os.path.basename(e.filename)}")
+        except (OSError, ValueError) as e:
+            return Fetched(ref, "failed", reason=str(e))
+        problem = _checksum_problem(data, expected)
+        if problem:
+            return Fetched(ref, "failed", reason=f"{problem} in {path}")
+        return _parsed(ref, data)
+
+
+class HttpMirror:
+    """An http(s) host in the Binance Vision layout, downloaded into a verified cache."""
+
+    missing_reason = "missing (HTTP 404)"
+
+    def __init__(self, base_url: str, cache_dir: str, session, timeout: float, progress):
+        self.base_url = self.where = base_url.rstrip("/")
+        parsed = urllib.parse.urlparse(self.base_url)
+        # One cache folder per mirror: different mirrors may publish different bytes.
+        host = re.sub(r"[^A-Za-z0-9._-]+", "_", parsed.netloc + parsed.path).strip("_")
+        self.cache_root = os.path.join(os.path.expanduser(cache_dir), host)
+        self.session, self.timeout, self.progress = session, timeout, progress
+
+    def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
+        """Months to probe, newest first: a bounded look back from `end`."""
+        return months_back(end, count + PROBE_EXTRA_MONTHS)
+
+    def daily_candidates(self, symbol: str, interval: str, days: list[str]) -> list[str]:
+        return days
+
+    def fetch(self, ref: FileRef) -> Fetched:
+        """The cached verified zip, or a verified download of it; parsed."""
+        try:
+            return self._fetch(ref)
+        finally:
+            self.progress.file_done()
+
+    def _fetch(self, ref: FileRef) -> Fetched:
+        path = os.path.join(self.cache_root, ref.relpath)
+        cached = self._read_cache(path, ref.name)
+        if cached is not None:
+            return _parsed(ref, cached)
+        url = f"{self.base_url}/{ref.relpath}"
+        text, status, reason = self._get(url + ".CHECKSUM")
+        if text is None:
+            return Fetched(ref, "missing" if status == 404 else "failed", reason=reason)
+        try:
+            expected = _parse_checksum(text.decode(errors="replace"), ref.name)
+        except ValueError as e:
+            return Fetched(ref, "failed", reason=str(e))
+        problems = []
+        for _ in range(2):  # A bad or cut body is fetched once more, then the month fails.
+            data, status, reason = self._get(url)
+            problem = reason if data is None else _checksum_problem(data, expected)
+            if problem is None:
+                return self._store(ref, path, data, text)
+            problems.append(problem)
+            if status != 200:  # No body came: urllib3 has already retried the request.
+                break
+        return Fetched(ref, "failed", reason=" / then ".join(problems))
+
+    def _store(self, ref: FileRef, path: str, data: bytes, checksum: bytes) -> Fetched:
+        """Caches a verified zip, then its CHECKSUM (which marks it verified); parses it."""
+        try:
+            writers.atomic_write(path, data)
+            writers.atomic_write(path + ".CHECKSUM", checksum)
+        except OSError as e:
+            return Fetched(ref, "failed", reason=f"cannot write to the cache ({e})")
+        return _parsed(ref, data)
+
+    def _read_cache(self, path: str, name: str) -> bytes | None:
+        """A cached zip whose cached CHECKSUM still matches; a corrupt pair is deleted."""
+        try:
+            with open(path + ".CHECKSUM") as f:
+                expected = _parse_checksum(f.read(), name)
+            with open(path, "rb") as f:
+                data = f.read()
+        except (OSError, ValueError):
+            return None
+        if hashlib.sha256(data).hexdigest() == expected:
+            return data
+        logging.warning("Cached %s fails its checksum; downloading it again.", path)
+        for stale in (path + ".CHECKSUM", path):
+            os.remove(stale)
+        return None
+
+    def _get(self, url: str) -> tuple[bytes | None, int | None, str]:
+        """(body, status, reason): body is None on failure; urllib3 retries in `get`."""
+        status = None
+        try:
+            with self.session.get(url, timeout=self.timeout, stream=True) as resp:
+                status = resp.status_code
+                if status != 200:
+                    return None, status, f"HTTP {status} for {url}"
+                chunks = []
+                for chunk in resp.iter_content(_CHUNK_BYTES):
+                    chunks.append(chunk)
+                    self.progress.add_bytes(len(chunk))
+                return b"".join(chunks), status, ""
+        except requests.RequestException as e:
+            return None, status, f"download failed ({type(e).__name__}: {str(e)[:200]})"

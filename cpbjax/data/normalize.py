@@ -1,0 +1,97 @@
+"""Normalisation of a series' features and OHLC targets, fitted on its train candles (numpy).
+
+Normalisation is arranged so that the device only ever subtracts an anchor:
+  x[t-L+1..t] = inputs[...] - anchor[t] * price_mask      (price columns only)
+  y[t+1..t+H] = targets[...] - anchor[t]
+  - last_close: inputs/targets of price columns hold log(p / p0) and
+    anchor[t] = log(close[t] / p0), so windows are log ratios to the window's own
+    last close. Nothing is fitted, and predictions map back exactly.
+  - zscore: each column is standardised with mean/std of the TRAIN candles only;
+    anchor = 0.
+  - candle_minmax: the replaced system's per-candle (x - low) / (high - low);
+    anchor = 0. Lossy: the price level is gone, so no price-space metric exists.
+Non-price features (volume, RSI, ...) are z-scored with train-split statistics in
+every mode.
+
+Shapes: T candles, N rows (candles or windows), F features, C target columns (OHLC).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cpbjax.data import features as features_lib
+from cpbjax.data.series import SeriesSkipped
+
+
+def price_mask(names) -> np.ndarray:
+    """float32 [F]: 1 on the feature columns whose values are prices."""
+    return np.array([n in features_lib.PRICE_FEATURES for n in names], np.float32)
+
+
+def train_stats(x_NC: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column mean and population std of the train candles; std 1 where it is 0."""
+    sd = x_NC.std(axis=0)
+    return x_NC.mean(axis=0), np.where(sd > 0, sd, 1.0)
+
+
+def fitted_stats(fitted: dict, mean_key: str, std_key: str, width: int):
+    """(mean, std) float64 [width] of a saved `norm`, checked against the column count."""
+    mu, sd = np.asarray(fitted[mean_key], np.float64), np.asarray(fitted[std_key], np.float64)
+    if mu.shape != (width,) or sd.shape != (width,) or not (sd > 0).all():
+        raise ValueError(
+            f"saved normalisation {mean_key}/{std_key} do not fit {width} columns "
+            f"with std > 0: {mu.tolist()}, {sd.tolist()}"
+        )
+    return mu, sd
+
+
+def normalise(ohlc_TC, feats_TF, names, n_train: int, kind: str, fitted: dict | None = None):
+    """Returns (inputs [T, F], targets [T, C], anchor [T], norm) as float64.
+
+    Statistics are fitted on the first `n_train` candles (the train candles) only, or
+    taken from `fitted` (the `norm` a training run saved with its model), so a saved
+    model sees new data scaled exactly as its training data was.
+    """
+    price = price_mask(names).astype(bool)
+    if fitted is None:
+        mu, sd = train_stats(feats_TF[:n_train])
+    else:
+        mu, sd = fitted_stats(fitted, "feature_mean", "feature_std", len(names))
+    # Non-price columns keep this z-score in every mode; zscore keeps it for all columns.
+    inputs_TF = (feats_TF - mu) / sd
+    norm = {"kind": kind, "feature_mean": mu, "feature_std": sd}
+    if kind == "last_close":
+        log_p0 = math.log(ohlc_TC[0, 3])  # cancels out of every window; kept for to_prices
+        with np.errstate(divide="ignore", invalid="ignore"):  # a band <= 0 is caught later
+            inputs_TF[:, price] = np.log(feats_TF[:, price]) - log_p0
+        targets_TC = np.log(ohlc_TC) - log_p0
+        return inputs_TF, targets_TC, targets_TC[:, 3].copy(), {**norm, "log_p0": log_p0}
+    anchor_T = np.zeros(len(ohlc_TC))
+    if kind == "zscore":
+        if fitted is None:
+            t_mu, t_sd = train_stats(ohlc_TC[:n_train])
+        else:
+            t_mu, t_sd = fitted_stats(fitted, "mean", "std", ohlc_TC.shape[1])
+        targets_TC = (ohlc_TC - t_mu) / t_sd
+        return inputs_TF, targets_TC, anchor_T, {**norm, "mean": t_mu, "std": t_sd}
+    if kind == "candle_minmax":
+        low_T1, high_T1 = ohlc_TC[:, 2:3], ohlc_TC[:, 1:2]
+        range_T1 = np.where(high_T1 - low_T1 > 0, high_T1 - low_T1, 1.0)
+        inputs_TF[:, price] = (feats_TF[:, price] - low_T1) / range_T1
+        return inputs_TF, (ohlc_TC - low_T1) / range_T1, anchor_T, norm
+    raise ValueError(
+        f"data.normalization={kind!r} is not allowed: expected last_close, zscore or candle_minmax"
+    )
+
+
+def check_finite(inputs_TF: np.ndarray, names) -> None:
+    """Raises SeriesSkipped naming the features with a non-finite normalised value."""
+    bad = [names[j] for j in np.nonzero(~np.isfinite(inputs_TF).all(axis=0))[0]]
+    if bad:
+        raise SeriesSkipped(
+            f"non-finite normalised values in features {bad} "
+            "(under last_close a price feature such as bb_lower must stay > 0)"
+        )
