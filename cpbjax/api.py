@@ -91,8 +91,8 @@ def _check_frame(candles, interval: str) -> pd.DataFrame:
     nan = frame[list(OHLCV)].isna().any(axis=1)
     if nan.any():
         raise ValueError(f"candles hold NaN, first at {index[nan.to_numpy()][0]}")
-    step = np.diff(index.tz_convert("UTC").asi8 // 1_000_000)
-    if len(step) and (step % INTERVAL_MS[interval] != 0).all():
+    step = np.diff(index.tz_convert("UTC").as_unit("ms").asi8)
+    if len(step) and (step != INTERVAL_MS[interval]).all():  # not one pair at the interval
         raise ValueError(
             f"candles are {pd.Timedelta(int(np.median(step)), 'ms')} apart, but the model "
             f"forecasts {interval} candles"
@@ -108,7 +108,7 @@ def candles_to_series(candles: pd.DataFrame, symbol: str, interval: str) -> Seri
         invalid candle).
     """
     frame = _check_frame(candles, interval)
-    times = frame.index.tz_convert("UTC").asi8 // 1_000_000
+    times = frame.index.tz_convert("UTC").as_unit("ms").asi8
     ohlcv = frame[list(OHLCV)].to_numpy(np.float64)
     for rule, bad in parsing.invalid_rows(times, ohlcv, INTERVAL_MS[interval]).items():
         if bad.any():
@@ -152,7 +152,9 @@ class Model:
             prep = windows.prepare_latest(series, d, model.norm)
             doc = forecast.next_candles(model.module, model.params, prep, d.lookback, d.horizon)
         except SeriesSkipped as e:
-            raise ValueError(f"{series.name}: {e}") from None
+            reason = str(e)
+            named = reason if reason.startswith(series.name) else f"{series.name}: {reason}"
+            raise ValueError(named) from None
         out = pd.DataFrame(doc["forecast"]).drop(columns=["open_time"])
         out.index = pd.to_datetime(out.pop("open_time_ms"), unit="ms", utc=True)
         out.index.name = "open_time"

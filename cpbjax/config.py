@@ -93,6 +93,9 @@ def base_config() -> ml_collections.ConfigDict:
     d.symbols = DEFAULT_SYMBOLS  # Binance spot symbols, a tuple.
     d.intervals = DEFAULT_INTERVALS  # Kline intervals, a tuple.
     d.base_url = "https://data.binance.vision"  # Host, local mirror dir or file:// URL.
+    # Exchange REST host whose /api/v3/klines tops the Vision history up to now
+    # (the `binance_rest` source; --mode predict and serve use it on binance data).
+    d.api_url = "https://api.binance.com"
     d.local_dir = ""  # `local` source: folder of <SYMBOL>-<INTERVAL>.csv/.parquet files.
     d.cache_dir = "~/.cache/cpbjax"  # Where verified downloads are kept.
     d.months = 12  # Newest monthly files per series.
@@ -153,6 +156,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.predict = p = ml_collections.ConfigDict()
     p.symbols = ()  # --mode predict: symbols to forecast; () = all with a model.
     p.intervals = ()  # --mode predict: intervals; () = all with a model.
+    # Forecast from the newest closed candles: binance history is topped up from
+    # data.api_url (source binance_rest). False forecasts from the monthly files alone.
+    p.fresh = True
 
     c.logging = g = ml_collections.ConfigDict()
     g.progress = "auto"  # auto | rich | plain: live progress on a TTY, log lines elsewhere.
@@ -240,6 +246,12 @@ def _validate_data(c) -> None:
         "data.base_url",
         d.base_url,
         "an http(s):// URL, a file:// URL or a directory",
+    )
+    rules.check(
+        isinstance(d.api_url, str) and d.api_url.startswith(("http://", "https://")),
+        "data.api_url",
+        d.api_url,
+        "an http(s):// URL",
     )
     if d.source == "local":
         rules.check(
@@ -367,6 +379,7 @@ def _validate_rest(c) -> None:
     _int_range(c, "ckpt.keep", 1)
     _bool(c, "eval.save_forecasts")
     _int_range(c, "eval.plot_windows", 0, 100)
+    _bool(c, "predict.fresh")
     for name in c.predict.symbols:
         rules.check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
     for name in c.predict.intervals:

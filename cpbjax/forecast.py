@@ -20,7 +20,7 @@ import numpy as np
 from cpbjax import metrics, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
-from cpbjax.data import parsing, windows
+from cpbjax.data import parsing, stacking, windows
 from cpbjax.data.series import SeriesSkipped
 
 
@@ -36,7 +36,7 @@ class SplitForecast(NamedTuple):
 def _forecast_batch(
     module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon
 ):
-    x_BLF, _ = windows.gather(inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon)
+    x_BLF, _ = stacking.gather(inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon)
     return module.apply({"params": params}, x_BLF, None, train=False)
 
 

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cpbjax import sharding, step
-from cpbjax.data import windows
+from cpbjax.data import stacking, windows
 
 
 def coin_keys(seed: int, series_indices) -> np.ndarray:
@@ -39,7 +39,7 @@ class GroupTrainer:
       spec: the step.EpochSpec the programs close over.
       num_coins: K, a multiple of the mesh size.
       state_sharding: NamedShardings of step.GroupState (coin axis over the mesh).
-      arrays_sharding: NamedShardings of windows.GroupArrays (see `stack`).
+      arrays_sharding: NamedShardings of stacking.GroupArrays (see `stack`).
       coin_sharding: NamedSharding of one [K, ...] array.
     """
 
@@ -96,17 +96,17 @@ class GroupTrainer:
         init = functools.partial(step.init_state, self.spec)
         return jax.eval_shape(init, keys, arrays.train_mask, arrays.val_mask)
 
-    def _abstract_arrays(self) -> windows.GroupArrays:
+    def _abstract_arrays(self) -> stacking.GroupArrays:
         """GroupArrays of ShapeDtypeStructs: the fixed padded shapes of this config."""
         k, spec = self.num_coins, self.spec
-        sizes = windows.padded_sizes(self.data_cfg)
+        sizes = stacking.padded_sizes(self.data_cfg)
         t = sizes["T"]
         sds = jax.ShapeDtypeStruct
         ends = {}
-        for split in windows.SPLITS:
+        for split in windows.EPOCH_SPLITS:
             ends[f"{split}_ends"] = sds((k, sizes[split]), jnp.int32)
             ends[f"{split}_mask"] = sds((k, sizes[split]), jnp.bool_)
-        return windows.GroupArrays(
+        return stacking.GroupArrays(
             inputs=sds((k, t, spec.num_features), jnp.float32),
             targets=sds((k, t, windows.NUM_TARGETS), jnp.float32),
             anchor=sds((k, t), jnp.float32),
@@ -115,11 +115,12 @@ class GroupTrainer:
             **ends,
         )
 
-    def stack(self, preps: list) -> windows.GroupArrays:
-        """`windows.stack_group` padded to K coins and placed with this trainer's shardings."""
-        return windows.stack_group(preps, self.num_coins, self.data_cfg, self.arrays_sharding)
+    def stack(self, preps: list) -> stacking.GroupArrays:
+        """`stacking.stack_group` padded to K coins, each process placing its own shards."""
+        host = stacking.stack_group(preps, self.num_coins, self.data_cfg)
+        return sharding.place(host, self.arrays_sharding)
 
-    def init_state(self, keys_K2, arrays: windows.GroupArrays) -> step.GroupState:
+    def init_state(self, keys_K2, arrays: stacking.GroupArrays) -> step.GroupState:
         """A fresh GroupState: `module.init` of each coin with its own key.
 
         Args:
@@ -138,7 +139,7 @@ class GroupTrainer:
             self.state_sharding,
         )
 
-    def run_epoch(self, state: step.GroupState, arrays: windows.GroupArrays):
+    def run_epoch(self, state: step.GroupState, arrays: stacking.GroupArrays):
         """Runs one epoch of every active coin; `state` is donated (do not reuse it).
 
         Returns:
@@ -150,7 +151,7 @@ class GroupTrainer:
         with jax.default_matmul_precision(self.matmul_precision):
             return self._epoch_jit(state, arrays)
 
-    def lowered_epoch(self, state: step.GroupState, arrays: windows.GroupArrays):
+    def lowered_epoch(self, state: step.GroupState, arrays: stacking.GroupArrays):
         """The lowered epoch program, e.g. `.compile().cost_analysis()` for benchmarks."""
         with jax.default_matmul_precision(self.matmul_precision):
             return self._epoch_jit.lower(state, arrays)

@@ -85,8 +85,8 @@ def run_predict(config, workdir: str) -> dict:
     available = saved.available_models(workdir)
     names, _ = saved.select_series(available, config.predict.symbols, config.predict.intervals)
     loaded, trained, unreadable = saved.load_models(available, names)
-    cfg = saved.run_config(config, trained, list(loaded))
-    preps, skipped = saved.prepare(cfg, loaded)
+    cfg = saved.forecast_config(config, trained, list(loaded))
+    preps, skipped = saved.prepare(cfg, loaded, latest=True)
     skipped.update(unreadable)
     series = _forecast_all(loaded, preps, cfg, skipped)
     if not series:

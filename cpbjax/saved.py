@@ -23,6 +23,7 @@ from cpbjax import checkpoint, models
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import features as features_lib
 from cpbjax.data import sources, windows
+from cpbjax.data.series import SeriesSkipped
 
 # data fields that define a model's windows: always taken from the model's saved config.
 MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
@@ -175,21 +176,55 @@ def load_models(available, names):
     return loaded, first, skipped
 
 
-def prepare(config, loaded: dict) -> tuple[dict, dict]:
+def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
+    """`run_config` for forecasting from the newest candles (--mode predict, serve, the API).
+
+    Only data.lookback candles past the indicator warm-up are needed, so min_candles is
+    lowered to data.lookback; and with predict.fresh, Binance Vision history is topped up
+    to now from data.api_url (the registered `binance_rest` source).
+    """
+    c = run_config(config, trained, names)
+    c.data.min_candles = min(c.data.min_candles, c.data.lookback)
+    if c.predict.get("fresh", True) and c.data.source == "binance":
+        c.data.source = "binance_rest"
+    return c
+
+
+def _prepare_latest(series_list, data_cfg, norms: dict) -> tuple[list, dict]:
+    preps, skipped = [], {}
+    for s in series_list:
+        try:
+            preps.append(windows.prepare_latest(s, data_cfg, norms.get(s.name)))
+        except SeriesSkipped as e:
+            skipped[s.name] = str(e)
+    return preps, skipped
+
+
+def prepare(config, loaded: dict, latest: bool = False) -> tuple[dict, dict]:
     """Loads and prepares the series of `loaded` (name -> LoadedModel) with each model's
-    training normalisation; returns (name -> PreparedSeries, skipped)."""
+    training normalisation; returns (name -> PreparedSeries, skipped).
+
+    `latest`: only the newest candles, for a forecast (windows.prepare_latest: no splits);
+    otherwise the full train/val/test windows, for scoring.
+    """
     names = list(loaded)
     norms = {n: m.norm for n, m in loaded.items() if m.norm is not None}
     z_scored = [f for f in config.data.features if f not in features_lib.PRICE_FEATURES]
-    if (config.data.normalization == "zscore" or z_scored) and len(norms) < len(names):
+    if (
+        not latest
+        and (config.data.normalization == "zscore" or z_scored)
+        and len(norms) < len(names)
+    ):
         logging.warning(
             "models %s were saved without their normalisation statistics: those are "
             "re-fitted on the train split of the data loaded now",
             sorted(set(names) - set(norms)),
         )
     series, skipped = sources.load_all(config.data)
-    preps, unusable = windows.prepare_all(
-        [s for s in series if s.name in names], config.data, norms
-    )
+    wanted = [s for s in series if s.name in names]
+    if latest:
+        preps, unusable = _prepare_latest(wanted, config.data, norms)
+    else:
+        preps, unusable = windows.prepare_all(wanted, config.data, norms)
     skipped.update(unusable)
     return {p.name: p for p in preps}, {n: r for n, r in skipped.items() if n in names}

@@ -62,7 +62,7 @@ class Forecaster:
         available = saved.available_models(workdir)
         names, _ = saved.select_series(available, config.predict.symbols, config.predict.intervals)
         self.models, trained, self.unreadable = saved.load_models(available, names)
-        self.config = saved.run_config(config, trained, list(self.models))
+        self.config = saved.forecast_config(config, trained, list(self.models))
         self.workdir = workdir
         self._lock = threading.Lock()  # one forecast at a time: each one uses every core
 
@@ -93,9 +93,9 @@ class Forecaster:
         Raises:
           SeriesSkipped: its data cannot be loaded or is too short for one window.
         """
-        cfg = saved.run_config(self.config, self.models[name].trained, [name])
+        cfg = saved.forecast_config(self.config, self.models[name].trained, [name])
         with self._lock:
-            preps, skipped = saved.prepare(cfg, {name: self.models[name]})
+            preps, skipped = saved.prepare(cfg, {name: self.models[name]}, latest=True)
             if name not in preps:
                 raise SeriesSkipped(skipped.get(name, "no usable data"))
             model = self.models[name]

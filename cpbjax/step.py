@@ -30,7 +30,7 @@ from flax import linen as nn
 from flax import struct
 
 from cpbjax import optimizer
-from cpbjax.data import windows
+from cpbjax.data import stacking, windows
 
 # What `run_epoch` returns; epoch and lr are scalars, the rest [K].
 EPOCH_METRICS = (
@@ -74,7 +74,7 @@ class EpochSpec:
 def make_spec(config, module: nn.Module) -> EpochSpec:
     """The EpochSpec of a run config (data, model.aux_*, train) and its model."""
     d, t = config.data, config.train
-    sizes = windows.padded_sizes(d)
+    sizes = stacking.padded_sizes(d)
     train_steps = math.ceil(sizes["train"] / t.batch_size)
     return EpochSpec(
         module=module,
@@ -133,7 +133,7 @@ class CoinData(NamedTuple):
 COIN_DATA_AXES = CoinData(0, 0, 0, None, 0)
 
 
-def coin_data(arrays: windows.GroupArrays) -> CoinData:
+def coin_data(arrays: stacking.GroupArrays) -> CoinData:
     return CoinData(arrays.inputs, arrays.targets, arrays.anchor, arrays.price_mask, arrays.aux)
 
 
@@ -188,7 +188,7 @@ def gather_windows(spec: EpochSpec, data: CoinData, ends_B: jax.Array) -> Window
             f"{spec.num_aux}: prepare the series with "
             "windows.prepare_all(..., aux_targets=config.model.aux_targets)"
         )
-    x_BLF, y_BHC = windows.gather(
+    x_BLF, y_BHC = stacking.gather(
         data.inputs_TF,
         data.targets_TC,
         data.anchor_T,
@@ -197,7 +197,7 @@ def gather_windows(spec: EpochSpec, data: CoinData, ends_B: jax.Array) -> Window
         spec.lookback,
         spec.horizon,
     )
-    return Windows(x_BLF, y_BHC, windows.gather_aux(data.aux_TA, ends_B))
+    return Windows(x_BLF, y_BHC, stacking.gather_aux(data.aux_TA, ends_B))
 
 
 # -- init -------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ def batches(spec: EpochSpec, ends_KN, mask_KN, num_steps: int, keys_K=None):
     return to_skb(ends_KN), to_skb(mask_KN)
 
 
-def train_pass(spec: EpochSpec, state: GroupState, arrays: windows.GroupArrays) -> TrainPass:
+def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays) -> TrainPass:
     """Scan over this epoch's batches; returns params, opt state and per-coin sums."""
     epoch_keys_K = jax.vmap(jax.random.fold_in, (0, None))(state.key, state.epoch)
     pair_K22 = jax.vmap(jax.random.split)(epoch_keys_K)
@@ -381,7 +381,7 @@ def train_pass(spec: EpochSpec, state: GroupState, arrays: windows.GroupArrays) 
     return carry
 
 
-def val_loss(spec: EpochSpec, params, arrays: windows.GroupArrays) -> jax.Array:
+def val_loss(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> jax.Array:
     """Masked mean validation loss per coin, float32 [K] (NaN for a coin without windows)."""
     ends_SKB, mask_SKB = batches(spec, arrays.val_ends, arrays.val_mask, spec.val_steps)
     data = coin_data(arrays)
@@ -400,7 +400,7 @@ def val_loss(spec: EpochSpec, params, arrays: windows.GroupArrays) -> jax.Array:
     return jnp.where(n_K > 0, err_K / jnp.maximum(n_K, 1), jnp.nan)
 
 
-def run_epoch(spec: EpochSpec, state: GroupState, arrays: windows.GroupArrays):
+def run_epoch(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
     """One epoch of every active coin: (new GroupState, metrics dict of EPOCH_METRICS)."""
     trained = train_pass(spec, state, arrays)
     val_K = val_loss(spec, trained.params, arrays)

@@ -18,7 +18,7 @@ from absl.testing import parameterized
 
 from cpbjax import config as config_lib
 from cpbjax import driver, group, models, sharding, step, writers
-from cpbjax.data import auxiliary, windows
+from cpbjax.data import auxiliary, stacking, windows
 from tests import models_test, train_test, windows_test
 
 AUX = ("bb_position", "realized_vol")
@@ -223,18 +223,18 @@ def test_stack_group_carries_aux_and_gathers_by_window_end():
         windows.prepare_series(windows_test._series(n=n, seed=n), cfg, aux_targets=AUX)
         for n in (360, 150)
     ]
-    group = windows.stack_group(preps, 3, cfg)
-    assert group.aux.shape == (3, windows.padded_sizes(cfg)["T"], 2)
+    group = stacking.stack_group(preps, 3, cfg)
+    assert group.aux.shape == (3, stacking.padded_sizes(cfg)["T"], 2)
     assert not np.asarray(group.aux[2]).any()
     ends_KB = group.train_ends[:, :7]
-    aux_KBA = jax.jit(jax.vmap(windows.gather_aux))(group.aux, ends_KB)
+    aux_KBA = jax.jit(jax.vmap(stacking.gather_aux))(group.aux, ends_KB)
     for k, prep in enumerate(preps):
         np.testing.assert_array_equal(aux_KBA[k], prep.aux[prep.ends["train"][:7]])
     plain = windows.prepare_series(windows_test._series(), cfg)
     with pytest.raises(ValueError, match="0 aux targets"):
-        windows.stack_group([preps[0], plain], 3, cfg)
-    empty = windows.stack_group([plain], 2, cfg)  # no aux targets: a zero-width array
-    assert empty.aux.shape == (2, windows.padded_sizes(cfg)["T"], 0)
+        stacking.stack_group([preps[0], plain], 3, cfg)
+    empty = stacking.stack_group([plain], 2, cfg)  # no aux targets: a zero-width array
+    assert empty.aux.shape == (2, stacking.padded_sizes(cfg)["T"], 0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cpbjax import baselines, evaluate, forecast, metrics
-from cpbjax.data import windows
+from cpbjax.data import stacking
 from tests.metrics_test import H, L, make_prep
 
 
@@ -39,7 +39,7 @@ def test_forecast_batches_and_maps_to_prices():
     np.testing.assert_array_equal(ends, prep.ends["val"])
     chex.assert_shape(norm, (len(ends), H, 4))
     np.testing.assert_allclose(norm, norm_big, rtol=1e-6, atol=1e-7)
-    x, _ = windows.gather(
+    x, _ = stacking.gather(
         prep.inputs, prep.targets, prep.anchor, prep.price_mask, jnp.asarray(ends[:3]), L, H
     )
     ref = Probe().apply({"params": params}, x)

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import http.server
 import json
 import logging
-import threading
-import urllib.parse
 
 import numpy as np
 import pytest
@@ -16,6 +11,7 @@ import pytest
 from cpbjax import config as config_lib
 from cpbjax.data import binance, klines_api, parsing
 from cpbjax.data.series import SeriesSkipped
+from tests.fake_exchange import FakeExchange, rows, running
 
 STEP = 3_600_000  # 1h in ms.
 T0 = 1_735_689_600_000  # 2025-01-01T00:00:00Z.
@@ -28,60 +24,6 @@ def _ohlcv(times):
     return np.stack([base, base + 1, base - 1, base + 0.5, base * 10], axis=1)
 
 
-def _rows(times, ohlcv):
-    """Binance's 12-column kline rows: numbers as strings, times as integers."""
-    return [
-        [int(t), *(f"{v:.8f}" for v in row), int(t) + STEP - 1, "0", 1, "0", "0", "0"]
-        for t, row in zip(times, ohlcv, strict=True)
-    ]
-
-
-@dataclasses.dataclass
-class _Exchange:
-    """What the server holds and does: candles, one-shot faults, a mode, request log."""
-
-    times: np.ndarray
-    faults: list = dataclasses.field(default_factory=list)  # (status, headers, body)
-    mode: str = "normal"  # normal | ignore_start (same page always) | endless (full pages)
-    requests: list = dataclasses.field(default_factory=list)  # query dicts
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-
-    def reply(self, query: dict) -> tuple[int, dict, bytes]:
-        with self.lock:
-            self.requests.append(query)
-            if self.faults:
-                return self.faults.pop(0)
-        start, end, limit = (int(query[k]) for k in ("startTime", "endTime", "limit"))
-        if self.mode == "endless":  # Full pages on the grid, ten per hour of span.
-            times = start + np.arange(limit, dtype=np.int64) * (STEP // 10)
-        elif self.mode == "ignore_start":
-            times = self.times[:limit]
-        else:
-            times = self.times[(self.times >= start) & (self.times <= end)][:limit]
-        body = json.dumps(_rows(times, _ohlcv(times))).encode()
-        return 200, {"Content-Type": "application/json"}, body
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def __init__(self, *args, exchange, **kwargs):
-        self.exchange = exchange
-        super().__init__(*args, **kwargs)
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        url = urllib.parse.urlparse(self.path)
-        assert url.path == "/api/v3/klines", url.path
-        query = dict(urllib.parse.parse_qsl(url.query))
-        status, headers, body = self.exchange.reply(query)
-        self.send_response(status)
-        for key, value in {**headers, "Content-Length": str(len(body))}.items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
     monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
@@ -91,17 +33,10 @@ def fast_backoff(monkeypatch):
 
 @pytest.fixture
 def exchange():
-    """(api_url, _Exchange) on 127.0.0.1:<random port>; 2500 closed 1h candles + 1 open."""
-    ex = _Exchange(T0 + np.arange(2501, dtype=np.int64) * STEP)
-    handler = functools.partial(_Handler, exchange=ex)
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", ex
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(5)
+    """(api_url, FakeExchange) on 127.0.0.1:<random port>; 2500 closed 1h candles + 1 open."""
+    ex = FakeExchange(T0 + np.arange(2501, dtype=np.int64) * STEP, _ohlcv)
+    with running(ex) as api_url:
+        yield api_url, ex
 
 
 NOW = T0 + 2500 * STEP + HALF  # Half way through the candle that opened at T0 + 2500 h.
@@ -283,7 +218,7 @@ def test_top_up_extends_a_history_series(exchange):
 def test_rows_are_sorted_and_exact_duplicates_dropped(exchange):
     api_url, ex = exchange
     times = T0 + np.array([2, 0, 1, 1], dtype=np.int64) * STEP
-    ex.faults = [_status(200, body=json.dumps(_rows(times, _ohlcv(times))).encode())]
+    ex.faults = [_status(200, body=json.dumps(rows(times, _ohlcv(times), STEP)).encode())]
     got, ohlcv = _fetch(api_url)
     np.testing.assert_array_equal(got, T0 + np.arange(3) * STEP)
     np.testing.assert_allclose(ohlcv, _ohlcv(got), rtol=0, atol=1e-8)

@@ -185,7 +185,7 @@ def test_series_are_cpbjax_synthetic_source_in_config_order(tb):
 def test_windows_equal_cpbjax_gather_and_a_plain_reference(tb):
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from cpbjax.data import synthetic, windows  # noqa: PLC0415
+    from cpbjax.data import stacking, synthetic, windows  # noqa: PLC0415
 
     data_cfg = tb.default_config("gru").data
     data_cfg.max_candles = data_cfg.min_candles = 300
@@ -193,7 +193,7 @@ def test_windows_equal_cpbjax_gather_and_a_plain_reference(tb):
     prep = windows.prepare_series(series, data_cfg)
     (x_t, y_t), ends = tb.prepare_windows([series], data_cfg)[0]["train"], prep.ends["train"]
     arrays = (prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends)
-    x_j, y_j = windows.gather(*map(jnp.asarray, arrays), L, H)
+    x_j, y_j = stacking.gather(*map(jnp.asarray, arrays), L, H)
     np.testing.assert_allclose(x_t.numpy(), np.asarray(x_j), atol=2e-6)
     np.testing.assert_allclose(y_t.numpy(), np.asarray(y_j), atol=2e-6)
     ohlc = series.ohlcv[:, :4]

@@ -9,8 +9,8 @@ import pytest
 from absl.testing import parameterized
 
 from cpbjax import config as config_lib
-from cpbjax import writers
-from cpbjax.data import features, windows
+from cpbjax import metrics, writers
+from cpbjax.data import features, stacking, windows
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 STEP_MS = INTERVAL_MS["1h"]
@@ -87,7 +87,7 @@ def _reference_windows(series, prep, names, kind, ends):
 
 
 def _vmapped_gather(inputs, targets, anchor, price_mask, ends):
-    return jax.vmap(windows.gather, in_axes=(0, 0, 0, None, 0, None, None))(
+    return jax.vmap(stacking.gather, in_axes=(0, 0, 0, None, 0, None, None))(
         inputs, targets, anchor, price_mask, ends, L, H
     )
 
@@ -101,7 +101,7 @@ class GatherTest(chex.TestCase):
         ends = np.concatenate(
             [prep.ends[s][:: max(len(prep.ends[s]) // 4, 1)] for s in windows.SPLITS]
         )
-        gather = self.variant(lambda *a: windows.gather(*a, L, H))
+        gather = self.variant(lambda *a: stacking.gather(*a, L, H))
         x, y = gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends)
         chex.assert_shape(x, (len(ends), L, len(INDICATORS)))
         chex.assert_shape(y, (len(ends), H, 4))
@@ -113,13 +113,13 @@ class GatherTest(chex.TestCase):
     def test_vmapped_gather_equals_per_coin(self):
         cfg = _data_cfg(features=INDICATORS)
         preps = [windows.prepare_series(_series(n=400 + 10 * k, seed=k), cfg) for k in range(3)]
-        group = windows.stack_group(preps, 4, cfg)
+        group = stacking.stack_group(preps, 4, cfg)
         ends_KB = group.train_ends[:, 5:21]
         x_KBLF, y_KBHC = self.variant(_vmapped_gather)(
             group.inputs, group.targets, group.anchor, group.price_mask, ends_KB
         )
         for k, prep in enumerate(preps):
-            x, y = windows.gather(
+            x, y = stacking.gather(
                 prep.inputs,
                 prep.targets,
                 prep.anchor,
@@ -135,10 +135,10 @@ class GatherTest(chex.TestCase):
 def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
     prep = windows.prepare_series(_series(), _data_cfg())
     ends = prep.ends["test"]
-    actual = windows.actual_prices(prep, ends, H)
+    actual = metrics.next_candles(prep.ohlc, ends, H)
     y_true = np.log(actual / prep.ohlc[ends, 3][:, None, None])  # float64, on the host
     np.testing.assert_allclose(windows.to_prices(prep, ends, y_true), actual, rtol=1e-12)
-    _, y_device = windows.gather(
+    _, y_device = stacking.gather(
         prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H
     )
     np.testing.assert_allclose(windows.to_prices(prep, ends, y_device), actual, rtol=2e-6)
@@ -147,11 +147,11 @@ def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
 def test_zscore_round_trip_on_device():
     prep = windows.prepare_series(_series(), _data_cfg(normalization="zscore"))
     ends = prep.ends["val"]
-    _, y_device = windows.gather(
+    _, y_device = stacking.gather(
         prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H
     )
     np.testing.assert_allclose(
-        windows.to_prices(prep, ends, y_device), windows.actual_prices(prep, ends, H), rtol=1e-5
+        windows.to_prices(prep, ends, y_device), metrics.next_candles(prep.ohlc, ends, H), rtol=1e-5
     )
 
 
@@ -164,7 +164,7 @@ def test_candle_minmax_has_no_prices():
 def _train_view(prep):
     """Everything training reads: train ends and the rows, inputs and targets they touch."""
     n_train = prep.ends["train"][-1] + H + 1
-    x, y = windows.gather(
+    x, y = stacking.gather(
         prep.inputs, prep.targets, prep.anchor, prep.price_mask, prep.ends["train"], L, H
     )
     return prep.ends["train"], prep.inputs[:n_train], prep.targets[:n_train], x, y
@@ -220,9 +220,9 @@ def test_a_saved_norm_scales_new_data_as_training_did(kind):
         targets = (new.ohlcv[first:, :4] - ohlc.mean(axis=0)) / ohlc.std(axis=0)
         np.testing.assert_allclose(prep.targets, targets, rtol=1e-5, atol=1e-5)
         ends = prep.ends["test"]
-        _, y = windows.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H)
+        _, y = stacking.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H)
         np.testing.assert_allclose(
-            windows.to_prices(prep, ends, y), windows.actual_prices(prep, ends, H), rtol=1e-5
+            windows.to_prices(prep, ends, y), metrics.next_candles(prep.ohlc, ends, H), rtol=1e-5
         )
     with pytest.raises(ValueError, match="feature_mean/feature_std do not fit 4 columns"):
         windows.prepare_series(new, _data_cfg(normalization=kind), fitted_norm=saved)
@@ -268,7 +268,7 @@ def test_windows_never_span_a_gap_and_no_candle_is_invented():
 @pytest.mark.parametrize("splits", [(0.7, 0.15, 0.15), (0.5, 0.3, 0.2), (1 / 3, 1 / 3, 1 / 3)])
 def test_padded_sizes_bound_every_series(splits):
     cfg = _data_cfg(splits=splits, min_candles=60)
-    sizes = windows.padded_sizes(cfg)
+    sizes = stacking.padded_sizes(cfg)
     n_max = cfg.max_candles - L - H + 1
     for n in range(n_max + 1):  # every possible window count, purged or not
         parts = windows.split_ends(np.arange(n) + L - 1, splits, H)
@@ -282,11 +282,11 @@ def test_padded_sizes_bound_every_series(splits):
 def test_stack_group_pads_and_masks():
     cfg = _data_cfg(min_candles=100)
     preps = [windows.prepare_series(_series(n=n, seed=n), cfg) for n in (360, 150)]
-    group = windows.stack_group(preps, 3, cfg)
-    sizes = windows.padded_sizes(cfg)
+    group = stacking.stack_group(preps, 3, cfg)
+    sizes = stacking.padded_sizes(cfg)
     chex.assert_shape(group.inputs, (3, sizes["T"], 4))
     chex.assert_shape(group.targets, (3, sizes["T"], 4))
-    for split in windows.SPLITS:
+    for split in windows.EPOCH_SPLITS:  # the test split never reaches the devices
         ends, mask = (np.asarray(a) for a in group.ends(split))
         chex.assert_shape(ends, (3, sizes[split]))
         assert ends.min() >= L - 1 and ends.max() + H < sizes["T"]
@@ -295,11 +295,12 @@ def test_stack_group_pads_and_masks():
             n = len(prep.ends[split])
             np.testing.assert_array_equal(ends[k, :n], prep.ends[split])
             assert mask[k, :n].all() and not mask[k, n:].any()
+    assert not hasattr(group, "test_ends")
     np.testing.assert_array_equal(group.inputs[1, : len(preps[1].inputs)], preps[1].inputs)
     assert not np.asarray(group.inputs[1, len(preps[1].inputs) :]).any()
     assert not np.asarray(group.inputs[2]).any()
     with pytest.raises(ValueError, match="group_size=1"):
-        windows.stack_group(preps, 1, cfg)
+        stacking.stack_group(preps, 1, cfg)
 
 
 def test_warmup_is_dropped_and_costs_no_kept_candle():

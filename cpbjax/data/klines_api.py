@@ -39,11 +39,9 @@ import numpy as np
 import requests
 from absl import logging
 
-from cpbjax.config import INTERVAL_MS
 from cpbjax.data import binance, parsing
-from cpbjax.data.series import Series, SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
-API_URL = "https://api.binance.com"
 KLINES_PATH = "/api/v3/klines"
 PAGE_LIMIT = 1000  # Binance's maximum klines per request.
 MIN_COLUMNS = 7  # open_time, open, high, low, close, volume, close_time (Binance sends 12).
@@ -250,7 +248,7 @@ def fetch_recent(
     Args:
       symbol, interval: e.g. "BTCUSDT", "1h" (a key of config.INTERVAL_MS).
       start_ms: the first open time wanted (epoch ms), e.g. history's last + step.
-      api_url: e.g. API_URL; the path /api/v3/klines is appended.
+      api_url: the host (config data.api_url); the path /api/v3/klines is appended.
       session: a requests Session from `binance.make_session(workers, retries)`.
       timeout: seconds per request.
       now_ms: the clock (epoch ms); None = the real one. Candles whose
@@ -360,14 +358,14 @@ def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
 
     Args:
       loaded, skipped: a source's (name -> Series, name -> reason), e.g. binance.load's.
-      data_cfg: the `data` group (retries, timeout_seconds, bad_rows, min_candles;
-        api_url if it has one, else API_URL).
+      data_cfg: the `data` group (api_url, retries, timeout_seconds, bad_rows,
+        min_candles).
       now_ms: the clock (epoch ms); None = the real one.
     Returns:
       (name -> extended Series, name -> reason). A series whose fetch fails is
       skipped with the reason: stale candles are never passed off as fresh.
     """
-    api_url = data_cfg.get("api_url", API_URL)
+    api_url = data_cfg.api_url
     session = binance.make_session(1, data_cfg.retries)
     extended, skipped = {}, dict(skipped)
     for name, s in loaded.items():

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from absl import logging
 
 from cpbjax import config_rules as rules
-from cpbjax.data import binance, parsing, synthetic
+from cpbjax.data import binance, klines_api, parsing, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 
 Pairs = list[tuple[str, str]]
@@ -53,6 +53,13 @@ def _each(pairs: Pairs, load_one) -> tuple[dict[str, Series], dict[str, str]]:
 def load_binance(data_cfg, pairs: Pairs):
     """Binance Vision over HTTP(S), or a directory / file:// mirror of it."""
     return binance.load(data_cfg, pairs)
+
+
+@register("binance_rest")
+def load_binance_rest(data_cfg, pairs: Pairs):
+    """The binance source topped up to now with closed candles from data.api_url's REST API."""
+    loaded, skipped = binance.load(data_cfg, pairs)
+    return klines_api.top_up(loaded, skipped, data_cfg)
 
 
 @register("local")

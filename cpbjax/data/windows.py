@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
-from flax import struct
 
 from cpbjax.data import auxiliary, normalize
 from cpbjax.data import features as features_lib
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 SPLITS = ("train", "val", "test")
+EPOCH_SPLITS = ("train", "val")  # the splits a training epoch reads (GroupArrays)
 NUM_TARGETS = 4  # OHLC.
 
 
@@ -80,31 +78,6 @@ class PreparedSeries:
     notes: dict
 
 
-@struct.dataclass
-class GroupArrays:
-    """K series padded to common sizes and placed on the device (a pytree).
-
-    Padded coins and padded window slots have mask False; their ends point at a
-    valid index (L-1) so gathers stay in bounds.
-    """
-
-    inputs: jax.Array  # float32 [K, T, F]
-    targets: jax.Array  # float32 [K, T, C]
-    anchor: jax.Array  # float32 [K, T]
-    aux: jax.Array  # float32 [K, T, A]: aux targets by window end; A = 0 without them
-    price_mask: jax.Array  # float32 [F]: 1 on price columns, 0 elsewhere
-    train_ends: jax.Array  # int32 [K, N_train]
-    train_mask: jax.Array  # bool [K, N_train]
-    val_ends: jax.Array  # int32 [K, N_val]
-    val_mask: jax.Array  # bool [K, N_val]
-    test_ends: jax.Array  # int32 [K, N_test]
-    test_mask: jax.Array  # bool [K, N_test]
-
-    def ends(self, split: str) -> tuple[jax.Array, jax.Array]:
-        """(ends int32 [K, N_split], mask bool [K, N_split]) of one split."""
-        return getattr(self, f"{split}_ends"), getattr(self, f"{split}_mask")
-
-
 def _contiguous_ends(open_time_ms: np.ndarray, step_ms: int, lookback: int, horizon: int):
     """Window ends t whose L+H candles t-L+1..t+H have no gap between them."""
     span = lookback + horizon
@@ -118,7 +91,7 @@ def _contiguous_ends(open_time_ms: np.ndarray, step_ms: int, lookback: int, hori
     return starts[ok] + lookback - 1
 
 
-def _boundaries(n, splits):
+def split_boundaries(n, splits):
     """Split boundaries (b1, b2) for n windows; elementwise when n is an array."""
     n = np.asarray(n, np.int64)
     b1 = np.minimum(np.round(n * splits[0]).astype(np.int64), n)
@@ -143,7 +116,7 @@ def split_ends(ends: np.ndarray, splits, horizon: int) -> dict:
     """
     ends = np.asarray(ends, np.int64)
     n = len(ends)
-    b1, b2 = (int(b) for b in _boundaries(n, splits))
+    b1, b2 = (int(b) for b in split_boundaries(n, splits))
     parts = {"train": ends[:b1], "val": ends[b1:b2], "test": ends[b2:]}
     for split, boundary in (("train", b1), ("val", b2)):
         if boundary < n:
@@ -255,6 +228,49 @@ def prepare_series(
     )
 
 
+def prepare_latest(series: Series, data_cfg, fitted_norm: dict) -> PreparedSeries:
+    """The newest candles of one series, normalised for a forecast: no splits, no windows.
+
+    A forecast needs only the last L candles past the indicator warm-up, normalised with
+    the statistics the model was trained with, so neither data.min_candles nor a
+    train/val/test split applies (`ends` are empty).
+
+    Raises:
+      SeriesSkipped: fewer than data.lookback candles past the warm-up, no saved
+        statistics to normalise with, or a normalised value that is not finite.
+    """
+    names, lookback = tuple(data_cfg.features), data_cfg.lookback
+    if not fitted_norm or "feature_mean" not in fitted_norm:
+        raise SeriesSkipped("the model was saved without its normalisation statistics")
+    feats_TF, first_valid = features_lib.compute(series.ohlcv, names)
+    start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
+    if len(series.ohlcv) - start < lookback:
+        raise SeriesSkipped(
+            f"only {len(series.ohlcv) - start} candles past the {first_valid} of indicator "
+            f"warm-up; a forecast needs data.lookback={lookback}"
+        )
+    ohlc_TC = series.ohlcv[start:, :NUM_TARGETS]
+    inputs_TF, targets_TC, anchor_T, norm = normalize.normalise(
+        ohlc_TC, feats_TF[start:], names, len(ohlc_TC), data_cfg.normalization, fitted_norm
+    )
+    normalize.check_finite(inputs_TF, names)
+    return PreparedSeries(
+        name=series.name,
+        symbol=series.symbol,
+        interval=series.interval,
+        open_time_ms=series.open_time_ms[start:],
+        ohlc=ohlc_TC,
+        inputs=inputs_TF.astype(np.float32),
+        targets=targets_TC.astype(np.float32),
+        anchor=anchor_T.astype(np.float32),
+        aux=np.zeros((len(ohlc_TC), 0), np.float32),
+        ends={split: np.zeros(0, np.int64) for split in SPLITS},
+        norm=norm,
+        price_mask=normalize.price_mask(names),
+        notes=dict(series.notes, used_candles=len(ohlc_TC)),
+    )
+
+
 def prepare_all(
     series_list: list[Series], data_cfg, fitted_norms: dict | None = None, aux_targets=()
 ) -> tuple[list[PreparedSeries], dict]:
@@ -278,123 +294,6 @@ def prepare_all(
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)
     return preps, skipped
-
-
-def padded_sizes(data_cfg) -> dict:
-    """Fixed T and per-split window counts for a config, so every group has one shape.
-
-    A prepared series has at most data.max_candles candles, so at most
-    n_max = max_candles - L - H + 1 windows. Each split's size is the largest count
-    `split_ends` gives that split for any n <= n_max windows (purging only removes),
-    so it bounds every series of the run, whatever its length and gaps.
-
-    Returns:
-      {"T": max_candles, "train": N_train, "val": N_val, "test": N_test}, each >= 1.
-    """
-    t_max = data_cfg.max_candles
-    n_max = max(t_max - data_cfg.lookback - data_cfg.horizon + 1, 0)
-    n = np.arange(n_max + 1)
-    b1, b2 = _boundaries(n, data_cfg.splits)
-    counts = {"train": b1, "val": b2 - b1, "test": n - b2}
-    return {"T": t_max, **{split: max(int(counts[split].max()), 1) for split in SPLITS}}
-
-
-def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> None:
-    if not preps or len(preps) > group_size:
-        raise ValueError(f"stack_group: {len(preps)} series for group_size={group_size}")
-    width, num_aux = preps[0].inputs.shape[1], preps[0].aux.shape[1]
-    for p in preps:
-        counts = {split: len(p.ends[split]) for split in SPLITS}
-        shapes = (p.inputs.shape[1], p.aux.shape[1])
-        if (
-            len(p.inputs) > sizes["T"]
-            or shapes != (width, num_aux)
-            or any(counts[s] > sizes[s] for s in SPLITS)
-        ):
-            raise ValueError(
-                f"stack_group: {p.name} has {len(p.inputs)} candles, {p.inputs.shape[1]} "
-                f"features, {p.aux.shape[1]} aux targets and windows {counts}, which do not "
-                f"fit the padded sizes {sizes} with {width} features and {num_aux} aux "
-                "targets: prepare every series with the same config"
-            )
-
-
-def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, lookback: int):
-    """The GroupArrays of `stack_group` as numpy arrays: K coins, padded to `sizes`."""
-    t, f = sizes["T"], preps[0].inputs.shape[1]
-    host = {
-        "inputs": np.zeros((k, t, f), np.float32),
-        "targets": np.zeros((k, t, NUM_TARGETS), np.float32),
-        "anchor": np.zeros((k, t), np.float32),
-        "aux": np.zeros((k, t, preps[0].aux.shape[1]), np.float32),
-    }
-    for split in SPLITS:
-        host[f"{split}_ends"] = np.full((k, sizes[split]), lookback - 1, np.int32)
-        host[f"{split}_mask"] = np.zeros((k, sizes[split]), bool)
-    for i, p in enumerate(preps):
-        n_t = len(p.inputs)
-        for field in ("inputs", "targets", "anchor", "aux"):
-            host[field][i, :n_t] = getattr(p, field)
-        for split in SPLITS:
-            e = p.ends[split]
-            host[f"{split}_ends"][i, : len(e)] = e
-            host[f"{split}_mask"][i, : len(e)] = True
-    return GroupArrays(price_mask=np.asarray(preps[0].price_mask, np.float32), **host)
-
-
-def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg, shardings=None):
-    """Pads `preps` to `group_size` coins and fixed sizes; places them on the devices.
-
-    Args:
-      preps: 1..group_size series prepared with this `data_cfg`.
-      group_size: K, the coin axis length of every group in the run.
-      data_cfg: the `config.data` group (sizes come from `padded_sizes`).
-      shardings: optional GroupArrays of `jax.sharding.Sharding`s, one per field. Each
-        process then places only the shards its own devices hold, so the same call
-        builds the global arrays of a multi-host run. None: the default device.
-
-    Returns:
-      A GroupArrays. Padded coins repeat nothing: they are zeros with all masks
-      False, so they add no loss, no gradient and no metric. Padded window slots
-      (of real and padded coins) have mask False and end L - 1, so every gather
-      stays in bounds.
-
-    Raises:
-      ValueError: if there are no series, more than group_size, or one exceeds the
-        padded sizes or has another feature width.
-    """
-    sizes = padded_sizes(data_cfg)
-    _check_fits(preps, group_size, sizes)
-    host = _host_arrays(preps, group_size, sizes, data_cfg.lookback)
-    if shardings is None:
-        return jax.device_put(host)
-    return jax.tree.map(
-        lambda a, sharding: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i]),
-        host,
-        shardings,
-    )
-
-
-def gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, lookback: int, horizon: int):
-    """Slices B windows of ONE coin on the device.
-
-    Args:
-      inputs_TF: float32 [T, F]; targets_TC: float32 [T, C]; anchor_T: float32 [T].
-      price_mask_F: float32 [F]. ends_B: int32 [B] window end indices.
-    Returns:
-      x_BLF: float32 [B, L, F] inputs; y_BHC: float32 [B, H, C] targets.
-    """
-    in_idx_BL = ends_B[:, None] + jnp.arange(-lookback + 1, 1)[None, :]
-    out_idx_BH = ends_B[:, None] + jnp.arange(1, horizon + 1)[None, :]
-    anchor_B = anchor_T[ends_B]
-    x_BLF = inputs_TF[in_idx_BL] - anchor_B[:, None, None] * price_mask_F
-    y_BHC = targets_TC[out_idx_BH] - anchor_B[:, None, None]
-    return x_BLF, y_BHC
-
-
-def gather_aux(aux_TA: jax.Array, ends_B: jax.Array) -> jax.Array:
-    """The aux targets of B windows of ONE coin: aux_TA [T, A], ends_B [B] -> [B, A]."""
-    return aux_TA[ends_B]
 
 
 def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) -> np.ndarray:
@@ -421,12 +320,6 @@ def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) ->
         f"{prep.name}: data.normalization='candle_minmax' keeps no price level, so "
         "forecasts cannot be mapped to prices; use last_close or zscore"
     )
-
-
-def actual_prices(prep: PreparedSeries, ends_N: np.ndarray, horizon: int) -> np.ndarray:
-    """The true next H candles of each window, float64 [N, H, 4]."""
-    ends_N = np.asarray(ends_N)
-    return prep.ohlc[ends_N[:, None] + np.arange(1, horizon + 1)[None, :]]
 
 
 def latest_window(prep: PreparedSeries, lookback: int) -> np.ndarray:

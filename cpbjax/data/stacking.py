@@ -1,0 +1,148 @@
+"""K prepared series stacked into one padded group, and windows gathered from it on the device.
+
+Every group of a run is padded to the same fixed sizes (`padded_sizes`), so one compiled
+program serves them all. `gather` slices a batch of windows of one coin inside the jitted
+step: windows are never materialised, so memory stays O(K·T·F).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from cpbjax.data.windows import EPOCH_SPLITS, NUM_TARGETS, SPLITS, PreparedSeries, split_boundaries
+
+
+@struct.dataclass
+class GroupArrays:
+    """K series padded to common sizes: what the compiled epoch reads (a pytree).
+
+    Only the train and val windows: the epoch never reads the test split, so it never
+    reaches the devices. Padded coins and padded window slots have mask False; their
+    ends point at a valid index (L-1) so gathers stay in bounds.
+    """
+
+    inputs: jax.Array  # float32 [K, T, F]
+    targets: jax.Array  # float32 [K, T, C]
+    anchor: jax.Array  # float32 [K, T]
+    aux: jax.Array  # float32 [K, T, A]: aux targets by window end; A = 0 without them
+    price_mask: jax.Array  # float32 [F]: 1 on price columns, 0 elsewhere
+    train_ends: jax.Array  # int32 [K, N_train]
+    train_mask: jax.Array  # bool [K, N_train]
+    val_ends: jax.Array  # int32 [K, N_val]
+    val_mask: jax.Array  # bool [K, N_val]
+
+    def ends(self, split: str) -> tuple[jax.Array, jax.Array]:
+        """(ends int32 [K, N_split], mask bool [K, N_split]) of one split."""
+        return getattr(self, f"{split}_ends"), getattr(self, f"{split}_mask")
+
+
+def padded_sizes(data_cfg) -> dict:
+    """Fixed T and per-split window counts for a config, so every group has one shape.
+
+    A prepared series has at most data.max_candles candles, so at most
+    n_max = max_candles - L - H + 1 windows. Each split's size is the largest count
+    `split_ends` gives that split for any n <= n_max windows (purging only removes),
+    so it bounds every series of the run, whatever its length and gaps.
+
+    Returns:
+      {"T": max_candles, "train": N_train, "val": N_val, "test": N_test}, each >= 1.
+    """
+    t_max = data_cfg.max_candles
+    n_max = max(t_max - data_cfg.lookback - data_cfg.horizon + 1, 0)
+    n = np.arange(n_max + 1)
+    b1, b2 = split_boundaries(n, data_cfg.splits)
+    counts = {"train": b1, "val": b2 - b1, "test": n - b2}
+    return {"T": t_max, **{split: max(int(counts[split].max()), 1) for split in SPLITS}}
+
+
+def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> None:
+    if not preps or len(preps) > group_size:
+        raise ValueError(f"stack_group: {len(preps)} series for group_size={group_size}")
+    width, num_aux = preps[0].inputs.shape[1], preps[0].aux.shape[1]
+    for p in preps:
+        counts = {split: len(p.ends[split]) for split in SPLITS}
+        shapes = (p.inputs.shape[1], p.aux.shape[1])
+        if (
+            len(p.inputs) > sizes["T"]
+            or shapes != (width, num_aux)
+            or any(counts[s] > sizes[s] for s in SPLITS)
+        ):
+            raise ValueError(
+                f"stack_group: {p.name} has {len(p.inputs)} candles, {p.inputs.shape[1]} "
+                f"features, {p.aux.shape[1]} aux targets and windows {counts}, which do not "
+                f"fit the padded sizes {sizes} with {width} features and {num_aux} aux "
+                "targets: prepare every series with the same config"
+            )
+
+
+def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, lookback: int):
+    """The GroupArrays of `stack_group` as numpy arrays: K coins, padded to `sizes`."""
+    t, f = sizes["T"], preps[0].inputs.shape[1]
+    host = {
+        "inputs": np.zeros((k, t, f), np.float32),
+        "targets": np.zeros((k, t, NUM_TARGETS), np.float32),
+        "anchor": np.zeros((k, t), np.float32),
+        "aux": np.zeros((k, t, preps[0].aux.shape[1]), np.float32),
+    }
+    for split in EPOCH_SPLITS:
+        host[f"{split}_ends"] = np.full((k, sizes[split]), lookback - 1, np.int32)
+        host[f"{split}_mask"] = np.zeros((k, sizes[split]), bool)
+    for i, p in enumerate(preps):
+        n_t = len(p.inputs)
+        for field in ("inputs", "targets", "anchor", "aux"):
+            host[field][i, :n_t] = getattr(p, field)
+        for split in EPOCH_SPLITS:
+            e = p.ends[split]
+            host[f"{split}_ends"][i, : len(e)] = e
+            host[f"{split}_mask"][i, : len(e)] = True
+    return GroupArrays(price_mask=np.asarray(preps[0].price_mask, np.float32), **host)
+
+
+def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg) -> GroupArrays:
+    """Pads `preps` to `group_size` coins and fixed sizes, as host (numpy) arrays.
+
+    group.GroupTrainer.stack places the result on the coin-sharded devices.
+
+    Args:
+      preps: 1..group_size series prepared with this `data_cfg`.
+      group_size: K, the coin axis length of every group in the run.
+      data_cfg: the `config.data` group (sizes come from `padded_sizes`).
+
+    Returns:
+      A GroupArrays. Padded coins repeat nothing: they are zeros with all masks
+      False, so they add no loss, no gradient and no metric. Padded window slots
+      (of real and padded coins) have mask False and end L - 1, so every gather
+      stays in bounds.
+
+    Raises:
+      ValueError: if there are no series, more than group_size, or one exceeds the
+        padded sizes or has another feature width.
+    """
+    sizes = padded_sizes(data_cfg)
+    _check_fits(preps, group_size, sizes)
+    return _host_arrays(preps, group_size, sizes, data_cfg.lookback)
+
+
+def gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, lookback: int, horizon: int):
+    """Slices B windows of ONE coin on the device.
+
+    Args:
+      inputs_TF: float32 [T, F]; targets_TC: float32 [T, C]; anchor_T: float32 [T].
+      price_mask_F: float32 [F]. ends_B: int32 [B] window end indices.
+    Returns:
+      x_BLF: float32 [B, L, F] inputs; y_BHC: float32 [B, H, C] targets.
+    """
+    in_idx_BL = ends_B[:, None] + jnp.arange(-lookback + 1, 1)[None, :]
+    out_idx_BH = ends_B[:, None] + jnp.arange(1, horizon + 1)[None, :]
+    anchor_B = anchor_T[ends_B]
+    x_BLF = inputs_TF[in_idx_BL] - anchor_B[:, None, None] * price_mask_F
+    y_BHC = targets_TC[out_idx_BH] - anchor_B[:, None, None]
+    return x_BLF, y_BHC
+
+
+def gather_aux(aux_TA: jax.Array, ends_B: jax.Array) -> jax.Array:
+    """The aux targets of B windows of ONE coin: aux_TA [T, A], ends_B [B] -> [B, A]."""
+    return aux_TA[ends_B]

@@ -1,0 +1,165 @@
+"""End to end on a run trained from a Vision-layout mirror: --mode predict with fresh candles
+from a fake exchange, and the Python API (cpbjax.train / load / export / Model.predict)."""
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import cpbjax
+from cpbjax import config as config_lib
+from cpbjax import saved
+from cpbjax.data import sources, synthetic
+from cpbjax.data.series import INTERVAL_MS
+from tests.fake_exchange import FakeExchange, running
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEP = INTERVAL_MS["1h"]
+PREDICT = (sys.executable, "launch.py", "--mode=predict")
+
+
+def _last_complete_months(n: int) -> list[str]:
+    first = datetime.date.today().replace(day=1)
+    months = []
+    for _ in range(n):
+        first = (first - datetime.timedelta(days=1)).replace(day=1)
+        months.append(first.strftime("%Y-%m"))
+    return sorted(months)
+
+
+def _config(mirror: str):
+    c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
+    c.data.source, c.data.base_url, c.data.months = "binance", mirror, 2
+    c.data.symbols, c.data.intervals = ("BTCUSDT",), ("1h",)
+    c.train.epochs, c.eval.plots = 1, False
+    return c
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(workdir, mirror, results): tiny GRU trained by cpbjax.train on a 2-month mirror."""
+    root = tmp_path_factory.mktemp("api")
+    mirror = str(root / "mirror")
+    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), _last_complete_months(2))
+    workdir = str(root / "run")
+    return workdir, mirror, cpbjax.train(_config(mirror), workdir)
+
+
+def _history(mirror: str):
+    """The mirror's candles as a UTC-indexed OHLCV DataFrame."""
+    (series,), _ = sources.load_all(_config(mirror).data)
+    frame = pd.DataFrame(series.ohlcv, columns=["open", "high", "low", "close", "volume"])
+    frame.index = pd.to_datetime(series.open_time_ms, unit="ms", utc=True)
+    return series, frame
+
+
+def _flat_after(last_close: float):
+    """Fresh candles for the fake exchange: flat at the history's last close."""
+
+    def ohlcv(times):
+        return np.tile([last_close, last_close, last_close, last_close, 1.0], (len(times), 1))
+
+    return ohlcv
+
+
+def test_predict_forecasts_from_the_newest_closed_candle_of_a_fake_exchange(run):
+    workdir, mirror, _ = run
+    series, _ = _history(mirror)
+    now_ms = int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000)
+    start = int(series.open_time_ms[-1]) + STEP
+    times = np.arange(start, now_ms // STEP * STEP + STEP, STEP, dtype=np.int64)  # + open one
+    exchange = FakeExchange(times, _flat_after(float(series.ohlcv[-1, 3])))
+    with running(exchange) as api_url:
+        proc = subprocess.run(
+            [*PREDICT, f"--workdir={workdir}", f"--config.data.api_url={api_url}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(workdir, "forecast.json")) as f:
+        doc = json.load(f)
+    fc = doc["series"]["BTCUSDT-1h"]
+    # The newest candle closed when the test started, or the one open then if the hour
+    # turned while it ran; never the open one, never an older one.
+    assert fc["last_open_time_ms"] in (int(times[-2]), int(times[-1])) and fc["age_intervals"] == 1
+    assert fc["forecast"][0]["open_time_ms"] == fc["last_open_time_ms"] + STEP
+    assert f"newest closed candle {fc['last_open_time']} (up to date)" in proc.stdout
+    assert "wrote" in proc.stdout and "predictions" in proc.stdout
+    assert exchange.requests  # the fresh candles did come from the fake exchange
+
+
+def test_predict_from_monthly_files_alone_says_it_is_stale(run):
+    workdir, _, _ = run
+    proc = subprocess.run(
+        [*PREDICT, f"--workdir={workdir}", "--config.predict.fresh=False"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STALE" in proc.stderr and "intervals old" in proc.stdout
+
+
+def test_model_predict_equals_the_run_model_and_its_export(run):
+    workdir, mirror, results = run
+    assert results["series"]["BTCUSDT-1h"]["status"] in ("trained", "stopped_early")
+    _, frame = _history(mirror)
+    model = cpbjax.load(os.path.join(workdir, "models", "BTCUSDT-1h"))
+    fc = model.predict(frame)
+    assert list(fc.columns) == ["step", "open", "high", "low", "close"]
+    assert fc.index[0] == frame.index[-1] + pd.Timedelta(hours=1) and len(fc) == model.horizon
+    assert (fc["high"] >= fc[["open", "close"]].max(axis=1)).all()
+    assert (fc["low"] <= fc[["open", "close"]].min(axis=1)).all()
+    exported = cpbjax.export(workdir)["BTCUSDT-1h"]
+    pd.testing.assert_frame_equal(cpbjax.load(exported).predict(frame), fc, check_exact=True)
+    # Only the newest candles matter: a frame of lookback + warm-up rows gives the same
+    # forecast, up to float32 rounding (last_close normalises against the frame's first close).
+    short = model.predict(frame.iloc[-200:])
+    pd.testing.assert_frame_equal(short, fc, check_exact=False, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda f: f.iloc[-5:], "a forecast needs data.lookback"),
+        (lambda f: f.drop(f.index[-3]), "newest 30 candles"),
+        (lambda f: f.tz_localize(None), "timezone-aware UTC"),
+        (lambda f: f.assign(close=f["close"].where(f.index != f.index[-2])), "NaN"),
+        (lambda f: f.drop(columns="volume"), "lack the columns ['volume']"),
+        (lambda f: f.iloc[::-1], "strictly increasing"),
+        (lambda f: f.iloc[::4], "model forecasts 1h candles"),
+        (lambda f: f.assign(high=f["low"] * 0.5), "high below max(open, close)"),
+    ],
+)
+def test_model_predict_names_bad_input(run, damage, message):
+    workdir, mirror, _ = run
+    _, frame = _history(mirror)
+    model = cpbjax.load(os.path.join(workdir, "models", "BTCUSDT-1h"))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model.predict(damage(frame))
+
+
+def test_load_names_a_missing_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a model folder"):
+        cpbjax.load(str(tmp_path / "nope"))
+
+
+def test_forecast_config_tops_up_binance_history_only():
+    trained = _config("unused")
+    c = saved.forecast_config(_config("unused"), trained, ["BTCUSDT-1h"])
+    assert c.data.source == "binance_rest" and c.data.min_candles == c.data.lookback
+    stale = _config("unused")
+    stale.predict.fresh = False
+    assert saved.forecast_config(stale, trained, ["BTCUSDT-1h"]).data.source == "binance"
+    offline = _config("unused")
+    offline.data.source = "synthetic"
+    assert saved.forecast_config(offline, trained, ["BTCUSDT-1h"]).data.source == "synthetic"
