@@ -38,7 +38,7 @@ def future_log_ratios(ohlc_TC, ends_N, horizon):
 
 
 def ridge_features(ohlc_TC, ends_N, lookback):
-    """Close log returns, log(high/low) ranges and the last candle's shape, [N, P]."""
+    """Close log returns, log(high/low) ranges and the last candle's shape, [N, X]."""
     logp_NLC = _window_log_prices(ohlc_TC, ends_N, lookback)
     returns = np.diff(logp_NLC[..., CLOSE], axis=1)  # [N, L-1]
     ranges = logp_NLC[..., 1] - logp_NLC[..., 2]  # [N, L]
@@ -51,21 +51,21 @@ def fit_ridge(ohlc_TC, fit_ends_N, lookback, horizon, alpha=RIDGE_ALPHA) -> dict
 
     The intercept is not penalised (features and targets are centred first).
     """
-    x_NP = ridge_features(ohlc_TC, fit_ends_N, lookback)
-    y_NK = future_log_ratios(ohlc_TC, fit_ends_N, horizon).reshape(len(fit_ends_N), -1)
-    x_mean, x_scale = x_NP.mean(axis=0), x_NP.std(axis=0)
+    x_NX = ridge_features(ohlc_TC, fit_ends_N, lookback)
+    y_NO = future_log_ratios(ohlc_TC, fit_ends_N, horizon).reshape(len(fit_ends_N), -1)
+    x_mean, x_scale = x_NX.mean(axis=0), x_NX.std(axis=0)
     x_scale = np.where(x_scale > 0, x_scale, 1.0)
-    z_NP = (x_NP - x_mean) / x_scale
-    y_mean = y_NK.mean(axis=0)
-    gram = z_NP.T @ z_NP + alpha * np.eye(z_NP.shape[1])
-    coef = np.linalg.solve(gram, z_NP.T @ (y_NK - y_mean))
+    z_NX = (x_NX - x_mean) / x_scale
+    y_mean = y_NO.mean(axis=0)
+    gram = z_NX.T @ z_NX + alpha * np.eye(z_NX.shape[1])
+    coef = np.linalg.solve(gram, z_NX.T @ (y_NO - y_mean))
     return {"x_mean": x_mean, "x_scale": x_scale, "y_mean": y_mean, "coef": coef}
 
 
 def ridge_predict(fit, ohlc_TC, ends_N, lookback, horizon):
     """Ridge forecasts in prices, float64 [N, H, 4]."""
-    z_NP = (ridge_features(ohlc_TC, ends_N, lookback) - fit["x_mean"]) / fit["x_scale"]
-    log_ratio = (z_NP @ fit["coef"] + fit["y_mean"]).reshape(len(ends_N), horizon, 4)
+    z_NX = (ridge_features(ohlc_TC, ends_N, lookback) - fit["x_mean"]) / fit["x_scale"]
+    log_ratio = (z_NX @ fit["coef"] + fit["y_mean"]).reshape(len(ends_N), horizon, 4)
     return ohlc_TC[ends_N, CLOSE][:, None, None] * np.exp(log_ratio)
 
 
