@@ -276,7 +276,7 @@ def test_bad_input_raises_naming_the_fault(tmp_path):
 
 
 def test_config_flag_defaults_off_and_is_validated():
-    c = config.base_config()
+    c = config.load(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs/gru.py"))
     assert c.logging.tensorboard is False
     with c.ignore_type():
         c.logging.tensorboard = "yes"
