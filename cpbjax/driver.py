@@ -25,7 +25,7 @@ from cpbjax import checkpoint, evaluate, forecast, models, platform, report, sha
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.compaction import LiveCoins
-from cpbjax.data import sources, windows
+from cpbjax.data import sources, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.ledger import Ledger, fingerprint
 from cpbjax.runlog import RunLog
@@ -73,12 +73,15 @@ class _Run:
     log: RunLog
     index: dict  # series name -> position in the run (its key's fold-in index)
     group_coins: int  # K of the run's groups
+    t_max: int  # T, the padded length of the run's series (stacking.padded_length)
     trainers: dict = dataclasses.field(default_factory=dict)  # K -> GroupTrainer
 
     def trainer_for(self, num_coins: int) -> GroupTrainer:
         """The run's trainer for programs of `num_coins` coins (each size compiles once)."""
         if num_coins not in self.trainers:
-            self.trainers[num_coins] = GroupTrainer(self.config, self.module, num_coins, self.mesh)
+            self.trainers[num_coins] = GroupTrainer(
+                self.config, self.module, num_coins, self.mesh, self.t_max
+            )
         return self.trainers[num_coins]
 
     def checkpoints(self, group: str) -> checkpoint.GroupCheckpoints:
@@ -311,16 +314,18 @@ def _make_run(config, workdir: str, preps: list, mesh: Mesh) -> tuple[_Run, list
     """
     k = group_size(len(preps), config.train, mesh.size, mesh.devices.flat[0].platform)
     plan = [preps[i : i + k] for i in range(0, len(preps), k)]
+    t_max = stacking.padded_length(preps, config.data)
     pairs = itertools.product(config.data.symbols, config.data.intervals)
     run = _Run(
         config=config,
         workdir=workdir,
         module=models.build(models.make_config(config)),
         mesh=mesh,
-        ledger=Ledger(workdir, fingerprint(config, [[p.name for p in g] for g in plan])),
+        ledger=Ledger(workdir, fingerprint(config, [[p.name for p in g] for g in plan], t_max)),
         log=RunLog(workdir, config.logging, sharding.is_primary()),
         index={f"{s}-{i}": j for j, (s, i) in enumerate(pairs)},
         group_coins=k,
+        t_max=t_max,
     )
     return run, plan
 

@@ -43,19 +43,24 @@ class GroupTrainer:
       coin_sharding: NamedSharding of one [K, ...] array.
     """
 
-    def __init__(self, config, module, num_coins: int, mesh: Mesh | None = None):
+    def __init__(
+        self, config, module, num_coins: int, mesh: Mesh | None = None, t_max: int | None = None
+    ):
         """Args:
         config: the run config; read here once (step.make_spec, data sizes, precision).
         module: the Flax Linen model (see cpbjax.models).
         num_coins: K, a multiple of the mesh size.
         mesh: a 1-D `coins` mesh; default `sharding.coin_mesh()`.
+        t_max: the padded length T of the run's series (`stacking.padded_length`);
+          default data.max_candles.
         """
         self.mesh = mesh if mesh is not None else sharding.coin_mesh()
         if num_coins % self.mesh.size:
             raise ValueError(
                 f"num_coins={num_coins} is not a multiple of the {self.mesh.size} devices"
             )
-        self.spec = step.make_spec(config, module)
+        self.t_max = config.data.max_candles if t_max is None else t_max
+        self.spec = step.make_spec(config, module, self.t_max)
         self.num_coins = num_coins
         self.data_cfg = config.data
         self.matmul_precision = config.matmul_precision
@@ -99,7 +104,7 @@ class GroupTrainer:
     def _abstract_arrays(self) -> stacking.GroupArrays:
         """GroupArrays of ShapeDtypeStructs: the fixed padded shapes of this config."""
         k, spec = self.num_coins, self.spec
-        sizes = stacking.padded_sizes(self.data_cfg)
+        sizes = stacking.padded_sizes(self.data_cfg, self.t_max)
         t = sizes["T"]
         sds = jax.ShapeDtypeStruct
         ends = {}
@@ -117,7 +122,7 @@ class GroupTrainer:
 
     def stack(self, preps: list) -> stacking.GroupArrays:
         """`stacking.stack_group` padded to K coins, each process placing its own shards."""
-        host = stacking.stack_group(preps, self.num_coins, self.data_cfg)
+        host = stacking.stack_group(preps, self.num_coins, self.data_cfg, self.t_max)
         return sharding.place(host, self.arrays_sharding)
 
     def init_state(self, keys_K2, arrays: stacking.GroupArrays) -> step.GroupState:

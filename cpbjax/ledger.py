@@ -36,9 +36,12 @@ def training_fields(config) -> dict:
     return fields
 
 
-def fingerprint(config, plan: list[list[str]]) -> dict:
-    """What a resumed run must share with the run that wrote the checkpoints."""
-    return {"config": training_fields(config), "groups": plan}
+def fingerprint(config, plan: list[list[str]], padded_candles: int | None = None) -> dict:
+    """What a resumed run must share with the run that wrote the checkpoints: the config,
+    the group plan, and the padded length T of the checkpointed arrays (default
+    data.max_candles, what every run padded to before T followed the data)."""
+    t = config.data.max_candles if padded_candles is None else padded_candles
+    return {"config": training_fields(config), "groups": plan, "padded_candles": t}
 
 
 def _with_defaults(old: dict, defaults: dict) -> dict:
@@ -94,7 +97,10 @@ class Ledger:
             old = _read(self.path)
             defaults = training_fields(config_lib.base_config())
             old_config = _with_defaults(old["fingerprint"]["config"], defaults)
-            diffs = _differences({**old["fingerprint"], "config": old_config}, run_fingerprint)
+            # A ledger from before T followed the data padded to data.max_candles.
+            old_t = old["fingerprint"].get("padded_candles", old_config["data"]["max_candles"])
+            old_print = {**old["fingerprint"], "config": old_config, "padded_candles": old_t}
+            diffs = _differences(old_print, run_fingerprint)
             if diffs:
                 raise RunMismatch(
                     f"{workdir} holds a run with a different config or series, so it cannot be "

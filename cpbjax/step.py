@@ -71,10 +71,11 @@ class EpochSpec:
     reduce_on_plateau: bool
 
 
-def make_spec(config, module: nn.Module) -> EpochSpec:
-    """The EpochSpec of a run config (data, model.aux_*, train) and its model."""
+def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
+    """The EpochSpec of a run config (data, model.aux_*, train), its model, and its
+    padded length T (stacking.padded_length; default data.max_candles)."""
     d, t = config.data, config.train
-    sizes = stacking.padded_sizes(d)
+    sizes = stacking.padded_sizes(d, t_max)
     train_steps = math.ceil(sizes["train"] / t.batch_size)
     return EpochSpec(
         module=module,

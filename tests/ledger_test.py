@@ -29,3 +29,19 @@ def test_ledger_refuses_another_config_but_not_a_newer_cpbjax(tmp_path):
     changed.model.aux_targets = ("realized_vol",)
     with pytest.raises(ledger.RunMismatch, match=r"model.aux_targets: \[\] -> \['realized_vol'\]"):
         ledger.Ledger(str(tmp_path), ledger.fingerprint(changed, plan))
+
+
+def test_padded_length_is_part_of_the_fingerprint_and_old_ledgers_resume(tmp_path):
+    config, plan = make_config(), [["BTCUSDT-1h"]]
+    ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan, 512))
+    with pytest.raises(ledger.RunMismatch, match="padded_candles: 512 -> 300"):
+        ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan, 300))
+    # A ledger written before T followed the data padded to data.max_candles.
+    path = tmp_path / "checkpoints" / workdir_lib.LEDGER_FILE
+    old = writers.read_json(str(path))
+    del old["fingerprint"]["padded_candles"]
+    writers.write_json(str(path), old)
+    max_candles = config.data.max_candles
+    ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan, max_candles))
+    with pytest.raises(ledger.RunMismatch, match="padded_candles"):
+        ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan, max_candles - 1))

@@ -335,3 +335,17 @@ def test_latest_window_is_the_newest_normalised_window():
     gap = windows.prepare_series(_series(missing=(415,)), _data_cfg())
     with pytest.raises(ValueError, match="TESTUSDT-1h"):
         windows.latest_window(gap, L)
+
+
+def test_groups_pad_to_the_longest_series_not_to_max_candles():
+    cfg = _data_cfg(min_candles=100)
+    cfg.max_candles = 5000
+    preps = [windows.prepare_series(_series(n=n, seed=n), cfg) for n in (360, 150)]
+    t_max = stacking.padded_length(preps, cfg)
+    assert t_max == stacking.LENGTH_BUCKET  # the longest kept series fits one bucket
+    group = stacking.stack_group(preps, 2, cfg, t_max)
+    chex.assert_shape(group.inputs, (2, t_max, 4))
+    assert group.train_ends.shape[1] == stacking.padded_sizes(cfg, t_max)["train"]
+    assert stacking.padded_sizes(cfg, t_max)["train"] < stacking.padded_sizes(cfg)["train"]
+    cfg.max_candles = 300  # never past data.max_candles
+    assert stacking.padded_length(preps, cfg) == 300

@@ -39,18 +39,30 @@ class GroupArrays:
         return getattr(self, f"{split}_ends"), getattr(self, f"{split}_mask")
 
 
-def padded_sizes(data_cfg) -> dict:
-    """Fixed T and per-split window counts for a config, so every group has one shape.
+# Padded lengths come in multiples of this many candles, so runs whose longest series
+# differ a little still share compiled programs (and the compile cache).
+LENGTH_BUCKET = 512
 
-    A prepared series has at most data.max_candles candles, so at most
-    n_max = max_candles - L - H + 1 windows. Each split's size is the largest count
-    `split_ends` gives that split for any n <= n_max windows (purging only removes),
-    so it bounds every series of the run, whatever its length and gaps.
+
+def padded_length(preps: list[PreparedSeries], data_cfg) -> int:
+    """T of a run's groups: its longest series rounded up to LENGTH_BUCKET, at most
+    data.max_candles. Padding far past the data would only compute empty windows."""
+    longest = max(len(p.inputs) for p in preps)
+    return min(data_cfg.max_candles, -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET)
+
+
+def padded_sizes(data_cfg, t_max: int | None = None) -> dict:
+    """Fixed T and per-split window counts, so every group of a run has one shape.
+
+    A prepared series has at most t_max candles (default data.max_candles; see
+    `padded_length`), so at most n_max = t_max - L - H + 1 windows. Each split's size is
+    the largest count `split_ends` gives that split for any n <= n_max windows (purging
+    only removes), so it bounds every series of the run, whatever its length and gaps.
 
     Returns:
-      {"T": max_candles, "train": N_train, "val": N_val, "test": N_test}, each >= 1.
+      {"T": t_max, "train": N_train, "val": N_val, "test": N_test}, each >= 1.
     """
-    t_max = data_cfg.max_candles
+    t_max = data_cfg.max_candles if t_max is None else t_max
     n_max = max(t_max - data_cfg.lookback - data_cfg.horizon + 1, 0)
     n = np.arange(n_max + 1)
     b1, b2 = split_boundaries(n, data_cfg.splits)
@@ -101,7 +113,9 @@ def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, lookback: int
     return GroupArrays(price_mask=np.asarray(preps[0].price_mask, np.float32), **host)
 
 
-def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg) -> GroupArrays:
+def stack_group(
+    preps: list[PreparedSeries], group_size: int, data_cfg, t_max: int | None = None
+) -> GroupArrays:
     """Pads `preps` to `group_size` coins and fixed sizes, as host (numpy) arrays.
 
     group.GroupTrainer.stack places the result on the coin-sharded devices.
@@ -110,6 +124,7 @@ def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg) -> Group
       preps: 1..group_size series prepared with this `data_cfg`.
       group_size: K, the coin axis length of every group in the run.
       data_cfg: the `config.data` group (sizes come from `padded_sizes`).
+      t_max: the run's padded length T (`padded_length`); default data.max_candles.
 
     Returns:
       A GroupArrays. Padded coins repeat nothing: they are zeros with all masks
@@ -121,7 +136,7 @@ def stack_group(preps: list[PreparedSeries], group_size: int, data_cfg) -> Group
       ValueError: if there are no series, more than group_size, or one exceeds the
         padded sizes or has another feature width.
     """
-    sizes = padded_sizes(data_cfg)
+    sizes = padded_sizes(data_cfg, t_max)
     _check_fits(preps, group_size, sizes)
     return _host_arrays(preps, group_size, sizes, data_cfg.lookback)
 
