@@ -228,20 +228,21 @@ def prepare_series(
     )
 
 
-def prepare_latest(series: Series, data_cfg, fitted_norm: dict) -> PreparedSeries:
+def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> PreparedSeries:
     """The newest candles of one series, normalised for a forecast: no splits, no windows.
 
     A forecast needs only the last L candles past the indicator warm-up, normalised with
     the statistics the model was trained with, so neither data.min_candles nor a
-    train/val/test split applies (`ends` are empty).
+    train/val/test split applies (`ends` are empty). A model saved without its statistics
+    (by an earlier cpbjax: fitted_norm None) gets them re-fitted on the candles given.
 
     Raises:
-      SeriesSkipped: fewer than data.lookback candles past the warm-up, no saved
-        statistics to normalise with, or a normalised value that is not finite.
+      SeriesSkipped: fewer than data.lookback candles past the warm-up, or a normalised
+        value that is not finite.
     """
     names, lookback = tuple(data_cfg.features), data_cfg.lookback
-    if not fitted_norm or "feature_mean" not in fitted_norm:
-        raise SeriesSkipped("the model was saved without its normalisation statistics")
+    if fitted_norm is not None and "feature_mean" not in fitted_norm:
+        fitted_norm = None  # an earlier cpbjax's norm without the fitted statistics
     feats_TF, first_valid = features_lib.compute(series.ohlcv, names)
     start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
     if len(series.ohlcv) - start < lookback:

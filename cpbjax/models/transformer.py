@@ -151,24 +151,8 @@ class Transformer(nn.Module):
     def __call__(
         self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0, return_aux: bool = False
     ):
-        """Forecasts H candles from windows.
-
-        Args:
-          x_BLF: input windows [B, L, F].
-          y_BHC: true targets [B, H, C], used only for teacher forcing (train=True);
-            None at evaluation.
-          train: enables dropout and teacher forcing (needs rngs "dropout", "teacher").
-          teacher_forcing: per-step probability (float or traced scalar) of feeding
-            the true previous candle instead of the forecast.
-          return_aux: also return the aux head's forecasts.
-
-        Returns:
-          Forecasts [B, H, C] float32, in the normalised space of the targets; with
-          return_aux, (forecasts, aux forecasts [B, A] float32).
-
-        Raises:
-          ValueError: window shapes that do not match the config.
-        """
+        """Forecasts H candles from windows: the model interface of every cpbjax model, with
+        the arguments and returns documented on `common.RNNSeq2Seq.__call__`."""
         cfg = self.cfg
         common.check_inputs(cfg, x_BLF, y_BHC)
         memory_BLD = self._encode(x_BLF, train)
