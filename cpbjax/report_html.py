@@ -1,6 +1,6 @@
-"""<workdir>/report.html: the whole run report in one self-contained page.
+"""<workdir>/tables.html: the whole run report in one self-contained page.
 
-The page holds what report.md holds (run facts, summary, the per-series results and
+The page holds what tables.md holds (run facts, summary, the per-series results and
 baseline tables, skipped series) with every plot inlined as a data: URI, a sortable
 table (a few lines of inline JavaScript) and inline CSS. It loads nothing from anywhere
 else, so it opens the same from the file system, offline, or served by --mode serve.
@@ -13,7 +13,7 @@ import html
 import os
 
 from cpbjax import plots as plots_lib
-from cpbjax import report
+from cpbjax import report_tables as tables
 
 CSS = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2330;
@@ -171,14 +171,14 @@ def _header(results: dict, config, title: str) -> str:
     )
     return (
         f"<header><h1>{_e(title)}</h1><p>{_e(model)}</p>"
-        f"<p>data: {_e(report.data_description(d, results))}</p></header>"
+        f"<p>data: {_e(tables.data_description(d, results))}</p></header>"
     )
 
 
 def _summary(results: dict) -> str:
-    lines = "".join(f"<li>{_e(s)}</li>" for s in report.summary_lines(results))
+    lines = "".join(f"<li>{_e(s)}</li>" for s in tables.summary_lines(results))
     facts = "".join(
-        f"<li>{_e(line[2:])}</li>" for line in report.fact_lines("", results.get("run") or {})
+        f"<li>{_e(line[2:])}</li>" for line in tables.fact_lines("", results.get("run") or {})
     )
     return (
         f'<section id="summary"><h2>Summary</h2><ul>{lines}</ul>'
@@ -188,16 +188,16 @@ def _summary(results: dict) -> str:
 
 
 def _tables(results: dict, config) -> str:
-    rows = report.table_rows(results, config.model.name)
-    baselines = report.baseline_rows(results)
+    rows = tables.table_rows(results, config.model.name)
+    baselines = tables.baseline_rows(results)
     return (
         '<section id="results"><h2>Results (test split, price units)</h2>'
-        + table_html("results-table", report.HEADERS, rows)
-        + f'<p class="legend">{_e(report.LEGEND)}</p>'
-        + f'<p class="legend">{_e(report.STATUS_LEGEND)}</p></section>'
+        + table_html("results-table", tables.HEADERS, rows)
+        + f'<p class="legend">{_e(tables.LEGEND)}</p>'
+        + f'<p class="legend">{_e(tables.STATUS_LEGEND)}</p></section>'
         + '<section id="baselines"><h2>Baselines: test skill % against the better naive '
         "forecast</h2>"
-        + table_html("baselines-table", report.BASELINE_HEADERS, baselines)
+        + table_html("baselines-table", tables.BASELINE_HEADERS, baselines)
         + '<p class="legend">Ridge and band are fitted on train+val only.</p></section>'
     )
 
@@ -216,7 +216,7 @@ def render_html(results: dict, config, plots: list[str], title: str = "cpbjax re
     Args:
       results: the results.json dict ({"run", "series", "skipped"}).
       config: the run config.
-      plots: paths of the PNGs `report.write_plots` wrote (named by `plots.plot_name`);
+      plots: paths of the PNGs `tables.write_plots` wrote (named by `plots.plot_name`);
         empty when eval.plots is off.
       title: the page title.
     """

@@ -14,7 +14,7 @@ import shutil
 import pytest
 from rich.console import Console
 
-from cpbjax import plots, report, report_html
+from cpbjax import plots, report, report_html, report_tables
 from tests.report_test import _config, _history, _record, _results
 
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
@@ -31,7 +31,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
-SKILL_COLUMN = report.HEADERS.index("skill%") + 1  # 1-based, for :nth-child
+SKILL_COLUMN = report_tables.HEADERS.index("skill%") + 1  # 1-based, for :nth-child
 
 
 def _write(workdir, plots_on=True, results=None):
@@ -63,7 +63,7 @@ def test_page_is_self_contained(tmp_path):
     for name in NAMES:
         assert f'<a href="#s-{name}">{name}</a>' in page
         assert f'<article id="s-{name}">' in page
-    assert page.count(report.LEGEND.split(";")[0]) == 1
+    assert page.count(report_tables.LEGEND.split(";")[0]) == 1
     assert "stopped_early = no validation improvement" in page
     assert "best epoch 2 of 3 run" in page and "best epoch 3 of 3 run" in page
     assert "LUNAUSDT-1h: only 10 usable candles" in page
@@ -84,8 +84,10 @@ def test_markdown_fixes(tmp_path):
     with open(os.path.join(tmp_path, "report.md")) as f:
         md = f.read()
     assert md.count("- model:") == 1  # the run facts' own "model" is not repeated
-    assert md.count(report.LEGEND) == 1 and md.count(report.STATUS_LEGEND) == 1
-    for line in report.summary_lines(_results({n: _record(n, i) for i, n in enumerate(NAMES)})):
+    assert md.count(report_tables.LEGEND) == 1 and md.count(report_tables.STATUS_LEGEND) == 1
+    for line in report_tables.summary_lines(
+        _results({n: _record(n, i) for i, n in enumerate(NAMES)})
+    ):
         assert md.count(line) == 1
     assert "- data: synthetic (generated offline" in md and "months" not in md
     assert "### BTCUSDT-1h" in md
@@ -99,7 +101,9 @@ def test_table_cells_link_and_colour():
 
 
 def test_fact_lines_round_seconds():
-    lines = report.fact_lines("", {"wall_seconds": 29.033158540725708, "model": "gru", "x": 0.1})
+    lines = report_tables.fact_lines(
+        "", {"wall_seconds": 29.033158540725708, "model": "gru", "x": 0.1}
+    )
     assert lines == ["- wall_seconds: 29.0", "- x: 0.1"]
 
 

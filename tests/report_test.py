@@ -7,7 +7,7 @@ import numpy as np
 from rich.console import Console
 
 from cpbjax import config as config_lib
-from cpbjax import metrics, report
+from cpbjax import metrics, plots, report, report_tables
 
 H = 3
 STEP = 3_600_000
@@ -85,7 +85,7 @@ def test_table_row_cells():
     records = {"BTCUSDT-1h": _record("BTCUSDT-1h", 0)}
     results = _results(records)
     test = results["series"]["BTCUSDT-1h"]["test"]
-    row = report.table_rows(results, "gru")[0]
+    row = report_tables.table_rows(results, "gru")[0]
     assert row[:5] == ["BTCUSDT-1h", "gru", "stopped_early", "3", "0.5"]
     close = test["columns"]["close"]
     assert row[5] == format(close["mae"], ".4g")
@@ -107,7 +107,7 @@ def test_summary_counts_skill_and_significance():
             "D-1h": {"status": "diverged"},
         }
     }
-    lines = report.summary_lines(results)
+    lines = report_tables.summary_lines(results)
     assert "median +0.10%" in lines[0] and "positive on 2 of 3" in lines[0]
     assert "p < 0.05: 1 of 3" in lines[1]
     assert lines[2].startswith("2 of 3 series have |skill| < 1%")
@@ -176,7 +176,7 @@ def test_plots_off(tmp_path):
 
 
 def test_loss_curves_from_history():
-    curves = report.loss_curves(_history(("A-1h", "B-1h")))
+    curves = plots.loss_curves(_history(("A-1h", "B-1h")))
     epochs, train, val = curves["A-1h"]
     assert epochs == [1, 2, 3]
     np.testing.assert_allclose(val, [1.5, 0.75, 0.5])
