@@ -28,7 +28,7 @@ from cpbjax.compaction import LiveCoins
 from cpbjax.data import sources, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.ledger import Ledger, fingerprint
-from cpbjax.runlog import RunLog
+from cpbjax.runlog import RunLog, StageClock
 from cpbjax.step import GroupState
 
 
@@ -54,10 +54,15 @@ def group_size(num_series: int, train_cfg, num_devices: int, backend: str) -> in
     return -(-k // num_devices) * num_devices
 
 
-def prepare_all(config) -> tuple[list, dict]:
+def prepare_all(config, clock: StageClock | None = None) -> tuple[list, dict]:
     """Loads and prepares every series; returns (PreparedSeries list, name -> skip reason)."""
-    series, skipped = sources.load_all(config.data)
-    preps, unusable = windows.prepare_all(series, config.data, aux_targets=config.model.aux_targets)
+    clock = clock or StageClock()
+    with clock.stage("load"):
+        series, skipped = sources.load_all(config.data)
+    with clock.stage("prepare"):
+        preps, unusable = windows.prepare_all(
+            series, config.data, aux_targets=config.model.aux_targets
+        )
     return preps, {**skipped, **unusable}
 
 
@@ -71,6 +76,7 @@ class _Run:
     mesh: Mesh
     ledger: Ledger
     log: RunLog
+    clock: StageClock  # the run's stage timings (timings.json)
     index: dict  # series name -> position in the run (its key's fold-in index)
     group_coins: int  # K of the run's groups
     t_max: int  # T, the padded length of the run's series (stacking.padded_length)
@@ -137,12 +143,14 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     run.log.start_group(group, len(names), t.epochs, start)
     began = time.monotonic()
     live = LiveCoins(run.trainer_for, preps, state, arrays)
+    first_s, steady_s = [], []  # each program's first epoch (with its compile); the others
     host = sharding.to_host({"active": state.active, "diverged": state.diverged})
     finished = start >= t.epochs or not host["active"].any()
     diverged = np.asarray(host["diverged"], bool)
     while not finished:
         computed = live.trainer.num_coins
         m = live.run_epoch()
+        (first_s if len(live.epoch_seconds) == 1 else steady_s).append(live.epoch_seconds[-1])
         record = _epoch_record(group, names, m, live.epoch_seconds[-1], computed)
         if t.reduce_on_plateau:
             record["lr_scale"] = m["lr_scale"][: len(names)]
@@ -155,7 +163,9 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
             live.maybe_compact(m, t.patience, t.epochs)
     ckpts.close()
     run.log.end_group()
-    return live.full_state(), time.monotonic() - began, sharding.memory_bytes()[1]
+    seconds = time.monotonic() - began
+    run.clock.add_epochs(first_s, steady_s, seconds)
+    return live.full_state(), seconds, sharding.memory_bytes()[1]
 
 
 def _start_state(run: _Run, group: str, preps: list, arrays) -> tuple[GroupState, int]:
@@ -178,8 +188,9 @@ def _train_group(run: _Run, group: str, preps: list) -> tuple[dict, dict]:
     Returns:
       (series name -> results.json entry, series name -> test forecast record).
     """
-    arrays = run.trainer_for(run.group_coins).stack(preps)
-    state, start = _start_state(run, group, preps, arrays)
+    with run.clock.stage("setup"):
+        arrays = run.trainer_for(run.group_coins).stack(preps)
+        state, start = _start_state(run, group, preps, arrays)
     state, seconds, peak = _run_epochs(run, group, preps, state, arrays, start)
     return _finish_group(run, group, preps, state, seconds, peak)
 
@@ -250,7 +261,8 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
         entry = _series_entry(host, i, group, seconds, len(preps))
         entry.update(num_params=num_params, peak_memory_bytes=peak, data=prep.notes)
         if sharding.is_primary():
-            record = _save_and_score(run, prep, params, entry)
+            with run.clock.stage("evaluate"):
+                record = _save_and_score(run, prep, params, entry)
             if record is not None:
                 records[prep.name] = record
         entries[prep.name] = writers.to_jsonable(entry)
@@ -306,7 +318,7 @@ def _results(config, entries: dict, skipped: dict, started: float, plan: list) -
     return writers.to_jsonable({"run": run, "series": entries, "skipped": skipped})
 
 
-def _make_run(config, workdir: str, preps: list, mesh: Mesh) -> tuple[_Run, list]:
+def _make_run(config, workdir: str, preps: list, mesh: Mesh, clock) -> tuple[_Run, list]:
     """Builds the shared context of a run and its plan (a list of groups of PreparedSeries).
 
     Raises:
@@ -323,6 +335,7 @@ def _make_run(config, workdir: str, preps: list, mesh: Mesh) -> tuple[_Run, list
         mesh=mesh,
         ledger=Ledger(workdir, fingerprint(config, [[p.name for p in g] for g in plan], t_max)),
         log=RunLog(workdir, config.logging, sharding.is_primary()),
+        clock=clock,
         index={f"{s}-{i}": j for j, (s, i) in enumerate(pairs)},
         group_coins=k,
         t_max=t_max,
@@ -358,7 +371,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     started = time.time()
     primary = sharding.is_primary()
     os.makedirs(workdir, exist_ok=True)
-    preps, skipped = prepare_all(config)
+    clock = StageClock()
+    preps, skipped = prepare_all(config, clock)
     if not preps:
         # A workdir that already holds a run keeps its files: a failing rerun never
         # overwrites what an earlier one finished.
@@ -368,7 +382,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
             writers.write_results(workdir, _results(config, {}, skipped, started, []))
         kept = f"; {workdir} is left as it was" if started_before else ""
         raise NothingTrained(f"no series could be trained{kept}; skipped: {skipped}")
-    run, plan = _make_run(config, workdir, preps, sharding.coin_mesh())
+    run, plan = _make_run(config, workdir, preps, sharding.coin_mesh(), clock)
     if primary:
         writers.write_config(workdir, config)
 
@@ -382,7 +396,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
                 finished, group_records = _train_group(run, group, group_preps)
             else:
                 logging.info("%s already finished in %s; skipping it", group, workdir)
-                group_records = _reload_forecasts(run, group_preps)
+                with run.clock.stage("evaluate"):
+                    group_records = _reload_forecasts(run, group_preps)
             entries.update(finished)
             records.update(group_records)
     finally:
@@ -392,6 +407,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
     results = _results(config, entries, skipped, started, plan)
     if primary:
         writers.write_results(workdir, results)
-        report.write_reports(workdir, results, config, forecasts=records)
+        with clock.stage("report"):
+            report.write_reports(workdir, results, config, forecasts=records)
+        timings = {"stages": clock.seconds, "driver_seconds": time.time() - started}
+        writers.write_json(workdir_lib.timings_json(workdir), timings)
     sharding.barrier("cpbjax run finished")
     return results

@@ -7,6 +7,7 @@ bar on a terminal and one absl log line per epoch elsewhere (CI, log files).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
@@ -16,6 +17,41 @@ import time
 from absl import logging
 
 from cpbjax import tensorboard, writers
+
+
+class StageClock:
+    """Wall seconds of a run's stages, for <workdir>/timings.json and benchmarks/run_bench.py.
+
+    Stages: load, prepare (features, windows, normalisation), setup (stacking, restoring or
+    initialising a group), compile (each program's first epoch beyond its steady epoch
+    time), train (the epochs' steady time), host (the epoch loop's own work between
+    epochs: metrics, checkpoints, compaction), evaluate (saving and scoring the models),
+    report.
+    """
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def stage(self, stage: str):
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(stage, time.monotonic() - began)
+
+    def add_epochs(self, first_s: list[float], steady_s: list[float], loop_s: float) -> None:
+        """Splits a group's epoch loop: `first_s` are each program's first epoch (with its
+        compile), `steady_s` the other epochs, `loop_s` the loop's whole wall time."""
+        steady = statistics.median(steady_s) if steady_s else 0.0
+        compile_s = sum(max(f - steady, 0.0) for f in first_s)
+        epochs_s = sum(first_s) + sum(steady_s)
+        self.add("compile", compile_s)
+        self.add("train", epochs_s - compile_s)
+        self.add("host", max(loop_s - epochs_s, 0.0))
 
 
 class RunLog:

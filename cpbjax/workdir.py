@@ -8,6 +8,7 @@
 <workdir>/models/<SERIES>/            one series' best model (meta.json + params/)
 <workdir>/forecasts/<SERIES>.npz      test forecasts (eval.save_forecasts)
 <workdir>/report.md, plots/           the report and its figures
+<workdir>/timings.json                wall seconds of the run's stages (load ... report)
 <workdir>/report.html                 the same report in one self-contained page
 <workdir>/forecast.json, forecast.csv --mode predict (the latest)
 <workdir>/predictions/forecast-<UTC time>.json  every --mode predict forecast
@@ -23,6 +24,7 @@ import os
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "results.json"
+TIMINGS_FILE = "timings.json"
 REPORT_STEM = "report"
 FORECAST_JSON = "forecast.json"
 FORECAST_CSV = "forecast.csv"
@@ -103,3 +105,7 @@ def export_dir(workdir: str, series: str) -> str:
 def prediction_archive(workdir: str, stamp: str) -> str:
     """predictions/forecast-<stamp>.json: one forecast of --mode predict, kept."""
     return os.path.join(workdir, PREDICTIONS_DIR, f"forecast-{stamp}.json")
+
+
+def timings_json(workdir: str) -> str:
+    return os.path.join(workdir, TIMINGS_FILE)

@@ -69,3 +69,15 @@ def test_run_log_drops_the_epochs_a_resumed_group_runs_again(tmp_path):
     log.start_group("group-000", 2, 10, 2)  # resumed from the checkpoint of epoch 2
     kept = [(r["group"], r["epoch"]) for r in writers.MetricsLog(str(tmp_path)).records()]
     assert kept == [("group-000", 1), ("group-000", 2), ("group-001", 5)]
+
+
+def test_stage_clock_splits_the_epoch_loop_into_compile_train_and_host():
+    clock = runlog.StageClock()
+    # Two programs (the second after a compaction): first epochs 10 s and 3 s, steady 2 s.
+    clock.add_epochs([10.0, 3.0], [2.0, 2.0, 2.0], loop_s=20.0)
+    with clock.stage("report"):
+        pass
+    assert clock.seconds["compile"] == (10.0 - 2.0) + (3.0 - 2.0)
+    assert clock.seconds["train"] == 19.0 - 9.0
+    assert clock.seconds["host"] == 20.0 - 19.0
+    assert 0.0 <= clock.seconds["report"] < 1.0

@@ -437,6 +437,9 @@ def test_driver_writes_the_workdir_contract(full_run):
     config = writers.read_json(os.path.join(full_run, "config.json"))
     assert config["train"]["epochs"] == DRIVER_EPOCHS
     assert os.path.exists(os.path.join(full_run, "report.md"))
+    stages = writers.read_json(os.path.join(full_run, "timings.json"))["stages"]
+    expected = {"load", "prepare", "setup", "compile", "train", "host", "evaluate", "report"}
+    assert set(stages) == expected and all(s >= 0 for s in stages.values())
     entries = os.listdir(os.path.join(full_run, "checkpoints", "group-001"))
     steps = sorted(int(d) for d in entries if d != checkpoint.DIGESTS_FILE)
     assert steps == [DRIVER_EPOCHS - 4, DRIVER_EPOCHS]  # every 4 epochs, keep 2

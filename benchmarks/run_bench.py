@@ -1,0 +1,84 @@
+"""Whole runs: `launch.py` end to end per model, its wall time split into stages.
+
+For each model, one run with a cold compile cache (a new empty cache folder) and one
+with the cache it left (warm), each into a new workdir. The stages come from the run's
+own <workdir>/timings.json (load, prepare, setup, compile, train, host, evaluate,
+report); `startup` is the rest of the process's wall time (Python and jax imports,
+device start, config). Writes one record per invocation to benchmarks/records/.
+
+  python benchmarks/run_bench.py --models gru,transformer,lstm --variant demo
+  python benchmarks/run_bench.py --models gru --variant "" \
+      --flags="--config.data.base_url=../shared/data/binance-vision --config.platform=gpu"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("startup", "load", "prepare", "setup", "compile", "train", "host", "evaluate", "report")
+
+
+def run_once(model: str, variant: str, flags: list[str], cache: str, workdir: str) -> dict:
+    """One `launch.py` run; returns its stage seconds and total wall seconds."""
+    config = f"configs/{model}.py" + (f":{variant}" if variant else "")
+    cmd = [sys.executable, "launch.py", f"--config={config}", f"--workdir={workdir}", *flags]
+    env = dict(os.environ, CPBJAX_COMPILATION_CACHE=cache)
+    began = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    timings = json.loads((Path(workdir) / "timings.json").read_text())
+    stages = {s: timings["stages"].get(s, 0.0) for s in STAGES[1:]}
+    return {"startup": wall - timings["driver_seconds"], **stages, "wall": wall}
+
+
+def bench(models: list[str], variant: str, flags: list[str]) -> list[dict]:
+    """Cold then warm runs of each model; one row each."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            cache = os.path.join(tmp, f"cache-{model}")
+            for kind in ("cold", "warm"):
+                workdir = os.path.join(tmp, f"{model}-{kind}")
+                seconds = run_once(model, variant, flags, cache, workdir)
+                rows.append(
+                    {"model": model, "cache": kind, **{k: round(v, 1) for k, v in seconds.items()}}
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gru,transformer,lstm")
+    parser.add_argument("--variant", default="demo", help="configs/<model>.py:<variant>; '' = none")
+    parser.add_argument("--flags", default="", help="extra launch.py flags, one string")
+    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    args = parser.parse_args()
+    flags = ["--config.logging.progress=plain", *shlex.split(args.flags)]
+    rows = bench(args.models.split(","), args.variant, flags)
+    table = common.markdown_table(rows, ["model", "cache", *STAGES, "wall"])
+    print(table)
+    if args.records_dir:
+        command = "python benchmarks/run_bench.py " + shlex.join(sys.argv[1:])
+        title = "Whole runs: stage seconds, cold and warm compile cache"
+        print(common.write_record(args.records_dir, "run_bench", title, command, table))
+
+
+if __name__ == "__main__":
+    main()
