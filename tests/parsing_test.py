@@ -245,6 +245,16 @@ def test_local_file_missing_columns_names_the_file(tmp_path):
         parsing.read_local_file(str(tmp_path / "BTCUSDT-1h.csv"))
 
 
+@pytest.mark.parametrize("names", ["time,open,Open", "time,TIME,open"])
+def test_local_file_with_a_column_in_two_cases_names_it(tmp_path, names):
+    pd.DataFrame(
+        [[T0, 1, 2, 3, 0.5, 1, 1]], columns=[*names.split(","), *parsing.OHLCV[1:]]
+    ).to_csv(tmp_path / "a.csv", index=False)
+    twice = "open" if "Open" in names else "time"
+    with pytest.raises(parsing.KlineError, match=rf"a.csv: columns \['{twice}'\] appear more"):
+        parsing.read_local_file(str(tmp_path / "a.csv"))
+
+
 def test_gap_stats_and_iso_reference():
     times = np.array([0, 1, 2, 5, 6, 10]) * H
     assert parsing.gap_stats(times, H) == (2 + 3, 3)

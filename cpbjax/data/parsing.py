@@ -208,6 +208,12 @@ def read_local_file(path: str) -> tuple[np.ndarray, np.ndarray]:
         raise KlineError(f"{name}: cannot read ({e})") from e
     frame.columns = [str(c).strip().lower() for c in frame.columns]
     time_col = next((c for c in TIME_COLUMNS if c in frame.columns), None)
+    # "Open" and "open" both match: picking one would be a guess, and taking both
+    # would give six OHLCV columns.
+    names = list(frame.columns)
+    twice = sorted({c for c in (*OHLCV, time_col) if names.count(c) > 1})
+    if twice:
+        raise KlineError(f"{name}: columns {twice} appear more than once (case-insensitive)")
     missing = [c for c in OHLCV if c not in frame.columns]
     if time_col is None or missing:
         raise KlineError(
