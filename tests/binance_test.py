@@ -19,7 +19,8 @@ import pytest
 import urllib3
 
 from cpbjax import config as config_lib
-from cpbjax.data import binance, synthetic
+from cpbjax.data import binance, parsing, synthetic
+from tests import parsing_test
 
 MONTHS = ["2024-10", "2024-11", "2024-12", "2025-01", "2025-02"]
 HOURS = {"2024-10": 744, "2024-11": 720, "2024-12": 744, "2025-01": 744, "2025-02": 672}
@@ -320,3 +321,43 @@ def _assert_no_download_again(base_url, cache, symbols, loaded, faults):
         for month in s.notes["months"]:
             assert faults.hits[_url_path(s.symbol, month)] == 0, (s.name, month)
         np.testing.assert_array_equal(again[s.name].ohlcv[-672:], s.ohlcv[-672:])
+
+
+def test_damaged_deflate_month_with_matching_checksum_skips_the_series_naming_the_file(tmp_path):
+    root = _mirror(tmp_path / "mirror", ["BTCUSDT", "ETHUSDT"])
+    parsing_test.damage_deflate(_zip(root, "ETHUSDT", "2025-01"))
+    loaded, skipped = _load(_cfg(root, tmp_path / "cache", ["BTCUSDT", "ETHUSDT"]))
+    assert list(loaded) == ["BTCUSDT-1h"]  # The run goes on with the other series.
+    assert skipped["ETHUSDT-1h"].startswith("ETHUSDT-1h-2025-01.zip: damaged compressed data")
+
+
+def test_zip_bomb_month_skips_the_series_naming_the_cap(tmp_path):
+    root = _mirror(tmp_path / "mirror", ["BTCUSDT"])
+    bomb = b"1" * (parsing.MIN_CSV_BYTES + 1)  # one byte over the 1h month's cap, ~1 KB zipped
+    synthetic.write_zip(_zip(root, "BTCUSDT", "2025-01"), bomb)
+    _, skipped = _load(_cfg(root, tmp_path / "cache", ["BTCUSDT"]))
+    assert skipped["BTCUSDT-1h"].startswith(
+        f"BTCUSDT-1h-2025-01.zip: BTCUSDT-1h-2025-01.csv unpacks to more than "
+        f"{parsing.MIN_CSV_BYTES} bytes"
+    )
+
+
+def test_plain_http_mirror_warns_once_naming_the_url(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(binance, "_WARNED_PLAIN_HTTP", set())
+    for _ in range(2):  # Two loads of one run (e.g. train, then evaluate) warn once.
+        binance.open_mirror(_cfg("http://mirror.example:8080/v", tmp_path, ["BTCUSDT"]))
+    for url in ("https://data.binance.vision", tmp_path.as_uri(), str(tmp_path)):
+        binance.open_mirror(_cfg(url, tmp_path, ["BTCUSDT"]))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert "http://mirror.example:8080/v" in warnings[0] and "not encrypted" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    "url", ["http://..", "http://.", "http:///..", "https://../..", "http://127.0.0.1:1234/../x"]
+)
+def test_cache_folder_of_any_base_url_stays_inside_cache_dir(tmp_path, url):
+    cache_dir = tmp_path / "cache"
+    mirror = binance.open_mirror(_cfg(url, cache_dir, ["BTCUSDT"]))
+    folder = Path(os.path.realpath(mirror.cache_root))
+    assert folder.parent == Path(os.path.realpath(cache_dir)), (url, folder)

@@ -16,9 +16,14 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 
+import numpy as np
 import pytest
+
+from cpbjax.data import parsing, synthetic
+from tests import parsing_test
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (
@@ -93,6 +98,64 @@ def _skipped_in(path: str, series: str, fragment: str) -> Callable[[str], None]:
     return check
 
 
+# A fresh run on a Binance Vision mirror of BTCUSDT and ETHUSDT whose damage step writes
+# the mirror at {w}-mirror and spoils ETHUSDT's newest month (DAMAGED).
+MIRROR_RUN = (
+    *TINY,
+    "--workdir={w}-fresh",
+    "--config.data.source=binance",
+    "--config.data.base_url={w}-mirror",
+    "--config.data.cache_dir={w}-cache",
+    "--config.data.months=2",
+    "--config.data.end=2025-02",
+)
+DAMAGED = "ETHUSDT-1h-2025-02.zip"
+
+
+def _mirror_with(spoil: Callable[[str], None]) -> Callable[[str], None]:
+    def damage(workdir: str) -> None:
+        root = workdir + "-mirror"
+        synthetic.write_vision_mirror(root, ("BTCUSDT", "ETHUSDT"), ("1h",), ("2025-01", "2025-02"))
+        spoil(os.path.join(root, "data/spot/monthly/klines/ETHUSDT/1h", DAMAGED))
+
+    return damage
+
+
+def _rewrite_rows(edit: Callable[[list[str]], None]) -> Callable[[str], None]:
+    """A spoil step that edits the CSV lines of a zip and writes it with a matching CHECKSUM."""
+
+    def spoil(path: str) -> None:
+        with open(path, "rb") as f, zipfile.ZipFile(f) as z:
+            lines = z.read(z.namelist()[0]).decode().splitlines()
+        edit(lines)
+        synthetic.write_zip(path, ("\n".join(lines) + "\n").encode())
+
+    return spoil
+
+
+def _huge_open_time(lines: list[str]) -> None:
+    lines[100] = "99999999999999999999999" + lines[100][lines[100].index(",") :]
+
+
+def _price_spike(lines: list[str]) -> None:
+    times, ohlcv = parsing.read_kline_csv(lines[100].encode(), "row")
+    ohlcv[:, :4] *= 1e300
+    lines[100] = synthetic.kline_csv(times, ohlcv, "1h", True).decode().strip()
+
+
+def _fresh_skipped(series: str, fragment: str) -> Callable[[str], None]:
+    """Checks the fresh mirror run: `series` skipped with `fragment`, the other one trained."""
+
+    def check(workdir: str) -> None:
+        with open(workdir + "-fresh/results.json") as f:
+            results = json.load(f)
+        assert fragment in results["skipped"][series], results["skipped"]
+        assert list(results["series"]) == ["BTCUSDT-1h"]
+        assert np.isfinite(results["series"]["BTCUSDT-1h"]["best_val_loss"])
+
+    return check
+
+
 FAULTS = [
     Fault(
         "rerun_that_skips_every_series",
@@ -160,6 +223,30 @@ FAULTS = [
         exit_code=0,
         says="ETHUSDT-1h: no test forecasts",
         unchanged=False,
+    ),
+    Fault(
+        "mirror_month_with_damaged_deflate_and_matching_checksum",
+        MIRROR_RUN,
+        damage=_mirror_with(parsing_test.damage_deflate),
+        exit_code=0,
+        says=f"{DAMAGED}: damaged compressed data",
+        check=_fresh_skipped("ETHUSDT-1h", f"{DAMAGED}: damaged compressed data"),
+    ),
+    Fault(
+        "mirror_month_with_an_open_time_beyond_int64",
+        MIRROR_RUN,
+        damage=_mirror_with(_rewrite_rows(_huge_open_time)),
+        exit_code=0,
+        says=f"{DAMAGED}: a value does not fit in 64 bits",
+        check=_fresh_skipped("ETHUSDT-1h", f"{DAMAGED}: a value does not fit in 64 bits"),
+    ),
+    Fault(
+        "mirror_month_with_a_1e300_price_spike",
+        MIRROR_RUN,
+        damage=_mirror_with(_rewrite_rows(_price_spike)),
+        exit_code=0,
+        says="1 implausible price jump",
+        check=_fresh_skipped("ETHUSDT-1h", "1 implausible price jump"),
     ),
     Fault(
         "save_forecasts_on_a_finished_rerun",

@@ -1,15 +1,18 @@
 """Tests for cpbjax/data/parsing.py: CSV/zip/local parsing and every validation rule."""
 
+import hashlib
 import io
+import os
 import re
 import zipfile
+import zlib
 
 import ml_collections
 import numpy as np
 import pandas as pd
 import pytest
 
-from cpbjax.data import parsing
+from cpbjax.data import parsing, synthetic
 from cpbjax.data.series import SeriesSkipped
 
 H = 3_600_000  # 1h in ms
@@ -121,6 +124,8 @@ def _corrupt(rule):
         times[2] += 60_000  # 02:01, off the 1h grid
     elif rule == "volume":
         ohlcv[2, 4] = -5.0
+    elif rule == "jump":
+        ohlcv[2, :4] *= 1e300  # A spike that is still finite and well-formed.
     return times, ohlcv
 
 
@@ -133,6 +138,7 @@ RULES = {
     "low": "low above min(open, close)",
     "grid": "open_time off the interval grid",
     "volume": "negative or non-finite volume",
+    "jump": "implausible price jump",
 }
 
 
@@ -156,6 +162,18 @@ def test_each_rule_drops_the_row_under_drop_rows(rule):
     np.testing.assert_array_equal(s.ohlcv, ohlcv[keep])
     assert s.notes["dropped_rows"] == 1 and s.notes["candles"] == 5
     assert s.notes["gaps"] == 1  # The dropped candle leaves a hole; nothing is filled in.
+
+
+def test_a_run_of_spiked_candles_is_dropped_whole_and_nothing_else():
+    times, ohlcv = _candles(40)
+    ohlcv = ohlcv.copy()
+    ohlcv[10:14, :4] *= 1e300  # Four candles in a row: the middle ones look calm to each other.
+    ohlcv[0, :4] /= 1e9  # A spike down on the very first candle, which has no predecessor.
+    s = parsing.build_series("BTCUSDT", "1h", [(times, ohlcv)], _cfg("drop_rows"))
+    keep = np.ones(40, bool)
+    keep[[0, 10, 11, 12, 13]] = False
+    np.testing.assert_array_equal(s.open_time_ms, times[keep])
+    assert s.notes["dropped_rows"] == 5
 
 
 def test_valid_candles_pass_every_rule():
@@ -227,8 +245,96 @@ def test_local_file_missing_columns_names_the_file(tmp_path):
         parsing.read_local_file(str(tmp_path / "BTCUSDT-1h.csv"))
 
 
+@pytest.mark.parametrize("names", ["time,open,Open", "time,TIME,open"])
+def test_local_file_with_a_column_in_two_cases_names_it(tmp_path, names):
+    pd.DataFrame(
+        [[T0, 1, 2, 3, 0.5, 1, 1]], columns=[*names.split(","), *parsing.OHLCV[1:]]
+    ).to_csv(tmp_path / "a.csv", index=False)
+    twice = "open" if "Open" in names else "time"
+    with pytest.raises(parsing.KlineError, match=rf"a.csv: columns \['{twice}'\] appear more"):
+        parsing.read_local_file(str(tmp_path / "a.csv"))
+
+
 def test_gap_stats_and_iso_reference():
     times = np.array([0, 1, 2, 5, 6, 10]) * H
     assert parsing.gap_stats(times, H) == (2 + 3, 3)
     assert parsing.iso(T0) == "2024-01-01T00:00:00Z"
     assert parsing.months_of(np.array([T0, T0 + 40 * 24 * H])) == ["2024-01", "2024-02"]
+
+
+def damage_deflate(path: str) -> None:
+    """Breaks the deflate stream of a Vision zip at `path`, then rewrites its CHECKSUM to match.
+
+    Most damaged bytes only break the CRC-32, which zipfile reports as BadZipFile; this
+    flips bytes at the first position that the zlib decoder itself rejects.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        info = z.infolist()[0]
+    start = info.header_offset + 30 + len(info.filename.encode())  # no extra field here
+    for offset in range(start, start + info.compress_size - 8):
+        broken = data[:offset] + bytes(b ^ 0xFF for b in data[offset : offset + 8])
+        broken += data[offset + 8 :]
+        try:
+            zlib.decompress(broken[start : start + info.compress_size], -15)
+        except zlib.error:
+            break
+    else:
+        raise AssertionError(f"no damage that zlib rejects in {path}")
+    with open(path, "wb") as f:
+        f.write(broken)
+    digest = hashlib.sha256(broken).hexdigest()
+    with open(path + ".CHECKSUM", "w") as f:
+        f.write(f"{digest}  {os.path.basename(path)}\n")
+
+
+def test_damaged_deflate_stream_is_a_kline_error_naming_the_file(tmp_path):
+    times, ohlcv = _candles(200)
+    path = str(tmp_path / "BTCUSDT-1h-2024-01.zip")
+    synthetic.write_zip(path, synthetic.kline_csv(times, ohlcv, "1h", False))
+    damage_deflate(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    with pytest.raises(parsing.KlineError, match="BTCUSDT-1h-2024-01.zip: damaged"):
+        parsing.read_kline_zip(data, "BTCUSDT-1h-2024-01.zip")
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999999", "-99999999999999999999999"])
+def test_open_time_beyond_int64_is_a_kline_error_naming_the_file(value):
+    csv = f"{value},1,2,0.5,1.5,3,0,0,0,0,0,0\n".encode()
+    with pytest.raises(parsing.KlineError, match="huge.csv: "):
+        parsing.read_kline_csv(csv, "huge.csv")
+
+
+@pytest.mark.parametrize("value", ["9223372036854775807", "-5", "99999999999999"])
+def test_open_time_outside_the_calendar_is_a_kline_error_naming_the_file(value):
+    csv = f"{value},1,2,0.5,1.5,3,0,0,0,0,0,0\n".encode()
+    with pytest.raises(parsing.KlineError, match="far.csv: open_time .* outside"):
+        parsing.read_kline_csv(csv, "far.csv")
+
+
+def test_local_file_with_huge_epoch_is_a_kline_error_naming_it(tmp_path):
+    (tmp_path / "a.csv").write_text(
+        "open_time,open,high,low,close,volume\n99999999999999999999999,1,2,0.5,1.5,3\n"
+    )
+    with pytest.raises(parsing.KlineError, match="a.csv: "):
+        parsing.read_local_file(str(tmp_path / "a.csv"))
+
+
+def test_zip_bomb_stops_at_the_decompressed_size_cap(tmp_path):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("BOMB-1h-2024-01.csv", b"1" * (8 << 20))  # 8 MiB of one byte: ~8 KB zipped
+    cap = parsing.csv_byte_cap("1h", "2024-01")
+    assert cap == parsing.MIN_CSV_BYTES  # 744 candles x 512 bytes are below the floor.
+    with pytest.raises(parsing.KlineError, match=rf"BOMB-1h-2024-01.zip: .*more than {cap} bytes"):
+        parsing.read_kline_zip(buf.getvalue(), "BOMB-1h-2024-01.zip", max_bytes=cap)
+
+
+def test_csv_byte_cap_follows_interval_and_period():
+    month_1m = 31 * 24 * 60
+    assert parsing.csv_byte_cap("1m", "2024-01") == month_1m * parsing.MAX_ROW_BYTES
+    assert parsing.csv_byte_cap("1m", "2024-02") == 29 * 24 * 60 * parsing.MAX_ROW_BYTES
+    assert parsing.csv_byte_cap("1m", "2024-01-05") == parsing.MIN_CSV_BYTES  # 1440 rows
+    assert month_1m * parsing.MAX_ROW_BYTES == parsing.DEFAULT_MAX_CSV_BYTES

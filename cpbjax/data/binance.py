@@ -8,6 +8,8 @@ exist up to `data.end` are used:
   - HTTP: months are probed newest first, at most data.months +
     mirrors.PROBE_EXTRA_MONTHS of them, and a 404 means the month does not exist.
 A file that fails verification twice leaves its month in the series' failed_months.
+A plain http:// base_url works but logs one warning per run: its CHECKSUM files
+travel over the same unencrypted channel as the zips they verify.
 
 Retries of connection errors, timeouts, 429 and 5xx are urllib3's `Retry`: at
 most data.retries per request, exponential backoff with jitter capped at
@@ -27,6 +29,7 @@ import urllib.request
 
 import requests
 import urllib3
+from absl import logging
 from requests.adapters import HTTPAdapter
 
 from cpbjax import __version__
@@ -40,6 +43,9 @@ BACKOFF_FACTOR = 0.5  # urllib3 sleeps BACKOFF_FACTOR * 2**(n - 1) s before retr
 BACKOFF_JITTER_S = 0.5  # ...plus uniform(0, BACKOFF_JITTER_S) s...
 BACKOFF_MAX_S = 30.0  # ...but never longer than this (Retry-After included).
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+# Plain http:// base_urls warned about in this process: one warning per URL and run,
+# however many times the run loads data.
+_WARNED_PLAIN_HTTP: set[str] = set()
 
 
 def resolve_end(end: str, today: datetime.date) -> str:
@@ -104,6 +110,8 @@ def open_mirror(data_cfg):
     """
     url = data_cfg.base_url
     parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "http":
+        _warn_plain_http(url)
     if parsed.scheme in ("http", "https"):
         session = make_session(data_cfg.download_workers, data_cfg.retries)
         progress = Progress("rich" if os.isatty(2) else "plain")
@@ -117,6 +125,23 @@ def open_mirror(data_cfg):
             f"an http(s):// URL, a file:// URL or an existing directory ({path} is not a directory)",
         )
     return DirMirror(path)
+
+
+def _warn_plain_http(url: str) -> None:
+    """Warns, once per URL, that a plain http:// mirror cannot be trusted.
+
+    The CHECKSUM comes over the same unencrypted channel as the zip, so anyone on
+    the path can replace both and the verification still passes.
+    """
+    if url in _WARNED_PLAIN_HTTP:
+        return
+    _WARNED_PLAIN_HTTP.add(url)
+    logging.warning(
+        "data.base_url %s is plain http://, not encrypted: the zips and the CHECKSUM files "
+        "that verify them come over one channel that anyone on the path can alter. "
+        "Use https:// or a local mirror.",
+        url,
+    )
 
 
 def _fetch_rounds(mirror, cursors: dict, need: int | None, pool) -> dict:

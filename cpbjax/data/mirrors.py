@@ -9,7 +9,10 @@ downloads land in the cache through a temporary file and an atomic rename, zip f
 and CHECKSUM last, so a cached zip counts as verified only when its CHECKSUM sits
 beside it; it is never downloaded again. Over HTTP, months are probed newest first,
 at most data.months + PROBE_EXTRA_MONTHS of them, and a 404 means the month does not
-exist. Both mirrors answer `monthly_candidates`, `daily_candidates` and `fetch`.
+exist. A verified zip whose CSV is damaged, unpacks to more than
+`parsing.csv_byte_cap` of its interval and period, or is not valid klines is
+"invalid": its series is skipped with the reason, naming the file. Both mirrors
+answer `monthly_candidates`, `daily_candidates` and `fetch`.
 """
 
 from __future__ import annotations
@@ -97,8 +100,10 @@ def _parse_checksum(text: str, name: str) -> str:
 
 
 def _parsed(ref: FileRef, data: bytes) -> Fetched:
+    """Parses a verified zip; its CSV may unpack to at most the cap of its interval and period."""
+    cap = parsing.csv_byte_cap(ref.interval, ref.period)
     try:
-        return Fetched(ref, "ok", klines=parsing.read_kline_zip(data, ref.name))
+        return Fetched(ref, "ok", klines=parsing.read_kline_zip(data, ref.name, cap))
     except parsing.KlineError as e:
         return Fetched(ref, "invalid", reason=str(e))
 
@@ -156,7 +161,10 @@ class HttpMirror:
         self.base_url = self.where = base_url.rstrip("/")
         parsed = urllib.parse.urlparse(self.base_url)
         # One cache folder per mirror: different mirrors may publish different bytes.
-        host = re.sub(r"[^A-Za-z0-9._-]+", "_", parsed.netloc + parsed.path).strip("_")
+        # Stripping dots too keeps "." and ".." (base_url=http://..) from naming
+        # cache_dir itself or its parent: the folder is always one level inside it.
+        host = re.sub(r"[^A-Za-z0-9._-]+", "_", parsed.netloc + parsed.path).strip("._")
+        host = host or "no-host"
         self.cache_root = os.path.join(os.path.expanduser(cache_dir), host)
         self.session, self.timeout, self.progress = session, timeout, progress
 

@@ -8,10 +8,12 @@ never filled, and too-short series skipped with their reason.
 
 from __future__ import annotations
 
+import calendar
 import datetime
 import io
 import os
 import zipfile
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -23,6 +25,24 @@ OHLCV = ("open", "high", "low", "close", "volume")
 _US_THRESHOLD = 1e14
 # Time column names accepted by local files, in order of preference (lower case).
 TIME_COLUMNS = ("open_time", "timestamp", "date", "datetime", "time")
+# Accepted open_time range in ms, [1970, 3000): a time outside it is a unit or data error,
+# and keeping it out means every accepted time can be printed as an ISO date.
+_MAX_MS = 32_503_680_000_000
+# Decompressed-size cap of one kline CSV: a Binance row is ~130 bytes (~140 in us), so
+# 512 bytes per candle is generous; the floor covers tiny files (one 1d candle a day).
+MAX_ROW_BYTES = 512
+MIN_CSV_BYTES = 1 << 20
+_CHUNK_BYTES = 1 << 16
+# Errors zipfile lets through from a damaged member (bad deflate data, cut stream,
+# unsupported or encrypted compression) besides BadZipFile; a CRC-matching CHECKSUM
+# does not rule them out, since it covers whatever bytes the mirror published.
+_DAMAGED_MEMBER = (zlib.error, EOFError, NotImplementedError, RuntimeError)
+# A price more than this factor away from its neighbourhood is a bad print or a unit
+# error, not a market move; the reference is the median close of JUMP_WINDOW candles
+# centred on it, so a spike of up to JUMP_WINDOW // 2 candles is caught whole and the
+# candles around it are not.
+JUMP_FACTOR = 1e6
+JUMP_WINDOW = 49
 
 
 class KlineError(ValueError):
@@ -39,15 +59,19 @@ def epoch_to_ms(raw: np.ndarray, name: str) -> np.ndarray:
     """Converts epoch ms or us (detected from the magnitude, one unit per file) to ms.
 
     Raises:
-      KlineError: if the file mixes ms and us values.
+      KlineError: if the file mixes ms and us values, or a time is outside 1970..3000.
     """
     raw = np.asarray(raw, np.int64)
     is_us = raw > _US_THRESHOLD
-    if is_us.all():
-        return raw // 1000
-    if is_us.any():
+    if is_us.any() and not is_us.all():
         raise KlineError(f"{name}: open_time mixes milliseconds and microseconds in one file")
-    return raw
+    ms = raw // 1000 if is_us.any() else raw
+    outside = (ms < 0) | (ms >= _MAX_MS)
+    if outside.any():
+        raise KlineError(
+            f"{name}: open_time {raw[outside][0]} is outside 1970..3000 (as epoch ms or us)"
+        )
+    return ms
 
 
 def read_kline_csv(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -59,8 +83,8 @@ def read_kline_csv(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     Returns:
       (open_time_ms int64 [N], ohlcv float64 [N, 5]), sorted, exact duplicates dropped.
     Raises:
-      KlineError: unreadable values, too few columns, mixed time units, or two
-        different rows with the same open_time.
+      KlineError: unreadable or out-of-range values, too few columns, mixed time
+        units, or two different rows with the same open_time.
     """
     first_field = data[: data.find(b",")].strip().strip(b'"').lstrip(b"\xef\xbb\xbf")
     header = not first_field.lstrip(b"-").isdigit()
@@ -76,25 +100,71 @@ def read_kline_csv(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
         )
     except (ValueError, pd.errors.ParserError) as e:
         raise KlineError(f"{name}: not a 12-column kline CSV ({e})") from e
+    except OverflowError as e:  # e.g. an open_time of 1e23, beyond int64
+        raise KlineError(f"{name}: a value does not fit in 64 bits ({e})") from e
     times = epoch_to_ms(frame[0].to_numpy(), name)
     return sort_dedupe(times, frame.iloc[:, 1:6].to_numpy(np.float64), name)
 
 
-def read_kline_zip(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+def csv_byte_cap(interval: str, period: str) -> int:
+    """The decompressed-size cap of the kline CSV of a month "YYYY-MM" or a day "YYYY-MM-DD"."""
+    year, month = int(period[:4]), int(period[5:7])
+    days = 1 if len(period) == 10 else calendar.monthrange(year, month)[1]
+    candles = days * 86_400_000 // INTERVAL_MS[interval]
+    return max(candles * MAX_ROW_BYTES, MIN_CSV_BYTES)
+
+
+# The cap for callers that do not know the file's period: the largest file a mirror
+# may hold, a 31-day month of 1m candles.
+DEFAULT_MAX_CSV_BYTES = csv_byte_cap("1m", "2024-01")
+
+
+def read_kline_zip(
+    data: bytes, name: str, max_bytes: int = DEFAULT_MAX_CSV_BYTES
+) -> tuple[np.ndarray, np.ndarray]:
     """Parses the single CSV inside a Binance Vision zip; see `read_kline_csv`.
 
+    Args:
+      data: the zip bytes.
+      name: the file name, used in error messages.
+      max_bytes: the most the CSV may unpack to (see `csv_byte_cap`).
     Raises:
-      KlineError: not a zip, no CSV member, or a bad CSV.
+      KlineError: not a zip, no CSV member, damaged compressed data, a CSV larger
+        than max_bytes, or a bad CSV.
     """
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             members = [m for m in z.namelist() if m.lower().endswith(".csv")]
             if len(members) != 1:
                 raise KlineError(f"{name}: expected one CSV inside, found {members}")
-            csv = z.read(members[0])
+            csv = _read_capped(z, members[0], name, max_bytes)
     except zipfile.BadZipFile as e:
         raise KlineError(f"{name}: not a valid zip ({e})") from e
+    except _DAMAGED_MEMBER as e:
+        raise KlineError(f"{name}: damaged compressed data ({type(e).__name__}: {e})") from e
     return read_kline_csv(csv, name)
+
+
+def _read_capped(z: zipfile.ZipFile, member: str, name: str, max_bytes: int) -> bytes:
+    """The member's bytes, read in chunks so that a zip bomb stops at max_bytes.
+
+    The header's declared size is checked first, but it can lie, so the count of
+    bytes actually inflated is what enforces the cap.
+    """
+    too_big = KlineError(
+        f"{name}: {member} unpacks to more than {max_bytes} bytes, the cap for this "
+        f"file ({MAX_ROW_BYTES} bytes per candle of its interval and period)"
+    )
+    if z.getinfo(member).file_size > max_bytes:
+        raise too_big
+    chunks, size = [], 0
+    with z.open(member) as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_big
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def sort_dedupe(times: np.ndarray, ohlcv: np.ndarray, name: str):
@@ -138,6 +208,12 @@ def read_local_file(path: str) -> tuple[np.ndarray, np.ndarray]:
         raise KlineError(f"{name}: cannot read ({e})") from e
     frame.columns = [str(c).strip().lower() for c in frame.columns]
     time_col = next((c for c in TIME_COLUMNS if c in frame.columns), None)
+    # "Open" and "open" both match: picking one would be a guess, and taking both
+    # would give six OHLCV columns.
+    names = list(frame.columns)
+    twice = sorted({c for c in (*OHLCV, time_col) if names.count(c) > 1})
+    if twice:
+        raise KlineError(f"{name}: columns {twice} appear more than once (case-insensitive)")
     missing = [c for c in OHLCV if c not in frame.columns]
     if time_col is None or missing:
         raise KlineError(
@@ -156,14 +232,20 @@ def _times_to_ms(column: pd.Series, name: str) -> np.ndarray:
     if pd.api.types.is_numeric_dtype(column):
         if column.isna().any() or not np.array_equal(column, np.floor(column)):
             raise KlineError(f"{name}: time column has missing or fractional epoch values")
+        # A float beyond int64 would cast to garbage instead of failing.
+        if (column.abs() >= 2.0**63).any():
+            raise KlineError(f"{name}: time column has epoch values beyond 64 bits")
         return epoch_to_ms(column.to_numpy(np.int64), name)
+    # pandas keeps integers beyond int64 as Python ints in an object column.
+    if pd.api.types.infer_dtype(column, skipna=True) in ("integer", "mixed-integer-float"):
+        raise KlineError(f"{name}: time column has epoch values beyond 64 bits")
     try:
         stamps = pd.to_datetime(column, utc=True, format="ISO8601")
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OverflowError) as e:
         raise KlineError(f"{name}: time column is neither epoch numbers nor ISO times") from e
     if stamps.isna().any():
         raise KlineError(f"{name}: time column has missing values")
-    return stamps.dt.as_unit("ms").astype(np.int64).to_numpy()
+    return epoch_to_ms(stamps.dt.as_unit("ms").astype(np.int64).to_numpy(), name)
 
 
 def invalid_rows(times: np.ndarray, ohlcv: np.ndarray, step_ms: int) -> dict[str, np.ndarray]:
@@ -177,7 +259,24 @@ def invalid_rows(times: np.ndarray, ohlcv: np.ndarray, step_ms: int) -> dict[str
             "high below max(open, close)": h < np.maximum(o, c),
             "low above min(open, close)": low > np.minimum(o, c),
             "open_time off the interval grid": times % step_ms != 0,
+            "implausible price jump": _price_jumps(prices),
         }
+
+
+def _price_jumps(prices: np.ndarray) -> np.ndarray:
+    """Bool [N]: candles with an OHLC price over JUMP_FACTOR away from their neighbourhood.
+
+    The reference is the rolling median close of JUMP_WINDOW centred candles, not the
+    previous close: against the previous close, the candle after a spike would be
+    flagged instead of the middle of a spike several candles long. Prices that other
+    rules reject (non-positive or non-finite) take no part.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usable = np.isfinite(prices) & (prices > 0)
+        log_p = np.log(np.where(usable, prices, np.nan))
+    reference = pd.Series(log_p[:, 3]).rolling(JUMP_WINDOW, center=True, min_periods=1)
+    distance = np.abs(log_p - reference.median().to_numpy()[:, None])
+    return (distance > np.log(JUMP_FACTOR)).any(axis=1)  # NaN (no usable price) is False
 
 
 def months_of(times: np.ndarray) -> list[str]:
