@@ -72,11 +72,6 @@ def with_learning_rate(opt_state, learning_rate: jax.Array):
     return opt_state._replace(hyperparams=hyperparams)
 
 
-def learning_rate(opt_state) -> jax.Array:
-    """The learning rate last used by `opt_state`."""
-    return opt_state.hyperparams["learning_rate"]
-
-
 def make_plateau(train_cfg) -> optax.GradientTransformationExtraArgs:
     """Reduce-on-plateau over the validation loss, stepped once per epoch.
 

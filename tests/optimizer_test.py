@@ -107,7 +107,7 @@ class ChainTest(chex.TestCase):
         params = {"w": jnp.ones(2)}
         state = optimizer.with_learning_rate(tx.init(params), 0.25)
         _, state = tx.update({"w": jnp.ones(2)}, state, params)
-        self.assertAlmostEqual(float(optimizer.learning_rate(state)), 0.25)
+        self.assertAlmostEqual(float(state.hyperparams["learning_rate"]), 0.25)
         new, _ = self._step(
             _train_cfg(optimizer="adam", weight_decay=0.0), params, {"w": jnp.ones(2)}, 0.25
         )
