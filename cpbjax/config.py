@@ -202,7 +202,7 @@ def _get(c, field: str):
 
 
 def _validate_top(c) -> None:
-    _int_range(c, "seed", 0)
+    _int_range(c, "seed", 0, 2**63 - 1)  # jax.random.PRNGKey takes an int64
     _choice(c, "platform", ("cpu", "gpu", "tpu", "auto"))
     _choice(c, "matmul_precision", ("highest", "high", "default"))
     _choice(c, "dtype", ("float32", "bfloat16"))
@@ -271,7 +271,7 @@ def _validate_data(c) -> None:
     _int_range(c, "data.download_workers", 1, 64)
     _num_range(c, "data.timeout_seconds", 0, 600, lo_open=True)
     _int_range(c, "data.retries", 0, 20)
-    _int_range(c, "data.synthetic_candles", 1)
+    _int_range(c, "data.synthetic_candles", 1, 10_000_000)
     rules.check(
         tuple(d.features[:4]) == ("open", "high", "low", "close"),
         "data.features",
@@ -301,7 +301,7 @@ def _validate_windows(c) -> None:
     d = c.data
     _int_range(c, "data.lookback", 1, 4096)
     _int_range(c, "data.horizon", 1, 1024)
-    _int_range(c, "data.max_candles", 1)
+    _int_range(c, "data.max_candles", 1, 10_000_000)
     _int_range(c, "data.min_candles", 1)
     rules.check(
         d.min_candles <= d.max_candles,

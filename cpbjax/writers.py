@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 
 import numpy as np
+from absl import logging
 
 from cpbjax import workdir as workdir_lib
 
@@ -124,13 +125,22 @@ class MetricsLog:
         self.path = workdir_lib.metrics_jsonl(workdir)
 
     def records(self) -> list[dict]:
-        """All complete lines; a torn final line (no newline) is ignored."""
+        """All complete lines; a torn final line (no newline) is ignored, and a damaged line
+        elsewhere is skipped with a warning naming it (the others are still read)."""
         if not os.path.exists(self.path):
             return []
         with open(self.path) as f:
             lines = f.read().split("\n")
         # The element after the last "\n" is "" for a clean file, a fragment if torn.
-        return [json.loads(line) for line in lines[:-1] if line]
+        records = []
+        for number, line in enumerate(lines[:-1], 1):
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                logging.warning("%s line %d is not valid JSON; skipped", self.path, number)
+        return records
 
     def keep(self, predicate: Callable[[dict], bool]) -> None:
         """Atomically rewrites the file with only the records `predicate` accepts.

@@ -1,8 +1,13 @@
 """Tests for the config files, the tiny variant, overrides and every validation rule."""
 
+import os
+import re
+
 import pytest
 
 from cpbjax import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CONFIGS = ("configs/transformer.py", "configs/gru.py", "configs/lstm.py")
 
@@ -173,3 +178,15 @@ def test_local_source_needs_an_existing_directory(tmp_path):
         config_lib.validate(config)
     config.data.local_dir = str(tmp_path)
     config_lib.validate(config)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("seed", 2**64), ("data.max_candles", 10**12), ("data.synthetic_candles", 10**12)],
+)
+def test_values_that_would_crash_later_are_config_errors(field, value):
+    c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
+    group, _, name = field.rpartition(".")
+    (c[group] if group else c)[name] = value
+    with pytest.raises(config_lib.ConfigError, match=re.escape(f"config.{field}={value}")):
+        config_lib.validate(c)

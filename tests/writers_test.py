@@ -1,6 +1,7 @@
 """Tests of cpbjax.writers: atomic writes, JSON, metrics.jsonl (torn lines, rewrites)."""
 
 import json
+import logging
 import os
 
 import ml_collections
@@ -119,3 +120,12 @@ def test_atomic_write_gives_the_umask_mode_and_keeps_the_old_file_on_failure(tmp
     assert os.listdir(tmp_path) == ["out.txt"]  # no temporary file left behind
     writers.atomic_write(str(path), b"second")
     assert path.read_bytes() == b"second"
+
+
+def test_torn_middle_line_of_metrics_is_skipped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1}\n{"epo\n{"epoch": 3}\n')
+    with caplog.at_level(logging.WARNING):
+        records = writers.MetricsLog(str(tmp_path)).records()
+    assert records == [{"epoch": 1}, {"epoch": 3}]
+    assert any("line 2 is not valid JSON" in r.getMessage() for r in caplog.records)
