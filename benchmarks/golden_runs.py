@@ -24,6 +24,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("configs/gru.py:tiny", "configs/transformer.py:tiny")
 FIELDS = ("status", "best_val_loss", "best_epoch", "epochs_run")
+# Metrics added to results.json after golden_tiny.json was written (new numbers, not a
+# change to any existing one), left out of the digests.
+ADDED_METRICS = ("zero_forecast_mse",)
 
 
 def _digest(obj) -> str:
@@ -37,7 +40,9 @@ def _fingerprint(entry: dict) -> dict:
     close = (entry.get("test") or {}).get("columns", {}).get("close", {})
     kept["test_close_mae"] = close.get("mae")
     kept["test_close_skill"] = close.get("skill")
-    kept.update({f"{split}_digest": _digest(entry.get(split)) for split in ("val", "test")})
+    for split in ("val", "test"):
+        block = {k: v for k, v in (entry.get(split) or {}).items() if k not in ADDED_METRICS}
+        kept[f"{split}_digest"] = _digest(block)
     return kept
 
 

@@ -228,6 +228,23 @@ def _series_entry(host: dict, i: int, group: str, seconds: float, num_series: in
     }
 
 
+# A val loss this many times the zero forecast's marks a model worse than no training.
+WORSE_THAN_UNTRAINED = 10.0
+
+
+def _flag_worse_than_untrained(name: str, entry: dict) -> None:
+    """Adds a `warning` to a scored entry whose val loss is far above the zero forecast's."""
+    val = entry.get("val") or {}
+    loss, zero = val.get("normalized_mse"), val.get("zero_forecast_mse")
+    if loss is None or not zero or loss <= WORSE_THAN_UNTRAINED * zero:
+        return
+    entry["warning"] = (
+        f"val loss {loss:.3g} is {loss / zero:.3g}x the zero forecast's {zero:.3g}: the model "
+        "learned something worse than not training (check train.learning_rate)"
+    )
+    logging.warning("%s: %s", name, entry["warning"])
+
+
 def _save_and_score(run: _Run, prep, params, entry: dict) -> dict | None:
     """Saves one series' best model and adds its val/test metrics to `entry` (process 0).
 
@@ -241,6 +258,7 @@ def _save_and_score(run: _Run, prep, params, entry: dict) -> dict | None:
         run.module, params, prep, c.data.lookback, c.data.horizon, forecasts_dir
     )
     entry.update(scores)
+    _flag_worse_than_untrained(prep.name, entry)
     return record
 
 

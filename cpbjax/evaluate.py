@@ -11,6 +11,8 @@ import datetime
 import os
 import time
 
+import numpy as np
+
 from cpbjax import baselines, forecast, metrics, platform, report, saved, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing
@@ -39,6 +41,11 @@ def evaluate_split(prep, fc: forecast.SplitForecast, split, lookback, horizon) -
         "first_window_end": parsing.iso(prep.open_time_ms[ends[0]]),
         "last_window_end": parsing.iso(prep.open_time_ms[ends[-1]]),
         "normalized_mse": metrics.normalized_mse(prep, ends, fc.norm_NHC, horizon),
+        # The same for an all-zero output: persistence under last_close. A model far
+        # above it learned something worse than not training at all.
+        "zero_forecast_mse": metrics.normalized_mse(
+            prep, ends, np.zeros_like(fc.norm_NHC), horizon
+        ),
         "price_space": fc.prices_NHC is not None,
     }
     if fc.prices_NHC is None:  # candle_minmax keeps no price level: nothing to score.

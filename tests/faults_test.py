@@ -156,6 +156,15 @@ def _fresh_skipped(series: str, fragment: str) -> Callable[[str], None]:
     return check
 
 
+def _warned_in_results(fragment: str) -> Callable[[str], None]:
+    def check(workdir: str) -> None:
+        with open(os.path.join(workdir, "lr10", "results.json")) as f:
+            series = json.load(f)["series"]
+        assert series and all(fragment in e.get("warning", "") for e in series.values()), series
+
+    return check
+
+
 FAULTS = [
     Fault(
         "rerun_that_skips_every_series",
@@ -247,6 +256,13 @@ FAULTS = [
         exit_code=0,
         says="1 implausible price jump",
         check=_fresh_skipped("ETHUSDT-1h", "1 implausible price jump"),
+    ),
+    Fault(
+        "learning_rate_of_10_is_flagged_not_silently_trained",
+        (*TINY, "--workdir={w}/lr10", "--config.train.learning_rate=10"),
+        exit_code=0,
+        says="worse than not training",
+        check=_warned_in_results("worse than not training"),
     ),
     Fault(
         "save_forecasts_on_a_finished_rerun",
