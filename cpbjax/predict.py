@@ -82,10 +82,7 @@ def run_predict(config, workdir: str) -> dict:
       NothingToForecast: no requested series could be forecast (the reasons are listed).
     """
     started = time.monotonic()
-    available = saved.available_models(workdir)
-    names, _ = saved.select_series(available, config.predict.symbols, config.predict.intervals)
-    loaded, trained, unreadable = saved.load_models(available, names)
-    cfg = saved.forecast_config(config, trained, list(loaded))
+    loaded, cfg, unreadable = saved.load_for_forecast(config, workdir)
     preps, skipped = saved.prepare(cfg, loaded, latest=True)
     skipped.update(unreadable)
     series = _forecast_all(loaded, preps, cfg, skipped)

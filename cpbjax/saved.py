@@ -190,6 +190,21 @@ def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
     return c
 
 
+def load_for_forecast(config, workdir: str):
+    """The models of config.predict.symbols x intervals in `workdir`, ready to forecast.
+
+    Returns:
+      (name -> LoadedModel, their `forecast_config`, name -> reason a model is unreadable).
+
+    Raises:
+      ModelNotFound: a requested series has no model, or none could be read.
+    """
+    available = available_models(workdir)
+    names, _ = select_series(available, config.predict.symbols, config.predict.intervals)
+    loaded, trained, unreadable = load_models(available, names)
+    return loaded, forecast_config(config, trained, list(loaded)), unreadable
+
+
 def _prepare_latest(series_list, data_cfg, norms: dict) -> tuple[list, dict]:
     preps, skipped = [], {}
     for s in series_list:

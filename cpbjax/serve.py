@@ -59,10 +59,7 @@ class Forecaster:
     """
 
     def __init__(self, config, workdir: str):
-        available = saved.available_models(workdir)
-        names, _ = saved.select_series(available, config.predict.symbols, config.predict.intervals)
-        self.models, trained, self.unreadable = saved.load_models(available, names)
-        self.config = saved.forecast_config(config, trained, list(self.models))
+        self.models, self.config, self.unreadable = saved.load_for_forecast(config, workdir)
         self.workdir = workdir
         self._lock = threading.Lock()  # one forecast at a time: each one uses every core
 
