@@ -58,6 +58,7 @@ _OWNED_NAMES = {
 # config.model entries that the run reads (windows, the loss), not the model; every
 # other config.model entry is a field of the model's config dataclass (cpbjax.models).
 _RUN_MODEL_ENTRIES = ("aux_targets", "aux_weight")
+_LOSSES = ("mse", "mae", "huber", "pinball")  # cpbjax.losses.LOSSES (which imports jax)
 _SYMBOL_RE = re.compile(r"^[A-Z0-9]{2,20}$")
 
 
@@ -122,6 +123,11 @@ def base_config() -> ml_collections.ConfigDict:
     m.decoding = "direct"
     m.aux_targets = ()  # Multi-task head's extra targets: bb_position, realized_vol; () = none.
     m.aux_weight = 0.1  # Weight of the auxiliary MSE in the training loss (not in val loss).
+    # none | persistence | vol_band: the network outputs a correction added to this forecast
+    # computed from the window (persistence for open/close; vol_band adds a range band for
+    # high/low). Its output layer starts at zero, so an untrained model IS the baseline.
+    m.baseline = "none"
+    m.quantiles = ()  # Quantile levels, e.g. (0.1, 0.5, 0.9); the median is the forecast.
 
     c.train = t = ml_collections.ConfigDict()
     t.optimizer = "adamw"  # adam | adamw.
@@ -139,6 +145,12 @@ def base_config() -> ml_collections.ConfigDict:
     t.plateau_factor = 0.5  # Reduce-on-plateau multiplier.
     t.plateau_patience = 8  # Reduce-on-plateau patience, in epochs.
     t.teacher_forcing = 0.5  # Per-step probability of feeding the true candle.
+    # mse | mae | huber | pinball (with model.quantiles): what the step minimises AND what
+    # the val loss, early stopping and the kept model use (cpbjax/losses.py).
+    t.loss = "mse"
+    # none | persistence: divide each OHLC column's error by its persistence MAE on the
+    # coin's train windows, so close and open do not drown high and low.
+    t.loss_scale = "none"
     t.group_size = 0  # Coins per compiled program; 0 = as many as fit (GPU 64, CPU 4 per device).
     # Once at most half of a program's coins still train, move them into a program of their
     # own size (the stopped ones cost as much as live ones in a vmapped step). Same results.
@@ -329,6 +341,7 @@ def _validate_model(c) -> None:
 
     models.validate_group(c.model, run_entries=_RUN_MODEL_ENTRIES)
     _validate_aux(c)
+    _validate_outputs(c)
 
 
 def _validate_aux(c) -> None:
@@ -352,6 +365,26 @@ def _validate_aux(c) -> None:
             ">= 2 with the aux target realized_vol (a std over the horizon)",
         )
     _num_range(c, "model.aux_weight", 0, 1e6)
+
+
+def _validate_outputs(c) -> None:
+    """Rules between the loss, the quantile outputs, the baseline and the normalisation."""
+    m, t = c.model, c.train
+    _choice(c, "train.loss", _LOSSES)
+    _choice(c, "train.loss_scale", ("none", "persistence"))
+    rules.check(
+        (t.loss == "pinball") == bool(m.quantiles),
+        "train.loss",
+        t.loss,
+        "'pinball' exactly when model.quantiles is set (quantiles are trained by it)",
+    )
+    if m.baseline != "none" or m.quantiles:
+        rules.check(
+            c.data.normalization == "last_close",
+            "data.normalization",
+            c.data.normalization,
+            "'last_close' with model.baseline or model.quantiles (they read log ranges)",
+        )
 
 
 def _validate_train(c) -> None:

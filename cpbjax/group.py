@@ -92,14 +92,13 @@ class GroupTrainer:
             donate_argnums=0,
         )
         init = functools.partial(step.init_state, self.spec)
-        init_specs = (P(sharding.COIN_AXIS),) * 3
+        init_specs = (P(sharding.COIN_AXIS), arrays_specs)
         self._init_jit = jax.jit(per_device(init, in_specs=init_specs, out_specs=state_specs))
 
     def _state_shapes(self) -> step.GroupState:
-        arrays = self._abstract_arrays()
         keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)
         init = functools.partial(step.init_state, self.spec)
-        return jax.eval_shape(init, keys, arrays.train_mask, arrays.val_mask)
+        return jax.eval_shape(init, keys, self._abstract_arrays())
 
     def _abstract_arrays(self) -> stacking.GroupArrays:
         """GroupArrays of ShapeDtypeStructs: the fixed padded shapes of this config."""
@@ -117,6 +116,8 @@ class GroupTrainer:
             anchor=sds((k, t), jnp.float32),
             aux=sds((k, t, spec.num_aux), jnp.float32),
             price_mask=sds((spec.num_features,), jnp.float32),
+            target_scale=sds((k, windows.NUM_TARGETS), jnp.float32),
+            band=sds((k, spec.horizon, 2), jnp.float32),
             **ends,
         )
 
@@ -131,10 +132,12 @@ class GroupTrainer:
         Args:
           keys_K2: uint32 [K, 2] coin keys (see `coin_keys`).
           arrays: the group's data; a coin without train or val windows starts inactive.
+            With model.baseline, each coin starts from its own fitted band (`band`) and
+            its untrained val loss is the one to beat (step.init_state).
         """
         with jax.default_matmul_precision(self.matmul_precision):
             keys = sharding.place(np.asarray(keys_K2, np.uint32), self.coin_sharding)
-            return self._init_jit(keys, arrays.train_mask, arrays.val_mask)
+            return self._init_jit(keys, arrays)
 
     def abstract_state(self) -> step.GroupState:
         """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""

@@ -27,6 +27,9 @@ from cpbjax.data.series import SeriesSkipped
 
 # data fields that define a model's windows: always taken from the model's saved config.
 MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
+# config.model fields added after models were first saved, with the value that earlier
+# models behave as.
+LATER_MODEL_FIELDS = {"baseline": "none", "quantiles": ()}
 
 
 class ModelNotFound(ValueError):
@@ -138,7 +141,8 @@ def run_config(config, trained, names) -> ml_collections.ConfigDict:
                 c.data[field],
             )
             c.data[field] = trained.data[field]
-    c.model = ml_collections.ConfigDict(trained.model.to_dict())
+    # A model saved before the LATER_MODEL_FIELDS existed behaves as their defaults.
+    c.model = ml_collections.ConfigDict({**LATER_MODEL_FIELDS, **trained.model.to_dict()})
     c.data.symbols = tuple(dict.fromkeys(parse_series(n)[0] for n in names))
     c.data.intervals = tuple(dict.fromkeys(parse_series(n)[1] for n in names))
     return c

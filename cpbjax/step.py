@@ -29,8 +29,9 @@ import optax
 from flax import linen as nn
 from flax import struct
 
-from cpbjax import optimizer
+from cpbjax import losses, optimizer
 from cpbjax.data import stacking, windows
+from cpbjax.models import common
 
 # What `run_epoch` returns; epoch and lr are scalars, the rest [K].
 EPOCH_METRICS = (
@@ -67,6 +68,10 @@ class EpochSpec:
     teacher_forcing: float  # per-step probability of feeding the true candle
     aux_weight: float  # weight of the aux MSE in the training objective
     patience: int  # early stopping: epochs without val improvement
+    loss: str  # losses.LOSSES: minimised, and what the val loss measures
+    scale_loss: bool  # train.loss_scale == "persistence": errors over target_scale
+    quantiles: tuple  # model.quantiles' levels J (pinball); () for point forecasts
+    baseline: str  # model.baseline: "vol_band" starts params at the fitted band
     min_delta: float  # improvement below this does not reset patience
     reduce_on_plateau: bool
 
@@ -92,6 +97,10 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         teacher_forcing=t.teacher_forcing,
         aux_weight=config.model.aux_weight,
         patience=t.patience,
+        loss=t.loss,
+        scale_loss=t.loss_scale == "persistence",
+        quantiles=tuple(config.model.quantiles),
+        baseline=config.model.baseline,
         min_delta=t.min_delta,
         reduce_on_plateau=t.reduce_on_plateau,
     )
@@ -128,14 +137,22 @@ class CoinData(NamedTuple):
     anchor_T: jax.Array
     price_mask_F: jax.Array  # shared by the coins of a group
     aux_TA: jax.Array
+    target_scale_C: jax.Array  # the loss's per-column divisors (train.loss_scale)
 
 
 # vmap axes of CoinData over the coins of a GroupArrays.
-COIN_DATA_AXES = CoinData(0, 0, 0, None, 0)
+COIN_DATA_AXES = CoinData(0, 0, 0, None, 0, 0)
 
 
 def coin_data(arrays: stacking.GroupArrays) -> CoinData:
-    return CoinData(arrays.inputs, arrays.targets, arrays.anchor, arrays.price_mask, arrays.aux)
+    return CoinData(
+        arrays.inputs,
+        arrays.targets,
+        arrays.anchor,
+        arrays.price_mask,
+        arrays.aux,
+        arrays.target_scale,
+    )
 
 
 class Windows(NamedTuple):
@@ -151,7 +168,7 @@ class StepResult(NamedTuple):
 
     params: Any
     opt_state: Any
-    loss_sum: jax.Array  # OHLC MSE x windows trained on (0 if the update was not taken)
+    loss_sum: jax.Array  # forecast loss x windows trained on (0 if the update was not taken)
     num_windows: jax.Array  # int32: windows trained on
     nonfinite: jax.Array  # bool: an active coin's loss or gradient was not finite
 
@@ -204,34 +221,46 @@ def gather_windows(spec: EpochSpec, data: CoinData, ends_B: jax.Array) -> Window
 # -- init -------------------------------------------------------------------------------
 
 
-def init_coin(spec: EpochSpec, key: jax.Array):
-    """(params, opt_state, plateau state, train key) of one coin from its key."""
+def init_coin(spec: EpochSpec, key: jax.Array, band_H2: jax.Array):
+    """(params, opt_state, plateau state, train key) of one coin from its key.
+
+    With model.baseline=vol_band the band starts at the coin's fitted factors band_H2.
+    """
     init_key, train_key = jax.random.split(key)
     params_key, dropout_key, teacher_key = jax.random.split(init_key, 3)
     x_BLF = jnp.zeros((1, spec.lookback, spec.num_features), jnp.float32)
     y_BHC = jnp.zeros((1, spec.horizon, windows.NUM_TARGETS), jnp.float32)
     rngs = {"params": params_key, "dropout": dropout_key, "teacher": teacher_key}
     params = spec.module.init(rngs, x_BLF, y_BHC, train=False)["params"]
+    if spec.baseline == "vol_band":
+        params = common.with_band(params, band_H2)
     return params, spec.tx.init(params), optimizer.init_plateau(spec.plateau), train_key
 
 
-def init_state(spec: EpochSpec, keys_K2, train_mask_KN, val_mask_KN) -> GroupState:
+def init_state(spec: EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
     """The fresh state of the coins given (all K, or one device's share of them)."""
     # lax.map, not vmap: a vmapped orthogonal init (GRU/LSTM recurrent kernels) is a
     # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
     # pool and deadlocks when the pool is small (seen with K >= 3 on 2 cores). Init
     # runs once per group, so a sequential map costs nothing that matters.
-    params, opt_state, plateau, train_keys = jax.lax.map(lambda k: init_coin(spec, k), keys_K2)
+    params, opt_state, plateau, train_keys = jax.lax.map(
+        lambda kb: init_coin(spec, *kb), (keys_K2, arrays.band)
+    )
     k = keys_K2.shape[0]
     zeros_K = jnp.zeros((k,), jnp.int32)
     # A coin without train or val windows (a padded one) never trains.
-    active_K = train_mask_KN.any(axis=1) & val_mask_KN.any(axis=1)
+    active_K = arrays.train_mask.any(axis=1) & arrays.val_mask.any(axis=1)
+    best_val_K = jnp.full((k,), jnp.inf, jnp.float32)
+    if spec.baseline != "none":
+        # An untrained model IS its baseline: an epoch replaces it as the kept model only
+        # if it beats the baseline's val loss (best_epoch 0 = never beaten).
+        best_val_K = jnp.where(active_K, val_loss(spec, params, arrays), best_val_K)
     return GroupState(
         params=params,
         opt_state=opt_state,
         plateau=plateau,
         best_params=jax.tree.map(jnp.copy, params),
-        best_val=jnp.full((k,), jnp.inf, jnp.float32),
+        best_val=best_val_K,
         best_epoch=zeros_K,
         bad_epochs=zeros_K,
         active=active_K,
@@ -246,28 +275,35 @@ def init_state(spec: EpochSpec, keys_K2, train_mask_KN, val_mask_KN) -> GroupSta
 # -- one coin ---------------------------------------------------------------------------
 
 
-def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
-    """The training objective of ONE coin's batch, and its OHLC part.
+def forecast_loss(spec: EpochSpec, y_hat, y_BHC: jax.Array, data: CoinData) -> jax.Array:
+    """train.loss of each window's forecast ([B, H, C], or [B, H, C, J] quantiles), [B]."""
+    scale_C = data.target_scale_C if spec.scale_loss else None
+    return losses.window_loss(spec.loss, y_hat, y_BHC, scale_C, spec.quantiles)
 
-    Per window: OHLC MSE + aux_weight * aux MSE (the aux term only with aux targets);
-    both are means over the valid windows of the batch.
+
+def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
+    """The training objective of ONE coin's batch, and its forecast part.
+
+    Per window: train.loss of the OHLC forecast + aux_weight * aux MSE (the aux term
+    only with aux targets); both are means over the valid windows of the batch.
 
     Returns:
-      (objective, ohlc_mse): float32 scalars; 0 when no window is valid.
+      (objective, forecast loss): float32 scalars; 0 when no window is valid.
     """
     w = gather_windows(spec, data, ends_B)
     dropout_key, teacher_key = jax.random.split(key)
-    y_hat_BHC, aux_hat_BA = spec.module.apply(
+    y_hat, aux_hat_BA = spec.module.apply(
         {"params": params},
         w.x_BLF,
         w.y_BHC,
         train=True,
         teacher_forcing=spec.teacher_forcing,
         return_aux=True,
+        return_quantiles=bool(spec.quantiles),
         rngs={"dropout": dropout_key, "teacher": teacher_key},
     )
     n = jnp.maximum(jnp.sum(mask_B), 1)
-    err_B = jnp.where(mask_B, window_sq_err(y_hat_BHC, w.y_BHC), 0.0)
+    err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
     objective_B = err_B
     if w.aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC MSE
         aux_err_B = jnp.where(mask_B, window_sq_err(aux_hat_BA, w.aux_BA), 0.0)
@@ -288,9 +324,9 @@ class CoinStep(NamedTuple):
 def coin_train_step(spec: EpochSpec, params, opt_state, data: CoinData, s: CoinStep):
     """One masked update of ONE coin; returns a StepResult.
 
-    The sums cover the windows actually trained on; the loss is the OHLC MSE (the aux
-    term shapes the gradient, not the reported loss, so runs with and without aux
-    targets report the same quantity as the val loss).
+    The sums cover the windows actually trained on; the loss is train.loss of the OHLC
+    forecast (the aux term shapes the gradient, not the reported loss, so runs with and
+    without aux targets report the same quantity as the val loss).
     """
     n = jnp.sum(s.mask_B)
     loss_fn = functools.partial(coin_loss, spec)
@@ -309,14 +345,16 @@ def coin_train_step(spec: EpochSpec, params, opt_state, data: CoinData, s: CoinS
 
 
 def coin_val_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B):
-    """Sum of per-window OHLC MSE over the valid val windows of ONE coin, and their count.
+    """Sum of per-window train.loss over the valid val windows of ONE coin, and their count.
 
     The aux targets never enter it: early stopping watches the forecast the model
     is for, and the val loss stays comparable across runs with any aux targets.
     """
     w = gather_windows(spec, data, ends_B)
-    y_hat_BHC = spec.module.apply({"params": params}, w.x_BLF, None, train=False)
-    err_B = jnp.where(mask_B, window_sq_err(y_hat_BHC, w.y_BHC), 0.0)
+    y_hat = spec.module.apply(
+        {"params": params}, w.x_BLF, None, train=False, return_quantiles=bool(spec.quantiles)
+    )
+    err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
     return jnp.sum(err_B), jnp.sum(mask_B)
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from cpbjax import baselines
 from cpbjax.data.windows import EPOCH_SPLITS, NUM_TARGETS, SPLITS, PreparedSeries, split_boundaries
 
 
@@ -29,6 +30,10 @@ class GroupArrays:
     anchor: jax.Array  # float32 [K, T]
     aux: jax.Array  # float32 [K, T, A]: aux targets by window end; A = 0 without them
     price_mask: jax.Array  # float32 [F]: 1 on price columns, 0 elsewhere
+    # float32 [K, C]: each column's persistence MAE over the coin's train windows, the
+    # divisor of train.loss_scale=persistence (1 for padded coins).
+    target_scale: jax.Array
+    band: jax.Array  # float32 [K, H, 2]: the vol band's (high, low) factors fitted on train
     train_ends: jax.Array  # int32 [K, N_train]
     train_mask: jax.Array  # bool [K, N_train]
     val_ends: jax.Array  # int32 [K, N_val]
@@ -90,22 +95,58 @@ def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> No
             )
 
 
-def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, lookback: int):
+def persistence_scale(prep: PreparedSeries, horizon: int) -> np.ndarray:
+    """Mean |target - last close| of each OHLC column over the train windows, float32 [C].
+
+    The normalised persistence forecast is the window's last close (targets[end, 3]), so
+    this is the error a forecast must beat, per column. 1 where it is 0 or undefined.
+    """
+    ends_N = prep.ends["train"]
+    if not len(ends_N):
+        return np.ones(NUM_TARGETS, np.float32)
+    idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
+    err_NHC = prep.targets[idx_NH] - prep.targets[ends_N, 3][:, None, None]
+    scale_C = np.abs(err_NHC.astype(np.float64)).mean(axis=(0, 1))
+    return np.where(scale_C > 0, scale_C, 1.0).astype(np.float32)
+
+
+def band_factors(prep: PreparedSeries, lookback: int, horizon: int) -> np.ndarray:
+    """baselines.fit_vol_band's (k_high, k_low) per step on the train windows, float32 [H, 2].
+
+    A series whose train windows have no range keeps `default_band`.
+    """
+    ends_N = prep.ends["train"].astype(np.int64)
+    if len(ends_N) and (baselines.ewma_range(prep.ohlc, ends_N, lookback) > 0).any():
+        fit = baselines.fit_vol_band(prep.ohlc, ends_N, lookback, horizon)
+        return np.stack([fit["k_high_h"], fit["k_low_h"]], axis=-1).astype(np.float32)
+    return default_band(horizon)
+
+
+def default_band(horizon: int) -> np.ndarray:
+    """sqrt(h) / 2 for high and low, [H, 2]: models.common.ForecastOutput's init."""
+    return np.repeat(0.5 * np.sqrt(np.arange(1.0, horizon + 1))[:, None], 2, 1).astype(np.float32)
+
+
+def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, data_cfg):
     """The GroupArrays of `stack_group` as numpy arrays: K coins, padded to `sizes`."""
-    t, f = sizes["T"], preps[0].inputs.shape[1]
+    t, f, h = sizes["T"], preps[0].inputs.shape[1], data_cfg.horizon
     host = {
         "inputs": np.zeros((k, t, f), np.float32),
         "targets": np.zeros((k, t, NUM_TARGETS), np.float32),
         "anchor": np.zeros((k, t), np.float32),
         "aux": np.zeros((k, t, preps[0].aux.shape[1]), np.float32),
+        "target_scale": np.ones((k, NUM_TARGETS), np.float32),
+        "band": np.repeat(default_band(h)[None], k, 0),
     }
     for split in EPOCH_SPLITS:
-        host[f"{split}_ends"] = np.full((k, sizes[split]), lookback - 1, np.int32)
+        host[f"{split}_ends"] = np.full((k, sizes[split]), data_cfg.lookback - 1, np.int32)
         host[f"{split}_mask"] = np.zeros((k, sizes[split]), bool)
     for i, p in enumerate(preps):
         n_t = len(p.inputs)
         for field in ("inputs", "targets", "anchor", "aux"):
             host[field][i, :n_t] = getattr(p, field)
+        host["target_scale"][i] = persistence_scale(p, h)
+        host["band"][i] = band_factors(p, data_cfg.lookback, h)
         for split in EPOCH_SPLITS:
             e = p.ends[split]
             host[f"{split}_ends"][i, : len(e)] = e
@@ -138,7 +179,7 @@ def stack_group(
     """
     sizes = padded_sizes(data_cfg, t_max)
     _check_fits(preps, group_size, sizes)
-    return _host_arrays(preps, group_size, sizes, data_cfg.lookback)
+    return _host_arrays(preps, group_size, sizes, data_cfg)
 
 
 def gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, lookback: int, horizon: int):

@@ -15,6 +15,8 @@ subclass) whose own fields are named like its config.model entries, then
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import ml_collections
 
@@ -89,10 +91,25 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
     }
     own = {}
     for field in config_cls.group_fields():
-        if field not in config.model:
+        if field in config.model:  # JSON (a saved model's config) turns tuples into lists
+            value = config.model[field]
+            own[field] = tuple(value) if isinstance(value, list) else value
+        elif field not in _DEFAULTED[config_cls]:
             raise ValueError(f"config.model.{field} is missing: model {name!r} needs it")
-        own[field] = config.model[field]
     return config_cls(**shared, **own)
+
+
+class _Defaulted(dict):
+    """config class -> its fields with defaults, which a model saved before they existed
+    may lack (they then take the default, the behaviour of that earlier cpbjax)."""
+
+    def __missing__(self, cls):
+        fields = dataclasses.fields(cls)
+        self[cls] = frozenset(f.name for f in fields if f.default is not dataclasses.MISSING)
+        return self[cls]
+
+
+_DEFAULTED = _Defaulted()
 
 
 def build(model_cfg: common.ModelConfig) -> nn.Module:

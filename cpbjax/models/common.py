@@ -27,6 +27,10 @@ PRECISIONS = {
     "highest": jax.lax.Precision.HIGHEST,
 }
 DECODINGS = ("autoregressive", "direct")
+# What the network's output is added to (model.baseline); see ForecastOutput.
+BASELINES = ("none", "persistence", "vol_band")
+HIGH, LOW = 1, 2  # columns of high and low in the targets and in the input features
+BAND_DECAY = 0.9  # EWMA weight ratio of the band's range, baselines.EWMA_DECAY's value
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,6 +47,8 @@ class ModelConfig:
     dropout: float = 0.0  # Dropout rate; only active with train=True.
     dtype: str = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
     matmul_precision: str = "default"  # highest | high | default.
+    baseline: str = "none"  # none | persistence | vol_band: what the output corrects.
+    quantiles: tuple = ()  # Quantile levels of the outputs, 0.5 among them; () = point.
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -97,6 +103,10 @@ class ModelConfig:
         """One config.model value, by the field's type: ints >= 1, dropout in [0, 1), ..."""
         if field == "decoding":
             rules.one_of("model.decoding", value, DECODINGS)
+        elif field == "baseline":
+            rules.one_of("model.baseline", value, BASELINES)
+        elif field == "quantiles":
+            check_quantiles(value)
         elif field == "dropout":
             rules.num_in("model.dropout", value, 0, 1, hi_open=True)
         elif kind is bool:
@@ -110,7 +120,19 @@ class ModelConfig:
 
     @classmethod
     def check_rules(cls, group: Mapping) -> None:
-        """Rules between fields (e.g. a width that its heads divide); none here."""
+        """Rules between fields (e.g. a width that its heads divide); subclasses call super."""
+        for field in ("baseline", "quantiles"):
+            rules.check(
+                not group[field] or group[field] == "none" or group["decoding"] == "direct",
+                f"model.{field}",
+                group[field],
+                "none / () with model.decoding='autoregressive' (it needs direct decoding)",
+            )
+
+    @property
+    def num_quantiles(self) -> int:
+        """Outputs per target and step: len(quantiles), or 1 for a point forecast."""
+        return max(len(self.quantiles), 1)
 
 
 @functools.cache
@@ -127,6 +149,89 @@ def check_divides(group: Mapping, width: str, heads: str) -> None:
         group[width],
         f"a multiple of model.{heads} ({group[heads]})",
     )
+
+
+def check_quantiles(levels) -> None:
+    """config.model.quantiles: () or increasing levels in (0, 1) that include 0.5."""
+    ok = isinstance(levels, (tuple, list)) and all(rules.is_num(q) and 0 < q < 1 for q in levels)
+    ok = ok and list(levels) == sorted(set(levels)) and (not levels or 0.5 in levels)
+    rules.check(ok, "model.quantiles", levels, "() or increasing levels in (0, 1) including 0.5")
+
+
+def window_range(x_BLF: jax.Array, decay: float = BAND_DECAY) -> jax.Array:
+    """EWMA of each input candle's log(high/low) over the window, newest weighing most, [B].
+
+    Under last_close normalisation the high and low input columns are log prices less
+    one anchor, so their difference is the log range: the same number as
+    baselines.ewma_range computes from prices (in float32 here).
+    """
+    range_BL = (x_BLF[..., HIGH] - x_BLF[..., LOW]).astype(jnp.float32)
+    lookback = x_BLF.shape[1]
+    w_L = decay ** jnp.arange(lookback - 1, -1, -1, dtype=jnp.float32)
+    return range_BL @ (w_L / jnp.sum(w_L))
+
+
+def head_init(cfg: ModelConfig):
+    """Kernel init of the output layer: zeros when the output corrects a baseline, so an
+    untrained model forecasts the baseline exactly; else Dense's default."""
+    return nn.initializers.zeros if cfg.baseline != "none" else nn.linear.default_kernel_init
+
+
+def head_outputs(cfg: ModelConfig) -> int:
+    """Raw outputs per horizon step of a direct head: C targets x the quantile count."""
+    return cfg.num_targets * cfg.num_quantiles
+
+
+class ForecastOutput(nn.Module):
+    """Turns a head's raw outputs [B, H, C·J] into forecasts: quantiles, then the baseline.
+
+    Quantiles (cfg.quantiles, J levels with 0.5 at index m) never cross by construction:
+    the median is raw[..., m] and each other level lies a softplus step further out,
+    scaled by the window's range (window_range), so the widths follow volatility.
+    The baseline (cfg.baseline) is added to every level:
+      persistence: the last close for every column (0 in the last_close space);
+      vol_band: additionally high = +k_h·sigma and low = -k'_h·sigma, sigma the
+        window's EWMA log range and k, k' learned per step ("band_high", "band_low" [H];
+        group training starts them at the coin's train-split fit, `with_band`).
+    Returns [B, H, C] (the median / point forecast), or [B, H, C, J] with quantiles=True.
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, raw: jax.Array, x_BLF: jax.Array, quantiles: bool = False):
+        cfg = self.cfg
+        raw_BHCJ = raw.astype(jnp.float32).reshape(
+            *raw.shape[:2], cfg.num_targets, cfg.num_quantiles
+        )
+        sigma_B = window_range(x_BLF)
+        y_BHCJ = self._quantiles(raw_BHCJ, sigma_B) if cfg.quantiles else raw_BHCJ
+        if cfg.baseline == "vol_band":
+            steps_H = jnp.sqrt(jnp.arange(1, cfg.horizon + 1, dtype=jnp.float32))
+            k_high_H = self.param("band_high", lambda _: 0.5 * steps_H)
+            k_low_H = self.param("band_low", lambda _: 0.5 * steps_H)
+            band_BH = sigma_B[:, None]
+            y_BHCJ = y_BHCJ.at[:, :, HIGH].add((k_high_H * band_BH)[..., None])
+            y_BHCJ = y_BHCJ.at[:, :, LOW].add((-k_low_H * band_BH)[..., None])
+        if quantiles and cfg.quantiles:
+            return y_BHCJ
+        return y_BHCJ[..., cfg.quantiles.index(0.5) if cfg.quantiles else 0]
+
+    def _quantiles(self, raw_BHCJ, sigma_B):
+        m = self.cfg.quantiles.index(0.5)
+        median_BHC = raw_BHCJ[..., m]
+        step_BHCJ = jax.nn.softplus(raw_BHCJ) * sigma_B[:, None, None, None]
+        below = jnp.flip(jnp.cumsum(jnp.flip(step_BHCJ[..., :m], -1), -1), -1)
+        above = jnp.cumsum(step_BHCJ[..., m + 1 :], -1)
+        med = median_BHC[..., None]
+        return jnp.concatenate([med - below, med, med + above], axis=-1)
+
+
+def with_band(params, k_H2) -> dict:
+    """params with the vol_band factors set to k_H2 [H, 2] (high, low); others as they are."""
+    out = dict(params)
+    out["output"] = {**params["output"], "band_high": k_H2[:, 0], "band_low": k_H2[:, 1]}
+    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -284,13 +389,20 @@ class RNNSeq2Seq(nn.Module):
             self.decoder = [self.cell_type(cfg.hidden, cfg) for _ in range(cfg.num_layers)]
         self.attention = self.attention_type(cfg)
         self.head_hidden = dense(cfg, cfg.hidden)
-        out = cfg.num_targets if autoregressive else cfg.horizon * cfg.num_targets
-        self.head_out = dense(cfg, out)
+        out = cfg.num_targets if autoregressive else cfg.horizon * head_outputs(cfg)
+        self.head_out = dense(cfg, out, kernel_init=head_init(cfg))
+        self.output = ForecastOutput(cfg)
         self.aux_head = aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
     def __call__(
-        self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0, return_aux: bool = False
+        self,
+        x_BLF,
+        y_BHC=None,
+        train: bool = False,
+        teacher_forcing=0.0,
+        return_aux: bool = False,
+        return_quantiles: bool = False,
     ):
         """Forecasts H candles from windows.
 
@@ -302,10 +414,13 @@ class RNNSeq2Seq(nn.Module):
           teacher_forcing: per-step probability (float or traced scalar) of feeding
             the true previous candle instead of the forecast.
           return_aux: also return the aux head's forecasts.
+          return_quantiles: with model.quantiles, forecasts of every level [B, H, C, J]
+            instead of the median.
 
         Returns:
-          Forecasts [B, H, C] float32, in the normalised space of the targets; with
-          return_aux, (forecasts, aux forecasts [B, A] float32).
+          Forecasts [B, H, C] float32 (or [B, H, C, J], see return_quantiles), in the
+          normalised space of the targets; with return_aux, (forecasts, aux forecasts
+          [B, A] float32).
 
         Raises:
           ValueError: window shapes that do not match the config.
@@ -316,8 +431,9 @@ class RNNSeq2Seq(nn.Module):
         memory = self.attention.prepare(enc_BLD)
         last_BD = enc_BLD[:, -1]
         if cfg.decoding == "direct":
-            y_flat = self._head(last_BD, self.attention(memory, last_BD))  # [B, H * C]
-            y_hat_BHC = y_flat.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
+            y_flat = self._head(last_BD, self.attention(memory, last_BD))  # [B, H * C * J]
+            raw = y_flat.reshape(-1, cfg.horizon, head_outputs(cfg))
+            y_hat_BHC = self.output(raw, x_BLF, return_quantiles)
         else:
             y_hat_BHC = self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
         return outputs(self.aux_head, y_hat_BHC, last_BD, return_aux)

@@ -19,6 +19,7 @@ class LSTMConfig(common.RNNConfig):
 
     @classmethod
     def check_rules(cls, group) -> None:
+        super().check_rules(group)
         common.check_divides(group, "hidden", "attention_heads")
 
 

@@ -30,6 +30,7 @@ class TransformerConfig(common.ModelConfig):
 
     @classmethod
     def check_rules(cls, group) -> None:
+        super().check_rules(group)
         common.check_divides(group, "d_model", "num_heads")
 
 
@@ -141,7 +142,10 @@ class Transformer(nn.Module):
             self.target_proj = common.dense(cfg, cfg.d_model)
         self.encoder = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
         self.decoder = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
-        self.output_proj = common.dense(cfg, cfg.num_targets)
+        direct = cfg.decoding == "direct"
+        out = common.head_outputs(cfg) if direct else cfg.num_targets
+        self.output_proj = common.dense(cfg, out, kernel_init=common.head_init(cfg))
+        self.output = common.ForecastOutput(cfg)
         self.aux_head = common.aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         if cfg.decoding == "direct":
@@ -149,7 +153,13 @@ class Transformer(nn.Module):
             self.queries = self.param("queries", init, (cfg.horizon, cfg.d_model))
 
     def __call__(
-        self, x_BLF, y_BHC=None, train: bool = False, teacher_forcing=0.0, return_aux: bool = False
+        self,
+        x_BLF,
+        y_BHC=None,
+        train: bool = False,
+        teacher_forcing=0.0,
+        return_aux: bool = False,
+        return_quantiles: bool = False,
     ):
         """Forecasts H candles from windows: the model interface of every cpbjax model, with
         the arguments and returns documented on `common.RNNSeq2Seq.__call__`."""
@@ -162,7 +172,7 @@ class Transformer(nn.Module):
             h_BHD = h_BHD.astype(cfg.compute_dtype)
             for layer, kv in zip(self.decoder, cross_kv, strict=True):
                 h_BHD = layer(h_BHD, kv, train)
-            y_hat_BHC = self.output_proj(h_BHD).astype(jnp.float32)
+            y_hat_BHC = self.output(self.output_proj(h_BHD), x_BLF, return_quantiles)
         else:
             y_hat_BHC = self._autoregressive(
                 cross_kv, x_BLF.shape[0], y_BHC, train, teacher_forcing
