@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from cpbjax import baselines, forecast, metrics, platform, report, saved, writers
+from cpbjax import baselines, forecast, intervals, metrics, platform, report, saved, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing
 
@@ -22,17 +22,18 @@ class NothingEvaluated(RuntimeError):
     """Every requested series was skipped; nothing is written and the reasons are listed."""
 
 
-def evaluate_split(prep, fc: forecast.SplitForecast, split, lookback, horizon) -> dict:
+def evaluate_split(prep, fc: forecast.SplitForecast, split, lookback, horizon, levels=()) -> dict:
     """All metrics of one series on one split: the results.json series[name][split].
 
     Args:
       prep: windows.PreparedSeries. fc: `forecast.split_forecast` of that split.
       split: "val" or "test". lookback, horizon: L and H.
+      levels: the model's quantile levels (fc.quantiles_NHCJ's), () for point forecasts.
 
     Returns:
       The JSON-ready metrics dict (schema: README, "results.json"): windows,
       normalized_mse, and with a price-preserving normalisation also columns,
-      direction, dm, ridge and vol_band.
+      direction, dm, ridge and vol_band; a quantile model adds intervals.
     """
     ends = fc.ends_N
     out = {
@@ -53,6 +54,10 @@ def evaluate_split(prep, fc: forecast.SplitForecast, split, lookback, horizon) -
     actual = metrics.next_candles(prep.ohlc, ends, horizon)
     out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
     out.update(baselines.fitted_baselines(prep, split, ends, lookback, horizon, out["columns"]))
+    if fc.quantiles_NHCJ is not None:
+        out["intervals"] = intervals.score_intervals(
+            prep, split, ends, lookback, horizon, fc.quantiles_NHCJ, levels
+        )
     return out
 
 
@@ -69,13 +74,13 @@ def evaluate_model(module, params, prep, lookback, horizon, forecasts_dir=None):
       ({"val": metrics, "test": metrics}, the test `forecast.forecast_record`, or None
       when the normalisation keeps no price level).
     """
-    entry, fc = {}, None
+    entry, fc, levels = {}, None, forecast.quantile_levels(module)
     for split in ("val", "test"):
         fc = forecast.split_forecast(module, params, prep, split, lookback, horizon)
-        entry[split] = evaluate_split(prep, fc, split, lookback, horizon)
+        entry[split] = evaluate_split(prep, fc, split, lookback, horizon, levels)
     if fc.prices_NHC is None:  # fc is the test split's: the one that is plotted and saved
         return entry, None
-    record = forecast.forecast_record(prep, fc, horizon)
+    record = forecast.forecast_record(prep, fc, horizon, levels)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
     return entry, record

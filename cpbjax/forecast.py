@@ -30,17 +30,26 @@ class SplitForecast(NamedTuple):
     ends_N: np.ndarray  # int64 window end indices into the series
     prices_NHC: np.ndarray | None  # float64 prices; None under candle_minmax (no price level)
     norm_NHC: np.ndarray  # float32 forecasts in the normalised space
+    # float64 [N, H, C, J] prices of every quantile level (model.quantiles), else None
+    quantiles_NHCJ: np.ndarray | None = None
 
 
-@functools.partial(jax.jit, static_argnames=("module", "lookback", "horizon"))
+def quantile_levels(module) -> tuple:
+    """The quantile levels a model forecasts (config.model.quantiles); () for point ones."""
+    return tuple(getattr(getattr(module, "cfg", None), "quantiles", ()))
+
+
+@functools.partial(jax.jit, static_argnames=("module", "lookback", "horizon", "quantiles"))
 def _forecast_batch(
-    module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon
+    module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon, quantiles
 ):
     x_BLF, _ = stacking.gather(inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon)
-    return module.apply({"params": params}, x_BLF, None, train=False)
+    return module.apply({"params": params}, x_BLF, None, train=False, return_quantiles=quantiles)
 
 
-def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=1024):
+def predict_windows(
+    module, params, prep, ends_N, lookback, horizon, batch_size=1024, quantiles=False
+):
     """Deterministic normalised forecasts of the windows ending at `ends_N`.
 
     Batches are padded to a power of two (capped at batch_size), so series of
@@ -50,19 +59,25 @@ def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=
       module, params: the model, applied with train=False.
       prep: windows.PreparedSeries. ends_N: int [N] window end indices.
       lookback, horizon: L and H. batch_size: the largest batch per call.
+      quantiles: every quantile level of a model with model.quantiles.
 
     Returns:
-      float32 [N, H, C] normalised forecasts.
+      float32 [N, H, C] normalised forecasts, or [N, H, C, J] with quantiles.
     """
     ends_N = np.asarray(ends_N, np.int32)
     n = len(ends_N)
     if n == 0:
-        return np.zeros((0, horizon, windows.NUM_TARGETS), np.float32)
+        levels = (len(quantile_levels(module)),) if quantiles else ()
+        return np.zeros((0, horizon, windows.NUM_TARGETS, *levels), np.float32)
     b = min(batch_size, 1 << max(n - 1, 0).bit_length())
     padded = np.concatenate([ends_N, np.full(-n % b, ends_N[-1], np.int32)])
     arrays = [jax.device_put(a) for a in (prep.inputs, prep.targets, prep.anchor, prep.price_mask)]
     outs = [
-        np.asarray(_forecast_batch(module, params, *arrays, padded[i : i + b], lookback, horizon))
+        np.asarray(
+            _forecast_batch(
+                module, params, *arrays, padded[i : i + b], lookback, horizon, quantiles
+            )
+        )
         for i in range(0, len(padded), b)
     ]
     return np.concatenate(outs)[:n].astype(np.float32)
@@ -70,15 +85,29 @@ def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=
 
 def split_forecast(module, params, prep, split, lookback, horizon) -> SplitForecast:
     """Forecasts every window of one split ("train" | "val" | "test") of one series."""
-    ends_N = np.asarray(prep.ends[split], np.int64)
-    pred_norm = predict_windows(module, params, prep, ends_N, lookback, horizon)
-    if prep.norm["kind"] == "candle_minmax":
-        return SplitForecast(ends_N, None, pred_norm)
-    return SplitForecast(ends_N, windows.to_prices(prep, ends_N, pred_norm), pred_norm)
+    return forecast_ends(module, params, prep, prep.ends[split], lookback, horizon)
 
 
-def forecast_record(prep, fc: SplitForecast, horizon) -> dict:
-    """The arrays of a forecasts file (see save_forecasts)."""
+def forecast_ends(module, params, prep, ends_N, lookback, horizon) -> SplitForecast:
+    """Forecasts the windows of one series that end at ends_N, in prices where there are."""
+    ends_N = np.asarray(ends_N, np.int64)
+    levels = quantile_levels(module)
+    if not levels:
+        pred_norm = predict_windows(module, params, prep, ends_N, lookback, horizon)
+        if prep.norm["kind"] == "candle_minmax":
+            return SplitForecast(ends_N, None, pred_norm)
+        return SplitForecast(ends_N, windows.to_prices(prep, ends_N, pred_norm), pred_norm)
+    # Quantiles need last_close (config rule), so there is always a price level.
+    q_norm = predict_windows(module, params, prep, ends_N, lookback, horizon, quantiles=True)
+    pred_norm = q_norm[..., levels.index(0.5)]  # the median is the point forecast
+    q_prices = [windows.to_prices(prep, ends_N, q_norm[..., j]) for j in range(len(levels))]
+    prices = windows.to_prices(prep, ends_N, pred_norm)
+    return SplitForecast(ends_N, prices, pred_norm, np.stack(q_prices, axis=-1))
+
+
+def forecast_record(prep, fc: SplitForecast, horizon, levels=()) -> dict:
+    """The arrays of a forecasts file (see save_forecasts); `levels`: the quantile levels
+    of fc.quantiles_NHCJ."""
     if fc.prices_NHC is None:
         raise ValueError(
             f"{prep.name}: no price forecasts to save: data.normalization="
@@ -86,7 +115,7 @@ def forecast_record(prep, fc: SplitForecast, horizon) -> dict:
         )
     ends_N = np.asarray(fc.ends_N, np.int64)
     idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
-    return {
+    record = {
         "series": np.array(prep.name),
         "symbol": np.array(prep.symbol),
         "interval": np.array(prep.interval),
@@ -97,6 +126,10 @@ def forecast_record(prep, fc: SplitForecast, horizon) -> dict:
         "actual": prep.ohlc[idx_NH].astype(np.float64),
         "predicted": np.asarray(fc.prices_NHC, np.float64),
     }
+    if fc.quantiles_NHCJ is not None:
+        record["quantile_levels"] = np.asarray(levels, np.float64)
+        record["predicted_quantiles"] = np.asarray(fc.quantiles_NHCJ, np.float64)
+    return record
 
 
 def save_forecasts(workdir, record: dict) -> str:
@@ -104,8 +137,9 @@ def save_forecasts(workdir, record: dict) -> str:
 
     Keys: series, symbol, interval, columns (open, high, low, close),
     last_open_time_ms [N], last_candle [N, C], target_open_time_ms [N, H],
-    actual [N, H, C], predicted [N, H, C] (prices). `metrics.score_prices(last_candle,
-    actual, predicted)` recomputes every price-space metric from them.
+    actual [N, H, C], predicted [N, H, C] (prices); a quantile model adds
+    quantile_levels [J] and predicted_quantiles [N, H, C, J]. `metrics.score_prices(
+    last_candle, actual, predicted)` recomputes every price-space metric from them.
     """
     path = workdir_lib.forecasts_file(workdir, str(record["series"]))
     buf = io.BytesIO()
@@ -138,7 +172,8 @@ def consistent_ohlc(pred_HC: np.ndarray) -> np.ndarray:
 def next_candles(module, params, prep, lookback: int, horizon: int) -> dict:
     """The next H candles after the newest one of `prep`, in prices (a forecast.json entry).
 
-    The candles are made consistent (`consistent_ohlc`).
+    The candles are made consistent (`consistent_ohlc`). A quantile model adds each
+    candle's `quantiles` (level -> OHLC prices; levels are not made consistent).
 
     Raises:
       SeriesSkipped: the newest L candles are too few or span a gap, or the
@@ -152,30 +187,35 @@ def next_candles(module, params, prep, lookback: int, horizon: int) -> dict:
         raise SeriesSkipped(str(e)) from None
     step = INTERVAL_MS[prep.interval]
     t = len(prep.ohlc) - 1
-    ends = np.array([t])
-    pred_HC = consistent_ohlc(
-        windows.to_prices(
-            prep, ends, predict_windows(module, params, prep, ends, lookback, horizon)
-        )[0]
-    )
+    fc = forecast_ends(module, params, prep, np.array([t]), lookback, horizon)
+    pred_HC = consistent_ohlc(fc.prices_NHC[0])
     times = prep.open_time_ms[t] + step * np.arange(1, horizon + 1, dtype=np.int64)
     candles = [
         {
             "step": h + 1,
             "open_time": parsing.iso(ms),
             "open_time_ms": int(ms),
-            **dict(zip(metrics.COLUMNS, map(float, pred_HC[h]), strict=True)),
+            **_candle(pred_HC[h]),
         }
         for h, ms in enumerate(times)
     ]
+    if fc.quantiles_NHCJ is not None:  # {"0.1": candle, ...}: each level's prices per step
+        levels = quantile_levels(module)
+        for h, candle in enumerate(candles):
+            q_CJ = fc.quantiles_NHCJ[0, h]
+            candle["quantiles"] = {str(q): _candle(q_CJ[:, j]) for j, q in enumerate(levels)}
     return {
         "symbol": prep.symbol,
         "interval": prep.interval,
         "last_open_time": parsing.iso(prep.open_time_ms[t]),
         "last_open_time_ms": int(prep.open_time_ms[t]),
-        "last_candle": dict(zip(metrics.COLUMNS, map(float, prep.ohlc[t]), strict=True)),
+        "last_candle": _candle(prep.ohlc[t]),
         "forecast": candles,
     }
+
+
+def _candle(values_C) -> dict:
+    return dict(zip(metrics.COLUMNS, map(float, values_C), strict=True))
 
 
 def forecast_csv(series: dict) -> str:

@@ -125,8 +125,8 @@ def _forecast_panel(ax, record: dict, i: int, context: int, step: int) -> None:
     ax.plot((times[prev] - times[i]) / step, last[prev, 3], "k-", lw=1, label="input closes")
     steps = np.arange(horizon + 1)  # 0 is the last input candle
     pred, close0 = record["predicted"][i], last[i, 3]
-    if "predicted_quantiles" in record:  # [N, H, Q] close quantiles, Q levels ascending
-        levels, q = record["quantile_levels"], record["predicted_quantiles"][i]
+    if "predicted_quantiles" in record:  # [N, H, C, J], J levels ascending
+        levels, q = record["quantile_levels"], record["predicted_quantiles"][i, :, 3]
         label = f"predicted q{100 * levels[0]:.0f}-q{100 * levels[-1]:.0f} of close"
         ax.fill_between(steps[1:], q[:, 0], q[:, -1], color="C0", alpha=0.15, label=label)
     ax.vlines(steps[1:], pred[:, 2], pred[:, 1], color="C0", lw=3, alpha=0.35)
@@ -148,8 +148,8 @@ def plot_forecasts(path: str, record: dict, num_windows: int, context: int) -> s
     (taken from the preceding windows' last candles), the actual next H closes, the
     predicted closes, the persistence forecast (the last close repeated) and the
     predicted low-high range of each candle (a candle's range, not an uncertainty
-    band). A record with `predicted_quantiles` [N, H, Q] (close) and `quantile_levels`
-    [Q] also gets its outer quantiles shaded as a band.
+    band). A record with `predicted_quantiles` [N, H, C, J] and `quantile_levels` [J]
+    also gets the outer quantiles of close shaded as a band.
     """
     n = record["actual"].shape[0]
     step = INTERVAL_MS[str(record["interval"])]

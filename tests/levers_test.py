@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cpbjax import baselines, losses, models, sharding, step
+from cpbjax import baselines, evaluate, forecast, intervals, losses, models, sharding, step
 from cpbjax import config as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import sources, stacking, windows
@@ -142,10 +142,77 @@ def test_quantiles_never_cross_and_the_median_is_the_point_forecast():
     raw = jnp.asarray(rng.normal(size=(7, cfg.horizon, 4 * 5)) * 5, jnp.float32)
     x = jnp.asarray(rng.normal(size=(7, cfg.lookback, 4)), jnp.float32)
     x = x.at[..., 1].set(jnp.abs(x[..., 1]) + 0.01).at[..., 2].set(-jnp.abs(x[..., 2]))
-    q = np.asarray(out.apply({}, raw, x, quantiles=True))
+    params = out.init(jax.random.PRNGKey(0), raw, x)
+    q = np.asarray(out.apply(params, raw, x, quantiles=True))
     assert q.shape == (7, cfg.horizon, 4, 5)
     assert (np.diff(q, axis=-1) > 0).all()
-    np.testing.assert_array_equal(out.apply({}, raw, x), q[..., 2])
+    np.testing.assert_array_equal(out.apply(params, raw, x), q[..., 2])
+    # Untrained (raw 0), the levels sit 0.5 * sqrt(h) * sigma * normal quantiles apart.
+    q0 = np.asarray(out.apply(params, jnp.zeros_like(raw), x, quantiles=True))
+    sigma = np.asarray(common.window_range(x))
+    z = np.array([-1.6449, -0.6745, 0, 0.6745, 1.6449])
+    want = 0.5 * np.sqrt(np.arange(1, cfg.horizon + 1))[None, :, None] * sigma[:, None, None] * z
+    np.testing.assert_allclose(q0[:, :, 3], want, rtol=1e-3, atol=1e-6)
+
+
+# -- intervals against loops -----------------------------------------------------------------
+
+
+def test_band_quantile_factors_minimise_the_pinball_loss():
+    prep, lookback, horizon = preps()[0], 30, 10
+    ends = prep.ends["train"]
+    k = intervals.fit_band_quantiles(prep.ohlc, ends, lookback, horizon, LEVELS)
+    sigma = baselines.ewma_range(prep.ohlc, ends, lookback)
+    ratios = baselines.future_log_ratios(prep.ohlc, ends, horizon)
+    for h, c, j in [(0, 1, 0), (4, 3, 1), (9, 2, 2)]:
+
+        def loss(kk, h=h, c=c, j=j):
+            r = kk * sigma - ratios[:, h, c]
+            return np.sum(np.maximum(-r * LEVELS[j], r * (1 - LEVELS[j])))
+
+        best = loss(k[h, c, j])
+        for delta in (1e-3, -1e-3, 0.05, -0.05):
+            assert best <= loss(k[h, c, j] + delta) + 1e-12
+
+
+def test_interval_scores_match_a_loop():
+    rng = np.random.default_rng(4)
+    actual = rng.normal(size=(40, 3))
+    pred = np.sort(rng.normal(size=(40, 3, 3)), axis=-1)
+    band = np.sort(rng.normal(size=(40, 3, 3)), axis=-1)
+    got = intervals._column(actual, pred, band, LEVELS)
+    inside = [[pred[n, h, 0] <= actual[n, h] <= pred[n, h, 2] for h in range(3)] for n in range(40)]
+    assert got["coverage"] == pytest.approx(np.mean(inside))
+
+    def loop_pinball(p):
+        total = 0.0
+        for n in range(40):
+            for h in range(3):
+                for j, q in enumerate(LEVELS):
+                    r = p[n, h, j] - actual[n, h]
+                    total += max(-r * q, r * (1 - q))
+        return total / (40 * 3 * 3)
+
+    assert got["pinball"] == pytest.approx(loop_pinball(pred))
+    assert got["skill_vs_band"] == pytest.approx(1 - loop_pinball(pred) / loop_pinball(band))
+    assert got["width"] == pytest.approx(np.mean(pred[..., 2] - pred[..., 0]))
+
+
+def test_forecasts_of_a_quantile_model_carry_every_level():
+    cfg = make_config(loss="pinball", quantiles=LEVELS)
+    prep = preps()[0]
+    module, params = _init_params(cfg, prep, stacking.band_factors(prep, 30, 10))
+    fc = forecast.split_forecast(module, params, prep, "test", 30, 10)
+    assert fc.quantiles_NHCJ.shape == (*fc.prices_NHC.shape, 3)
+    np.testing.assert_array_equal(fc.quantiles_NHCJ[..., 1], fc.prices_NHC)
+    record = forecast.forecast_record(prep, fc, 10, LEVELS)
+    np.testing.assert_array_equal(record["quantile_levels"], LEVELS)
+    scores = evaluate.evaluate_split(prep, fc, "test", 30, 10, LEVELS)
+    assert set(scores["intervals"]["columns"]) == {"open", "high", "low", "close"}
+    entry = forecast.next_candles(module, params, prep, 30, 10)
+    first = entry["forecast"][0]
+    assert list(first["quantiles"]) == ["0.1", "0.5", "0.9"]
+    assert first["quantiles"]["0.1"]["close"] < first["quantiles"]["0.9"]["close"]
 
 
 # -- training starts from the baseline -------------------------------------------------------
