@@ -302,3 +302,21 @@ def test_forecast_config_loads_the_months_the_warm_up_needs():
         assert got.months == months == saved.history_months(got)
     c.data.months = 12
     assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 12
+
+
+def test_tiny_run_reports_har_beside_vol_band(long_history_run):
+    workdir, results = long_history_run
+    for entry in results["series"].values():
+        har = entry["test"]["har"]
+        assert har["fit_windows"] == entry["test"]["vol_band"]["fit_windows"] > 0
+        assert set(har["columns"]) == {"high", "low"}
+        assert all(math.isfinite(har["columns"][c]["skill"]) for c in ("high", "low"))
+    with open(os.path.join(workdir, "results.json")) as f:
+        assert "har" in json.load(f)["series"]["BTCUSDT-15m"]["val"]
+    with open(os.path.join(workdir, "report.md")) as f:
+        report = f.read()
+    assert "| HAR high | HAR low |" in report
+    baseline_table = report.split("| HAR high | HAR low |")[1].splitlines()
+    row = next(line for line in baseline_table if line.startswith("| BTCUSDT-1h |"))
+    har = results["series"]["BTCUSDT-1h"]["test"]["har"]["columns"]
+    assert row.endswith(f"| {100 * har['high']['skill']:+.2f} | {100 * har['low']['skill']:+.2f} |")
