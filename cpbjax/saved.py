@@ -180,14 +180,15 @@ def load_models(available, names):
 def history_months(data_cfg) -> int:
     """Monthly files that hold the features' warm-up plus data.lookback candles.
 
-    The largest over data.intervals, in months of 28 days, plus 1 for a month that is
-    only partly there (the current one, or a first month that starts late).
+    The largest over data.intervals, in whole months of 28 days (the shortest): the
+    month in progress comes on top of the monthly files (from the REST top-up), so N
+    complete months always hold N x 28 days of candles.
     """
     needed_ms = max(
         (features_lib.warmup_candles(data_cfg.features, i) + data_cfg.lookback) * INTERVAL_MS[i]
         for i in data_cfg.intervals
     )
-    return math.ceil(needed_ms / (28 * features_lib.DAY_MS)) + 1
+    return math.ceil(needed_ms / (28 * features_lib.DAY_MS))
 
 
 def forecast_config(config, trained, names) -> ml_collections.ConfigDict:

@@ -295,13 +295,15 @@ def test_predict_without_the_warm_up_history_names_it(long_history_run):
 def test_forecast_config_loads_the_months_the_warm_up_needs():
     c = _long_history_config()
     c.data.source, c.data.months = "binance", 1
-    for interval, months in (("15m", 3), ("1h", 3), ("4h", 3), ("1d", 4)):
+    for interval, months in (("15m", 2), ("1h", 2), ("4h", 2), ("1d", 3)):
         c.data.intervals = (interval,)
-        # (2879 + 30) 15m candles are 30.3 days: 2 months of 28 days, plus a partial one.
+        # (2879 + 30) 15m candles are 30.3 days: 2 months of at least 28 days.
         got = saved.forecast_config(c, c, [f"BTCUSDT-{interval}"]).data
         assert got.months == months == saved.history_months(got)
     c.data.months = 12
     assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 12
+    c.data.features, c.data.months = ("open", "high", "low", "close"), 1
+    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 1  # 30 candles fit
 
 
 def test_tiny_run_reports_har_beside_vol_band(long_history_run):
