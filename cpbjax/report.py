@@ -73,7 +73,7 @@ def render_markdown(results: dict, config, plots: list[str], title: str = "cpbja
     lines += ["", tables.LEGEND, "", tables.STATUS_LEGEND, ""]
     lines += ["## Baselines: test skill % against the better naive forecast", ""]
     lines += _md_table(tables.BASELINE_HEADERS, tables.baseline_rows(results))
-    lines += ["", "Ridge and band are fitted on train+val only (see cpbjax/baselines.py).", ""]
+    lines += ["", "Ridge, band and HAR are fitted on train+val only (see cpbjax/baselines.py).", ""]
     skipped = results.get("skipped") or {}
     if skipped:
         lines += ["## Skipped series", ""]

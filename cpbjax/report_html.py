@@ -198,7 +198,7 @@ def _tables(results: dict, config) -> str:
         + '<section id="baselines"><h2>Baselines: test skill % against the better naive '
         "forecast</h2>"
         + table_html("baselines-table", tables.BASELINE_HEADERS, baselines)
-        + '<p class="legend">Ridge and band are fitted on train+val only.</p></section>'
+        + '<p class="legend">Ridge, band and HAR are fitted on train+val only.</p></section>'
     )
 
 

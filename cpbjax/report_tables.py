@@ -104,13 +104,14 @@ def summary_lines(results: dict) -> list[str]:
 
 
 def baseline_rows(results: dict) -> list[list[str]]:
-    """Test skill (%) of model, ridge and volatility band, per series."""
+    """Test skill (%) of model, ridge, volatility band and HAR, per series."""
     rows = []
     for name, entry in sorted(results.get("series", {}).items()):
         test = entry.get("test") or {}
         cols = test.get("columns") or {}
         ridge = test.get("ridge") or {}
         band = (test.get("vol_band") or {}).get("columns") or {}
+        har = (test.get("har") or {}).get("columns") or {}
         pct = lambda block, col: _fmt((block.get(col) or {}).get("skill"), "+.2f", 100)
         rows.append(
             [
@@ -122,6 +123,8 @@ def baseline_rows(results: dict) -> list[list[str]]:
                 _fmt((ridge.get("dm") or {}).get("p_value_better"), ".3f"),
                 pct(band, "high"),
                 pct(band, "low"),
+                pct(har, "high"),
+                pct(har, "low"),
             ]
         )
     return rows
@@ -136,6 +139,8 @@ BASELINE_HEADERS = (
     "ridge DM p",
     "band high",
     "band low",
+    "HAR high",
+    "HAR low",
 )
 
 

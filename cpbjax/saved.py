@@ -13,6 +13,7 @@ loaded data, with a warning.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, NamedTuple
 
@@ -23,7 +24,7 @@ from cpbjax import checkpoint, models
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import features as features_lib
 from cpbjax.data import sources, windows
-from cpbjax.data.series import SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 
 # data fields that define a model's windows: always taken from the model's saved config.
 MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
@@ -180,15 +181,39 @@ def load_models(available, names):
     return loaded, first, skipped
 
 
+def history_months(data_cfg) -> int:
+    """Monthly files that hold the features' warm-up plus data.lookback candles.
+
+    The largest over data.intervals, in whole months of 28 days (the shortest): the
+    month in progress comes on top of the monthly files (from the REST top-up), so N
+    complete months always hold N x 28 days of candles.
+    """
+    needed_ms = max(
+        (features_lib.warmup_candles(data_cfg.features, i) + data_cfg.lookback) * INTERVAL_MS[i]
+        for i in data_cfg.intervals
+    )
+    return math.ceil(needed_ms / (28 * features_lib.DAY_MS))
+
+
 def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
     """`run_config` for forecasting from the newest candles (--mode predict, serve, the API).
 
     Only data.lookback candles past the indicator warm-up are needed, so min_candles is
-    lowered to data.lookback; and with predict.fresh, Binance Vision history is topped up
+    lowered to data.lookback, and binance data.months is raised to `history_months` if
+    it holds fewer; and with predict.fresh, Binance Vision history is topped up
     to now from data.api_url (the registered `binance_rest` source).
     """
     c = run_config(config, trained, names)
     c.data.min_candles = min(c.data.min_candles, c.data.lookback)
+    months = history_months(c.data)
+    if c.data.source == "binance" and c.data.months < months:
+        logging.info(
+            "loading %d months, not data.months=%d: the warm-up of data.features plus "
+            "data.lookback needs them",
+            months,
+            c.data.months,
+        )
+        c.data.months = months
     if c.predict.get("fresh", True) and c.data.source == "binance":
         c.data.source = "binance_rest"
     return c

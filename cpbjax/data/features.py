@@ -29,6 +29,30 @@ Definitions (c = close, h = high, l = low, v = volume):
   atr          ATR(14): Wilder average of the true range
                max(h - l, |h - c_{t-1}|, |l - c_{t-1}|) from row 1; row 14.
   volume_norm  v / SMA(20, v); 1 when the 20 volumes are all 0; row 19.
+
+Long-history features (non-price; z-scored with train statistics like every non-price
+column). Their windows are spans of time, so the candle count n comes from the series
+interval (`window_candles`: 1d, 1w, 1m = 1, 7 and 30 days; 15m: 96/672/2880, 1h:
+24/168/720), and `compute` needs the interval (and the open times for the calendar):
+  parkinson_1d, _1w, _1m      log of the Parkinson volatility over n candles:
+               0.5 * log(mean of log(h/l)^2 / (4 log 2)); row n - 1.
+  garman_klass_1d, _1w, _1m   the same with the Garman-Klass variance per candle
+               0.5 * log(h/l)^2 - (2 log 2 - 1) * log(c/o)^2 (never negative, since
+               |log(c/o)| <= log(h/l)); row n - 1.
+               Both are logs because volatility is positive, right-skewed and moves
+               multiplicatively (regimes differ tenfold): its log is near Gaussian, so a
+               z-score with train statistics scales it well, a regime change is an
+               additive shift, and 1d minus 1m is the term structure. A volatility of 0
+               (a whole window of flat candles) is floored at VOL_FLOOR.
+  log_range    log(h/l) of the candle itself; row 0.
+  volume_norm_1d  v / mean(v) over 1 day of candles; 1 when they are all 0; row n - 1.
+               A day averages over the intraday volume cycle, so the ratio says "busy
+               for this coin" rather than "a busy hour" (the 20-candle volume_norm spans
+               5 hours at 15m and mixes the two).
+  hour_sin, hour_cos  sin/cos of 2 pi * (UTC time of day of the open time) / 24 h; row 0.
+  dow_sin, dow_cos    sin/cos of 2 pi * (time since Monday 00:00 UTC) / 7 days; row 0.
+`warmup_candles(names, interval)` is the first row where all of `names` are defined: the
+candles a series must have before its first usable one (training and forecasts both).
 """
 
 from __future__ import annotations
@@ -38,6 +62,8 @@ import functools
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from scipy import signal
+
+from cpbjax.data.series import INTERVAL_MS
 
 # Feature columns whose values are prices; windows normalise them like OHLC.
 PRICE_FEATURES = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"})
@@ -49,6 +75,25 @@ BB_PERIOD, BB_NUM_STD = 20, 2.0
 VOLATILITY_PERIOD = 20
 ATR_PERIOD = 14
 VOLUME_PERIOD = 20
+
+DAY_MS = 86_400_000
+# Long-history spans: the suffix of a volatility feature's name -> its length.
+SPANS_MS = {"1d": DAY_MS, "1w": 7 * DAY_MS, "1m": 30 * DAY_MS}
+# Per-candle variance estimators of the log-volatility features (name prefixes).
+VOL_ESTIMATORS = ("parkinson", "garman_klass")
+# Smallest volatility taken into a log: far below one price tick of any traded pair.
+VOL_FLOOR = 1e-8
+# Monday 00:00 UTC is 4 days after the epoch (a Thursday): the week phase's offset.
+WEEK_PHASE_OFFSET_MS = 3 * DAY_MS
+# Features read from the candles' open times.
+CALENDAR = ("hour_sin", "hour_cos", "dow_sin", "dow_cos")
+
+# Features whose window is a span of time (warm-up: its candles minus 1).
+SPAN_FEATURES = (
+    *(f"{est}_{span}" for est in VOL_ESTIMATORS for span in SPANS_MS),
+    "volume_norm_1d",
+)
+LONG_HISTORY = (*SPAN_FEATURES, "log_range", *CALENDAR)
 
 NAMES = (
     "open",
@@ -68,7 +113,25 @@ NAMES = (
     "volatility",
     "atr",
     "volume_norm",
+    *LONG_HISTORY,
 )
+
+# First defined row of each fixed-window feature (the long-history ones depend on the
+# interval: `warmup_candles`).
+_FIXED_WARMUP = {
+    "log_return": 1,
+    "rsi": RSI_PERIOD,
+    "macd": MACD_SLOW - 1,
+    "macd_signal": MACD_SLOW + MACD_SIGNAL - 2,
+    "roc": ROC_PERIOD,
+    "bb_upper": BB_PERIOD - 1,
+    "bb_lower": BB_PERIOD - 1,
+    "bb_width": BB_PERIOD - 1,
+    "bb_position": BB_PERIOD - 1,
+    "volatility": VOLATILITY_PERIOD,
+    "atr": ATR_PERIOD,
+    "volume_norm": VOLUME_PERIOD - 1,
+}
 
 
 def smoothed(x_T: np.ndarray, start: int, period: int, alpha: float) -> np.ndarray:
@@ -106,6 +169,69 @@ def rolling(x_T: np.ndarray, period: int, reduce) -> np.ndarray:
     return y_T
 
 
+def window_candles(interval: str) -> dict[str, int]:
+    """Span suffix ("1d", "1w", "1m") -> candles of `interval` it covers (at least 1)."""
+    step = INTERVAL_MS[interval]
+    return {span: max(1, ms // step) for span, ms in SPANS_MS.items()}
+
+
+def _span_candles(name: str, interval: str) -> int:
+    return window_candles(interval)[name.rpartition("_")[2]]
+
+
+def warmup_candles(names, interval: str) -> int:
+    """Candles before the first row where every feature of `names` is defined.
+
+    A series needs this many candles before its first usable one: training drops
+    them before keeping data.max_candles, and a forecast needs data.lookback more.
+    """
+    return max(
+        [0]
+        + [
+            _span_candles(n, interval) - 1 if n in SPAN_FEATURES else _FIXED_WARMUP.get(n, 0)
+            for n in names
+        ]
+    )
+
+
+def trailing_mean(x_T: np.ndarray, n: int, min_count: int) -> np.ndarray:
+    """Mean of the last min(n, t + 1) values at each row t; NaN where fewer than min_count.
+
+    min_count = n is a strict rolling mean; min_count < n expands over the first rows.
+    Differences of one cumulative sum, so row t reads values <= t only (exactly: a later
+    value never enters an earlier partial sum).
+    """
+    sums_T = np.concatenate([[0.0], np.cumsum(x_T)])
+    rows_T = np.arange(len(x_T))
+    count_T = np.minimum(rows_T + 1, n)
+    mean_T = (sums_T[rows_T + 1] - sums_T[rows_T + 1 - count_T]) / count_T
+    return np.where(count_T >= min_count, mean_T, np.nan)
+
+
+def parkinson_var(high_T, low_T) -> np.ndarray:
+    """Parkinson's per-candle variance estimate log(h/l)^2 / (4 log 2)."""
+    return np.log(high_T / low_T) ** 2 / (4.0 * np.log(2.0))
+
+
+def garman_klass_var(open_T, high_T, low_T, close_T) -> np.ndarray:
+    """Garman-Klass per-candle variance 0.5 log(h/l)^2 - (2 log 2 - 1) log(c/o)^2 (>= 0)."""
+    return (
+        0.5 * np.log(high_T / low_T) ** 2
+        - (2.0 * np.log(2.0) - 1.0) * np.log(close_T / open_T) ** 2
+    )
+
+
+def log_volatility(var_T: np.ndarray, n: int, min_count: int) -> np.ndarray:
+    """log of the volatility sqrt(trailing mean of var) over n candles, floored at VOL_FLOOR."""
+    return 0.5 * np.log(np.maximum(trailing_mean(var_T, n, min_count), VOL_FLOOR**2))
+
+
+def _relative_volume(volume_T: np.ndarray, mean_T: np.ndarray) -> np.ndarray:
+    """volume / its mean; 1 where the mean is 0, NaN where it is undefined."""
+    out = np.divide(volume_T, mean_T, out=np.ones_like(mean_T), where=mean_T > 0)
+    return np.where(np.isnan(mean_T), np.nan, out)
+
+
 def _ema(x_T: np.ndarray, start: int, period: int) -> np.ndarray:
     return smoothed(x_T, start, period, 2.0 / (period + 1))
 
@@ -117,8 +243,25 @@ def _wilder(x_T: np.ndarray, start: int, period: int) -> np.ndarray:
 class _Indicators:
     """Lazily computed feature columns of one series; each is float64 [T]."""
 
-    def __init__(self, ohlcv_T5: np.ndarray):
+    def __init__(self, ohlcv_T5: np.ndarray, interval: str | None, open_time_ms):
         self.open, self.high, self.low, self.close, self.volume = ohlcv_T5.T
+        self.interval, self.open_time_ms = interval, open_time_ms
+
+    def column(self, name: str) -> np.ndarray:
+        """The feature `name` (a cached property, or a log volatility over a span)."""
+        estimator, _, span = name.rpartition("_")
+        if estimator in VOL_ESTIMATORS:
+            n = window_candles(self.interval)[span]
+            return log_volatility(self._candle_var[estimator], n, n)
+        return getattr(self, name)
+
+    @functools.cached_property
+    def _candle_var(self):
+        """Estimator name -> per-candle variance [T]."""
+        return {
+            "parkinson": parkinson_var(self.high, self.low),
+            "garman_klass": garman_klass_var(self.open, self.high, self.low, self.close),
+        }
 
     @functools.cached_property
     def log_return(self):
@@ -188,17 +331,63 @@ class _Indicators:
 
     @functools.cached_property
     def volume_norm(self):
-        mean = rolling(self.volume, VOLUME_PERIOD, np.mean)
-        out = np.divide(self.volume, mean, out=np.ones_like(mean), where=mean > 0)
-        return np.where(np.isnan(mean), np.nan, out)
+        return _relative_volume(self.volume, rolling(self.volume, VOLUME_PERIOD, np.mean))
+
+    @functools.cached_property
+    def volume_norm_1d(self):
+        n = window_candles(self.interval)["1d"]
+        return _relative_volume(self.volume, trailing_mean(self.volume, n, n))
+
+    @functools.cached_property
+    def log_range(self):
+        return np.log(self.high / self.low)
+
+    @functools.cached_property
+    def _phases(self):
+        """(time of day, time since Monday 00:00) of each open time, in turns [0, 1)."""
+        t_T = np.asarray(self.open_time_ms, np.int64)
+        week_ms = 7 * DAY_MS
+        return (t_T % DAY_MS) / DAY_MS, ((t_T + WEEK_PHASE_OFFSET_MS) % week_ms) / week_ms
+
+    @functools.cached_property
+    def hour_sin(self):
+        return np.sin(2.0 * np.pi * self._phases[0])
+
+    @functools.cached_property
+    def hour_cos(self):
+        return np.cos(2.0 * np.pi * self._phases[0])
+
+    @functools.cached_property
+    def dow_sin(self):
+        return np.sin(2.0 * np.pi * self._phases[1])
+
+    @functools.cached_property
+    def dow_cos(self):
+        return np.cos(2.0 * np.pi * self._phases[1])
 
 
-def compute(ohlcv_T5: np.ndarray, names: tuple[str, ...]) -> tuple[np.ndarray, int]:
+def _check_context(names, interval, open_time_ms, length: int) -> None:
+    """Raises ValueError if a long-history feature lacks the interval or open times."""
+    if interval is None and any(n in SPAN_FEATURES for n in names):
+        raise ValueError(f"features {names} span days of candles: pass the series interval")
+    if interval is not None and interval not in INTERVAL_MS:
+        raise ValueError(f"interval {interval!r}: expected one of {', '.join(INTERVAL_MS)}")
+    if any(n in CALENDAR for n in names) and (
+        open_time_ms is None or np.shape(open_time_ms) != (length,)
+    ):
+        raise ValueError(f"calendar features in {names} need the [T] open times of the candles")
+
+
+def compute(
+    ohlcv_T5: np.ndarray, names: tuple[str, ...], interval: str | None = None, open_time_ms=None
+) -> tuple[np.ndarray, int]:
     """Computes the requested feature columns, in order, without filling warm-up rows.
 
     Args:
       ohlcv_T5: float64 [T, 5] open, high, low, close, volume of consecutive candles.
       names: feature names (see NAMES); column j of the result is names[j].
+      interval: the candles' interval ("15m"); needed by the long-history features.
+      open_time_ms: int64 [T] UTC open times; needed by the calendar features.
 
     Returns:
       (features float64 [T, F] with F = len(names), first_valid): first_valid is the
@@ -206,7 +395,8 @@ def compute(ohlcv_T5: np.ndarray, names: tuple[str, ...]) -> tuple[np.ndarray, i
       before it are warm-up and must be dropped by the caller.
 
     Raises:
-      ValueError: on an unknown feature name or an array that is not [T, 5].
+      ValueError: on an unknown feature name, an array that is not [T, 5], or a
+        long-history feature without its interval or open times.
     """
     ohlcv_T5 = np.asarray(ohlcv_T5, np.float64)
     if ohlcv_T5.ndim != 2 or ohlcv_T5.shape[1] != 5:
@@ -214,8 +404,9 @@ def compute(ohlcv_T5: np.ndarray, names: tuple[str, ...]) -> tuple[np.ndarray, i
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         raise ValueError(f"unknown feature(s) {unknown}: expected names from {', '.join(NAMES)}")
-    indicators = _Indicators(ohlcv_T5)
-    feats_TF = np.stack([getattr(indicators, n) for n in names], axis=1).reshape(
+    _check_context(names, interval, open_time_ms, len(ohlcv_T5))
+    indicators = _Indicators(ohlcv_T5, interval, open_time_ms)
+    feats_TF = np.stack([indicators.column(n) for n in names], axis=1).reshape(
         len(ohlcv_T5), len(names)
     )
     finite_T = np.isfinite(feats_TF).all(axis=1)

@@ -125,13 +125,22 @@ def split_ends(ends: np.ndarray, splits, horizon: int) -> dict:
     return parts
 
 
+def series_features(series: Series, names) -> tuple[np.ndarray, int]:
+    """`features.compute` on the whole loaded history of `series`: (float64 [T, F], first_valid).
+
+    Always on everything loaded, before any trim to data.max_candles, so the warm-up
+    (up to a month of candles for the long-history features) eats older history.
+    """
+    return features_lib.compute(series.ohlcv, names, series.interval, series.open_time_ms)
+
+
 def _kept_rows(series: Series, data_cfg, names):
     """(open times [T], ohlcv [T, 5], features [T, F]): the newest max_candles past the warm-up.
 
     Raises:
       SeriesSkipped: if fewer than data.min_candles candles remain.
     """
-    feats_TF, first_valid = features_lib.compute(series.ohlcv, names)
+    feats_TF, first_valid = series_features(series, names)
     start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
     times_T, ohlcv_T5 = series.open_time_ms[start:], series.ohlcv[start:]
     if len(ohlcv_T5) < data_cfg.min_candles:
@@ -231,7 +240,8 @@ def prepare_series(
 def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> PreparedSeries:
     """The newest candles of one series, normalised for a forecast: no splits, no windows.
 
-    A forecast needs only the last L candles past the indicator warm-up, normalised with
+    A forecast needs only the last L candles past the indicator warm-up
+    (`features.warmup_candles`: up to a month of candles), normalised with
     the statistics the model was trained with, so neither data.min_candles nor a
     train/val/test split applies (`ends` are empty). A model saved without its statistics
     (by an earlier cpbjax: fitted_norm None) gets them re-fitted on the candles given.
@@ -243,12 +253,14 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
     names, lookback = tuple(data_cfg.features), data_cfg.lookback
     if fitted_norm is not None and "feature_mean" not in fitted_norm:
         fitted_norm = None  # an earlier cpbjax's norm without the fitted statistics
-    feats_TF, first_valid = features_lib.compute(series.ohlcv, names)
+    feats_TF, first_valid = series_features(series, names)
     start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
     if len(series.ohlcv) - start < lookback:
+        warmup = features_lib.warmup_candles(names, series.interval)
         raise SeriesSkipped(
             f"only {len(series.ohlcv) - start} candles past the {first_valid} of indicator "
-            f"warm-up; a forecast needs data.lookback={lookback}"
+            f"warm-up; a forecast needs data.lookback={lookback} past the warm-up of "
+            f"data.features ({warmup + lookback} candles of {series.interval} in all)"
         )
     ohlc_TC = series.ohlcv[start:, :NUM_TARGETS]
     inputs_TF, targets_TC, anchor_T, norm = normalize.normalise(
