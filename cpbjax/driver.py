@@ -452,7 +452,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
         with clock.stage("report"):
             drawn = workers.finish() if workers is not None else None
             report.write_reports(workdir, results, config, forecasts=records, drawn=drawn)
-        timings = {"stages": clock.seconds, "driver_seconds": time.time() - started}
+        timings = {
+            "stages": clock.seconds,
+            "driver_seconds": time.time() - started,
+            "compiles": clock.compiles(),  # each XLA program compiled (none on a cache hit)
+        }
         writers.write_json(workdir_lib.timings_json(workdir), timings)
     sharding.barrier("cpbjax run finished")
     return results
