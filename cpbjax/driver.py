@@ -455,7 +455,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         timings = {
             "stages": clock.seconds,
             "driver_seconds": time.time() - started,
-            "compiles": clock.compiles(),  # each XLA program compiled (none on a cache hit)
+            "compiles": clock.compiles(),  # each XLA program built (compiled or read from the cache)
         }
         writers.write_json(workdir_lib.timings_json(workdir), timings)
     sharding.barrier("cpbjax run finished")

@@ -19,7 +19,8 @@ from absl import logging
 
 from cpbjax import tensorboard, writers
 
-# jax.monitoring's event for each XLA compilation (a persistent-cache hit records none).
+# jax.monitoring's event for each XLA program built: compiled, or read from the persistent
+# compile cache (then it times the read).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _COMPILES: list[dict] = []  # every compilation of this process: program name, seconds
 _LISTENING: list = []  # the listener, once registered (jax keeps it for the process)
@@ -37,7 +38,7 @@ class StageClock:
     initialising a group), compile (each program's first epoch beyond its steady epoch
     time), train (the epochs' steady time), host (the epoch loop's own work between
     epochs: metrics, checkpoints, compaction), evaluate (saving and scoring the models),
-    report. `compiles()` lists the XLA programs compiled since the clock started (timings.json
+    report. `compiles()` lists the XLA programs built since the clock started (timings.json
     "compiles"), so a run shows how many programs it compiled and how long each took.
     """
 
