@@ -3,7 +3,9 @@
 For each model, one run with a cold compile cache (a new empty cache folder) and one
 with the cache it left (warm), each into a new workdir. The stages come from the run's
 own <workdir>/timings.json (load, prepare, setup, compile, train, host, evaluate,
-report); `startup` is the rest of the process's wall time (Python and jax imports,
+report) and its XLA programs: `programs` counts those built (compiled, or read from the
+compile cache when warm), `xla s` their build seconds and `epoch xla s` those of the
+epoch program; `startup` is the rest of the process's wall time (Python and jax imports,
 device start, config). Writes one record per invocation to benchmarks/records/.
 
   python benchmarks/run_bench.py --models gru,transformer,lstm --variant demo
@@ -44,7 +46,16 @@ def run_once(model: str, variant: str, flags: list[str], cache: str, workdir: st
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     timings = json.loads((Path(workdir) / "timings.json").read_text())
     stages = {s: timings["stages"].get(s, 0.0) for s in STAGES[1:]}
-    return {"startup": wall - timings["driver_seconds"], **stages, "wall": wall}
+    compiles = timings.get("compiles", [])  # XLA programs built (compiled, or read from the cache)
+    epoch_s = [c["seconds"] for c in compiles if c["program"] == "jit(run_epoch)"]
+    return {
+        "startup": wall - timings["driver_seconds"],
+        **stages,
+        "wall": wall,
+        "programs": len(compiles),
+        "xla s": sum(c["seconds"] for c in compiles),
+        "epoch xla s": sum(epoch_s),
+    }
 
 
 def bench(models: list[str], variant: str, flags: list[str]) -> list[dict]:
@@ -72,7 +83,8 @@ def main() -> None:
     args = parser.parse_args()
     flags = ["--config.logging.progress=plain", *shlex.split(args.flags)]
     rows = bench(args.models.split(","), args.variant, flags)
-    table = common.markdown_table(rows, ["model", "cache", *STAGES, "wall"])
+    columns = ["model", "cache", *STAGES, "wall", "programs", "xla s", "epoch xla s"]
+    table = common.markdown_table(rows, columns)
     print(table)
     if args.records_dir:
         command = "python benchmarks/run_bench.py " + shlex.join(sys.argv[1:])

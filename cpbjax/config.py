@@ -164,6 +164,9 @@ def base_config() -> ml_collections.ConfigDict:
     e.save_forecasts = False  # Write forecasts/<SERIES>.npz of every test window.
     e.plots = True  # Write PNG plots under <workdir>/plots/.
     e.plot_windows = 3  # Test windows drawn per series.
+    # Processes drawing each finished group's plots while the next group trains (spawned
+    # once per run); 0 draws every plot at the end in the run's own process.
+    e.plot_workers = 2
 
     c.predict = p = ml_collections.ConfigDict()
     p.symbols = ()  # --mode predict: symbols to forecast; () = all with a model.
@@ -412,6 +415,7 @@ def _validate_rest(c) -> None:
     _int_range(c, "ckpt.keep", 1)
     _bool(c, "eval.save_forecasts")
     _int_range(c, "eval.plot_windows", 0, 100)
+    _int_range(c, "eval.plot_workers", 0, 64)
     _bool(c, "predict.fresh")
     for name in c.predict.symbols:
         rules.check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
@@ -465,4 +469,7 @@ def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collectio
         c.data.symbols = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
         c.train.batch_size = 32
         c.eval.plot_windows = 1
+        # One group of 8 series: nothing trains beside the workers, and spawning two
+        # processes (each importing jax and matplotlib) costs the suite more than it saves.
+        c.eval.plot_workers = 0
     return c

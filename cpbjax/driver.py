@@ -28,6 +28,7 @@ from cpbjax.compaction import LiveCoins
 from cpbjax.data import sources, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.ledger import Ledger, fingerprint
+from cpbjax.plot_workers import PlotWorkers
 from cpbjax.runlog import RunLog, StageClock
 from cpbjax.step import GroupState
 
@@ -317,6 +318,23 @@ def _reload_forecasts(run: _Run, preps: list) -> dict:
     return records
 
 
+def _plot_workers(config, workdir: str) -> PlotWorkers | None:
+    """The pool drawing each group's plots while the next one trains (process 0, when
+    eval.plots and eval.plot_workers ask for it), else None: plots drawn at the end."""
+    if not (config.eval.plots and config.eval.plot_workers and sharding.is_primary()):
+        return None
+    folder = workdir_lib.plots_dir(workdir, "report")
+    return PlotWorkers(folder, config, config.eval.plot_workers)
+
+
+def _submit_plots(workers, workdir: str, group: str, entries: dict, records: dict) -> None:
+    """Hands a finished group's series, their loss history and forecasts to the plot pool."""
+    if workers is None:
+        return
+    history = [r for r in writers.MetricsLog(workdir).records() if r.get("group") == group]
+    workers.submit(entries, history, records)
+
+
 def _results(config, entries: dict, skipped: dict, started: float, plan: list) -> dict:
     """The results.json dict. `run.wall_seconds` counts this process only (not resumed parts)."""
     devices = platform.describe_devices()
@@ -406,6 +424,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
     # -- train (or skip) each group -----------------------------------------------------
     entries, records = {}, {}
+    workers = _plot_workers(config, workdir)
     try:
         for g, group_preps in enumerate(plan):
             group = f"group-{g:03d}"
@@ -418,6 +437,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
                     group_records = _reload_forecasts(run, group_preps)
             entries.update(finished)
             records.update(group_records)
+            _submit_plots(workers, workdir, group, finished, group_records)
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
     finally:
         run.log.close()
 
@@ -426,8 +450,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if primary:
         writers.write_results(workdir, results)
         with clock.stage("report"):
-            report.write_reports(workdir, results, config, forecasts=records)
-        timings = {"stages": clock.seconds, "driver_seconds": time.time() - started}
+            drawn = workers.finish() if workers is not None else None
+            report.write_reports(workdir, results, config, forecasts=records, drawn=drawn)
+        timings = {
+            "stages": clock.seconds,
+            "driver_seconds": time.time() - started,
+            "compiles": clock.compiles(),  # each XLA program built (compiled or read from the cache)
+        }
         writers.write_json(workdir_lib.timings_json(workdir), timings)
     sharding.barrier("cpbjax run finished")
     return results

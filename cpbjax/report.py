@@ -105,32 +105,59 @@ def _read_forecasts(workdir: str, name: str) -> dict | None:
     return forecast.load_forecasts(path) if os.path.exists(path) else None
 
 
-def write_plots(folder, results, config, history, forecasts) -> list[str]:
+def series_plots(folder, name, entry, curve, record, plot_windows, lookback) -> list[str]:
+    """Writes loss-<name>.png and forecast-<name>.png of one series; returns their paths.
+
+    Module-level and given only plain data, so a worker process can run it
+    (cpbjax/plot_workers.py).
+
+    Args:
+      folder: the plots folder. name: the series. entry: its results.json entry (for
+        best_epoch and status). curve: (epochs, train, val) from `loss_curves`, or None.
+      record: its test `forecast.forecast_record`, or None. plot_windows: eval.plot_windows
+        (0 draws no forecast plot). lookback: data.lookback.
+    """
+    paths = []
+    if curve is not None:
+        path = os.path.join(folder, plot_name("loss", name))
+        best, status = entry.get("best_epoch"), entry.get("status")
+        paths.append(plot_loss(path, name, *curve, best_epoch=best, status=status))
+    if not plot_windows:
+        return paths
+    if record is None:
+        logging.info("no test forecasts of %s to plot", name)
+        return paths
+    path = os.path.join(folder, plot_name("forecast", name))
+    return [*paths, plot_forecasts(path, record, plot_windows, lookback)]
+
+
+def write_plots(folder, results, config, history, forecasts, drawn=None) -> list[str]:
     """Writes skill.png, then loss-<series>.png and forecast-<series>.png of each series;
-    returns their paths in that order."""
+    returns their paths in that order.
+
+    Args:
+      drawn: series name -> the paths of its plots, for series whose plots are already
+        drawn (by cpbjax/plot_workers.py); they are listed, not drawn again.
+    """
     os.makedirs(folder, exist_ok=True)
-    series = results.get("series", {})
+    drawn = drawn or {}
     skill = plot_skill(os.path.join(folder, plot_name("skill")), results)
     paths = [skill] if skill else []
     curves = loss_curves(history)
-    for name, entry in sorted(series.items()):
-        if name in curves:
-            path = os.path.join(folder, plot_name("loss", name))
-            best, status = entry.get("best_epoch"), entry.get("status")
-            paths.append(plot_loss(path, name, *curves[name], best_epoch=best, status=status))
-        if not config.eval.plot_windows:
+    c = config
+    for name, entry in sorted(results.get("series", {}).items()):
+        if name in drawn:
+            paths += drawn[name]
             continue
         record = forecasts.get(name)
-        if record is None:
-            logging.info("no test forecasts of %s to plot", name)
-            continue
-        path = os.path.join(folder, plot_name("forecast", name))
-        paths.append(plot_forecasts(path, record, config.eval.plot_windows, config.data.lookback))
+        paths += series_plots(
+            folder, name, entry, curves.get(name), record, c.eval.plot_windows, c.data.lookback
+        )
     return paths
 
 
 def write_reports(
-    workdir, results, config, history=None, forecasts=None, stem="report", console=None
+    workdir, results, config, history=None, forecasts=None, stem="report", console=None, drawn=None
 ) -> str:
     """Prints the results table and writes <workdir>/<stem>.md, <stem>.html and the plots.
 
@@ -144,6 +171,8 @@ def write_reports(
       stem: report name; plots go to <workdir>/plots/ for "report", otherwise to
         <workdir>/plots/<stem>/ (so an evaluation never overwrites the run's plots).
       console: the rich Console to print to (default: stdout).
+      drawn: series name -> paths of its plots already drawn under the plots folder
+        (`plot_workers.PlotWorkers.finish`); those are listed, not drawn again.
 
     Returns:
       The path of the markdown report (the HTML one is workdir.report_html(workdir, stem)).
@@ -154,11 +183,11 @@ def write_reports(
         folder = workdir_lib.plots_dir(workdir, stem)
         if history is None:
             history = writers.MetricsLog(workdir).records()
-        forecasts = dict(forecasts or {})
+        forecasts, drawn = dict(forecasts or {}), drawn or {}
         for name in results.get("series", {}):
-            if name not in forecasts:
+            if name not in forecasts and name not in drawn:
                 forecasts[name] = _read_forecasts(workdir, name)
-        plots = write_plots(folder, results, config, history, forecasts)
+        plots = write_plots(folder, results, config, history, forecasts, drawn)
     path = workdir_lib.report_md(workdir, stem)
     rel = [os.path.relpath(p, workdir) for p in plots]
     writers.atomic_write(path, render_markdown(results, config, rel, title=f"cpbjax {stem}"))

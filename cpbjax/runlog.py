@@ -14,9 +14,21 @@ import statistics
 import sys
 import time
 
+import jax
 from absl import logging
 
 from cpbjax import tensorboard, writers
+
+# jax.monitoring's event for each XLA program built: compiled, or read from the persistent
+# compile cache (then it times the read).
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_COMPILES: list[dict] = []  # every compilation of this process: program name, seconds
+_LISTENING: list = []  # the listener, once registered (jax keeps it for the process)
+
+
+def _on_duration(event: str, seconds: float, **kwargs) -> None:
+    if event == COMPILE_EVENT:
+        _COMPILES.append({"program": str(kwargs.get("fun_name")), "seconds": round(seconds, 3)})
 
 
 class StageClock:
@@ -26,11 +38,20 @@ class StageClock:
     initialising a group), compile (each program's first epoch beyond its steady epoch
     time), train (the epochs' steady time), host (the epoch loop's own work between
     epochs: metrics, checkpoints, compaction), evaluate (saving and scoring the models),
-    report.
+    report. `compiles()` lists the XLA programs built since the clock started (timings.json
+    "compiles"), so a run shows how many programs it compiled and how long each took.
     """
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        if not _LISTENING:
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            _LISTENING.append(_on_duration)
+        self._first_compile = len(_COMPILES)
+
+    def compiles(self) -> list[dict]:
+        """The XLA compilations since this clock started: {"program", "seconds"} each."""
+        return _COMPILES[self._first_compile :]
 
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds

@@ -125,6 +125,7 @@ BAD_VALUES = [
     ("ckpt.keep", 0, "integer >= 1"),
     ("eval.save_forecasts", "yes", "True or False"),
     ("eval.plot_windows", -1, "integer >= 0"),
+    ("eval.plot_workers", -1, "integer >= 0"),
     ("predict.symbols", ("eth",), "Binance symbols"),
     ("predict.intervals", ("2m",), "15m"),
     ("logging.progress", "fancy", "one of auto"),

@@ -2,7 +2,9 @@
 
 import logging
 
+import jax
 import ml_collections
+import numpy as np
 
 from cpbjax import runlog, writers
 
@@ -81,3 +83,16 @@ def test_stage_clock_splits_the_epoch_loop_into_compile_train_and_host():
     assert clock.seconds["train"] == 19.0 - 9.0
     assert clock.seconds["host"] == 20.0 - 19.0
     assert 0.0 <= clock.seconds["report"] < 1.0
+
+
+def test_stage_clock_lists_the_programs_compiled_since_it_started():
+    def triple_for_the_compile_log(x):
+        return x * 3
+
+    jax.jit(lambda x: x + 1)(np.ones(3))  # before the clock: not its compilation
+    clock = runlog.StageClock()
+    assert clock.compiles() == []
+    jax.jit(triple_for_the_compile_log)(np.ones(4))
+    (entry,) = clock.compiles()
+    assert entry["program"] == "jit(triple_for_the_compile_log)"
+    assert 0 < entry["seconds"] < 60

@@ -1,0 +1,65 @@
+"""Tests of cpbjax/plot_workers.py: plots drawn in worker processes are the in-process ones."""
+
+import io
+import os
+
+from rich.console import Console
+
+from cpbjax import report
+from cpbjax.plot_workers import PlotWorkers
+from tests.report_test import _config, _history, _record, _results
+
+NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
+
+
+def _report(workdir, results, records, drawn=None):
+    """write_reports into `workdir`; returns report.md's text and the plots' bytes."""
+    report.write_reports(
+        workdir,
+        results,
+        _config(),
+        history=_history(NAMES),
+        forecasts=records,
+        console=Console(file=io.StringIO()),
+        drawn=drawn,
+    )
+    folder = os.path.join(workdir, "plots")
+    pngs = {}
+    for p in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, p), "rb") as f:
+            pngs[p] = f.read()
+    with open(os.path.join(workdir, "report.md")) as f:
+        return f.read(), pngs
+
+
+def test_workers_draw_the_in_process_report(tmp_path):
+    records = {n: _record(n, i) for i, n in enumerate(NAMES)}
+    results = _results(records)
+    alone = _report(str(tmp_path / "alone"), results, records)
+
+    workdir = str(tmp_path / "pooled")
+    workers = PlotWorkers(os.path.join(workdir, "plots"), _config(), 1)
+    for name in NAMES:  # one "group" per series, as the driver submits them
+        workers.submit({name: results["series"][name]}, _history(NAMES), {name: records[name]})
+    drawn = workers.finish()
+    assert sorted(drawn) == list(NAMES)
+    assert all(len(paths) == 2 for paths in drawn.values())  # loss and forecast
+    pooled = _report(workdir, results, {}, drawn)  # no records: nothing drawn twice
+
+    assert pooled[0] == alone[0]  # report.md: same plots, same order
+    assert pooled[1].keys() == alone[1].keys()
+    assert pooled[1] == alone[1]  # byte-identical PNGs
+
+
+def test_a_failed_worker_leaves_the_series_to_the_report(tmp_path):
+    records = {n: _record(n, i) for i, n in enumerate(NAMES)}
+    results = _results(records)
+    workers = PlotWorkers(str(tmp_path / "plots"), _config(), 1)
+    bad_record = {"actual": None}  # plot_forecasts fails on it in the worker
+    workers.submit(
+        results["series"], _history(NAMES), {NAMES[0]: bad_record, **{NAMES[1]: records[NAMES[1]]}}
+    )
+    drawn = workers.finish()
+    assert list(drawn) == [NAMES[1]]
+    md, pngs = _report(str(tmp_path), results, records, drawn)
+    assert f"forecast-{NAMES[0]}.png" in pngs and f"forecast-{NAMES[0]}.png" in md
