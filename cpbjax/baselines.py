@@ -133,27 +133,37 @@ def _against_naive(errs: dict, model_cols: dict) -> dict:
     return out
 
 
+def fitted_predictions(prep, split, ends_N, lookback, horizon):
+    """Ridge and volatility-band forecasts of `split`'s windows, fitted on the splits before it.
+
+    Returns:
+      (ridge prices float64 [N, H, 4], band prices float64 [N, H, 2] (high, low), the
+      fitted band, the number of windows fitted on).
+    """
+    fit_on = fit_ends(prep, split)
+    ridge = fit_ridge(prep.ohlc, fit_on, lookback, horizon)
+    ridge_pred = ridge_predict(ridge, prep.ohlc, ends_N, lookback, horizon)
+    band = fit_vol_band(prep.ohlc, fit_on, lookback, horizon)
+    high, low = vol_band_predict(band, prep.ohlc, ends_N, lookback)
+    return ridge_pred, np.stack([high, low], axis=-1), band, len(fit_on)
+
+
 def fitted_baselines(prep, split, ends_N, lookback, horizon, model_cols) -> dict:
     """Ridge and volatility-band scores on `split`, fitted on the splits before it."""
-    fit_on = fit_ends(prep, split)
     ohlc, actual = prep.ohlc, next_candles(prep.ohlc, ends_N, horizon)
-    ridge = fit_ridge(ohlc, fit_on, lookback, horizon)
-    ridge_pred = ridge_predict(ridge, ohlc, ends_N, lookback, horizon)
+    ridge_pred, band_pred, band, fitted = fitted_predictions(prep, split, ends_N, lookback, horizon)
     best = model_cols["close"]["best_naive"]
     ref = naive_forecasts(ohlc[ends_N], horizon)[best]
-    band = fit_vol_band(ohlc, fit_on, lookback, horizon)
-    high, low = vol_band_predict(band, ohlc, ends_N, lookback)
-    band_pred = np.stack([high, low], axis=-1)  # [N, H, 2]
     return {
         "ridge": {
             "alpha": RIDGE_ALPHA,
-            "fit_windows": int(len(fit_on)),
+            "fit_windows": int(fitted),
             "columns": _against_naive(errors(actual, ridge_pred), model_cols),
             "dm": close_dm(actual, ridge_pred, ref, best),
         },
         "vol_band": {
             "ewma_decay": EWMA_DECAY,
-            "fit_windows": int(len(fit_on)),
+            "fit_windows": int(fitted),
             "k_high_h": json_floats(band["k_high_h"]),
             "k_low_h": json_floats(band["k_low_h"]),
             "columns": _against_naive(
