@@ -1,7 +1,7 @@
 """Entry point: flags, workdir, device log, then one call into the cpbjax package.
 
 python launch.py --config configs/transformer.py [--config.train.learning_rate=3e-4]
-    [--workdir runs/my-run] [--mode train|evaluate|predict|export|serve]
+    [--workdir runs/my-run] [--mode train|backtest|evaluate|predict|export|serve]
 
 --mode evaluate|predict|export|serve without --config use the run's own config
 (configs/workdir.py:<workdir>, read from <workdir>/config.json).
@@ -29,9 +29,13 @@ from cpbjax import platform  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
 _MODE = flags.DEFINE_enum(
-    "mode", "train", ["train", "evaluate", "predict", "export", "serve"], "What to run."
+    "mode",
+    "train",
+    ["train", "backtest", "evaluate", "predict", "export", "serve"],
+    "What to run.",
 )
 flags.mark_flags_as_required(["config"])
+TRAINING_MODES = ("train", "backtest")  # the modes that train, from a --config
 RUN_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "workdir.py")
 
 
@@ -49,7 +53,7 @@ def _with_run_config(argv):
     """argv, with --config=configs/workdir.py:<workdir> first where a mode that reads a
     trained run (evaluate, predict, serve) is given a --workdir and no --config."""
     mode, workdir = _flag_value(argv, "mode"), _flag_value(argv, "workdir")
-    if _flag_value(argv, "config") is None and mode not in (None, "train") and workdir:
+    if _flag_value(argv, "config") is None and mode not in (None, *TRAINING_MODES) and workdir:
         return [argv[0], f"--config={RUN_CONFIG}:{workdir}", *argv[1:]]
     return argv
 
@@ -112,14 +116,15 @@ def main(argv):
         config.to_dict()  # a config file that failed to load raises only when read
     except (OSError, ValueError) as e:
         _exit(_load_error(e))
-    if _MODE.value != "train" and not _WORKDIR.value:
+    if _MODE.value not in TRAINING_MODES and not _WORKDIR.value:
         _exit(f"--mode {_MODE.value} needs --workdir of a trained run")
     try:
         config_lib.validate(config)
-        if config.distributed.enabled and (_MODE.value != "train" or not _WORKDIR.value):
+        distributed = config.distributed.enabled
+        if distributed and (_MODE.value not in TRAINING_MODES or not _WORKDIR.value):
             # Every process must write into the same folder; evaluate and predict run on one.
             _exit(
-                "config.distributed.enabled=True needs --mode train and a --workdir on a "
+                "config.distributed.enabled=True needs --mode train or backtest and a --workdir on a "
                 "filesystem that all processes share"
             )
         platform.configure(config)
@@ -140,6 +145,13 @@ def main(argv):
         try:
             driver.train_and_evaluate(config, workdir)
         except (config_lib.ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
+            _exit(str(e))
+    elif _MODE.value == "backtest":
+        from cpbjax import backtest, ledger
+
+        try:
+            backtest.run_backtest(config, workdir)
+        except (config_lib.ConfigError, ledger.RunMismatch, backtest.NothingBacktested) as e:
             _exit(str(e))
     else:
         from cpbjax import evaluate, portable, predict, saved, serve

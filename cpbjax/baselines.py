@@ -211,6 +211,21 @@ def _against_naive(errs: dict, model_cols: dict) -> dict:
     return out
 
 
+def fitted_predictions(prep, split, ends_N, lookback, horizon):
+    """Ridge and volatility-band forecasts of `split`'s windows, fitted on the splits before it.
+
+    Returns:
+      (ridge prices float64 [N, H, 4], band prices float64 [N, H, 2] (high, low), the
+      fitted band, the number of windows fitted on).
+    """
+    fit_on = fit_ends(prep, split)
+    ridge = fit_ridge(prep.ohlc, fit_on, lookback, horizon)
+    ridge_pred = ridge_predict(ridge, prep.ohlc, ends_N, lookback, horizon)
+    band = fit_vol_band(prep.ohlc, fit_on, lookback, horizon)
+    high, low = vol_band_predict(band, prep.ohlc, ends_N, lookback)
+    return ridge_pred, np.stack([high, low], axis=-1), band, len(fit_on)
+
+
 def fitted_baselines(prep, split, ends_N, lookback, horizon, model_cols) -> dict:
     """Ridge, volatility-band and HAR scores on `split`, fitted on the splits before it."""
     fit_on, actual = fit_ends(prep, split), next_candles(prep.ohlc, ends_N, horizon)

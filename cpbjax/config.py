@@ -168,6 +168,15 @@ def base_config() -> ml_collections.ConfigDict:
     # once per run); 0 draws every plot at the end in the run's own process.
     e.plot_workers = 2
 
+    # --mode backtest: rolling-origin folds (cpbjax/data/folds.py, docs/design.md "Backtest").
+    c.backtest = b = ml_collections.ConfigDict()
+    b.folds = 6  # Test blocks per series, consecutive, ending with the newest window.
+    b.step = 0  # Windows (candles) between fold origins = test block size; 0 = the test split's.
+    b.window = 0  # Train windows of a fold: 0 = all before its val block (expanding), else the newest this many (sliding).
+    b.min_train_windows = (
+        0  # A fold with fewer train windows is skipped; 0 = as many as its val block.
+    )
+
     c.predict = p = ml_collections.ConfigDict()
     p.symbols = ()  # --mode predict: symbols to forecast; () = all with a model.
     p.intervals = ()  # --mode predict: intervals; () = all with a model.
@@ -417,6 +426,10 @@ def _validate_rest(c) -> None:
     _int_range(c, "eval.plot_windows", 0, 100)
     _int_range(c, "eval.plot_workers", 0, 64)
     _bool(c, "predict.fresh")
+    if "backtest" in c:  # absent from a config saved by an earlier cpbjax
+        _int_range(c, "backtest.folds", 1, 1000)
+        for field in ("step", "window", "min_train_windows"):
+            _int_range(c, f"backtest.{field}", 0, 10_000_000)
     for name in c.predict.symbols:
         rules.check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
     for name in c.predict.intervals:

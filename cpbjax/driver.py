@@ -25,7 +25,7 @@ from cpbjax import checkpoint, evaluate, forecast, models, platform, report, sha
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.compaction import LiveCoins
-from cpbjax.data import sources, stacking, windows
+from cpbjax.data import folds, sources, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.ledger import Ledger, fingerprint
 from cpbjax.plot_workers import PlotWorkers
@@ -81,6 +81,9 @@ class _Run:
     index: dict  # series name -> position in the run (its key's fold-in index)
     group_coins: int  # K of the run's groups
     t_max: int  # T, the padded length of the run's series (stacking.padded_length)
+    # False for backtest folds: no model is saved, the test forecasts always are (the
+    # backtest pools them), so a backtest never writes a series' model.
+    keep_models: bool = True
     trainers: dict = dataclasses.field(default_factory=dict)  # K -> GroupTrainer
 
     def trainer_for(self, num_coins: int) -> GroupTrainer:
@@ -179,7 +182,8 @@ def _start_state(run: _Run, group: str, preps: list, arrays) -> tuple[GroupState
         logging.info("%s: resuming after epoch %d", group, restored[1])
         return restored
     pad = [len(run.index) + i for i in range(trainer.num_coins - len(preps))]
-    keys = coin_keys(run.config.seed, [run.index[p.name] for p in preps] + pad)
+    # A backtest fold's coin gets its series' key: every fold starts as the series would.
+    keys = coin_keys(run.config.seed, [run.index[folds.series_of(p.name)] for p in preps] + pad)
     return trainer.init_state(keys, arrays), 0
 
 
@@ -252,9 +256,10 @@ def _save_and_score(run: _Run, prep, params, entry: dict) -> dict | None:
     Returns its test forecast record (None when the normalisation keeps no price level).
     """
     c = run.config
-    model_dir = workdir_lib.series_model(run.workdir, prep.name)
-    checkpoint.save_series_model(model_dir, params, _model_meta(run, prep, entry))
-    forecasts_dir = run.workdir if c.eval.save_forecasts else None
+    if run.keep_models:
+        model_dir = workdir_lib.series_model(run.workdir, prep.name)
+        checkpoint.save_series_model(model_dir, params, _model_meta(run, prep, entry))
+    forecasts_dir = run.workdir if c.eval.save_forecasts or not run.keep_models else None
     scores, record = evaluate.evaluate_model(
         run.module, params, prep, c.data.lookback, c.data.horizon, forecasts_dir
     )
@@ -337,6 +342,12 @@ def _submit_plots(workers, workdir: str, group: str, entries: dict, records: dic
 
 def _results(config, entries: dict, skipped: dict, started: float, plan: list) -> dict:
     """The results.json dict. `run.wall_seconds` counts this process only (not resumed parts)."""
+    run = run_facts(config, started, plan)
+    return writers.to_jsonable({"run": run, "series": entries, "skipped": skipped})
+
+
+def run_facts(config, started: float, plan: list) -> dict:
+    """The "run" block of results.json (and backtest.json): model, versions, devices, groups."""
     devices = platform.describe_devices()
     run = {
         "model": config.model.name,
@@ -351,10 +362,12 @@ def _results(config, entries: dict, skipped: dict, started: float, plan: list) -
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "wall_seconds": time.time() - started,
     }
-    return writers.to_jsonable({"run": run, "series": entries, "skipped": skipped})
+    return run
 
 
-def _make_run(config, workdir: str, preps: list, mesh: Mesh, clock) -> tuple[_Run, list]:
+def _make_run(
+    config, workdir: str, preps: list, mesh: Mesh, clock, keep_models=True, extra_print=None
+) -> tuple[_Run, list]:
     """Builds the shared context of a run and its plan (a list of groups of PreparedSeries).
 
     Raises:
@@ -364,19 +377,64 @@ def _make_run(config, workdir: str, preps: list, mesh: Mesh, clock) -> tuple[_Ru
     plan = [preps[i : i + k] for i in range(0, len(preps), k)]
     t_max = stacking.padded_length(preps, config.data)
     pairs = itertools.product(config.data.symbols, config.data.intervals)
+    run_print = fingerprint(config, [[p.name for p in g] for g in plan], t_max)
     run = _Run(
         config=config,
         workdir=workdir,
         module=models.build(models.make_config(config)),
         mesh=mesh,
-        ledger=Ledger(workdir, fingerprint(config, [[p.name for p in g] for g in plan], t_max)),
+        ledger=Ledger(workdir, {**run_print, **(extra_print or {})}),
         log=RunLog(workdir, config.logging, sharding.is_primary()),
         clock=clock,
         index={f"{s}-{i}": j for j, (s, i) in enumerate(pairs)},
         group_coins=k,
         t_max=t_max,
+        keep_models=keep_models,
     )
     return run, plan
+
+
+def train_groups(
+    config, workdir: str, preps: list, clock, keep_models=True, extra_print=None, workers=None
+):
+    """Trains, or resumes, every group of `preps` in `workdir`; writes its config.json.
+
+    Args:
+      config: the validated run config. workdir: the run folder (checkpoints/, metrics.jsonl).
+      preps: the PreparedSeries to train as coins (series, or backtest folds).
+      clock: the run's StageClock.
+      keep_models: False for backtest folds (see `_Run.keep_models`).
+      extra_print: entries added to the ledger fingerprint (a backtest's fold settings).
+      workers: the PlotWorkers drawing each finished group's plots, or None.
+
+    Returns:
+      (name -> results entry, name -> test forecast record, the plan: lists of preps).
+
+    Raises:
+      RunMismatch: the workdir's ledger belongs to another run.
+    """
+    run, plan = _make_run(
+        config, workdir, preps, sharding.coin_mesh(), clock, keep_models, extra_print
+    )
+    if sharding.is_primary():
+        writers.write_config(workdir, config)
+    entries, records = {}, {}
+    try:
+        for g, group_preps in enumerate(plan):
+            group = f"group-{g:03d}"
+            finished = run.ledger.finished(group)
+            if finished is None:
+                finished, group_records = _train_group(run, group, group_preps)
+            else:
+                logging.info("%s already finished in %s; skipping it", group, workdir)
+                with run.clock.stage("evaluate"):
+                    group_records = _reload_forecasts(run, group_preps) if keep_models else {}
+            entries.update(finished)
+            records.update(group_records)
+            _submit_plots(workers, workdir, group, finished, group_records)
+    finally:
+        run.log.close()
+    return entries, records, plan
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -418,32 +476,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
             writers.write_results(workdir, _results(config, {}, skipped, started, []))
         kept = f"; {workdir} is left as it was" if started_before else ""
         raise NothingTrained(f"no series could be trained{kept}; skipped: {skipped}")
-    run, plan = _make_run(config, workdir, preps, sharding.coin_mesh(), clock)
-    if primary:
-        writers.write_config(workdir, config)
-
-    # -- train (or skip) each group -----------------------------------------------------
-    entries, records = {}, {}
     workers = _plot_workers(config, workdir)
     try:
-        for g, group_preps in enumerate(plan):
-            group = f"group-{g:03d}"
-            finished = run.ledger.finished(group)
-            if finished is None:
-                finished, group_records = _train_group(run, group, group_preps)
-            else:
-                logging.info("%s already finished in %s; skipping it", group, workdir)
-                with run.clock.stage("evaluate"):
-                    group_records = _reload_forecasts(run, group_preps)
-            entries.update(finished)
-            records.update(group_records)
-            _submit_plots(workers, workdir, group, finished, group_records)
+        entries, records, plan = train_groups(config, workdir, preps, clock, workers=workers)
     except BaseException:
         if workers is not None:
             workers.close()
         raise
-    finally:
-        run.log.close()
 
     # -- results and report --------------------------------------------------------------
     results = _results(config, entries, skipped, started, plan)

@@ -195,3 +195,37 @@ def write_reports(
     page = report_html.render_html(results, config, plots, title=f"cpbjax {stem}")
     writers.atomic_write(workdir_lib.report_html(workdir, stem), page)
     return path
+
+
+# ---------------------------------------------------------------------------
+# --mode backtest
+
+
+def render_backtest_markdown(backtest: dict, config) -> str:
+    """The backtest.md text: settings, skill per fold over time, pooled skill, skipped."""
+    d, b = config.data, backtest.get("backtest") or {}
+    lines = ["# cpbjax backtest", "", "## Run", ""]
+    lines += [
+        f"- model: {config.model.name} ({config.model.decoding}), lookback {d.lookback} -> "
+        f"horizon {d.horizon}, normalization {d.normalization}",
+        f"- data: {tables.data_description(d)}",
+    ]
+    lines += tables.fact_lines("backtest.", b, skip=())
+    lines += tables.fact_lines("", backtest.get("run") or {})
+    lines += ["", "## Skill per fold over time (test blocks, price units)", ""]
+    lines += _md_table(tables.FOLD_HEADERS, tables.fold_rows(backtest))
+    lines += ["", tables.FOLD_LEGEND, "", "## Pooled over folds", ""]
+    lines += _md_table(tables.POOLED_HEADERS, tables.pooled_rows(backtest))
+    lines += ["", tables.POOLED_LEGEND, ""]
+    skipped = backtest.get("skipped") or {}
+    if skipped:
+        lines += ["## Skipped series and folds", ""]
+        lines += [f"- {name}: {reason}" for name, reason in sorted(skipped.items())] + [""]
+    return "\n".join(lines)
+
+
+def write_backtest_report(workdir: str, backtest: dict, config) -> str:
+    """Writes <workdir>/backtest.md and returns its path."""
+    path = workdir_lib.report_md(workdir, workdir_lib.BACKTEST_STEM)
+    writers.atomic_write(path, render_backtest_markdown(backtest, config))
+    return path

@@ -15,6 +15,10 @@
 <workdir>/eval-<stamp>.json, .md, .html --mode evaluate
 <workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard)
 <workdir>/export/<SERIES>/            --mode export: a portable model folder
+<workdir>/backtest.json, backtest.md  --mode backtest: per series x fold and pooled scores
+<workdir>/backtest/                   --mode backtest's own run folder (config.json,
+                                      metrics.jsonl, checkpoints/, forecasts/<SERIES>@fold<f>.npz),
+                                      so a backtest never touches a train run's files
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ PLOTS_DIR = "plots"
 TENSORBOARD_DIR = "tb"
 EXPORT_DIR = "export"
 PREDICTIONS_DIR = "predictions"
+BACKTEST_STEM = "backtest"  # backtest.json, backtest.md and the backtest/ run folder
 # Inside a saved series model folder (models/<SERIES>/).
 MODEL_META_FILE = "meta.json"
 MODEL_PARAMS_DIR = "params"
@@ -109,3 +114,12 @@ def prediction_archive(workdir: str, stamp: str) -> str:
 
 def timings_json(workdir: str) -> str:
     return os.path.join(workdir, TIMINGS_FILE)
+
+
+def backtest_json(workdir: str) -> str:
+    return os.path.join(workdir, f"{BACKTEST_STEM}.json")
+
+
+def backtest_run(workdir: str) -> str:
+    """backtest/: the folder the backtest's fold coins train in, laid out as a run's."""
+    return os.path.join(workdir, BACKTEST_STEM)

@@ -235,7 +235,7 @@ def test_purged_splits_share_no_target_candle(missing):
     assert e["train"].max() + H < e["val"].min() + 1  # last train target < first val target
     assert e["val"].max() + H < e["test"].min() + 1
     if not missing:  # without gaps, exactly the H windows before each boundary go
-        all_ends = windows._contiguous_ends(prep.open_time_ms, STEP_MS, L, H)
+        all_ends = windows.contiguous_ends(prep.open_time_ms, STEP_MS, L, H)
         assert sum(len(v) for v in e.values()) == len(all_ends) - 2 * H
 
 

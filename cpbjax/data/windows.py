@@ -78,7 +78,7 @@ class PreparedSeries:
     notes: dict
 
 
-def _contiguous_ends(open_time_ms: np.ndarray, step_ms: int, lookback: int, horizon: int):
+def contiguous_ends(open_time_ms: np.ndarray, step_ms: int, lookback: int, horizon: int):
     """Window ends t whose L+H candles t-L+1..t+H have no gap between them."""
     span = lookback + horizon
     if len(open_time_ms) < span:
@@ -158,7 +158,7 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
       SeriesSkipped: if a split has no window.
     """
     L, H = data_cfg.lookback, data_cfg.horizon
-    ends = split_ends(_contiguous_ends(times_T, INTERVAL_MS[interval], L, H), data_cfg.splits, H)
+    ends = split_ends(contiguous_ends(times_T, INTERVAL_MS[interval], L, H), data_cfg.splits, H)
     for split in SPLITS:
         if len(ends[split]) == 0:
             raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
@@ -213,6 +213,29 @@ def prepare_series(
         if a split has no gap-free window, or if a normalised value is not finite.
       ValueError: an unknown aux target, or a fitted_norm that does not fit.
     """
+    rows = kept_rows(series, data_cfg, aux_targets)
+    ends = _split_windows(rows.open_time_ms, series.interval, data_cfg)
+    return with_ends(series, rows, ends, data_cfg, fitted_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptRows:
+    """The candles of a series that windows may use: past the warm-up, newest max_candles."""
+
+    open_time_ms: np.ndarray  # int64 [T]
+    ohlcv: np.ndarray  # float64 [T, 5]
+    features: np.ndarray  # float64 [T, F(+1)]: data.features, then bb_position if needed
+    names: tuple  # data.features
+    aux_names: tuple  # model.aux_targets
+
+
+def kept_rows(series: Series, data_cfg, aux_targets=()) -> KeptRows:
+    """The features of `series` and the rows windows may use (see KeptRows).
+
+    Raises:
+      SeriesSkipped: fewer than data.min_candles candles remain after the warm-up.
+      ValueError: an unknown aux target.
+    """
     names, aux_names = tuple(data_cfg.features), tuple(aux_targets)
     if not set(aux_names) <= set(auxiliary.FUNCTIONS):
         raise ValueError(
@@ -221,15 +244,35 @@ def prepare_series(
     # bb_position's bands need 19 earlier candles: its warm-up is dropped like the inputs'.
     extra = ("bb_position",) if "bb_position" in aux_names else ()
     times_T, ohlcv_T5, feats_TF = _kept_rows(series, data_cfg, names + extra)
-    ends = _split_windows(times_T, series.interval, data_cfg)
-    ohlc_TC = ohlcv_T5[:, :NUM_TARGETS]
-    fields = _normalised(ohlc_TC, feats_TF, names, aux_names, ends, data_cfg, fitted_norm)
+    return KeptRows(times_T, ohlcv_T5, feats_TF, names, aux_names)
+
+
+def with_ends(
+    series: Series, rows: KeptRows, ends: dict, data_cfg, fitted_norm=None, name=None
+) -> PreparedSeries:
+    """The PreparedSeries of `rows` split by `ends`, normalised on its own train windows.
+
+    Args:
+      series: the series the rows come from (identity and notes).
+      rows: `kept_rows(series, ...)`.
+      ends: split name -> int64 [N_split] purged window ends into the rows.
+      data_cfg: the `config.data` group. fitted_norm: see `prepare_series`.
+      name: the PreparedSeries name; default the series name (a backtest fold's is
+        "<SERIES>@fold<f>").
+
+    Raises:
+      SeriesSkipped: a normalised value is not finite.
+    """
+    ohlc_TC = rows.ohlcv[:, :NUM_TARGETS]
+    fields = _normalised(
+        ohlc_TC, rows.features, rows.names, rows.aux_names, ends, data_cfg, fitted_norm
+    )
     counts = {split: len(e) for split, e in ends.items()}
     return PreparedSeries(
-        name=series.name,
+        name=name or series.name,
         symbol=series.symbol,
         interval=series.interval,
-        open_time_ms=times_T,
+        open_time_ms=rows.open_time_ms,
         ohlc=ohlc_TC,
         ends=ends,
         notes=dict(series.notes, used_candles=len(ohlc_TC), windows=counts),
