@@ -362,14 +362,14 @@ def _init_program():
     trainer = _epoch_trainer()
     arrays = trainer.stack(list(_aux_preps()))
     keys = jnp.asarray(group.coin_keys(0, range(4)))
-    return trainer._init_jit.lower(keys, arrays.train_mask, arrays.val_mask).compile(O0)
+    return trainer._init_jit.lower(keys, arrays).compile(O0)
 
 
 def _fresh(order):
     """(arrays, fresh GroupState) of the group with the series in `order` (init_state at -O0)."""
     arrays = _epoch_trainer().stack([_aux_preps()[i] for i in order])
     keys = jnp.asarray(group.coin_keys(0, list(order) + [3]))
-    return arrays, _init_program()(keys, arrays.train_mask, arrays.val_mask)
+    return arrays, _init_program()(keys, arrays)
 
 
 def test_objective_is_ohlc_mse_plus_weighted_aux_mse():
