@@ -44,7 +44,9 @@ def _forecast_batch(
     module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon, quantiles
 ):
     x_BLF, _ = stacking.gather(inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon)
-    return module.apply({"params": params}, x_BLF, None, train=False, return_quantiles=quantiles)
+    # Only quantile models take return_quantiles (a user-registered model need not).
+    extra = {"return_quantiles": True} if quantiles else {}
+    return module.apply({"params": params}, x_BLF, None, train=False, **extra)
 
 
 def predict_windows(

@@ -275,6 +275,12 @@ def init_state(spec: EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupS
 # -- one coin ---------------------------------------------------------------------------
 
 
+def quantile_kwargs(spec: EpochSpec) -> dict:
+    """return_quantiles=True for a quantile model; nothing for others, so a user-registered
+    model without quantiles need not take the argument."""
+    return {"return_quantiles": True} if spec.quantiles else {}
+
+
 def forecast_loss(spec: EpochSpec, y_hat, y_BHC: jax.Array, data: CoinData) -> jax.Array:
     """train.loss of each window's forecast ([B, H, C], or [B, H, C, J] quantiles), [B]."""
     scale_C = data.target_scale_C if spec.scale_loss else None
@@ -299,8 +305,8 @@ def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
         train=True,
         teacher_forcing=spec.teacher_forcing,
         return_aux=True,
-        return_quantiles=bool(spec.quantiles),
         rngs={"dropout": dropout_key, "teacher": teacher_key},
+        **quantile_kwargs(spec),
     )
     n = jnp.maximum(jnp.sum(mask_B), 1)
     err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
@@ -352,7 +358,7 @@ def coin_val_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B):
     """
     w = gather_windows(spec, data, ends_B)
     y_hat = spec.module.apply(
-        {"params": params}, w.x_BLF, None, train=False, return_quantiles=bool(spec.quantiles)
+        {"params": params}, w.x_BLF, None, train=False, **quantile_kwargs(spec)
     )
     err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
     return jnp.sum(err_B), jnp.sum(mask_B)
