@@ -61,7 +61,7 @@ def test_distributed_needs_train_mode_and_a_workdir_before_joining():
     # Checked before jax.distributed.initialize, which would wait for the other processes.
     proc = _launch("--config", "configs/gru.py:tiny", "--config.distributed.enabled=True")
     assert proc.returncode == 2
-    assert "distributed.enabled=True needs --mode train and a --workdir" in proc.stderr
+    assert "distributed.enabled=True needs --mode train or backtest and a --workdir" in proc.stderr
 
 
 def test_train_then_predict_through_launch(tmp_path):
