@@ -96,11 +96,17 @@ def ewma_range(ohlc_TC, ends_N, lookback, decay=EWMA_DECAY):
     return (logp_NLC[..., 1] - logp_NLC[..., 2]) @ weights_L / weights_L.sum()
 
 
-def weighted_median(values, weights) -> float:
-    """The minimiser of sum(weights * |values - k|) over k."""
+def weighted_quantile(values, weights, level: float) -> float:
+    """The minimiser k of sum(weights * pinball_level(values - k)): level 0.5 is the
+    weighted median (the least-absolute-deviation fit); intervals.py fits other levels."""
     order = np.argsort(values)
     cum = np.cumsum(weights[order])
-    return float(values[order][np.searchsorted(cum, 0.5 * cum[-1])])
+    return float(values[order][np.searchsorted(cum, level * cum[-1])])
+
+
+def weighted_median(values, weights) -> float:
+    """The minimiser of sum(weights * |values - k|) over k."""
+    return weighted_quantile(values, weights, 0.5)
 
 
 def fit_vol_band(ohlc_TC, fit_ends_N, lookback, horizon, decay=EWMA_DECAY) -> dict:

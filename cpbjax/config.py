@@ -54,11 +54,12 @@ _OWNED_NAMES = {
     "MODELS": ("cpbjax.models", lambda m: tuple(m.REGISTRY)),
     "FEATURES": ("cpbjax.data.features", lambda m: tuple(m.NAMES)),
     "AUX_TARGETS": ("cpbjax.data.auxiliary", lambda m: tuple(m.FUNCTIONS)),
+    "LOSSES": ("cpbjax.losses", lambda m: m.LOSSES),
+    "LOSS_SCALES": ("cpbjax.losses", lambda m: m.LOSS_SCALES),
 }
 # config.model entries that the run reads (windows, the loss), not the model; every
 # other config.model entry is a field of the model's config dataclass (cpbjax.models).
 _RUN_MODEL_ENTRIES = ("aux_targets", "aux_weight")
-_LOSSES = ("mse", "mae", "huber", "pinball")  # cpbjax.losses.LOSSES (which imports jax)
 _SYMBOL_RE = re.compile(r"^[A-Z0-9]{2,20}$")
 
 
@@ -382,8 +383,8 @@ def _validate_aux(c) -> None:
 def _validate_outputs(c) -> None:
     """Rules between the loss, the quantile outputs, the baseline and the normalisation."""
     m, t = c.model, c.train
-    _choice(c, "train.loss", _LOSSES)
-    _choice(c, "train.loss_scale", ("none", "persistence"))
+    _choice(c, "train.loss", _names("LOSSES"))
+    _choice(c, "train.loss_scale", _names("LOSS_SCALES"))
     rules.check(
         (t.loss == "pinball") == bool(m.quantiles),
         "train.loss",

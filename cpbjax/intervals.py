@@ -25,13 +25,6 @@ def pinball(actual, pred_J, levels_J) -> np.ndarray:
     return np.maximum(-r * q_J, r * (1.0 - q_J))
 
 
-def weighted_quantile(values_N, weights_N, level: float) -> float:
-    """The minimiser k of sum(weights * pinball_level(values - k))."""
-    order = np.argsort(values_N)
-    cum = np.cumsum(weights_N[order])
-    return float(values_N[order][np.searchsorted(cum, level * cum[-1])])
-
-
 def fit_band_quantiles(ohlc_TC, fit_ends_N, lookback, horizon, levels_J) -> np.ndarray:
     """k [H, C, J] of the band's quantiles, fitted by pinball loss in log space.
 
@@ -46,7 +39,7 @@ def fit_band_quantiles(ohlc_TC, fit_ends_N, lookback, horizon, levels_J) -> np.n
     for h in range(horizon):
         for c in range(ratios_NHC.shape[2]):
             for j, q in enumerate(levels_J):
-                k[h, c, j] = weighted_quantile(ratios_NHC[ok, h, c] / s_N, s_N, q)
+                k[h, c, j] = baselines.weighted_quantile(ratios_NHC[ok, h, c] / s_N, s_N, q)
     return k
 
 
