@@ -52,25 +52,19 @@ def group_size(num_series: int, train_cfg, num_devices: int, backend: str) -> in
     (rounded up to the device count).
     """
     if train_cfg.share == "pooled":
-        return pooled_group_size(num_series, train_cfg, num_devices)
+        return pooled_group_size(num_series, train_cfg)
     fit = CPU_COINS_PER_DEVICE * num_devices if backend == "cpu" else MAX_GROUP_SIZE
     k = min(train_cfg.group_size or fit, num_series)
     return -(-k // num_devices) * num_devices
 
 
-def pooled_group_size(num_series: int, train_cfg, num_devices: int) -> int:
-    """train.share=pooled: every series in one group (one model), on one device.
+def pooled_group_size(num_series: int, train_cfg) -> int:
+    """train.share=pooled: every series in one group (one model; its mesh is one device,
+    `coin_mesh`).
 
     Raises:
-      ConfigError: more than one device (the shared gradient would need a cross-device
-        sum, cpbjax/pooled.py), or a train.group_size that would split the series.
+      ConfigError: a train.group_size that would split the series.
     """
-    rules.check(
-        num_devices == 1,
-        "train.share",
-        train_cfg.share,
-        f"'series' on {num_devices} devices: a pooled model trains on one device",
-    )
     rules.check(
         train_cfg.group_size == 0 or train_cfg.group_size >= num_series,
         "train.group_size",
@@ -79,6 +73,24 @@ def pooled_group_size(num_series: int, train_cfg, num_devices: int) -> int:
         "model trains on all of them in one group)",
     )
     return num_series
+
+
+def coin_mesh(train_cfg) -> Mesh:
+    """The run's coin mesh: every device, or one for a pooled model, whose gradient is
+    not split across devices (cpbjax/pooled.py).
+
+    Raises:
+      ConfigError: train.share=pooled in a multi-host run.
+    """
+    if train_cfg.share == "series":
+        return sharding.coin_mesh()
+    rules.check(
+        jax.process_count() == 1,
+        "train.share",
+        train_cfg.share,
+        "'series' in a multi-host run (a pooled model trains on one device)",
+    )
+    return sharding.coin_mesh(jax.local_devices()[:1])
 
 
 def prepare_all(config, clock: StageClock | None = None) -> tuple[list, dict]:
@@ -442,7 +454,7 @@ def train_groups(
       RunMismatch: the workdir's ledger belongs to another run.
     """
     run, plan = _make_run(
-        config, workdir, preps, sharding.coin_mesh(), clock, keep_models, extra_print
+        config, workdir, preps, coin_mesh(config.train), clock, keep_models, extra_print
     )
     if sharding.is_primary():
         writers.write_config(workdir, config)

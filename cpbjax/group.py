@@ -61,6 +61,11 @@ class GroupTrainer:
             )
         self.t_max = config.data.max_candles if t_max is None else t_max
         self.spec = step.make_spec(config, module, self.t_max)
+        if self.spec.share == "pooled" and self.mesh.size > 1:
+            raise ValueError(
+                f"train.share='pooled' trains one model on one device, not on a mesh of "
+                f"{self.mesh.size} (driver.coin_mesh)"
+            )
         self.num_coins = num_coins
         self.data_cfg = config.data
         self.matmul_precision = config.matmul_precision

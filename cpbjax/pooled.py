@@ -10,11 +10,11 @@ stopping, divergence and the plateau watch the pooled val loss, the mean over ev
 coin's val windows; each coin's own train and val losses are still reported.
 
 Both means weigh windows, not coins: the pooled model is fitted to all windows, and with
-data.normalize=last_close and train.loss_scale=persistence a window's loss is comparable
+data.normalization=last_close and train.loss_scale=persistence a window's loss is comparable
 across series; a coin with fewer windows (a shorter series) counts for fewer of them.
 
-One device only (the driver refuses more): on a sharded coin axis the gradient and the
-pooled val loss would need a cross-device sum.
+It runs on one device (driver.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
+coin axis the gradient and the pooled val loss would need a cross-device sum.
 
 Shape letters (docs/design.md): K coins, S steps, B windows per step, H horizon.
 """
