@@ -106,7 +106,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         baseline=config.model.baseline,
         min_delta=t.min_delta,
         reduce_on_plateau=t.reduce_on_plateau,
-        share=t.get("share", "series"),
+        share=t.share,
     )
 
 

@@ -19,7 +19,18 @@ import numpy as np
 import optax
 import pytest
 
-from cpbjax import checkpoint, driver, evaluate, models, optimizer, pooled, sharding, step, writers
+from cpbjax import (
+    backtest,
+    checkpoint,
+    driver,
+    evaluate,
+    models,
+    optimizer,
+    pooled,
+    sharding,
+    step,
+    writers,
+)
 from cpbjax import config as config_lib
 from cpbjax.data import stacking
 from cpbjax.group import GroupTrainer, coin_keys
@@ -172,7 +183,7 @@ def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch):
 # Config and plan.
 
 
-def test_bad_share_and_conflicting_plans_are_config_errors():
+def test_bad_share_and_conflicting_plans_are_config_errors(tmp_path):
     c = pooled_config()
     c.train.share = "shared"
     with pytest.raises(config_lib.ConfigError, match=r"train.share='shared'.*series, pooled"):
@@ -189,6 +200,9 @@ def test_bad_share_and_conflicting_plans_are_config_errors():
     multi_host = mock.patch.object(jax, "process_count", return_value=2)
     with multi_host, pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*multi-host"):
         driver.coin_mesh(t)
+    with pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*--mode backtest"):
+        backtest.run_backtest(pooled_config(), str(tmp_path))
+    assert not os.listdir(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------
