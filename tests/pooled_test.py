@@ -172,7 +172,7 @@ def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch):
     )
     batches = _reference_batches(config, *jax.device_get((ends_SKB[0], mask_KB, step_keys_K)), 0)
     assert [len(b[0]) for b in batches] == [4, 12, 32]
-    reference = jax.value_and_grad(_reference_loss(config, module), has_aux=True)
+    reference = jax.jit(jax.value_and_grad(_reference_loss(config, module), has_aux=True))
     (ref_loss, ref_err_K), ref_grads = reference(params, batches)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     np.testing.assert_allclose(err_K, np.asarray(ref_err_K), rtol=1e-6)
