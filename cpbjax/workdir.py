@@ -4,6 +4,7 @@
 <workdir>/metrics.jsonl               one JSON object per (group, epoch)
 <workdir>/results.json                per series: status, losses, test/val metrics
 <workdir>/checkpoints/groups.json     the resume ledger (group plan, finished groups)
+<workdir>/checkpoints/finished/<group>.json  a finished group's results.json entries (ledger)
 <workdir>/checkpoints/<group>/        Orbax checkpoints of one group's train state
 <workdir>/models/<SERIES>/            one series' best model (meta.json + params/)
 <workdir>/forecasts/<SERIES>.npz      test forecasts (eval.save_forecasts)
@@ -15,7 +16,7 @@
 <workdir>/eval-<stamp>.json, .md, .html --mode evaluate
 <workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard)
 <workdir>/export/<SERIES>/            --mode export: a portable model folder
-<workdir>/backtest.json, backtest.md  --mode backtest: per series x fold and pooled scores
+<workdir>/backtest.json, .md, .html   --mode backtest: per series x fold and pooled scores
 <workdir>/backtest/                   --mode backtest's own run folder (config.json,
                                       metrics.jsonl, checkpoints/, forecasts/<SERIES>@fold<f>.npz),
                                       so a backtest never touches a train run's files
@@ -34,6 +35,7 @@ FORECAST_JSON = "forecast.json"
 FORECAST_CSV = "forecast.csv"
 CHECKPOINTS_DIR = "checkpoints"
 LEDGER_FILE = "groups.json"
+FINISHED_DIR = "finished"  # checkpoints/finished/<group>.json, the ledger's finished groups
 MODELS_DIR = "models"
 FORECASTS_DIR = "forecasts"
 PLOTS_DIR = "plots"
@@ -60,6 +62,11 @@ def results_json(workdir: str) -> str:
 
 def ledger(workdir: str) -> str:
     return os.path.join(workdir, CHECKPOINTS_DIR, LEDGER_FILE)
+
+
+def finished_group(workdir: str, group: str) -> str:
+    """checkpoints/finished/<group>.json: a finished group's results.json entries."""
+    return os.path.join(workdir, CHECKPOINTS_DIR, FINISHED_DIR, f"{group}.json")
 
 
 def group_checkpoints(workdir: str, group: str) -> str:

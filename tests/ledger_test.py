@@ -1,5 +1,7 @@
 """Tests of cpbjax.ledger: the resume fingerprint and its refusals."""
 
+import os
+
 import pytest
 
 from cpbjax import ledger, writers
@@ -45,3 +47,39 @@ def test_padded_length_is_part_of_the_fingerprint_and_old_ledgers_resume(tmp_pat
     ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan, max_candles))
     with pytest.raises(ledger.RunMismatch, match="padded_candles"):
         ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan, max_candles - 1))
+
+
+def test_each_finished_group_is_written_once_to_its_own_file(tmp_path):
+    config, plan = make_config(), [["BTCUSDT-1h"], ["ETHUSDT-1h"]]
+    book = ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan))
+    entries = {
+        f"group-00{g}": {name: {"status": "trained", "g": g}} for g, (name,) in enumerate(plan)
+    }
+    book.finish("group-000", entries["group-000"])
+    first_file = workdir_lib.finished_group(str(tmp_path), "group-000")
+    written = os.stat(first_file).st_mtime_ns
+    book.finish("group-001", entries["group-001"])
+    # The first group's file was not rewritten, and groups.json holds no entries.
+    assert os.stat(first_file).st_mtime_ns == written
+    assert writers.read_json(first_file) == entries["group-000"]
+    index = writers.read_json(workdir_lib.ledger(str(tmp_path)))["finished"]
+    assert index == {g: f"finished/{g}.json" for g in entries}
+    reopened = ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan))
+    assert {g: reopened.finished(g) for g in entries} == entries
+    # A missing entries file is named, never a traceback.
+    os.remove(first_file)
+    with pytest.raises(ledger.RunMismatch, match="group-000.json is missing or damaged"):
+        reopened.finished("group-000")
+
+
+def test_a_ledger_with_entries_inline_still_resumes(tmp_path):
+    """cpbjax 0.1 kept each finished group's entries inside groups.json."""
+    config, plan = make_config(), [["BTCUSDT-1h"]]
+    ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan))
+    path = workdir_lib.ledger(str(tmp_path))
+    old = writers.read_json(path)
+    old["finished"] = {"group-000": {"BTCUSDT-1h": {"status": "trained"}}}
+    writers.write_json(path, old)
+    reopened = ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan))
+    assert reopened.finished("group-000") == {"BTCUSDT-1h": {"status": "trained"}}
+    assert reopened.finished("group-001") is None
