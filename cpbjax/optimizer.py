@@ -9,6 +9,8 @@ before every update from `schedule(global_step) * plateau_scale`, so:
   - the learning rate lives in the optimizer state, where metrics can read it;
   - reduce-on-plateau is fed the validation loss once per epoch (its patience is
     in epochs), not the training loss of every step.
+A sweep coin (cpbjax/sweep_grid.py) multiplies that rate by its own lr_mult, and with
+`per_coin_decay` its weight decay is injected the same way.
 """
 
 from __future__ import annotations

@@ -323,7 +323,7 @@ class CoinStep(NamedTuple):
     ends_B: jax.Array  # int32 [B] window ends
     mask_B: jax.Array  # bool [B] valid windows
     key: jax.Array  # this step's key
-    lr: jax.Array  # learning rate (schedule x plateau scale)
+    lr: jax.Array  # learning rate (schedule x plateau scale x a sweep coin's lr_mult)
     active: jax.Array  # bool: the coin still trains
     hparams: dict  # the coin's other injected optimizer hyperparameters ({} without a sweep)
 

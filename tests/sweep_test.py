@@ -1,6 +1,6 @@
 """Tests of sweeps: every (series, setting) coin in one program, chosen on val loss only.
 
-One sweep of 2 tiny series x 2 learning rates runs once in a subprocess (module
+One sweep of 2 tiny series x 2 learning rates x 2 weight decays runs once in a subprocess (module
 fixture) with a persistent compilation cache at XLA optimisation level 0, as the
 backtest tests do; the run of one setting alone reuses its compiled programs.
 """
@@ -25,16 +25,18 @@ from cpbjax.data import stacking
 from tests import train_test
 
 SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")
-RATES = (1e-3, 3e-3)  # x 2 series: 4 coins, one group of 4 on one CPU device
-ALONE_SERIES, ALONE_RATE = "ETHUSDT-1h", 3e-3  # the coin trained again on its own
+RATES, DECAYS = (1e-3, 3e-3), (0.0, 0.05)  # x 2 series: 8 coins, one group of 8
+# The coin trained again on its own (the config's own are lr 1e-3, decay 1e-2).
+ALONE_SERIES, ALONE_SETTING = "ETHUSDT-1h", {"learning_rate": 3e-3, "weight_decay": 0.0}
 
 
 def sweep_config():
-    """train_test's tiny GRU (300 candles, 1 layer of 16), 2 series, 2 learning rates."""
+    """train_test's tiny GRU (300 candles, 1 layer of 16), 2 series, 2 x 2 settings."""
     c = train_test.make_config()
     c.data.symbols = tuple(s.split("-")[0] for s in SERIES)
     c.ckpt.every_epochs = 1
-    c.sweep.learning_rate = RATES
+    c.train.group_size = 8
+    c.sweep.learning_rate, c.sweep.weight_decay = RATES, DECAYS
     return config_lib.validate(c)
 
 
@@ -44,13 +46,14 @@ def run(workdir: str) -> None:
 
 
 def run_alone(workdir: str) -> None:
-    """ALONE_SERIES as the only coin of a plain run with train.learning_rate=ALONE_RATE
-    (same symbols, so its coin key is the sweep coin's)."""
+    """ALONE_SERIES as the only coin of a plain run with ALONE_SETTING's values in
+    config.train (same symbols, so its coin key is the sweep coin's)."""
     from cpbjax import driver
     from cpbjax.runlog import StageClock
 
     config = sweep_config()
-    config.sweep.learning_rate, config.train.learning_rate = (), ALONE_RATE
+    config.sweep.learning_rate, config.sweep.weight_decay = (), ()
+    config.train.update(ALONE_SETTING)
     preps = [p for p in driver.prepare_all(config)[0] if p.name == ALONE_SERIES]
     entries, _, _ = driver.train_groups(config, workdir, preps, StageClock())
     writers.write_json(os.path.join(workdir, "alone.json"), entries)
@@ -91,14 +94,19 @@ def _read(workdir, name="sweep.json") -> dict:
     return writers.read_json(os.path.join(workdir, name))
 
 
+def _settings():
+    """The setting names, written out by hand in grid order."""
+    return [f"lr={r!r},wd={w!r}" for r in RATES for w in DECAYS]
+
+
 def _coins():
-    return [f"{s}@lr={r!r}" for s in SERIES for r in RATES]
+    return [f"{s}@{name}" for s in SERIES for name in _settings()]
 
 
 def test_the_whole_grid_trains_in_one_program(full):
     records = writers.MetricsLog(os.path.join(full, "sweep")).records()
     assert {r["group"] for r in records} == {"group-000"}
-    assert all(r["series"] == _coins() and r["coins_computed"] == 4 for r in records)
+    assert all(r["series"] == _coins() and r["coins_computed"] == 8 for r in records)
     compiles = [c["program"] for c in _read(full, "timings.json")["compiles"]]
     assert compiles.count("jit(run_epoch)") == 1
 
@@ -107,7 +115,8 @@ def test_a_sweep_coin_trains_as_that_setting_alone(full, env, tmp_path):
     proc = _spawn("run_alone", tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     alone = writers.read_json(os.path.join(tmp_path, "alone.json"))[ALONE_SERIES]
-    cell = _read(full)["series"][ALONE_SERIES]["settings"][f"lr={ALONE_RATE!r}"]
+    alone_name = "lr={learning_rate!r},wd={weight_decay!r}".format(**ALONE_SETTING)
+    cell = _read(full)["series"][ALONE_SERIES]["settings"][alone_name]
     for field in ("status", "best_epoch", "epochs_run", "num_params"):
         assert alone[field] == cell[field], field
     # Another program (and schedule x lr_mult for the peak): equal up to float32 rounding,
@@ -119,15 +128,13 @@ def test_a_sweep_coin_trains_as_that_setting_alone(full, env, tmp_path):
     p_alone, _ = checkpoint.load_series_model(os.path.join(tmp_path, "models", ALONE_SERIES))
     p_coin, _ = checkpoint.load_series_model(os.path.join(full, "sweep", "models", cell["coin"]))
     np.testing.assert_allclose(_flat(p_alone), _flat(p_coin), **train_test.CROSS_PROGRAM)
-    # ... and the other setting of the same series, which starts from the same init, is
-    # not equal (so this is not init == init).
-    other, _ = checkpoint.load_series_model(os.path.join(full, "sweep", "models", _other()))
-    assert np.abs(_flat(other) - _flat(p_coin)).max() > 1e-3
-
-
-def _other() -> str:
-    """The sweep coin of ALONE_SERIES at the other learning rate."""
-    return next(f"{ALONE_SERIES}@lr={r!r}" for r in RATES if r != ALONE_RATE)
+    # ... and each other setting of the same series, which starts from the same init,
+    # ends elsewhere: each of its per-coin values reached the step.
+    for name in _settings():
+        if name != alone_name:
+            path = os.path.join(full, "sweep", "models", f"{ALONE_SERIES}@{name}")
+            other, _ = checkpoint.load_series_model(path)
+            assert np.abs(_flat(other) - _flat(p_coin)).max() > 1e-4, name
 
 
 def _flat(params) -> np.ndarray:
@@ -142,7 +149,7 @@ def test_series_choice_is_the_argmin_of_val_loss_from_metrics(full):
         for name, v in zip(r["series"], r["val_loss"], strict=True):
             best[name] = min(best.get(name, math.inf), v)
     for series in SERIES:
-        by_setting = {f"lr={r!r}": best[f"{series}@lr={r!r}"] for r in RATES}
+        by_setting = {name: best[f"{series}@{name}"] for name in _settings()}
         want = min(by_setting, key=by_setting.get)
         assert out["series"][series]["chosen"] == want
         for name, v in by_setting.items():
@@ -161,8 +168,22 @@ def test_chosen_settings_are_published_as_the_run(full):
         want, _ = checkpoint.load_series_model(os.path.join(full, "sweep", "models", cell["coin"]))
         np.testing.assert_array_equal(_flat(params), _flat(want))
         assert meta["series"] == series
-        assert meta["config"]["train"]["learning_rate"] == cell["learning_rate"]
-        assert meta["config"]["sweep"]["learning_rate"] == []
+        for field in ("learning_rate", "weight_decay"):
+            assert meta["config"]["train"][field] == cell[field]
+            assert meta["config"]["sweep"][field] == []
+
+
+def test_evaluate_mode_rescores_the_published_models(full, env, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(full, workdir)
+    cmd = [sys.executable, "launch.py", "--mode=evaluate", f"--workdir={workdir}"]
+    proc = subprocess.run(cmd, env=env, cwd=train_test.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (evaluated,) = [f for f in os.listdir(workdir) if f.startswith("eval-") and f.endswith("json")]
+    got, want = _read(workdir, evaluated)["series"], _read(full, "results.json")["series"]
+    for series in SERIES:
+        close = lambda e: e["test"]["columns"]["close"]["mae"]  # noqa: E731
+        assert close(got[series]) == pytest.approx(close(want[series]), rel=1e-6)
 
 
 def test_rerun_with_another_grid_is_refused(full):
