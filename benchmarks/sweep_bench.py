@@ -4,15 +4,16 @@ Runs `launch.py` once with `--config.sweep.learning_rate=<rates>` (every series 
 coin of the same programs) and once per rate with `--config.train.learning_rate=<rate>`,
 each with its own empty compile cache (a learning rate is a constant of a plain run's
 program, so each separate run compiles its own). Reports per arm the summed process wall
-seconds, the training part (setup + compile + train + host stages of timings.json), the
-epoch programs' XLA build seconds, and the median over --repeats. On a CPU an epoch's cost
+seconds, the training part (setup + compile + train + host stages of timings.json), its
+epochs after each program's first ("train" stage), the epoch programs' XLA build
+seconds, and the median over --repeats. On a CPU an epoch's cost
 grows with its coins, so the sweep saves mainly the extra compiles and process starts; on
 an accelerator with room for the extra coins the epoch costs about the same, so the sweep
 should take about 1/len(rates) of the separate runs' training time. Writes one record to
 benchmarks/records/.
 
   python benchmarks/sweep_bench.py --config configs/gru.py:tiny --rates 3e-4,1e-3,3e-3 \
-      --flags="--config.data.intervals=('1h',)"
+      --flags="--config.data.intervals=\"('1h',)\" --config.train.epochs=5"
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def run_once(config: str, flags: list[str], tmp: str, name: str) -> dict:
     return {
         "wall": wall,
         "training": sum(timings["stages"].get(s, 0.0) for s in TRAIN_STAGES),
+        "epochs s": timings["stages"].get("train", 0.0),
         "epoch programs": len(epoch_xla),
         "epoch xla s": sum(epoch_xla),
     }
@@ -86,7 +88,8 @@ def bench(config: str, rates: list[str], flags: list[str], repeats: int) -> list
 
 
 def _ratios(sweep: dict, separate: dict) -> dict:
-    return {k: round(sweep[k] / separate[k], 2) for k in ("wall", "training", "epoch xla s")}
+    keys = ("wall", "training", "epochs s", "epoch xla s")
+    return {k: round(sweep[k] / separate[k], 2) for k in keys}
 
 
 def main() -> None:
@@ -100,7 +103,7 @@ def main() -> None:
     flags = ["--config.logging.progress=plain", "--config.eval.plots=False"]
     flags += shlex.split(args.flags)
     rows = bench(args.config, args.rates.split(","), flags, args.repeats)
-    columns = ["arm", "repeats", "wall", "training", "epoch programs", "epoch xla s"]
+    columns = ["arm", "repeats", "wall", "training", "epochs s", "epoch programs", "epoch xla s"]
     table = common.markdown_table(rows, columns)
     print(table)
     if args.records_dir:

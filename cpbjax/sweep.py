@@ -32,8 +32,8 @@ OMITTED_FIELDS = ("train_seconds", "group_train_seconds", "peak_memory_bytes", "
 
 
 def grid(config) -> dict:
-    """sweep.json's "sweep" (also in the resume ledger): the swept values, the settings
-    in grid order, and the selection rule."""
+    """sweep.json's "sweep": the swept values, the settings in grid order (both also in
+    the resume ledger), and the selection rule."""
     return writers.to_jsonable(
         {
             "fields": {f: list(config.sweep[f]) for f in sweep_grid.swept(config)},
@@ -153,7 +153,8 @@ def run_sweep(config, workdir: str) -> dict:
     """Trains every (series, setting) coin of the sweep, chooses and publishes settings.
 
     Rerunning with the same workdir resumes as a train run does (the ledger of
-    sweep/checkpoints/ also holds the grid, so another grid is refused).
+    sweep/checkpoints/ also holds the grid, so another grid is refused); a finished
+    sweep rerun with another sweep.select only chooses and publishes again.
 
     Returns:
       The sweep.json dict: "run", "sweep" (`grid`), "series" (per series its "settings"
@@ -172,7 +173,9 @@ def run_sweep(config, workdir: str) -> dict:
         raise driver.NothingTrained(f"no series could be trained; skipped: {skipped}")
     coins = sweep_grid.expand(preps, config)
     extra = {"sweep": grid(config)}
-    entries, records, plan = driver.train_groups(config, run_dir, coins, clock, extra_print=extra)
+    # The choice only reads the trained coins: a rerun may change sweep.select.
+    trained = {"sweep": {k: v for k, v in extra["sweep"].items() if k != "select"}}
+    entries, records, plan = driver.train_groups(config, run_dir, coins, clock, extra_print=trained)
     tab = table([p.name for p in preps], entries, config)
     chosen = choose(tab, config.sweep.select)
     logging.info("sweep: chosen settings (by val loss): %s", chosen)

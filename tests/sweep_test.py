@@ -45,6 +45,13 @@ def run(workdir: str) -> None:
     sweep.run_sweep(sweep_config(), workdir)
 
 
+def run_pooled(workdir: str) -> None:
+    logging.set_verbosity(logging.INFO)  # the test reads what was skipped
+    config = sweep_config()
+    config.sweep.select = "pooled"
+    sweep.run_sweep(config, workdir)
+
+
 def run_alone(workdir: str) -> None:
     """ALONE_SERIES as the only coin of a plain run with ALONE_SETTING's values in
     config.train (same symbols, so its coin key is the sweep coin's)."""
@@ -198,14 +205,29 @@ def test_rerun_with_another_grid_is_refused(full):
         assert f.read() == before
 
 
-def test_rerun_of_a_finished_sweep_resumes_to_the_same_choice(full, env, tmp_path):
+def test_rerun_with_pooled_select_resumes_and_only_chooses_again(full, env, tmp_path):
     again = tmp_path / "again"
     shutil.copytree(full, again)
-    proc = _spawn("run", again, env)
+    proc = _spawn("run_pooled", again, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "group-000 already finished" in proc.stderr
     a, b = _read(again), _read(full)
-    assert a["series"] == b["series"] and a["sweep"] == b["sweep"]
+    assert a["sweep"] == {**b["sweep"], "select": "pooled"}
+    for series in SERIES:  # the same trained coins
+        assert a["series"][series]["settings"] == b["series"][series]["settings"]
+    # The pooled choice, recomputed by a plain loop from sweep.json's val losses.
+    ratios = {name: [] for name in _settings()}
+    for series in SERIES:
+        cells = b["series"][series]["settings"]
+        low = min(cells[n]["best_val_loss"] for n in _settings())
+        for name in _settings():
+            ratios[name].append(cells[name]["best_val_loss"] / low)
+    mean = {name: sum(r) / len(r) for name, r in ratios.items()}
+    want = min(mean, key=mean.get)
+    assert a["pooled_scores"] == pytest.approx(mean)
+    assert {s: a["series"][s]["chosen"] for s in SERIES} == dict.fromkeys(SERIES, want)
+    results = _read(again, "results.json")["series"]
+    assert {s: results[s]["sweep"]["setting"] for s in SERIES} == dict.fromkeys(SERIES, want)
 
 
 # -- selection ----------------------------------------------------------------------------
