@@ -19,7 +19,7 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import checkpoint, ledger, optimizer, sweep, sweep_grid, writers
+from cpbjax import backtest, checkpoint, ledger, optimizer, sweep, sweep_grid, writers
 from cpbjax import config as config_lib
 from cpbjax.data import stacking
 from tests import train_test
@@ -340,6 +340,12 @@ def test_fields_that_cannot_be_per_coin_arrays_are_refused(field, match):
         c.sweep[field] = (1, 2)
     with pytest.raises(config_lib.ConfigError, match=match):
         config_lib.validate(c)
+
+
+def test_a_backtest_refuses_a_sweep_instead_of_ignoring_it(tmp_path):
+    with pytest.raises(config_lib.ConfigError, match="sweep.learning_rate.*does not cross"):
+        backtest.run_backtest(sweep_config(), str(tmp_path))
+    assert os.listdir(tmp_path) == []
 
 
 def test_launch_exits_2_naming_a_bad_sweep_value(tmp_path):
