@@ -6,7 +6,8 @@ own <workdir>/timings.json (load, prepare, setup, compile, train, host, evaluate
 report) and its XLA programs: `programs` counts those built (compiled, or read from the
 compile cache when warm), `xla s` their build seconds and `epoch xla s` those of the
 epoch program; `startup` is the rest of the process's wall time (Python and jax imports,
-device start, config). Writes one record per invocation to benchmarks/records/.
+device start, config); `peak GiB` the run's peak resident memory. Writes one record per
+invocation to benchmarks/records/.
 
   python benchmarks/run_bench.py --models gru,transformer,lstm --variant demo
   python benchmarks/run_bench.py --models gru --variant "" \
@@ -32,18 +33,26 @@ from benchmarks import common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("startup", "load", "prepare", "setup", "compile", "train", "host", "evaluate", "report")
+# Runs one command and prints its peak RSS (KiB) as the last line: RUSAGE_CHILDREN of a
+# fresh wrapper process holds exactly that run's maximum.
+_PEAK_RSS = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
 
 
 def run_once(model: str, variant: str, flags: list[str], cache: str, workdir: str) -> dict:
-    """One `launch.py` run; returns its stage seconds and total wall seconds."""
+    """One `launch.py` run; returns its stage seconds, total wall seconds and peak memory."""
     config = f"configs/{model}.py" + (f":{variant}" if variant else "")
     cmd = [sys.executable, "launch.py", f"--config={config}", f"--workdir={workdir}", *flags]
     env = dict(os.environ, CPBJAX_COMPILATION_CACHE=cache)
     began = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wrapped = [sys.executable, "-c", _PEAK_RSS, *cmd]
+    proc = subprocess.run(wrapped, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.monotonic() - began
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    peak_gib = int(proc.stdout.strip().splitlines()[-1]) / 2**20
     timings = json.loads((Path(workdir) / "timings.json").read_text())
     stages = {s: timings["stages"].get(s, 0.0) for s in STAGES[1:]}
     compiles = timings.get("compiles", [])  # XLA programs built (compiled, or read from the cache)
@@ -55,6 +64,7 @@ def run_once(model: str, variant: str, flags: list[str], cache: str, workdir: st
         "programs": len(compiles),
         "xla s": sum(c["seconds"] for c in compiles),
         "epoch xla s": sum(epoch_s),
+        "peak GiB": peak_gib,
     }
 
 
@@ -68,7 +78,7 @@ def bench(models: list[str], variant: str, flags: list[str]) -> list[dict]:
                 workdir = os.path.join(tmp, f"{model}-{kind}")
                 seconds = run_once(model, variant, flags, cache, workdir)
                 rows.append(
-                    {"model": model, "cache": kind, **{k: round(v, 1) for k, v in seconds.items()}}
+                    {"model": model, "cache": kind, **{k: round(v, 2) for k, v in seconds.items()}}
                 )
                 print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -83,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     flags = ["--config.logging.progress=plain", *shlex.split(args.flags)]
     rows = bench(args.models.split(","), args.variant, flags)
-    columns = ["model", "cache", *STAGES, "wall", "programs", "xla s", "epoch xla s"]
+    columns = ["model", "cache", *STAGES, "wall", "programs", "xla s", "epoch xla s", "peak GiB"]
     table = common.markdown_table(rows, columns)
     print(table)
     if args.records_dir:

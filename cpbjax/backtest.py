@@ -137,6 +137,11 @@ def _check(config) -> None:
             "data.normalization='candle_minmax' keeps no price level, so a backtest has no "
             "price-space errors to pool: use last_close or zscore"
         )
+    if config.train.share == "pooled":
+        raise ConfigError(
+            "train.share='pooled' is not allowed with --mode backtest: one model over all "
+            "folds would train on later folds' test blocks; use train.share='series'"
+        )
 
 
 def run_backtest(config, workdir: str) -> dict:

@@ -46,6 +46,7 @@ DEFAULT_SYMBOLS = (
     "LUNAUSDT",
 )
 DEFAULT_INTERVALS = ("15m", "1h")
+SHARES = ("series", "pooled")  # train.share: a model per series, or one for the run
 
 # Name lists that other modules own, read from the owner each time they are asked for
 # (`config.SOURCES`, or validate()), so a source or model registered from user code is
@@ -157,6 +158,9 @@ def base_config() -> ml_collections.ConfigDict:
     # coin's train windows, so close and open do not drown high and low.
     t.loss_scale = "none"
     t.group_size = 0  # Coins per compiled program; 0 = as many as fit (GPU 64, CPU 4 per device).
+    # series: one model per series (coins vmapped) | pooled: ONE model trained on the windows
+    # of every series of the run, all in one group (cpbjax/pooled.py, docs/design.md).
+    t.share = "series"
     # Once at most half of a program's coins still train, move them into a program of their
     # own size (the stopped ones cost as much as live ones in a vmapped step). Same results.
     t.compact_groups = True
@@ -430,6 +434,8 @@ def _validate_train(c) -> None:
     _int_range(c, "train.plateau_patience", 1)
     _num_range(c, "train.teacher_forcing", 0, 1)
     _int_range(c, "train.group_size", 0)
+    if "share" in c.train:  # absent from a config saved by an earlier cpbjax
+        _choice(c, "train.share", SHARES)
     _bool(c, "train.reduce_on_plateau")
     _bool(c, "train.compact_groups")
 
@@ -482,6 +488,12 @@ def _validate_sweep(c) -> None:
         for v in values:
             rules.num_in(name, v, *_SWEEPABLE_RANGES[field])
     _choice(c, "sweep.select", sweep_grid.SELECT)
+    if sweep_grid.is_sweep(c) and c.train.get("share") == "pooled":
+        raise ConfigError(
+            f"config.sweep.{sweep_grid.swept(c)[0]} needs train.share='series': a pooled model "
+            "is one model for every coin, so per-coin hyperparameters cannot apply; run "
+            "separate configs"
+        )
 
 
 def _validate_serve(c) -> None:

@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 
 from cpbjax import checkpoint, evaluate, forecast, models, platform, report, sharding, writers
 from cpbjax import config as config_lib
+from cpbjax import config_rules as rules
 from cpbjax import workdir as workdir_lib
 from cpbjax.compaction import LiveCoins
 from cpbjax.data import sources, stacking, windows
@@ -50,9 +51,46 @@ def group_size(num_series: int, train_cfg, num_devices: int, backend: str) -> in
     CPU_COINS_PER_DEVICE per device on the CPU backend; never more than the series
     (rounded up to the device count).
     """
+    if train_cfg.share == "pooled":
+        return pooled_group_size(num_series, train_cfg)
     fit = CPU_COINS_PER_DEVICE * num_devices if backend == "cpu" else MAX_GROUP_SIZE
     k = min(train_cfg.group_size or fit, num_series)
     return -(-k // num_devices) * num_devices
+
+
+def pooled_group_size(num_series: int, train_cfg) -> int:
+    """train.share=pooled: every series in one group (one model; its mesh is one device,
+    `coin_mesh`).
+
+    Raises:
+      ConfigError: a train.group_size that would split the series.
+    """
+    rules.check(
+        train_cfg.group_size == 0 or train_cfg.group_size >= num_series,
+        "train.group_size",
+        train_cfg.group_size,
+        f"0 or at least the run's {num_series} series with train.share='pooled' (one "
+        "model trains on all of them in one group)",
+    )
+    return num_series
+
+
+def coin_mesh(train_cfg) -> Mesh:
+    """The run's coin mesh: every device, or one for a pooled model, whose gradient is
+    not split across devices (cpbjax/pooled.py).
+
+    Raises:
+      ConfigError: train.share=pooled in a multi-host run.
+    """
+    if train_cfg.share == "series":
+        return sharding.coin_mesh()
+    rules.check(
+        jax.process_count() == 1,
+        "train.share",
+        train_cfg.share,
+        "'series' in a multi-host run (a pooled model trains on one device)",
+    )
+    return sharding.coin_mesh(jax.local_devices()[:1])
 
 
 def prepare_all(config, clock: StageClock | None = None) -> tuple[list, dict]:
@@ -163,7 +201,8 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
         finished = record["epoch"] >= t.epochs or not m["active"].any()
         if ckpts.due(record["epoch"], force=finished):  # All processes save.
             ckpts.maybe_save(record["epoch"], live.full_state(), force=finished)
-        if t.compact_groups and not finished:
+        # A pooled group is one model: its coins stop together, nothing to compact.
+        if t.compact_groups and t.share == "series" and not finished:
             live.maybe_compact(m, t.patience, t.epochs)
     ckpts.close()
     run.log.end_group()
@@ -361,6 +400,7 @@ def run_facts(config, started: float, plan: list) -> dict:
         "devices": devices["devices"],
         "groups": len(plan),
         "group_size": max((len(g) for g in plan), default=0),
+        "share": config.train.share,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "wall_seconds": time.time() - started,
     }
@@ -416,7 +456,7 @@ def train_groups(
       RunMismatch: the workdir's ledger belongs to another run.
     """
     run, plan = _make_run(
-        config, workdir, preps, sharding.coin_mesh(), clock, keep_models, extra_print
+        config, workdir, preps, coin_mesh(config.train), clock, keep_models, extra_print
     )
     if sharding.is_primary():
         writers.write_config(workdir, config)

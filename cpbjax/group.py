@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cpbjax import sharding, step, sweep_grid
+from cpbjax import pooled, sharding, step, sweep_grid
 from cpbjax.data import stacking, windows
 
 
@@ -61,6 +61,11 @@ class GroupTrainer:
             )
         self.t_max = config.data.max_candles if t_max is None else t_max
         self.spec = step.make_spec(config, module, self.t_max)
+        if self.spec.share == "pooled" and self.mesh.size > 1:
+            raise ValueError(
+                f"train.share='pooled' trains one model on one device, not on a mesh of "
+                f"{self.mesh.size} (driver.coin_mesh)"
+            )
         self.num_coins = num_coins
         self.data_cfg = config.data
         self.hparam_names = sweep_grid.hparam_names(config)  # GroupArrays.hparams of a sweep
@@ -85,16 +90,21 @@ class GroupTrainer:
         # check_vma=False: the scalar outputs (epoch, lr) are computed from replicated
         # inputs only, so they are the same on every device by construction.
         per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
-        epoch = functools.partial(step.run_epoch, self.spec)
+        epoch = functools.partial(self._math().run_epoch, self.spec)
         self._epoch_jit = jax.jit(
             per_device(
                 epoch, in_specs=(state_specs, arrays_specs), out_specs=(state_specs, metrics_specs)
             ),
             donate_argnums=0,
         )
-        init = functools.partial(step.init_state, self.spec)
+        init = functools.partial(self._math().init_state, self.spec)
         init_specs = (P(sharding.COIN_AXIS), arrays_specs)
         self._init_jit = jax.jit(per_device(init, in_specs=init_specs, out_specs=state_specs))
+
+    def _math(self):
+        """The module whose init_state and run_epoch the programs run: cpbjax/pooled.py
+        for train.share=pooled (one model, same state layout), else cpbjax/step.py."""
+        return pooled if self.spec.share == "pooled" else step
 
     def _state_shapes(self) -> step.GroupState:
         keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)

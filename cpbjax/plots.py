@@ -189,3 +189,38 @@ def plot_skill(path: str, results: dict) -> str | None:
     ax.set(xlabel="test skill vs better naive (%)", title="skill = 1 - MAE / MAE naive")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
+
+
+def fold_skills(backtest: dict, column: str) -> dict:
+    """fold index -> the test skills of `column` of its scored series (backtest.json)."""
+    by_fold: dict = {}
+    for entry in backtest.get("series", {}).values():
+        for fold in entry.get("folds", []):
+            skill = skill_of(fold, column)
+            if skill is not None:
+                by_fold.setdefault(fold["fold"], []).append(skill)
+    return by_fold
+
+
+def plot_fold_skill(path: str, backtest: dict) -> str | None:
+    """A backtest's test skill per fold, in time order: each series a dot, the mean a line,
+    one panel per column (close, high, low). None if no fold was scored."""
+    columns = ("close", "high", "low")
+    if not any(fold_skills(backtest, c) for c in columns):
+        return None
+    fig = _figure(9.0, 3.0)
+    axes = fig.subplots(1, len(columns), sharey=False)
+    for ax, col in zip(axes, columns, strict=True):
+        by_fold = fold_skills(backtest, col)
+        folds = sorted(by_fold)
+        for f in folds:
+            ax.plot([f] * len(by_fold[f]), [100 * v for v in by_fold[f]], ".", color="0.6", ms=4)
+        means = [100 * float(np.mean(by_fold[f])) for f in folds]
+        ax.plot(folds, means, "o-", color="C0", label="mean over series")
+        ax.axhspan(-100 * NOISE_BAND, 100 * NOISE_BAND, color="0.9", zorder=0)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=col, xlabel="fold (oldest first)")
+    axes[0].set_ylabel("test skill vs better naive (%)")
+    axes[0].legend(fontsize=8)
+    return _save(fig, path)

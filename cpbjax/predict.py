@@ -35,26 +35,27 @@ def _forecast_all(loaded, preps, cfg, skipped: dict) -> dict:
     return series
 
 
-def _mark_freshness(series: dict, now_ms: int) -> None:
-    """Records each forecast's age in intervals, warning loudly when candles are missing.
+def freshness(entry: dict, now_ms: int) -> int:
+    """Sets entry["age_intervals"] (a next_candles entry) and returns it, warning when stale.
 
     1 means the forecast starts from the newest closed candle; more means newer closed
     candles exist that the data did not hold, so early forecast steps are already past.
     """
-    for name, s in series.items():
-        step = INTERVAL_MS[s["interval"]]
-        age = klines_api.newest_closed_age([s["last_open_time_ms"]], step, now_ms)
-        s["age_intervals"] = age
-        if age > 1:
-            logging.warning(
-                "%s: STALE: the newest candle (%s) is %d intervals old, so %d forecast steps "
-                "are already past; data.source='binance_rest' (the default for predict on "
-                "binance data) tops the history up to now",
-                name,
-                s["last_open_time"],
-                age,
-                min(age - 1, len(s["forecast"])),
-            )
+    step = INTERVAL_MS[entry["interval"]]
+    age = klines_api.newest_closed_age([entry["last_open_time_ms"]], step, now_ms)
+    entry["age_intervals"] = age
+    if age > 1:
+        logging.warning(
+            "%s-%s: STALE: the newest candle (%s) is %d intervals old, so %d forecast steps "
+            "are already past; data.source='binance_rest' (the default for predict on "
+            "binance data) tops the history up to now",
+            entry["symbol"],
+            entry["interval"],
+            entry["last_open_time"],
+            age,
+            min(age - 1, len(entry["forecast"])),
+        )
+    return age
 
 
 def _summary(name: str, s: dict) -> str:
@@ -95,7 +96,9 @@ def run_predict(config, workdir: str) -> dict:
         "series": series,
         "skipped": skipped,
     }
-    _mark_freshness(series, klines_api.clock_ms())
+    now_ms = klines_api.clock_ms()
+    for entry in series.values():
+        freshness(entry, now_ms)
     paths = forecast.write_forecast_files(workdir, doc)
     for name, reason in skipped.items():
         logging.warning("%s: not forecast: %s", name, reason)

@@ -17,6 +17,7 @@ from cpbjax import report_tables as tables
 from cpbjax import workdir as workdir_lib
 from cpbjax.plots import (
     loss_curves,
+    plot_fold_skill,
     plot_forecasts,
     plot_loss,
     plot_name,
@@ -225,7 +226,16 @@ def render_backtest_markdown(backtest: dict, config) -> str:
 
 
 def write_backtest_report(workdir: str, backtest: dict, config) -> str:
-    """Writes <workdir>/backtest.md and returns its path."""
-    path = workdir_lib.report_md(workdir, workdir_lib.BACKTEST_STEM)
+    """Writes <workdir>/backtest.md, backtest.html and (eval.plots) plots/backtest/fold_skill.png;
+    returns the markdown's path."""
+    stem = workdir_lib.BACKTEST_STEM
+    path = workdir_lib.report_md(workdir, stem)
     writers.atomic_write(path, render_backtest_markdown(backtest, config))
+    chart = None
+    if config.eval.plots:
+        folder = workdir_lib.plots_dir(workdir, stem)
+        os.makedirs(folder, exist_ok=True)
+        chart = plot_fold_skill(os.path.join(folder, plot_name("fold_skill")), backtest)
+    page = report_html.render_backtest_html(backtest, config, chart)
+    writers.atomic_write(workdir_lib.report_html(workdir, stem), page)
     return path

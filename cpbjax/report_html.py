@@ -1,6 +1,6 @@
-"""<workdir>/tables.html: the whole run report in one self-contained page.
+"""<workdir>/report.html (and backtest.html): the whole report in one self-contained page.
 
-The page holds what tables.md holds (run facts, summary, the per-series results and
+The page holds what report.md holds (run facts, summary, the per-series results and
 baseline tables, skipped series) with every plot inlined as a data: URI, a sortable
 table (a few lines of inline JavaScript) and inline CSS. It loads nothing from anywhere
 else, so it opens the same from the file system, offline, or served by --mode serve.
@@ -95,24 +95,27 @@ def _anchor(series: str) -> str:
     return "s-" + "".join(c if c.isalnum() else "-" for c in series)
 
 
-def _cell(header: str, value: str) -> str:
+def _cell(header: str, value: str, link_series: bool) -> str:
     cls = "text" if header in TEXT_COLUMNS else ""
     if header in SKILL_COLUMNS and value[:1] in "+-" and value != "-":
         cls = "pos" if value.startswith("+") else "neg"
-    link = header == "series"
+    link = link_series and header == "series"
     value_html = f'<a href="#{_anchor(value)}">{_e(value)}</a>' if link else _e(value)
     return f'<td class="{cls}">{value_html}</td>' if cls else f"<td>{value_html}</td>"
 
 
-def table_html(table_id: str, headers, rows) -> str:
-    """A sortable table: every header is a button that sorts by its column."""
+def table_html(table_id: str, headers, rows, link_series: bool = True) -> str:
+    """A sortable table: every header is a button that sorts by its column; with
+    link_series, a "series" cell links to that series' section."""
     head = "".join(
         f'<th class="{"text" if h in TEXT_COLUMNS else ""}" scope="col">'
         f'<button type="button">{_e(h)}</button></th>'
         for h in headers
     )
     body = "".join(
-        "<tr>" + "".join(_cell(h, v) for h, v in zip(headers, row, strict=True)) + "</tr>"
+        "<tr>"
+        + "".join(_cell(h, v, link_series) for h, v in zip(headers, row, strict=True))
+        + "</tr>"
         for row in rows
     )
     return (
@@ -202,12 +205,24 @@ def _tables(results: dict, config) -> str:
     )
 
 
-def _skipped(results: dict) -> str:
+def _skipped(results: dict, heading: str = "Skipped series") -> str:
     skipped = results.get("skipped") or {}
     if not skipped:
         return ""
     items = "".join(f"<li>{_e(n)}: {_e(r)}</li>" for n, r in sorted(skipped.items()))
-    return f'<section id="skipped"><h2>Skipped series</h2><ul>{items}</ul></section>'
+    return f'<section id="skipped"><h2>{_e(heading)}</h2><ul>{items}</ul></section>'
+
+
+def _page(title: str, header: str, nav_items, body: str) -> str:
+    """A whole self-contained page: head, header, nav, main body, sort script."""
+    nav = "".join(f'<a href="#{i}">{t}</a>' for i, t in nav_items)
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<link rel="icon" href="data:,"><title>{_e(title)}</title><style>{CSS}</style></head>'
+        f"<body>{header}<nav>{nav}</nav><main>{body}"
+        f"</main><script>{SORT_JS}</script></body></html>\n"
+    )
 
 
 def render_html(results: dict, config, plots: list[str], title: str = "cpbjax report") -> str:
@@ -223,25 +238,45 @@ def render_html(results: dict, config, plots: list[str], title: str = "cpbjax re
     by_name = {os.path.basename(p): p for p in plots}
     skill = _figure(by_name.get(plots_lib.plot_name("skill")), "skill chart", "")
     no_plots = "" if plots else "<p>Plots are off (eval.plots=False) or there was none.</p>"
-    nav = "".join(
-        f'<a href="#{i}">{t}</a>'
-        for i, t in (
-            ("summary", "Summary"),
-            ("results", "Results"),
-            ("baselines", "Baselines"),
-            ("skill", "Skill"),
-            ("series", "Series"),
-        )
+    nav = (
+        ("summary", "Summary"),
+        ("results", "Results"),
+        ("baselines", "Baselines"),
+        ("skill", "Skill"),
+        ("series", "Series"),
     )
-    return (
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'<link rel="icon" href="data:,"><title>{_e(title)}</title><style>{CSS}</style></head>'
-        f"<body>{_header(results, config, title)}<nav>{nav}</nav><main>"
-        + _summary(results)
+    body = (
+        _summary(results)
         + _tables(results, config)
         + f'<section id="skill"><h2>Skill per series</h2>{skill or no_plots}</section>'
         + f'<section id="series"><h2>Series</h2>{_series_sections(results, by_name)}</section>'
         + _skipped(results)
-        + f"</main><script>{SORT_JS}</script></body></html>\n"
     )
+    return _page(title, _header(results, config, title), nav, body)
+
+
+def render_backtest_html(backtest: dict, config, chart: str | None) -> str:
+    """The backtest page: what backtest.md holds, and the skill-per-fold chart.
+
+    Args:
+      backtest: the backtest.json dict. config: the run config.
+      chart: the path of `plots.plot_fold_skill`'s PNG, or None (eval.plots off).
+    """
+    title = "cpbjax backtest"
+    settings = tables.fact_lines("backtest.", backtest.get("backtest") or {}, skip=())
+    settings += tables.fact_lines("", backtest.get("run") or {})
+    facts = "".join(f"<li>{_e(line[2:])}</li>" for line in settings)
+    figure = _figure(chart, "skill per fold", "each dot one series' test skill in that fold")
+    body = (
+        f'<section id="run"><h2>Run</h2><ul class="facts">{facts}</ul></section>'
+        '<section id="folds"><h2>Skill per fold over time (test blocks, price units)</h2>'
+        + (figure or "<p>Plots are off (eval.plots=False).</p>")
+        + table_html("folds-table", tables.FOLD_HEADERS, tables.fold_rows(backtest), False)
+        + f'<p class="legend">{_e(tables.FOLD_LEGEND)}</p></section>'
+        '<section id="pooled"><h2>Pooled over folds</h2>'
+        + table_html("pooled-table", tables.POOLED_HEADERS, tables.pooled_rows(backtest))
+        + f'<p class="legend">{_e(tables.POOLED_LEGEND)}</p></section>'
+        + _skipped(backtest, "Skipped series and folds")
+    )
+    nav = (("run", "Run"), ("folds", "Folds"), ("pooled", "Pooled"))
+    return _page(title, _header(backtest, config, title), nav, body)

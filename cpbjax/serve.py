@@ -3,7 +3,8 @@
 GET /                   <workdir>/report.html
 GET /health             {"status": "ok", "model", "series": n, "workdir"}
 GET /series             the series with a loaded model, with their training facts
-GET /forecast/{series}  a fresh forecast of the next H candles (forecast.json's entry)
+GET /forecast/{series}  a fresh forecast of the next H candles (forecast.json's entry, with
+                        age_intervals: 1 = from the newest closed candle, more = stale)
 
 The models are loaded once at start (cpbjax/saved.py, as --mode predict loads them); each
 forecast loads the newest data of its series from the config's data location and runs
@@ -30,10 +31,10 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
-from cpbjax import forecast, saved, writers
+from cpbjax import forecast, predict, saved, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import ConfigError
-from cpbjax.data import parsing
+from cpbjax.data import klines_api, parsing
 from cpbjax.data.series import SeriesSkipped
 
 # SYMBOL-INTERVAL, as models/<SERIES>/ names them (e.g. BTCUSDT-1h).
@@ -99,6 +100,7 @@ class Forecaster:
             entry = forecast.next_candles(
                 model.module, model.params, preps[name], cfg.data.lookback, cfg.data.horizon
             )
+        predict.freshness(entry, klines_api.clock_ms())  # age_intervals; > 1 is stale
         return {
             "series": name,
             "model": cfg.model.name,

@@ -74,6 +74,9 @@ class EpochSpec:
     baseline: str  # model.baseline: "vol_band" starts params at the fitted band
     min_delta: float  # improvement below this does not reset patience
     reduce_on_plateau: bool
+    # train.share: "series" (a model per coin, this module's epoch) or "pooled" (one model
+    # for every coin: cpbjax/pooled.py's epoch over the same data and state layout).
+    share: str = "series"
 
 
 def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
@@ -103,6 +106,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         baseline=config.model.baseline,
         min_delta=t.min_delta,
         reduce_on_plateau=t.reduce_on_plateau,
+        share=t.share,
     )
 
 
@@ -287,14 +291,12 @@ def forecast_loss(spec: EpochSpec, y_hat, y_BHC: jax.Array, data: CoinData) -> j
     return losses.window_loss(spec.loss, y_hat, y_BHC, scale_C, spec.quantiles)
 
 
-def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
-    """The training objective of ONE coin's batch, and its forecast part.
+def coin_loss_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
+    """The training objective of ONE coin's batch and its forecast part, summed over the
+    valid windows (float32 scalars, 0 when none is valid).
 
     Per window: train.loss of the OHLC forecast + aux_weight * aux MSE (the aux term
-    only with aux targets); both are means over the valid windows of the batch.
-
-    Returns:
-      (objective, forecast loss): float32 scalars; 0 when no window is valid.
+    only with aux targets).
     """
     w = gather_windows(spec, data, ends_B)
     dropout_key, teacher_key = jax.random.split(key)
@@ -308,13 +310,19 @@ def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
         rngs={"dropout": dropout_key, "teacher": teacher_key},
         **quantile_kwargs(spec),
     )
-    n = jnp.maximum(jnp.sum(mask_B), 1)
     err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
     objective_B = err_B
     if w.aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC MSE
         aux_err_B = jnp.where(mask_B, window_sq_err(aux_hat_BA, w.aux_BA), 0.0)
         objective_B = err_B + spec.aux_weight * aux_err_B
-    return jnp.sum(objective_B) / n, jnp.sum(err_B) / n
+    return jnp.sum(objective_B), jnp.sum(err_B)
+
+
+def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
+    """`coin_loss_sums` as means over the valid windows: (objective, forecast loss)."""
+    n = jnp.maximum(jnp.sum(mask_B), 1)
+    objective, err = coin_loss_sums(spec, params, data, ends_B, mask_B, key)
+    return objective / n, err / n
 
 
 class CoinStep(NamedTuple):
@@ -399,14 +407,20 @@ def coin_hparams(arrays: stacking.GroupArrays, lr_scale_K: jax.Array):
     return lr_scale_K, hparams
 
 
-def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays) -> TrainPass:
-    """Scan over this epoch's batches; returns params, opt state and per-coin sums."""
+def train_batches(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
+    """This epoch's train batches, shuffled per coin: (ends, mask) [S, K, B], step keys [K, 2]."""
     epoch_keys_K = jax.vmap(jax.random.fold_in, (0, None))(state.key, state.epoch)
     pair_K22 = jax.vmap(jax.random.split)(epoch_keys_K)
     shuffle_keys_K, step_keys_K = pair_K22[:, 0], pair_K22[:, 1]
     ends_SKB, mask_SKB = batches(
         spec, arrays.train_ends, arrays.train_mask, spec.train_steps, shuffle_keys_K
     )
+    return ends_SKB, mask_SKB, step_keys_K
+
+
+def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays) -> TrainPass:
+    """Scan over this epoch's batches; returns params, opt state and per-coin sums."""
+    ends_SKB, mask_SKB, step_keys_K = train_batches(spec, state, arrays)
     data = coin_data(arrays)
     lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
     lr_scale_K, hparams_K = coin_hparams(arrays, lr_scale_K)
@@ -442,6 +456,13 @@ def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays)
 
 def val_loss(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> jax.Array:
     """Masked mean validation loss per coin, float32 [K] (NaN for a coin without windows)."""
+    err_K, n_K = val_sums(spec, params, arrays)
+    return jnp.where(n_K > 0, err_K / jnp.maximum(n_K, 1), jnp.nan)
+
+
+def val_sums(spec: EpochSpec, params, arrays: stacking.GroupArrays):
+    """Per coin: the summed val loss over its valid val windows, float32 [K], and their
+    count, int32 [K]."""
     ends_SKB, mask_SKB = batches(spec, arrays.val_ends, arrays.val_mask, spec.val_steps)
     data = coin_data(arrays)
     sums = jax.vmap(
@@ -456,7 +477,7 @@ def val_loss(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> jax.Array
     (err_K, n_K), _ = jax.lax.scan(
         body, (jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.int32)), (ends_SKB, mask_SKB)
     )
-    return jnp.where(n_K > 0, err_K / jnp.maximum(n_K, 1), jnp.nan)
+    return err_K, n_K
 
 
 def run_epoch(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):

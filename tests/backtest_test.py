@@ -6,6 +6,7 @@ runs (one fold alone, a killed and resumed backtest) reuse its compiled programs
 """
 
 import dataclasses
+import html.parser
 import os
 import signal
 import subprocess
@@ -15,7 +16,16 @@ import numpy as np
 import pytest
 from absl import logging
 
-from cpbjax import backtest, backtest_scores, ledger, metrics, writers
+from cpbjax import (
+    backtest,
+    backtest_scores,
+    ledger,
+    metrics,
+    plots,
+    report_html,
+    report_tables,
+    writers,
+)
 from cpbjax.data import folds, sources, windows
 from tests import train_test
 
@@ -261,3 +271,52 @@ def test_panel_dm_tests_the_cross_series_mean_at_each_time():
     want = metrics.diebold_mariano(np.array(model), np.array(ref), 2)
     assert got["statistic"] == pytest.approx(want["statistic"], rel=1e-12)
     assert got["n"] == 40 and got["series"] == 2
+
+
+class _TableCells(html.parser.HTMLParser):
+    """The text of every <td> of the table with id `table_id`, row by row."""
+
+    def __init__(self, table_id: str):
+        super().__init__()
+        self.table_id, self.inside, self.rows = table_id, False, []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.inside = dict(attrs).get("id") == self.table_id
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag == "td":
+            self.rows[-1].append("")
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.inside = False
+
+    def handle_data(self, data):
+        if self.inside and self.rows and self.rows[-1]:
+            self.rows[-1][-1] += data
+
+
+def test_backtest_html_shows_the_fold_and_pooled_tables_and_the_fold_chart(full, tmp_path):
+    out = _read(full)
+    with open(os.path.join(full, "backtest.html")) as f:
+        page = f.read()
+    for table_id, rows in (
+        ("folds-table", report_tables.fold_rows(out)),
+        ("pooled-table", report_tables.pooled_rows(out)),
+    ):
+        parser = _TableCells(table_id)
+        parser.feed(page)
+        assert [r for r in parser.rows if r] == rows, table_id
+    assert len(report_tables.fold_rows(out)) == FOLDS
+    # The chart's per-fold means are the fold table's skill columns.
+    for col, cell in (("close", 4), ("high", 5), ("low", 6)):
+        by_fold = plots.fold_skills(out, col)
+        for row in report_tables.fold_rows(out):
+            assert f"{100 * np.mean(by_fold[int(row[0])]):+.2f}" == row[cell]
+    chart = plots.plot_fold_skill(str(tmp_path / "fold_skill.png"), out)
+    with open(chart, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    page = report_html.render_backtest_html(out, backtest_config(), chart)
+    assert page.count("data:image/png;base64,") == 1
+    assert 'href="#s-' not in page  # the folds' "series" column is a count, not a link

@@ -133,6 +133,10 @@ def test_forecast_is_fresh_and_in_prices(server, trained):
     times = [c["open_time_ms"] for c in candles]
     assert times[0] == body["last_open_time_ms"] + 3_600_000
     assert all(b - a == 3_600_000 for a, b in zip(times, times[1:], strict=False))
+    # Its age, from the clock: the synthetic history ends long before now, so it is stale.
+    after_ms = int(time.time() * 1000)  # the server's clock read came before this one
+    expected_age = (after_ms - body["last_open_time_ms"]) // 3_600_000
+    assert expected_age > 2 and body["age_intervals"] in (expected_age - 1, expected_age)
     last_close = body["last_candle"]["close"]
     for c in candles:  # prices near the last close, not the normalised space
         assert all(

@@ -342,6 +342,13 @@ def test_fields_that_cannot_be_per_coin_arrays_are_refused(field, match):
         config_lib.validate(c)
 
 
+def test_a_pooled_model_refuses_a_sweep():
+    c = sweep_config()
+    c.train.share = "pooled"
+    with pytest.raises(config_lib.ConfigError, match="sweep.learning_rate needs train.share"):
+        config_lib.validate(c)
+
+
 def test_a_backtest_refuses_a_sweep_instead_of_ignoring_it(tmp_path):
     with pytest.raises(config_lib.ConfigError, match="sweep.learning_rate.*does not cross"):
         backtest.run_backtest(sweep_config(), str(tmp_path))

@@ -1,0 +1,164 @@
+"""The pooled model's epoch (train.share=pooled): ONE model trained on every coin's windows.
+
+It keeps cpbjax/step.py's data and state layout, so group.py, checkpoints, resume and the
+per-series saving work unchanged: the GroupState still carries the coin axis K, but every
+coin holds the same params, optimizer and plateau state (replicated), and the real coins
+share one early-stopping record. Each step gathers B windows of every coin (each coin
+shuffled with its own key, as `step.train_batches` does), takes ONE gradient of the
+shared params on the mean loss over all K·B valid windows and makes one update. Early
+stopping, divergence and the plateau watch the pooled val loss, the mean over every
+coin's val windows; each coin's own train and val losses are still reported.
+
+Both means weigh windows, not coins: the pooled model is fitted to all windows, and with
+data.normalization=last_close and train.loss_scale=persistence a window's loss is comparable
+across series; a coin with fewer windows (a shorter series) counts for fewer of them.
+
+It runs on one device (driver.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
+coin axis the gradient and the pooled val loss would need a cross-device sum.
+
+Shape letters (docs/design.md): K coins, S steps, B windows per step, H horizon.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from cpbjax import optimizer, step
+from cpbjax.data import stacking
+
+
+def first(tree):
+    """Coin 0's copy of a replicated [K, ...] pytree (coin 0 is always a real series)."""
+    return jax.tree.map(lambda a: a[0], tree)
+
+
+def replicate(tree, k: int):
+    """[K, ...] copies of every leaf of `tree`."""
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (k,) + a.shape), tree)
+
+
+def real_coins(arrays: stacking.GroupArrays) -> jax.Array:
+    """bool [K]: coins with train and val windows (the others, padding, never train)."""
+    return arrays.train_mask.any(axis=1) & arrays.val_mask.any(axis=1)
+
+
+def pooled_mean(sum_K: jax.Array, n_K: jax.Array, take_K: jax.Array) -> jax.Array:
+    """Window-weighted mean of per-coin loss sums over the coins `take_K`; NaN if no window."""
+    n = jnp.sum(jnp.where(take_K, n_K, 0))
+    total = jnp.sum(jnp.where(take_K, sum_K, 0.0))
+    return jnp.where(n > 0, total / jnp.maximum(n, 1), jnp.nan)
+
+
+def pooled_band(arrays: stacking.GroupArrays) -> jax.Array:
+    """float32 [H, 2]: where the ONE band of model.baseline=vol_band starts, the median
+    over the real coins of their own fitted factors (GroupArrays.band [K, H, 2])."""
+    band_KH2 = jnp.where(real_coins(arrays)[:, None, None], arrays.band, jnp.nan)
+    return jnp.nanmedian(band_KH2, axis=0)
+
+
+def init_state(spec: step.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> step.GroupState:
+    """The fresh state: every coin holds the params that coin 0's key initialises (with
+    the pooled band) and keeps its own train key (its shuffles and dropout); with
+    model.baseline, the untrained model's pooled val loss is the one to beat."""
+    band_KH2 = jnp.broadcast_to(pooled_band(arrays), arrays.band.shape)
+    shared_K2 = jnp.broadcast_to(keys_K2[0], keys_K2.shape)
+    state = step.init_state(spec, shared_K2, arrays.replace(band=band_KH2))
+    # step.init_coin's split: (init key, train key).
+    state = state.replace(key=jax.vmap(lambda key: jax.random.split(key)[1])(keys_K2))
+    if spec.baseline != "none":
+        val = pooled_mean(*step.val_sums(spec, state.params, arrays), state.active)
+        state = state.replace(best_val=jnp.where(state.active, val, state.best_val))
+    return state
+
+
+def pooled_objective(spec: step.EpochSpec, params, data: step.CoinData, ends_KB, mask_KB, keys_K):
+    """Mean training objective of the shared `params` over the valid windows of every
+    coin's batch, and (aux) each coin's summed forecast loss, float32 [K]."""
+    sums = jax.vmap(
+        functools.partial(step.coin_loss_sums, spec),
+        in_axes=(None, step.COIN_DATA_AXES, 0, 0, 0),
+    )
+    objective_K, err_K = sums(params, data, ends_KB, mask_KB, keys_K)
+    return jnp.sum(objective_K) / jnp.maximum(jnp.sum(mask_KB), 1), err_K
+
+
+def pooled_train_step(spec: step.EpochSpec, params, opt_state, data, ends_KB, mask_KB, keys_K, lr):
+    """One update of the shared params from every coin's batch (mask_KB: bool [K, B], False
+    for coins that do not train); a StepResult with per-coin sums [K] and one nonfinite."""
+    n_K = jnp.sum(mask_KB, axis=1)
+    loss_fn = functools.partial(pooled_objective, spec)
+    (objective, err_K), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, data, ends_KB, mask_KB, keys_K
+    )
+    updates, new_opt = spec.tx.update(grads, optimizer.with_learning_rate(opt_state, lr), params)
+    finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
+    trains = jnp.sum(n_K) > 0
+    take = trains & finite
+    params = jax.tree.map(
+        lambda a, b: jnp.where(take, a, b), optax.apply_updates(params, updates), params
+    )
+    opt_state = jax.tree.map(lambda a, b: jnp.where(take, a, b), new_opt, opt_state)
+    n_taken_K = jnp.where(take, n_K, 0)
+    return step.StepResult(
+        params, opt_state, jnp.where(take, err_K, 0.0), n_taken_K, trains & ~finite
+    )
+
+
+def train_pass(spec: step.EpochSpec, state: step.GroupState, arrays) -> step.TrainPass:
+    """Scan over this epoch's batches with the shared params; returns them replicated to
+    [K, ...] and per-coin sums, as step.train_pass does."""
+    ends_SKB, mask_SKB, step_keys_K = step.train_batches(spec, state, arrays)
+    data = step.coin_data(arrays)
+    lr_scale = optimizer.plateau_scale(first(state.plateau))
+    train_step = functools.partial(pooled_train_step, spec)
+
+    def body(carry: step.TrainPass, xs):
+        s, ends_KB, mask_KB = xs
+        lr = spec.schedule(state.epoch * spec.train_steps + s)
+        keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
+        mask_KB = mask_KB & state.active[:, None]
+        r = train_step(carry.params, carry.opt_state, data, ends_KB, mask_KB, keys_K, lr * lr_scale)
+        return step.TrainPass(
+            r.params,
+            r.opt_state,
+            carry.loss_sum_K + r.loss_sum,
+            carry.num_windows_K + r.num_windows,
+            carry.nonfinite_K | r.nonfinite,
+        ), None
+
+    k = state.active.shape[0]
+    carry = step.TrainPass(
+        first(state.params),
+        first(state.opt_state),
+        jnp.zeros((k,), jnp.float32),
+        jnp.zeros((k,), jnp.int32),
+        jnp.zeros((), bool),
+    )
+    carry, _ = jax.lax.scan(body, carry, (jnp.arange(spec.train_steps), ends_SKB, mask_SKB))
+    return carry._replace(
+        params=replicate(carry.params, k),
+        opt_state=replicate(carry.opt_state, k),
+        nonfinite_K=state.active & carry.nonfinite_K,
+    )
+
+
+def run_epoch(spec: step.EpochSpec, state: step.GroupState, arrays):
+    """One epoch of the pooled model: (new GroupState, metrics of step.EPOCH_METRICS).
+
+    step.end_epoch gets the pooled val loss as every coin's, so the real coins improve,
+    stop and diverge together; the metrics' val_loss is still each coin's own, and
+    best_val_loss the pooled best.
+    """
+    trained = train_pass(spec, state, arrays)
+    val_sum_K, val_n_K = step.val_sums(spec, trained.params, arrays)
+    pooled_val_K = jnp.broadcast_to(pooled_mean(val_sum_K, val_n_K, state.active), val_n_K.shape)
+    n_K = trained.num_windows_K
+    train_K = jnp.where(state.active & (n_K > 0), trained.loss_sum_K / jnp.maximum(n_K, 1), jnp.nan)
+    new_state, metrics = step.end_epoch(spec, state, trained, train_K, pooled_val_K)
+    val_K = jnp.where(val_n_K > 0, val_sum_K / jnp.maximum(val_n_K, 1), jnp.nan)
+    metrics["val_loss"] = jnp.where(state.active, val_K, jnp.nan)
+    return new_state, metrics

@@ -1,0 +1,305 @@
+"""Tests of train.share=pooled (cpbjax/pooled.py): one model trained on every series' windows.
+
+The epoch is checked against a hand-written reference (a loop over coins and windows,
+one gradient, one optax update per step); the driver in launch.py subprocesses that
+share a persistent compilation cache (tests/train_test.py's environment).
+"""
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from cpbjax import (
+    backtest,
+    checkpoint,
+    driver,
+    evaluate,
+    models,
+    optimizer,
+    pooled,
+    sharding,
+    step,
+    writers,
+)
+from cpbjax import config as config_lib
+from cpbjax.data import stacking
+from cpbjax.group import GroupTrainer, coin_keys
+from tests import train_test
+
+driver_env = train_test.driver_env  # the shared subprocess environment (a fixture)
+
+ROOT = train_test.ROOT
+NAMES = ("BTCUSDT-1h", "ETHUSDT-1h", "SOLUSDT-1h")
+EPOCHS, PATIENCE = 30, 3
+# The winning levers' loss (MAE with the persistence scale); the epoch test adds vol_band.
+LEVERS = {"train.loss": "mae", "train.loss_scale": "persistence"}
+
+
+def pooled_config():
+    """train_test's 3-series config (300 candles, GRU of 16) with the levers, pooled."""
+    c = train_test.make_config()
+    c.train.loss, c.train.loss_scale, c.model.baseline = "mae", "persistence", "vol_band"
+    c.train.share = "pooled"
+    return config_lib.validate(c)
+
+
+# ---------------------------------------------------------------------------------------
+# The epoch against a plain reference.
+
+
+def _reference_windows(prep, ends, lookback, horizon):
+    """numpy x [N, L, F], y [N, H, C] of the windows ending at `ends` (last_close anchors)."""
+    x = np.stack(
+        [prep.inputs[e - lookback + 1 : e + 1] - prep.anchor[e] * prep.price_mask for e in ends]
+    )
+    y = np.stack([prep.targets[e + 1 : e + horizon + 1] - prep.anchor[e] for e in ends])
+    return x.astype(np.float32), y.astype(np.float32)
+
+
+def _persistence_mae(prep, horizon):
+    """Each OHLC column's mean |target - last close| over the train windows, [C]."""
+    ends = prep.ends["train"]
+    err = [prep.targets[e + 1 : e + horizon + 1] - prep.targets[e, 3] for e in ends]
+    return np.abs(np.stack(err)).mean(axis=(0, 1)).astype(np.float32)
+
+
+def _reference_loss(config, module):
+    """loss(params, batches): the scaled MAE of the shared params summed over the windows
+    of every coin's (x, y, scale, keys) batch, over their count; aux: per-coin sums."""
+
+    def loss(params, batches):
+        per_coin = []
+        for x, y, scale, keys in batches:
+            y_hat = module.apply(
+                {"params": params},
+                x,
+                y,
+                train=True,
+                teacher_forcing=config.train.teacher_forcing,
+                rngs={"dropout": keys[0], "teacher": keys[1]},
+            )
+            per_coin.append(jnp.sum(jnp.mean(jnp.abs(y_hat - y) / scale, axis=(1, 2))))
+        return sum(per_coin) / sum(len(b[0]) for b in batches), per_coin
+
+    return loss
+
+
+def _reference_batches(config, ends_KB, mask_KB, step_keys_K, s):
+    """Step s's (x, y, scale, dropout and teacher keys) of every coin, in numpy."""
+    d, batches = config.data, []
+    for k, prep in enumerate(train_test.preps()):
+        x, y = _reference_windows(prep, ends_KB[k][mask_KB[k]], d.lookback, d.horizon)
+        keys = jax.random.split(jax.random.fold_in(step_keys_K[k], s))
+        batches.append((x, y, _persistence_mae(prep, d.horizon), keys))
+    return batches
+
+
+def _reference_epoch(config, module, state0, arrays, spec):
+    """One epoch by hand: per step, `_reference_loss` on the same shuffled windows, its
+    gradient, one optax update. Returns (params, per-coin mean train loss [K])."""
+    ends_SKB, mask_SKB, step_keys_K = jax.device_get(step.train_batches(spec, state0, arrays))
+    tx = optimizer.make_optimizer(config.train)
+    params = jax.tree.map(lambda a: a[0], jax.device_get(state0.params))
+    opt_state = tx.init(params)
+    grad_fn = jax.jit(jax.value_and_grad(_reference_loss(config, module), has_aux=True))
+    sums_K = np.zeros(len(NAMES))
+    for s in range(spec.train_steps):
+        batches = _reference_batches(config, ends_SKB[s], mask_SKB[s], step_keys_K, s)
+        (_, per_coin), grads = grad_fn(params, batches)
+        sums_K += np.asarray(per_coin)
+        lr = spec.schedule(s)  # epoch 0: global step s; plateau scale 1
+        updates, opt_state = tx.update(grads, optimizer.with_learning_rate(opt_state, lr), params)
+        params = optax.apply_updates(params, updates)
+    return params, sums_K / mask_SKB.sum(axis=(0, 2))
+
+
+@pytest.fixture(scope="module")
+def one_epoch():
+    """A pooled trainer's fresh state and its first epoch (3 series, one per coin)."""
+    config = pooled_config()
+    module = models.build(models.make_config(config))
+    trainer = GroupTrainer(config, module, len(NAMES), sharding.coin_mesh(jax.devices()[:1]))
+    arrays = trainer.stack(list(train_test.preps()))
+    state0 = jax.device_get(trainer.init_state(coin_keys(0, range(len(NAMES))), arrays))
+    state, metrics = trainer.run_epoch(jax.device_put(state0), arrays)
+    return config, module, trainer, arrays, state0, jax.device_get(state), jax.device_get(metrics)
+
+
+def test_every_coin_holds_the_same_params_starting_at_the_median_band(one_epoch):
+    config, _, _, _, state0, state, _ = one_epoch
+    fits = [
+        stacking.band_factors(p, config.data.lookback, config.data.horizon)
+        for p in train_test.preps()
+    ]
+    out = state0.params["output"]
+    np.testing.assert_allclose(out["band_high"][0], np.median(np.stack(fits)[..., 0], axis=0))
+    np.testing.assert_allclose(out["band_low"][0], np.median(np.stack(fits)[..., 1], axis=0))
+    for tree in (state0.params, state.params, state.opt_state, state.best_params):
+        for leaf in jax.tree.leaves(tree):
+            for k in range(1, len(NAMES)):
+                np.testing.assert_array_equal(leaf[k], leaf[0])
+
+
+def test_pooled_epoch_equals_a_hand_written_reference(one_epoch):
+    config, module, trainer, arrays, state0, state, metrics = one_epoch
+    ref_params, ref_train_K = _reference_epoch(config, module, state0, arrays, trainer.spec)
+    pooled = jax.tree.map(lambda a: a[0], state.params)
+    train_test._assert_trees_close(pooled, ref_params, **train_test.CROSS_PROGRAM)
+    np.testing.assert_allclose(metrics["train_loss"], ref_train_K, rtol=1e-5)
+
+
+def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch):
+    """Coins with 4, 12 and 32 windows in the batch: the pooled objective and its gradient
+    are the mean over the 48 windows (a mean of coin means would weigh coin 0's 8x)."""
+    config, module, trainer, arrays, state0, _, _ = one_epoch
+    ends_SKB, mask_SKB, step_keys_K = step.train_batches(trainer.spec, state0, arrays)
+    mask_KB = mask_SKB[0] & (jnp.arange(mask_SKB.shape[2]) < jnp.array([4, 12, 32])[:, None])
+    params = jax.tree.map(lambda a: a[0], state0.params)
+    keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, 0)
+    objective = functools.partial(pooled.pooled_objective, trainer.spec)
+    (loss, err_K), grads = jax.jit(jax.value_and_grad(objective, has_aux=True))(
+        params, step.coin_data(arrays), ends_SKB[0], mask_KB, keys_K
+    )
+    batches = _reference_batches(config, *jax.device_get((ends_SKB[0], mask_KB, step_keys_K)), 0)
+    assert [len(b[0]) for b in batches] == [4, 12, 32]
+    reference = jax.jit(jax.value_and_grad(_reference_loss(config, module), has_aux=True))
+    (ref_loss, ref_err_K), ref_grads = reference(params, batches)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    np.testing.assert_allclose(err_K, np.asarray(ref_err_K), rtol=1e-6)
+    train_test._assert_trees_close(grads, ref_grads, rtol=1e-4, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------
+# Config and plan.
+
+
+def test_bad_share_and_conflicting_plans_are_config_errors(tmp_path):
+    c = pooled_config()
+    c.train.share = "shared"
+    with pytest.raises(config_lib.ConfigError, match=r"train.share='shared'.*series, pooled"):
+        config_lib.validate(c)
+    t = pooled_config().train
+    assert driver.group_size(12, t, 1, "cpu") == 12  # all series, not 4 per CPU device
+    t.group_size = 12
+    assert driver.group_size(12, t, 1, "cpu") == 12
+    t.group_size = 4
+    with pytest.raises(config_lib.ConfigError, match=r"train.group_size=4.*at least the run's 12"):
+        driver.group_size(12, t, 1, "cpu")
+    t.group_size = 0
+    assert driver.coin_mesh(t).size == 1  # one model, one device
+    multi_host = mock.patch.object(jax, "process_count", return_value=2)
+    with multi_host, pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*multi-host"):
+        driver.coin_mesh(t)
+    with pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*--mode backtest"):
+        backtest.run_backtest(pooled_config(), str(tmp_path))
+    assert not os.listdir(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------
+# launch.py end to end, and a killed run resumed.
+
+FLAGS = [
+    "--config.data.symbols=('BTCUSDT','ETHUSDT','SOLUSDT')",
+    "--config.data.intervals=('1h',)",
+    "--config.data.max_candles=300",
+    "--config.data.min_candles=200",
+    "--config.data.synthetic_candles=360",
+    "--config.model.hidden=16",
+    "--config.model.num_layers=1",
+    f"--config.train.epochs={EPOCHS}",
+    f"--config.train.patience={PATIENCE}",
+    "--config.ckpt.every_epochs=1",
+    "--config.eval.plots=False",
+    "--config.train.share=pooled",
+    *(f"--config.{field}={value}" for field, value in LEVERS.items()),
+]
+
+
+def _launch(workdir, env):
+    """Starts launch.py on the pooled tiny config; its output goes to <workdir>.log."""
+    log = open(f"{workdir}.log", "w")  # noqa: SIM115 (closed by train_test._finish)
+    cmd = [
+        sys.executable,
+        "launch.py",
+        "--config",
+        "configs/gru.py:tiny",
+        "--workdir",
+        str(workdir),
+    ]
+    proc = subprocess.Popen(cmd + FLAGS, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+@pytest.fixture(scope="module")
+def pooled_run(driver_env, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("pooled") / "run"
+    train_test._finish(_launch(workdir, driver_env))
+    return workdir
+
+
+def test_launch_scores_every_series_with_one_saved_model(pooled_run):
+    results = writers.read_json(os.path.join(pooled_run, "results.json"))
+    assert results["run"]["share"] == "pooled" and results["run"]["groups"] == 1
+    assert set(results["series"]) == set(NAMES)
+    params = {}
+    for name, entry in results["series"].items():
+        assert entry["val"] and entry["test"] and entry["group"] == "group-000"
+        params[name], meta = checkpoint.load_series_model(os.path.join(pooled_run, "models", name))
+        assert meta["series"] == name and meta["best_epoch"] == entry["best_epoch"]
+    for name in NAMES[1:]:
+        train_test._assert_trees_close(params[name], params[NAMES[0]], rtol=0, atol=0)
+    # --mode evaluate loads every saved series model and scores it as training did.
+    config = config_lib.load(f"configs/workdir.py:{pooled_run}")
+    rescored = evaluate.run_evaluate(config, str(pooled_run))["series"]
+    for name in NAMES:
+        for split in ("val", "test"):
+            got, want = rescored[name][split]["columns"], results["series"][name][split]["columns"]
+            for col in ("close", "high", "low"):
+                assert got[col]["mae"] == pytest.approx(want[col]["mae"], rel=1e-6)
+
+
+def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
+    """best_epoch, epochs_run and the status follow the window-weighted mean of the
+    per-series val losses in metrics.jsonl, not any series' own."""
+    results = writers.read_json(os.path.join(pooled_run, "results.json"))
+    records = writers.MetricsLog(str(pooled_run)).records()
+    n_val = np.array([len(p.ends["val"]) for p in train_test.preps()])
+    per_series = np.array([r["val_loss"] for r in records])  # [epochs, series]
+    pooled = per_series @ n_val / n_val.sum()
+    best, best_epoch, active, _, _ = train_test._reference_early_stopping(pooled, PATIENCE)
+    entries = [results["series"][name] for name in NAMES]
+    for entry in entries:
+        assert entry["best_epoch"] == best_epoch
+        assert entry["best_val_loss"] == pytest.approx(best, rel=1e-5)
+        assert entry["epochs_run"] == len(records)
+        assert entry["status"] == ("trained" if active else "stopped_early")
+    assert not active, "the run should stop early, or the test checks no stopping"
+    own_best = [1 + int(np.argmin(per_series[:, i])) for i in range(len(NAMES))]
+    assert any(b != best_epoch for b in own_best), "series' own minima coincide: a weak test"
+
+
+def test_killed_pooled_run_resumes_to_the_uninterrupted_result(pooled_run, driver_env, tmp_path):
+    workdir = tmp_path / "killed"
+    proc = _launch(workdir, driver_env)
+    ckpts = workdir / "checkpoints" / "group-000"
+    deadline = time.monotonic() + 300
+    while not (ckpts.exists() and any(d.isdigit() for d in os.listdir(ckpts))):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    train_test._finish(proc, check=False)
+    assert not (workdir / "results.json").exists()
+    out = train_test._finish(_launch(workdir, driver_env))
+    assert "group-000: resuming after epoch" in out
+    assert train_test._comparable(workdir) == train_test._comparable(pooled_run)
