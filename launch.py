@@ -24,7 +24,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import platform  # noqa: E402
+from cpbjax import platform, sweep_grid  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
@@ -143,7 +143,12 @@ def main(argv):
         from cpbjax import driver, ledger
 
         try:
-            driver.train_and_evaluate(config, workdir)
+            if sweep_grid.is_sweep(config):
+                from cpbjax import sweep
+
+                sweep.run_sweep(config, workdir)
+            else:
+                driver.train_and_evaluate(config, workdir)
         except (config_lib.ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
             _exit(str(e))
     elif _MODE.value == "backtest":

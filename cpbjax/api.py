@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from cpbjax import config as config_lib
-from cpbjax import driver, forecast, platform, portable, saved, writers
+from cpbjax import driver, forecast, platform, portable, saved, sweep, sweep_grid, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import parsing, windows
@@ -39,11 +39,15 @@ def train(config: str | ml_collections.ConfigDict, workdir: str) -> dict:
       workdir: the run folder (rerunning resumes it).
 
     Returns:
-      The results dict written to <workdir>/results.json.
+      The results dict written to <workdir>/results.json (with a sweep, that of the
+      chosen settings; the whole grid is in <workdir>/sweep.json).
     """
     if isinstance(config, str):
         config = config_lib.load(config)
     platform.configure(config_lib.validate(config))
+    if sweep_grid.is_sweep(config):
+        sweep.run_sweep(config, workdir)  # results.json holds the chosen settings
+        return writers.read_json(workdir_lib.results_json(workdir))
     return driver.train_and_evaluate(config, workdir)
 
 

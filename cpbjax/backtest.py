@@ -20,7 +20,16 @@ import time
 import numpy as np
 from absl import logging
 
-from cpbjax import backtest_scores, baselines, driver, forecast, report, sharding, writers
+from cpbjax import (
+    backtest_scores,
+    baselines,
+    driver,
+    forecast,
+    report,
+    sharding,
+    sweep_grid,
+    writers,
+)
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.config_rules import ConfigError
@@ -115,7 +124,14 @@ def _settings(config) -> dict:
 
 
 def _check(config) -> None:
-    """Raises ConfigError where a backtest cannot pool the folds' price-space errors."""
+    """Raises ConfigError where a backtest cannot pool the folds' price-space errors, or
+    would silently ignore a sweep (sweeps are not crossed with folds)."""
+    if sweep_grid.is_sweep(config):
+        raise ConfigError(
+            f"config.sweep.{sweep_grid.swept(config)[0]} is set, but --mode backtest does not "
+            "cross sweeps with folds: run the sweep with --mode train, or the backtest of "
+            "one setting without sweep.*"
+        )
     if config.data.normalization == "candle_minmax":
         raise ConfigError(
             "data.normalization='candle_minmax' keeps no price level, so a backtest has no "

@@ -19,6 +19,7 @@ import re
 import ml_collections
 
 from cpbjax import config_rules as rules
+from cpbjax import sweep_grid
 from cpbjax.config_rules import ConfigError as ConfigError  # config_lib.ConfigError, as before
 from cpbjax.data.series import INTERVAL_MS
 
@@ -61,6 +62,9 @@ _OWNED_NAMES = {
 # config.model entries that the run reads (windows, the loss), not the model; every
 # other config.model entry is a field of the model's config dataclass (cpbjax.models).
 _RUN_MODEL_ENTRIES = ("aux_targets", "aux_weight")
+# (lo, hi, lo_open) of the train fields a sweep can set per coin: train.<field> and each
+# value of sweep.<field> obey the same range.
+_SWEEPABLE_RANGES = {"learning_rate": (0, 10, True), "weight_decay": (0, 1, False)}
 _SYMBOL_RE = re.compile(r"^[A-Z0-9]{2,20}$")
 
 
@@ -181,6 +185,16 @@ def base_config() -> ml_collections.ConfigDict:
     b.min_train_windows = (
         0  # A fold with fewer train windows is skipped; 0 = as many as its val block.
     )
+
+    # Hyperparameter sweep (cpbjax/sweep.py, docs/design.md "Sweeps"): every setting of the
+    # grid (the product of the non-empty tuples below) x every series trains as one coin of
+    # the same compiled programs. () = not swept; other fields cannot be swept.
+    c.sweep = w = ml_collections.ConfigDict()
+    w.learning_rate = ()  # Peak learning rates, e.g. (3e-4, 1e-3, 3e-3), each replacing train.learning_rate.
+    w.weight_decay = ()  # Weight decays, e.g. (0.0, 1e-2), each replacing train.weight_decay.
+    # series: each series keeps its own best setting; pooled: all keep the one setting of
+    # lowest mean val loss relative to each series' best. Chosen by validation loss only.
+    w.select = "series"
 
     c.predict = p = ml_collections.ConfigDict()
     p.symbols = ()  # --mode predict: symbols to forecast; () = all with a model.
@@ -406,8 +420,8 @@ def _validate_outputs(c) -> None:
 
 def _validate_train(c) -> None:
     _choice(c, "train.optimizer", ("adam", "adamw"))
-    _num_range(c, "train.learning_rate", 0, 10, lo_open=True)
-    _num_range(c, "train.weight_decay", 0, 1)
+    for field, bounds in _SWEEPABLE_RANGES.items():
+        _num_range(c, f"train.{field}", *bounds)
     _int_range(c, "train.batch_size", 1, 65536)
     _int_range(c, "train.epochs", 1, 100_000)
     _int_range(c, "train.patience", 1)
@@ -452,8 +466,34 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _validate_model(config)
     _validate_train(config)
     _validate_rest(config)
+    _validate_sweep(config)
     _validate_serve(config)
     return config
+
+
+def _validate_sweep(c) -> None:
+    """sweep.<field>: only per-coin hyperparameters (sweep_grid.FIELDS), each a tuple of
+    distinct allowed values of its train field; anything else is refused with the reason."""
+    if "sweep" not in c:  # a config saved by an earlier cpbjax
+        return
+    for field in c.sweep:
+        if field != "select" and field not in sweep_grid.FIELDS:
+            raise ConfigError(sweep_grid.refusal(field))
+    for field in sweep_grid.FIELDS:
+        values = c.sweep[field]
+        name = f"sweep.{field}"
+        allowed = f"a tuple of distinct values, each allowed for train.{field}"
+        rules.check(isinstance(values, (tuple, list)), name, values, allowed)
+        rules.check(len(set(values)) == len(values), name, values, allowed)
+        for v in values:
+            rules.num_in(name, v, *_SWEEPABLE_RANGES[field])
+    _choice(c, "sweep.select", sweep_grid.SELECT)
+    if sweep_grid.is_sweep(c) and c.train.get("share") == "pooled":
+        raise ConfigError(
+            f"config.sweep.{sweep_grid.swept(c)[0]} needs train.share='series': a pooled model "
+            "is one model for every coin, so per-coin hyperparameters cannot apply; run "
+            "separate configs"
+        )
 
 
 def _validate_serve(c) -> None:

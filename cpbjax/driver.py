@@ -26,7 +26,7 @@ from cpbjax import config as config_lib
 from cpbjax import config_rules as rules
 from cpbjax import workdir as workdir_lib
 from cpbjax.compaction import LiveCoins
-from cpbjax.data import folds, sources, stacking, windows
+from cpbjax.data import sources, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.ledger import Ledger, fingerprint
 from cpbjax.plot_workers import PlotWorkers
@@ -221,8 +221,10 @@ def _start_state(run: _Run, group: str, preps: list, arrays) -> tuple[GroupState
         logging.info("%s: resuming after epoch %d", group, restored[1])
         return restored
     pad = [len(run.index) + i for i in range(trainer.num_coins - len(preps))]
-    # A backtest fold's coin gets its series' key: every fold starts as the series would.
-    keys = coin_keys(run.config.seed, [run.index[folds.series_of(p.name)] for p in preps] + pad)
+    # A backtest fold's or sweep setting's coin gets its series' key (its symbol-interval
+    # name): every fold and setting starts as the series would.
+    series = [run.index[f"{p.symbol}-{p.interval}"] for p in preps]
+    keys = coin_keys(run.config.seed, series + pad)
     return trainer.init_state(keys, arrays), 0
 
 

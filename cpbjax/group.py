@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cpbjax import pooled, sharding, step
+from cpbjax import pooled, sharding, step, sweep_grid
 from cpbjax.data import stacking, windows
 
 
@@ -68,6 +68,7 @@ class GroupTrainer:
             )
         self.num_coins = num_coins
         self.data_cfg = config.data
+        self.hparam_names = sweep_grid.hparam_names(config)  # GroupArrays.hparams of a sweep
         self.matmul_precision = config.matmul_precision
         self.coin_sharding = NamedSharding(self.mesh, P(sharding.COIN_AXIS))
         self._build_programs()
@@ -128,6 +129,7 @@ class GroupTrainer:
             price_mask=sds((spec.num_features,), jnp.float32),
             target_scale=sds((k, windows.NUM_TARGETS), jnp.float32),
             band=sds((k, spec.horizon, 2), jnp.float32),
+            hparams={name: sds((k,), jnp.float32) for name in self.hparam_names},
             **ends,
         )
 

@@ -9,6 +9,8 @@ before every update from `schedule(global_step) * plateau_scale`, so:
   - the learning rate lives in the optimizer state, where metrics can read it;
   - reduce-on-plateau is fed the validation loss once per epoch (its patience is
     in epochs), not the training loss of every step.
+A sweep coin (cpbjax/sweep_grid.py) multiplies that rate by its own lr_mult, and with
+`per_coin_decay` its weight decay is injected the same way.
 """
 
 from __future__ import annotations
@@ -45,30 +47,48 @@ def make_schedule(train_cfg, num_steps: int) -> optax.Schedule:
     )
 
 
-def make_optimizer(train_cfg) -> optax.GradientTransformationExtraArgs:
+def make_optimizer(train_cfg, per_coin_decay: bool = False):
     """clip_by_global_norm(grad_clip) -> adam or adamw, with an injected learning rate.
 
     For `adam`, weight_decay is an L2 term added to the clipped gradients before
     Adam's moments, as torch.optim.Adam does; for `adamw` it is decoupled decay.
     Set the rate with `with_learning_rate` before each update.
-    """
-    name, decay, clip = train_cfg.optimizer, train_cfg.weight_decay, train_cfg.grad_clip
 
-    def chain(learning_rate):
+    Args:
+      train_cfg: config.train.
+      per_coin_decay: a sweep over weight decay (cpbjax/sweep_grid.py): the decay is an
+        injected hyperparameter too, set per coin each step, and adam always carries its
+        L2 term. False (default) keeps train.weight_decay a constant of the chain.
+    """
+    name, clip = train_cfg.optimizer, train_cfg.grad_clip
+
+    def chain(learning_rate, weight_decay):
         if name == "adamw":
-            inner = optax.adamw(learning_rate, weight_decay=decay)
-        elif decay > 0:
-            inner = optax.chain(optax.add_decayed_weights(decay), optax.adam(learning_rate))
+            inner = optax.adamw(learning_rate, weight_decay=weight_decay)
+        elif per_coin_decay or weight_decay > 0:
+            inner = optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(learning_rate))
         else:
             inner = optax.adam(learning_rate)
         return optax.chain(optax.clip_by_global_norm(clip), inner)
 
-    return optax.inject_hyperparams(chain, hyperparam_dtype=jnp.float32)(learning_rate=0.0)
+    if per_coin_decay:
+        inject = optax.inject_hyperparams(chain, hyperparam_dtype=jnp.float32)
+        return inject(learning_rate=0.0, weight_decay=float(train_cfg.weight_decay))
+
+    def constant_decay(learning_rate):
+        # inject_hyperparams injects every numeric argument: here only the rate.
+        return chain(learning_rate, train_cfg.weight_decay)
+
+    return optax.inject_hyperparams(constant_decay, hyperparam_dtype=jnp.float32)(learning_rate=0.0)
 
 
-def with_learning_rate(opt_state, learning_rate: jax.Array):
-    """Returns `opt_state` (of `make_optimizer`) with its learning rate set."""
-    hyperparams = dict(opt_state.hyperparams, learning_rate=jnp.asarray(learning_rate, jnp.float32))
+def with_learning_rate(opt_state, learning_rate: jax.Array, **others: jax.Array):
+    """Returns `opt_state` (of `make_optimizer`) with its learning rate set, and the other
+    injected hyperparameters given (a coin's weight_decay under per_coin_decay)."""
+    values = {"learning_rate": learning_rate, **others}
+    hyperparams = dict(
+        opt_state.hyperparams, **{k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
+    )
     return opt_state._replace(hyperparams=hyperparams)
 
 

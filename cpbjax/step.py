@@ -29,7 +29,7 @@ import optax
 from flax import linen as nn
 from flax import struct
 
-from cpbjax import losses, optimizer
+from cpbjax import losses, optimizer, sweep_grid
 from cpbjax.data import stacking, windows
 from cpbjax.models import common
 
@@ -87,7 +87,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
     train_steps = math.ceil(sizes["train"] / t.batch_size)
     return EpochSpec(
         module=module,
-        tx=optimizer.make_optimizer(t),
+        tx=optimizer.make_optimizer(t, "weight_decay" in sweep_grid.hparam_names(config)),
         schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
         plateau=optimizer.make_plateau(t),
         lookback=d.lookback,
@@ -331,8 +331,9 @@ class CoinStep(NamedTuple):
     ends_B: jax.Array  # int32 [B] window ends
     mask_B: jax.Array  # bool [B] valid windows
     key: jax.Array  # this step's key
-    lr: jax.Array  # learning rate (schedule x plateau scale)
+    lr: jax.Array  # learning rate (schedule x plateau scale x a sweep coin's lr_mult)
     active: jax.Array  # bool: the coin still trains
+    hparams: dict  # the coin's other injected optimizer hyperparameters ({} without a sweep)
 
 
 def coin_train_step(spec: EpochSpec, params, opt_state, data: CoinData, s: CoinStep):
@@ -347,7 +348,9 @@ def coin_train_step(spec: EpochSpec, params, opt_state, data: CoinData, s: CoinS
     (objective, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         params, data, s.ends_B, s.mask_B, s.key
     )
-    updates, new_opt = spec.tx.update(grads, optimizer.with_learning_rate(opt_state, s.lr), params)
+    updates, new_opt = spec.tx.update(
+        grads, optimizer.with_learning_rate(opt_state, s.lr, **s.hparams), params
+    )
     finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
     take = s.active & (n > 0) & finite
     params = jax.tree.map(
@@ -394,6 +397,16 @@ def batches(spec: EpochSpec, ends_KN, mask_KN, num_steps: int, keys_K=None):
     return to_skb(ends_KN), to_skb(mask_KN)
 
 
+def coin_hparams(arrays: stacking.GroupArrays, lr_scale_K: jax.Array):
+    """A sweep's per-coin hyperparameters (cpbjax/sweep_grid.py) as the step takes them:
+    (lr_scale_K times the coins' lr_mult where swept, the injected optimizer ones: name ->
+    [K]). Without a sweep, (lr_scale_K, {}) untouched: the default program is unchanged."""
+    hparams = dict(arrays.hparams)
+    if "lr_mult" in hparams:
+        lr_scale_K = lr_scale_K * hparams.pop("lr_mult")
+    return lr_scale_K, hparams
+
+
 def train_batches(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
     """This epoch's train batches, shuffled per coin: (ends, mask) [S, K, B], step keys [K, 2]."""
     epoch_keys_K = jax.vmap(jax.random.fold_in, (0, None))(state.key, state.epoch)
@@ -410,6 +423,7 @@ def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays)
     ends_SKB, mask_SKB, step_keys_K = train_batches(spec, state, arrays)
     data = coin_data(arrays)
     lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
+    lr_scale_K, hparams_K = coin_hparams(arrays, lr_scale_K)
     step = jax.vmap(
         lambda p, o, d, s: coin_train_step(spec, p, o, d, s), in_axes=(0, 0, COIN_DATA_AXES, 0)
     )
@@ -418,7 +432,7 @@ def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays)
         s, ends_KB, mask_KB = xs
         lr = spec.schedule(state.epoch * spec.train_steps + s)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
-        coin_steps = CoinStep(ends_KB, mask_KB, keys_K, lr * lr_scale_K, state.active)
+        coin_steps = CoinStep(ends_KB, mask_KB, keys_K, lr * lr_scale_K, state.active, hparams_K)
         r = step(carry.params, carry.opt_state, data, coin_steps)
         return TrainPass(
             r.params,

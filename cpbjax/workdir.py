@@ -20,6 +20,11 @@
 <workdir>/backtest/                   --mode backtest's own run folder (config.json,
                                       metrics.jsonl, checkpoints/, forecasts/<SERIES>@fold<f>.npz),
                                       so a backtest never touches a train run's files
+<workdir>/sweep.json                  a sweep (non-empty sweep.<field>): every series x
+                                      setting's val/test scores and the chosen settings
+<workdir>/sweep/                      a sweep's own run folder (config.json, metrics.jsonl,
+                                      checkpoints/, models/<SERIES>@<setting>/); models/,
+                                      results.json and the report hold the chosen settings
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ TENSORBOARD_DIR = "tb"
 EXPORT_DIR = "export"
 PREDICTIONS_DIR = "predictions"
 BACKTEST_STEM = "backtest"  # backtest.json, backtest.md and the backtest/ run folder
+SWEEP_STEM = "sweep"  # sweep.json and the sweep/ run folder
 # Inside a saved series model folder (models/<SERIES>/).
 MODEL_META_FILE = "meta.json"
 MODEL_PARAMS_DIR = "params"
@@ -130,3 +136,12 @@ def backtest_json(workdir: str) -> str:
 def backtest_run(workdir: str) -> str:
     """backtest/: the folder the backtest's fold coins train in, laid out as a run's."""
     return os.path.join(workdir, BACKTEST_STEM)
+
+
+def sweep_json(workdir: str) -> str:
+    return os.path.join(workdir, f"{SWEEP_STEM}.json")
+
+
+def sweep_run(workdir: str) -> str:
+    """sweep/: the folder a sweep's (series, setting) coins train in, laid out as a run's."""
+    return os.path.join(workdir, SWEEP_STEM)

@@ -38,6 +38,9 @@ class GroupArrays:
     train_mask: jax.Array  # bool [K, N_train]
     val_ends: jax.Array  # int32 [K, N_val]
     val_mask: jax.Array  # bool [K, N_val]
+    # name -> float32 [K]: per-coin hyperparameters of a sweep (PreparedSeries.hparams,
+    # cpbjax/sweep_grid.py; 0 for padded coins); {} otherwise, so no leaf is added.
+    hparams: dict = struct.field(default_factory=dict)
 
     def ends(self, split: str) -> tuple[jax.Array, jax.Array]:
         """(ends int32 [K, N_split], mask bool [K, N_split]) of one split."""
@@ -78,6 +81,8 @@ def padded_sizes(data_cfg, t_max: int | None = None) -> dict:
 def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> None:
     if not preps or len(preps) > group_size:
         raise ValueError(f"stack_group: {len(preps)} series for group_size={group_size}")
+    if any(p.hparams.keys() != preps[0].hparams.keys() for p in preps):
+        raise ValueError("stack_group: the series carry different hparams names")
     width, num_aux = preps[0].inputs.shape[1], preps[0].aux.shape[1]
     for p in preps:
         counts = {split: len(p.ends[split]) for split in SPLITS}
@@ -151,7 +156,17 @@ def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, data_cfg):
             e = p.ends[split]
             host[f"{split}_ends"][i, : len(e)] = e
             host[f"{split}_mask"][i, : len(e)] = True
-    return GroupArrays(price_mask=np.asarray(preps[0].price_mask, np.float32), **host)
+    price_mask = np.asarray(preps[0].price_mask, np.float32)
+    return GroupArrays(price_mask=price_mask, hparams=_stack_hparams(preps, k), **host)
+
+
+def _stack_hparams(preps: list[PreparedSeries], k: int) -> dict:
+    """GroupArrays.hparams: each name of the coins' hparams -> float32 [K] (0 when padded)."""
+    hparams = {name: np.zeros(k, np.float32) for name in preps[0].hparams}
+    for i, p in enumerate(preps):
+        for name, value in p.hparams.items():
+            hparams[name][i] = value
+    return hparams
 
 
 def stack_group(

@@ -61,6 +61,8 @@ class PreparedSeries:
         names), "aux_mean", "aux_std" (float64 [A])}; saved with a model's meta.json.
       price_mask: float32 [F], 1 on price-valued feature columns.
       notes: the Series notes plus "used_candles" (T) and "windows" (split -> count).
+      hparams: a sweep coin's own hyperparameters, name -> value (cpbjax/sweep_grid.py);
+        {} for a series trained with the run config's.
     """
 
     name: str
@@ -76,6 +78,7 @@ class PreparedSeries:
     norm: dict
     price_mask: np.ndarray
     notes: dict
+    hparams: dict = dataclasses.field(default_factory=dict)
 
 
 def contiguous_ends(open_time_ms: np.ndarray, step_ms: int, lookback: int, horizon: int):

@@ -1,0 +1,116 @@
+"""A learning-rate sweep as one run vs one run per rate, side by side: wall seconds.
+
+Runs `launch.py` once with `--config.sweep.learning_rate=<rates>` (every series x rate a
+coin of the same programs) and once per rate with `--config.train.learning_rate=<rate>`,
+each with its own empty compile cache (a learning rate is a constant of a plain run's
+program, so each separate run compiles its own). Reports per arm the summed process wall
+seconds, the training part (setup + compile + train + host stages of timings.json), its
+epochs after each program's first ("train" stage), the epoch programs' XLA build
+seconds, and the median over --repeats. On a CPU an epoch's cost
+grows with its coins, so the sweep saves mainly the extra compiles and process starts; on
+an accelerator with room for the extra coins the epoch costs about the same, so the sweep
+should take about 1/len(rates) of the separate runs' training time. Writes one record to
+benchmarks/records/.
+
+  python benchmarks/sweep_bench.py --config configs/gru.py:tiny --rates 3e-4,1e-3,3e-3 \
+      --flags="--config.data.intervals=\"('1h',)\" --config.train.epochs=5"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_STAGES = ("setup", "compile", "train", "host")
+
+
+def run_once(config: str, flags: list[str], tmp: str, name: str) -> dict:
+    """One `launch.py` run in a new workdir with a new compile cache; its seconds."""
+    workdir, cache = os.path.join(tmp, name), os.path.join(tmp, f"cache-{name}")
+    cmd = [sys.executable, "launch.py", f"--config={config}", f"--workdir={workdir}", *flags]
+    began = time.monotonic()
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=dict(os.environ, CPBJAX_COMPILATION_CACHE=cache), capture_output=True
+    )
+    wall = time.monotonic() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed: {proc.stderr.decode()[-2000:]}")
+    timings = json.loads((Path(workdir) / "timings.json").read_text())
+    epoch_xla = [c["seconds"] for c in timings["compiles"] if c["program"] == "jit(run_epoch)"]
+    return {
+        "wall": wall,
+        "training": sum(timings["stages"].get(s, 0.0) for s in TRAIN_STAGES),
+        "epochs s": timings["stages"].get("train", 0.0),
+        "epoch programs": len(epoch_xla),
+        "epoch xla s": sum(epoch_xla),
+    }
+
+
+def _summed(runs: list[dict]) -> dict:
+    return {k: sum(r[k] for r in runs) for k in runs[0]}
+
+
+def bench(config: str, rates: list[str], flags: list[str], repeats: int) -> list[dict]:
+    """`repeats` rounds of (the sweep, the separate runs); one row per arm, medians."""
+    arms: dict = {"sweep (1 run)": [], f"separate ({len(rates)} runs)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            sweep = [f"--config.sweep.learning_rate=({','.join(rates)},)"]
+            arms["sweep (1 run)"].append(run_once(config, flags + sweep, tmp, f"sweep-{r}"))
+            separate = [
+                run_once(config, [*flags, f"--config.train.learning_rate={lr}"], tmp, f"lr{i}-{r}")
+                for i, lr in enumerate(rates)
+            ]
+            arms[f"separate ({len(rates)} runs)"].append(_summed(separate))
+            print(json.dumps({k: v[-1] for k, v in arms.items()}), flush=True)
+    rows = []
+    for arm, runs in arms.items():
+        medians = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+        rows.append(
+            {"arm": arm, "repeats": repeats, **{k: round(v, 1) for k, v in medians.items()}}
+        )
+    rows.append({"arm": "ratio sweep / separate", **_ratios(rows[0], rows[1])})
+    return rows
+
+
+def _ratios(sweep: dict, separate: dict) -> dict:
+    keys = ("wall", "training", "epochs s", "epoch xla s")
+    return {k: round(sweep[k] / separate[k], 2) for k in keys}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/gru.py:tiny")
+    parser.add_argument("--rates", default="3e-4,1e-3,3e-3", help="learning rates, comma-separated")
+    parser.add_argument("--flags", default="", help="extra launch.py flags, one string")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    args = parser.parse_args()
+    flags = ["--config.logging.progress=plain", "--config.eval.plots=False"]
+    flags += shlex.split(args.flags)
+    rows = bench(args.config, args.rates.split(","), flags, args.repeats)
+    columns = ["arm", "repeats", "wall", "training", "epochs s", "epoch programs", "epoch xla s"]
+    table = common.markdown_table(rows, columns)
+    print(table)
+    if args.records_dir:
+        command = "python benchmarks/sweep_bench.py " + shlex.join(sys.argv[1:])
+        title = "Sweep cost: one learning-rate sweep vs one run per rate (seconds)"
+        print(common.write_record(args.records_dir, "sweep_bench", title, command, table))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""--mode train with a sweep: every (series, setting) coin trained together, the best kept.
+
+The grid of `sweep.<field>` (cpbjax/sweep_grid.py) crossed with the run's series gives
+one coin per pair, named "<SERIES>@<setting>" and carrying its hyperparameters as
+per-coin arrays, so the whole grid trains in the run's usual compiled programs, through
+the same driver as a train run (cpbjax/driver.py: resume ledger, checkpoints,
+compaction, sharding), in the run folder <workdir>/sweep/. A setting is chosen per
+series by validation loss only (`choose`; the test scores are reported, never read), and
+the run is then published as a train run of the chosen settings: models/<SERIES>/ (its
+meta.json holding the config of the chosen setting alone), results.json (each entry
+adding "sweep": the chosen setting), the report, config.json and timings.json, so
+predict, export and serve use it unchanged. <workdir>/sweep.json holds the whole grid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+from absl import logging
+
+from cpbjax import checkpoint, driver, report, sharding, sweep_grid, writers
+from cpbjax import config as config_lib
+from cpbjax import workdir as workdir_lib
+from cpbjax.runlog import StageClock
+
+# Per-coin fields left out of sweep.json: wall-clock times (the same run resumed gives
+# the same file) and the series' data notes (in results.json once per series).
+OMITTED_FIELDS = ("train_seconds", "group_train_seconds", "peak_memory_bytes", "data")
+
+
+def grid(config) -> dict:
+    """sweep.json's "sweep": the swept values, the settings in grid order (both also in
+    the resume ledger), and the selection rule."""
+    return writers.to_jsonable(
+        {
+            "fields": {f: list(config.sweep[f]) for f in sweep_grid.swept(config)},
+            "settings": [sweep_grid.setting_name(s) for s in sweep_grid.settings(config)],
+            "select": config.sweep.select,
+        }
+    )
+
+
+def table(series_names: list[str], entries: dict, config) -> dict:
+    """series -> setting name -> its coin's numbers: the setting's values, training
+    status, best val loss (the selection criterion), val and test scores."""
+    out = {}
+    for series in series_names:
+        out[series] = {}
+        for setting in sweep_grid.settings(config):
+            coin = sweep_grid.coin_name(series, setting)
+            entry = {k: v for k, v in entries[coin].items() if k not in OMITTED_FIELDS}
+            out[series][sweep_grid.setting_name(setting)] = {"coin": coin, **setting, **entry}
+    return out
+
+
+def val_loss(cell: dict) -> float:
+    """A coin's selection criterion: its best val loss (train.loss on the val windows of
+    the params it keeps), inf when it has none that is finite."""
+    v = cell.get("best_val_loss")
+    return float(v) if v is not None and math.isfinite(v) else math.inf
+
+
+def pooled_scores(tab: dict) -> dict:
+    """setting -> mean over series of its val loss / the series' lowest val loss.
+
+    1.0 means best on every series; the ratio makes series of any loss scale count
+    alike. Series whose lowest val loss is not finite and positive are left out.
+    """
+    ratios: dict = {}
+    for row in tab.values():
+        losses = {name: val_loss(cell) for name, cell in row.items()}
+        low = min(losses.values())
+        if not (math.isfinite(low) and low > 0):
+            continue
+        for name, v in losses.items():
+            ratios.setdefault(name, []).append(v / low)
+    return {name: float(np.mean(r)) for name, r in ratios.items()}
+
+
+def choose(tab: dict, select: str) -> dict:
+    """series -> chosen setting name (None where no setting has a finite val loss).
+
+    select "series": each series' setting of lowest val loss; "pooled": for every series
+    the setting of lowest `pooled_scores`. Ties go to the first setting in grid order.
+    """
+    if select == "pooled":
+        scores = pooled_scores(tab)
+        best = min(scores, key=scores.get) if scores else None
+    chosen = {}
+    for series, row in tab.items():
+        losses = {name: val_loss(cell) for name, cell in row.items()}
+        if not math.isfinite(min(losses.values())):
+            chosen[series] = None
+        else:
+            chosen[series] = best if select == "pooled" else min(losses, key=losses.get)
+    return chosen
+
+
+def _publish_model(config, run_dir: str, workdir: str, series: str, cell: dict) -> None:
+    """Copies a chosen coin's model to <workdir>/models/<SERIES>/, its meta.json naming
+    the series and holding the config that trains this setting alone."""
+    setting = {f: cell[f] for f in sweep_grid.swept(config)}
+    params, meta = checkpoint.load_series_model(workdir_lib.series_model(run_dir, cell["coin"]))
+    alone = sweep_grid.setting_config(config, setting)
+    meta.update(series=series, config=alone.to_dict(), sweep={"coin": cell["coin"], **setting})
+    checkpoint.save_series_model(workdir_lib.series_model(workdir, series), params, meta)
+
+
+def _history(run_dir: str, coin_series: dict) -> list[dict]:
+    """The sweep's metrics.jsonl records with each chosen coin renamed to its series."""
+    records = writers.MetricsLog(run_dir).records()
+    return [{**r, "series": [coin_series.get(n, n) for n in r["series"]]} for r in records]
+
+
+def _publish(config, workdir, run_dir, tab, chosen, entries, records, skipped) -> tuple:
+    """Writes models/<SERIES>/ of each chosen setting; returns the results.json series
+    entries, the report's history and its forecasts, by series name."""
+    series_entries, forecasts, coin_series = {}, {}, {}
+    for series, name in chosen.items():
+        if name is None:
+            skipped[series] = "no sweep setting has a finite val loss (every one diverged)"
+            continue
+        cell = tab[series][name]
+        _publish_model(config, run_dir, workdir, series, cell)
+        setting = {f: cell[f] for f in sweep_grid.swept(config)}
+        sweep = {"setting": name, "coin": cell["coin"], **setting}
+        series_entries[series] = {**entries[cell["coin"]], "sweep": sweep}
+        coin_series[cell["coin"]] = series
+        if cell["coin"] in records:
+            forecasts[series] = {**records[cell["coin"]], "series": np.array(series)}
+    return series_entries, _history(run_dir, coin_series), forecasts
+
+
+def _write(config, workdir: str, results: dict, out: dict, history, forecasts, clock, started):
+    """Writes results.json, sweep.json, config.json, the report and timings.json."""
+    writers.write_config(workdir, config)
+    writers.write_results(workdir, results)
+    writers.write_json(workdir_lib.sweep_json(workdir), out)
+    with clock.stage("report"):
+        report.write_reports(workdir, results, config, history=history, forecasts=forecasts)
+    timings = {
+        "stages": clock.seconds,
+        "driver_seconds": time.time() - started,
+        "compiles": clock.compiles(),
+    }
+    writers.write_json(workdir_lib.timings_json(workdir), timings)
+
+
+def run_sweep(config, workdir: str) -> dict:
+    """Trains every (series, setting) coin of the sweep, chooses and publishes settings.
+
+    Rerunning with the same workdir resumes as a train run does (the ledger of
+    sweep/checkpoints/ also holds the grid, so another grid is refused); a finished
+    sweep rerun with another sweep.select only chooses and publishes again.
+
+    Returns:
+      The sweep.json dict: "run", "sweep" (`grid`), "series" (per series its "settings"
+      by name and the "chosen" one), "pooled_scores" (`pooled_scores`), "skipped".
+
+    Raises:
+      ConfigError: a bad config value. RunMismatch: sweep/ holds another sweep.
+      NothingTrained: every series was skipped (nothing is written).
+    """
+    config_lib.validate(config)
+    started, clock = time.time(), StageClock()
+    run_dir = workdir_lib.sweep_run(workdir)
+    os.makedirs(run_dir, exist_ok=True)
+    preps, skipped = driver.prepare_all(config, clock)
+    if not preps:
+        raise driver.NothingTrained(f"no series could be trained; skipped: {skipped}")
+    coins = sweep_grid.expand(preps, config)
+    extra = {"sweep": grid(config)}
+    # The choice only reads the trained coins: a rerun may change sweep.select.
+    trained = {"sweep": {k: v for k, v in extra["sweep"].items() if k != "select"}}
+    entries, records, plan = driver.train_groups(config, run_dir, coins, clock, extra_print=trained)
+    tab = table([p.name for p in preps], entries, config)
+    chosen = choose(tab, config.sweep.select)
+    logging.info("sweep: chosen settings (by val loss): %s", chosen)
+    run = driver.run_facts(config, started, plan)
+    series = {s: {"settings": row, "chosen": chosen[s]} for s, row in tab.items()}
+    out = {"run": run, **extra, "series": series, "pooled_scores": pooled_scores(tab)}
+    if sharding.is_primary():
+        got = _publish(config, workdir, run_dir, tab, chosen, entries, records, skipped)
+        results = {"run": run, "series": got[0], "skipped": skipped, **extra}
+        out = writers.to_jsonable({**out, "skipped": skipped})
+        _write(config, workdir, writers.to_jsonable(results), out, *got[1:], clock, started)
+    sharding.barrier("cpbjax sweep finished")
+    return writers.to_jsonable({**out, "skipped": skipped})

@@ -1,0 +1,382 @@
+"""Tests of sweeps: every (series, setting) coin in one program, chosen on val loss only.
+
+One sweep of 2 tiny series x 2 learning rates x 2 weight decays runs once in a subprocess (module
+fixture) with a persistent compilation cache at XLA optimisation level 0, as the
+backtest tests do; the run of one setting alone reuses its compiled programs.
+"""
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from absl import logging
+
+from cpbjax import backtest, checkpoint, ledger, optimizer, sweep, sweep_grid, writers
+from cpbjax import config as config_lib
+from cpbjax.data import stacking
+from tests import train_test
+
+SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")
+RATES, DECAYS = (1e-3, 3e-3), (0.0, 0.05)  # x 2 series: 8 coins, one group of 8
+# The coin trained again on its own (the config's own are lr 1e-3, decay 1e-2).
+ALONE_SERIES, ALONE_SETTING = "ETHUSDT-1h", {"learning_rate": 3e-3, "weight_decay": 0.0}
+
+
+def sweep_config():
+    """train_test's tiny GRU (300 candles, 1 layer of 16), 2 series, 2 x 2 settings."""
+    c = train_test.make_config()
+    c.data.symbols = tuple(s.split("-")[0] for s in SERIES)
+    c.ckpt.every_epochs = 1
+    c.train.group_size = 8
+    c.sweep.learning_rate, c.sweep.weight_decay = RATES, DECAYS
+    return config_lib.validate(c)
+
+
+def run(workdir: str) -> None:
+    logging.set_verbosity(logging.INFO)  # the resume test reads what was skipped
+    sweep.run_sweep(sweep_config(), workdir)
+
+
+def run_pooled(workdir: str) -> None:
+    logging.set_verbosity(logging.INFO)  # the test reads what was skipped
+    config = sweep_config()
+    config.sweep.select = "pooled"
+    sweep.run_sweep(config, workdir)
+
+
+def run_alone(workdir: str) -> None:
+    """ALONE_SERIES as the only coin of a plain run with ALONE_SETTING's values in
+    config.train (same symbols, so its coin key is the sweep coin's)."""
+    from cpbjax import driver
+    from cpbjax.runlog import StageClock
+
+    config = sweep_config()
+    config.sweep.learning_rate, config.sweep.weight_decay = (), ()
+    config.train.update(ALONE_SETTING)
+    preps = [p for p in driver.prepare_all(config)[0] if p.name == ALONE_SERIES]
+    entries, _, _ = driver.train_groups(config, workdir, preps, StageClock())
+    writers.write_json(os.path.join(workdir, "alone.json"), entries)
+
+
+def _spawn(what: str, workdir, env) -> subprocess.CompletedProcess:
+    code = f"import sys; from tests import sweep_test as t; t.{what}(sys.argv[1])"
+    return subprocess.run(
+        [sys.executable, "-c", code, str(workdir)],
+        env=env,
+        cwd=train_test.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """One CPU device and a compilation cache shared by this module's runs."""
+    return train_test._env(
+        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax-cache")),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+
+
+@pytest.fixture(scope="module")
+def full(env, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("sweep")
+    proc = _spawn("run", workdir, env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return workdir
+
+
+def _read(workdir, name="sweep.json") -> dict:
+    return writers.read_json(os.path.join(workdir, name))
+
+
+def _settings():
+    """The setting names, written out by hand in grid order."""
+    return [f"lr={r!r},wd={w!r}" for r in RATES for w in DECAYS]
+
+
+def _coins():
+    return [f"{s}@{name}" for s in SERIES for name in _settings()]
+
+
+def test_the_whole_grid_trains_in_one_program(full):
+    records = writers.MetricsLog(os.path.join(full, "sweep")).records()
+    assert {r["group"] for r in records} == {"group-000"}
+    assert all(r["series"] == _coins() and r["coins_computed"] == 8 for r in records)
+    compiles = [c["program"] for c in _read(full, "timings.json")["compiles"]]
+    assert compiles.count("jit(run_epoch)") == 1
+
+
+def test_a_sweep_coin_trains_as_that_setting_alone(full, env, tmp_path):
+    proc = _spawn("run_alone", tmp_path, env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    alone = writers.read_json(os.path.join(tmp_path, "alone.json"))[ALONE_SERIES]
+    alone_name = "lr={learning_rate!r},wd={weight_decay!r}".format(**ALONE_SETTING)
+    cell = _read(full)["series"][ALONE_SERIES]["settings"][alone_name]
+    for field in ("status", "best_epoch", "epochs_run", "num_params"):
+        assert alone[field] == cell[field], field
+    # Another program (and schedule x lr_mult for the peak): equal up to float32 rounding,
+    # the tolerance of the backtest's fold-alone test.
+    assert alone["best_val_loss"] == pytest.approx(cell["best_val_loss"], rel=1e-5)
+    for col in ("close", "high", "low"):
+        got, want = alone["test"]["columns"][col], cell["test"]["columns"][col]
+        assert got["mae"] == pytest.approx(want["mae"], rel=1e-5)
+    p_alone, _ = checkpoint.load_series_model(os.path.join(tmp_path, "models", ALONE_SERIES))
+    p_coin, _ = checkpoint.load_series_model(os.path.join(full, "sweep", "models", cell["coin"]))
+    np.testing.assert_allclose(_flat(p_alone), _flat(p_coin), **train_test.CROSS_PROGRAM)
+    # ... and each other setting of the same series, which starts from the same init,
+    # ends elsewhere: each of its per-coin values reached the step.
+    for name in _settings():
+        if name != alone_name:
+            path = os.path.join(full, "sweep", "models", f"{ALONE_SERIES}@{name}")
+            other, _ = checkpoint.load_series_model(path)
+            assert np.abs(_flat(other) - _flat(p_coin)).max() > 1e-4, name
+
+
+def _flat(params) -> np.ndarray:
+    return np.concatenate([np.ravel(leaf) for leaf in jax.tree.leaves(params)])
+
+
+def test_series_choice_is_the_argmin_of_val_loss_from_metrics(full):
+    out = _read(full)
+    records = writers.MetricsLog(os.path.join(full, "sweep")).records()
+    best = {}  # coin -> lowest val loss over its epochs (min_delta 0, baseline none)
+    for r in records:
+        for name, v in zip(r["series"], r["val_loss"], strict=True):
+            best[name] = min(best.get(name, math.inf), v)
+    for series in SERIES:
+        by_setting = {name: best[f"{series}@{name}"] for name in _settings()}
+        want = min(by_setting, key=by_setting.get)
+        assert out["series"][series]["chosen"] == want
+        for name, v in by_setting.items():
+            assert out["series"][series]["settings"][name]["best_val_loss"] == pytest.approx(v)
+
+
+def test_chosen_settings_are_published_as_the_run(full):
+    out, results = _read(full), _read(full, "results.json")
+    assert set(results["series"]) == set(SERIES)
+    for series in SERIES:
+        name = out["series"][series]["chosen"]
+        cell = out["series"][series]["settings"][name]
+        assert results["series"][series]["sweep"]["coin"] == cell["coin"]
+        assert results["series"][series]["best_val_loss"] == cell["best_val_loss"]
+        params, meta = checkpoint.load_series_model(os.path.join(full, "models", series))
+        want, _ = checkpoint.load_series_model(os.path.join(full, "sweep", "models", cell["coin"]))
+        np.testing.assert_array_equal(_flat(params), _flat(want))
+        assert meta["series"] == series
+        for field in ("learning_rate", "weight_decay"):
+            assert meta["config"]["train"][field] == cell[field]
+            assert meta["config"]["sweep"][field] == []
+
+
+def test_evaluate_mode_rescores_the_published_models(full, env, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(full, workdir)
+    cmd = [sys.executable, "launch.py", "--mode=evaluate", f"--workdir={workdir}"]
+    proc = subprocess.run(cmd, env=env, cwd=train_test.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (evaluated,) = [f for f in os.listdir(workdir) if f.startswith("eval-") and f.endswith("json")]
+    got, want = _read(workdir, evaluated)["series"], _read(full, "results.json")["series"]
+    for series in SERIES:
+        close = lambda e: e["test"]["columns"]["close"]["mae"]  # noqa: E731
+        assert close(got[series]) == pytest.approx(close(want[series]), rel=1e-6)
+
+
+def test_rerun_with_another_grid_is_refused(full):
+    path = os.path.join(full, "sweep.json")
+    with open(path, "rb") as f:
+        before = f.read()
+    config = sweep_config()
+    config.sweep.learning_rate = (1e-3, 1e-2)
+    with pytest.raises(ledger.RunMismatch):
+        sweep.run_sweep(config, str(full))
+    with open(path, "rb") as f:
+        assert f.read() == before
+
+
+def test_rerun_with_pooled_select_resumes_and_only_chooses_again(full, env, tmp_path):
+    again = tmp_path / "again"
+    shutil.copytree(full, again)
+    proc = _spawn("run_pooled", again, env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "group-000 already finished" in proc.stderr
+    a, b = _read(again), _read(full)
+    assert a["sweep"] == {**b["sweep"], "select": "pooled"}
+    for series in SERIES:  # the same trained coins
+        assert a["series"][series]["settings"] == b["series"][series]["settings"]
+    # The pooled choice, recomputed by a plain loop from sweep.json's val losses.
+    ratios = {name: [] for name in _settings()}
+    for series in SERIES:
+        cells = b["series"][series]["settings"]
+        low = min(cells[n]["best_val_loss"] for n in _settings())
+        for name in _settings():
+            ratios[name].append(cells[name]["best_val_loss"] / low)
+    mean = {name: sum(r) / len(r) for name, r in ratios.items()}
+    want = min(mean, key=mean.get)
+    assert a["pooled_scores"] == pytest.approx(mean)
+    assert {s: a["series"][s]["chosen"] for s in SERIES} == dict.fromkeys(SERIES, want)
+    results = _read(again, "results.json")["series"]
+    assert {s: results[s]["sweep"]["setting"] for s in SERIES} == dict.fromkeys(SERIES, want)
+
+
+# -- selection ----------------------------------------------------------------------------
+
+
+def _cell(val, test_mae):
+    return {"best_val_loss": val, "test": {"columns": {"close": {"mae": test_mae}}}}
+
+
+def test_choice_reads_val_loss_never_test():
+    # Test scores that would pick the other setting everywhere.
+    tab = {
+        "A": {"lr=0.001": _cell(1.0, 9.0), "lr=0.003": _cell(2.0, 1.0)},
+        "B": {"lr=0.001": _cell(4.0, 1.0), "lr=0.003": _cell(3.0, 9.0)},
+        "C": {"lr=0.001": _cell(math.nan, 1.0), "lr=0.003": _cell(None, 1.0)},
+    }
+    assert sweep.choose(tab, "series") == {"A": "lr=0.001", "B": "lr=0.003", "C": None}
+    # Mean relative val loss: lr=0.001 (1 + 4/3) / 2 = 1.167 beats lr=0.003 (2 + 1) / 2.
+    scores = sweep.pooled_scores(tab)
+    assert scores == pytest.approx({"lr=0.001": (1 + 4 / 3) / 2, "lr=0.003": 1.5})
+    assert sweep.choose(tab, "pooled") == {"A": "lr=0.001", "B": "lr=0.001", "C": None}
+
+
+def test_ties_go_to_the_first_setting_in_grid_order():
+    tab = {"A": {"lr=0.003": _cell(1.0, 0), "lr=0.001": _cell(1.0, 0)}}
+    assert sweep.choose(tab, "series") == {"A": "lr=0.003"}
+    assert sweep.choose(tab, "pooled") == {"A": "lr=0.003"}
+
+
+# -- the grid and its per-coin arrays -------------------------------------------------------
+
+
+def test_grid_names_and_per_coin_hparams():
+    c = sweep_config()
+    c.sweep.weight_decay = (0.0, 0.1)
+    config_lib.validate(c)
+    names = [sweep_grid.setting_name(s) for s in sweep_grid.settings(c)]
+    assert names == [
+        "lr=0.001,wd=0.0",
+        "lr=0.001,wd=0.1",
+        "lr=0.003,wd=0.0",
+        "lr=0.003,wd=0.1",
+    ]
+    preps = list(train_test.preps())[:2]
+    coins = sweep_grid.expand(preps, c)
+    assert [p.name for p in coins[:4]] == [f"{preps[0].name}@{n}" for n in names]
+    assert {sweep_grid.series_of(p.name) for p in coins} == {p.name for p in preps}
+    host = stacking.stack_group(coins[:4] + coins[4:5], 6, c.data, 300)
+    lr_base = c.train.learning_rate
+    np.testing.assert_allclose(host.hparams["lr_mult"], [1, 1, 3, 3, 1, 0], rtol=1e-6)
+    assert lr_base * host.hparams["lr_mult"][2] == pytest.approx(3e-3)
+    np.testing.assert_array_equal(host.hparams["weight_decay"], np.float32([0, 0.1, 0, 0.1, 0, 0]))
+    plain = stacking.stack_group(preps, 2, c.data, 300)
+    assert plain.hparams == {}  # no sweep: the arrays gain no leaf
+
+
+def _one_update(train_cfg, per_coin_decay, decay=None):
+    params = {"w": jnp.array([1.0, -2.0, 0.5])}
+    grads = {"w": jnp.array([0.3, 0.1, -0.2])}
+    tx = optimizer.make_optimizer(train_cfg, per_coin_decay)
+    extra = {} if decay is None else {"weight_decay": decay}
+    state = optimizer.with_learning_rate(tx.init(params), 0.1, **extra)
+    updates, _ = tx.update(grads, state, params)
+    return np.asarray(optax.apply_updates(params, updates)["w"])
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+@pytest.mark.parametrize("decay", [0.0, 0.25])
+def test_a_per_coin_weight_decay_updates_as_the_constant_one(name, decay):
+    constant = ml_collections.ConfigDict(
+        {"optimizer": name, "weight_decay": decay, "grad_clip": 1.0}
+    )
+    swept = ml_collections.ConfigDict({"optimizer": name, "weight_decay": 0.9, "grad_clip": 1.0})
+    np.testing.assert_array_equal(
+        _one_update(swept, True, jnp.float32(decay)), _one_update(constant, False)
+    )
+
+
+# -- config validation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("learning_rate", (1e-3, -1e-3), "config.sweep.learning_rate=-0.001 is not allowed"),
+        ("learning_rate", (1e-3, 1e-3), "sweep.learning_rate.*distinct"),
+        ("weight_decay", (2.0,), "sweep.weight_decay"),
+        ("select", "best", "sweep.select='best'.*series, pooled"),
+    ],
+)
+def test_bad_sweep_values_are_refused_by_name(field, value, match):
+    c = sweep_config()
+    c.sweep[field] = value
+    with pytest.raises(config_lib.ConfigError, match=match):
+        config_lib.validate(c)
+
+
+@pytest.mark.parametrize(
+    "field,match",
+    [
+        ("dropout", "sweep.dropout cannot be swept: it is compiled into the program"),
+        ("loss", "sweep.loss cannot be swept: it is compiled into the program"),
+        ("hidden", "sweep.hidden cannot be swept: it changes the shapes"),
+        ("epochs", "sweep.epochs cannot be swept: it is not a per-coin hyperparameter"),
+    ],
+)
+def test_fields_that_cannot_be_per_coin_arrays_are_refused(field, match):
+    c = sweep_config()
+    with c.sweep.unlocked():
+        c.sweep[field] = (1, 2)
+    with pytest.raises(config_lib.ConfigError, match=match):
+        config_lib.validate(c)
+
+
+def test_a_pooled_model_refuses_a_sweep():
+    c = sweep_config()
+    c.train.share = "pooled"
+    with pytest.raises(config_lib.ConfigError, match="sweep.learning_rate needs train.share"):
+        config_lib.validate(c)
+
+
+def test_a_backtest_refuses_a_sweep_instead_of_ignoring_it(tmp_path):
+    with pytest.raises(config_lib.ConfigError, match="sweep.learning_rate.*does not cross"):
+        backtest.run_backtest(sweep_config(), str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_launch_exits_2_naming_a_bad_sweep_value(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "launch.py",
+            "--config=configs/gru.py:tiny",
+            "--config.sweep.learning_rate=(0.001,-0.5)",
+            f"--workdir={tmp_path}",
+        ],
+        env=train_test._env(),
+        cwd=train_test.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "config.sweep.learning_rate=-0.5 is not allowed" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_coin_names_are_safe_file_names():
+    setting = {"learning_rate": 3e-4, "weight_decay": 1e-5}
+    name = sweep_grid.coin_name("BTCUSDT-1h", setting)
+    assert name == "BTCUSDT-1h@lr=0.0003,wd=1e-05"
+    assert os.path.basename(name) == name
