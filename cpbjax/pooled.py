@@ -122,13 +122,7 @@ def train_pass(spec: step.EpochSpec, state: step.GroupState, arrays) -> step.Tra
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
         mask_KB = mask_KB & state.active[:, None]
         r = train_step(carry.params, carry.opt_state, data, ends_KB, mask_KB, keys_K, lr * lr_scale)
-        return step.TrainPass(
-            r.params,
-            r.opt_state,
-            carry.loss_sum_K + r.loss_sum,
-            carry.num_windows_K + r.num_windows,
-            carry.nonfinite_K | r.nonfinite,
-        ), None
+        return carry.add(r), None
 
     k = state.active.shape[0]
     carry = step.TrainPass(

@@ -186,6 +186,16 @@ class TrainPass(NamedTuple):
     num_windows_K: jax.Array
     nonfinite_K: jax.Array
 
+    def add(self, r: StepResult) -> TrainPass:
+        """The pass after one more step: its params and opt state, its sums added."""
+        return TrainPass(
+            r.params,
+            r.opt_state,
+            self.loss_sum_K + r.loss_sum,
+            self.num_windows_K + r.num_windows,
+            self.nonfinite_K | r.nonfinite,
+        )
+
 
 def select(take_K: jax.Array, new, old):
     """Per-coin choice between two [K, ...] pytrees (take_K: bool [K])."""
@@ -434,13 +444,7 @@ def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
         coin_steps = CoinStep(ends_KB, mask_KB, keys_K, lr * lr_scale_K, state.active, hparams_K)
         r = step(carry.params, carry.opt_state, data, coin_steps)
-        return TrainPass(
-            r.params,
-            r.opt_state,
-            carry.loss_sum_K + r.loss_sum,
-            carry.num_windows_K + r.num_windows,
-            carry.nonfinite_K | r.nonfinite,
-        ), None
+        return carry.add(r), None
 
     k = state.active.shape[0]  # this device's coins
     carry = TrainPass(

@@ -9,8 +9,6 @@ import dataclasses
 import html.parser
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -84,33 +82,16 @@ def fold_preps(config, series=None):
     return folds.prepare_all(series, config.data, config.backtest)[0]
 
 
-def _spawn(what: str, workdir, env) -> subprocess.CompletedProcess:
-    code = f"import sys; from tests import backtest_test as t; t.{what}(sys.argv[1])"
-    return subprocess.run(
-        [sys.executable, "-c", code, str(workdir)],
-        env=env,
-        cwd=train_test.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    """One CPU device and a compilation cache shared by this module's runs (as train_test's)."""
-    return train_test._env(
-        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax-cache")),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+    """One CPU device and a compilation cache shared by this module's runs."""
+    return train_test.cached_env(tmp_path_factory.mktemp("jax-cache"))
 
 
 @pytest.fixture(scope="module")
 def full(env, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("backtest")
-    proc = _spawn("run", workdir, env)
+    proc = train_test.spawn("backtest_test", "run", workdir, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return workdir
 
@@ -218,7 +199,7 @@ def test_folds_that_do_not_fit_are_skipped_with_their_reason():
 
 
 def test_fold_coin_trains_as_that_fold_alone(full, env, tmp_path):
-    proc = _spawn("run_alone", tmp_path, env)
+    proc = train_test.spawn("backtest_test", "run_alone", tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     alone = writers.read_json(os.path.join(tmp_path, "alone.json"))[ALONE]
     fold = next(
@@ -234,10 +215,10 @@ def test_fold_coin_trains_as_that_fold_alone(full, env, tmp_path):
 
 
 def test_killed_backtest_resumes_to_the_same_backtest_json(full, env, tmp_path):
-    killed = _spawn("run_killed", tmp_path, env)
+    killed = train_test.spawn("backtest_test", "run_killed", tmp_path, env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not os.path.exists(os.path.join(tmp_path, "backtest.json"))
-    resumed = _spawn("run", tmp_path, env)
+    resumed = train_test.spawn("backtest_test", "run", tmp_path, env)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "group-000 already finished" in resumed.stderr
     assert f"{KILL_GROUP}: resuming after epoch {KILL_EPOCH}" in resumed.stderr

@@ -86,12 +86,7 @@ def run_all(root: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compaction")
-    env = train_test._env(
-        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
-        JAX_COMPILATION_CACHE_DIR=str(root / "jax-cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+    env = train_test.cached_env(root / "jax-cache")
     proc = subprocess.run(
         [sys.executable, "-c", _RUNS, str(root)],
         env=env,

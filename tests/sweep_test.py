@@ -66,33 +66,16 @@ def run_alone(workdir: str) -> None:
     writers.write_json(os.path.join(workdir, "alone.json"), entries)
 
 
-def _spawn(what: str, workdir, env) -> subprocess.CompletedProcess:
-    code = f"import sys; from tests import sweep_test as t; t.{what}(sys.argv[1])"
-    return subprocess.run(
-        [sys.executable, "-c", code, str(workdir)],
-        env=env,
-        cwd=train_test.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """One CPU device and a compilation cache shared by this module's runs."""
-    return train_test._env(
-        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax-cache")),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+    return train_test.cached_env(tmp_path_factory.mktemp("jax-cache"))
 
 
 @pytest.fixture(scope="module")
 def full(env, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("sweep")
-    proc = _spawn("run", workdir, env)
+    proc = train_test.spawn("sweep_test", "run", workdir, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return workdir
 
@@ -119,7 +102,7 @@ def test_the_whole_grid_trains_in_one_program(full):
 
 
 def test_a_sweep_coin_trains_as_that_setting_alone(full, env, tmp_path):
-    proc = _spawn("run_alone", tmp_path, env)
+    proc = train_test.spawn("sweep_test", "run_alone", tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     alone = writers.read_json(os.path.join(tmp_path, "alone.json"))[ALONE_SERIES]
     alone_name = "lr={learning_rate!r},wd={weight_decay!r}".format(**ALONE_SETTING)
@@ -208,7 +191,7 @@ def test_rerun_with_another_grid_is_refused(full):
 def test_rerun_with_pooled_select_resumes_and_only_chooses_again(full, env, tmp_path):
     again = tmp_path / "again"
     shutil.copytree(full, again)
-    proc = _spawn("run_pooled", again, env)
+    proc = train_test.spawn("sweep_test", "run_pooled", again, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "group-000 already finished" in proc.stderr
     a, b = _read(again), _read(full)

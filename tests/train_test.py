@@ -310,6 +310,31 @@ def _env(**extra):
     return env
 
 
+def cached_env(cache_dir) -> dict:
+    """One CPU device at XLA optimisation level 0, and a persistent compilation cache in
+    cache_dir that every compile is written to: the env of a module's subprocess runs,
+    which then reuse each other's programs."""
+    return _env(
+        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
+        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+
+
+def spawn(module: str, what: str, workdir, env) -> subprocess.CompletedProcess:
+    """Runs `tests.<module>.<what>(workdir)` in a fresh Python process with `env`."""
+    code = f"import sys; from tests import {module} as t; t.{what}(sys.argv[1])"
+    return subprocess.run(
+        [sys.executable, "-c", code, str(workdir)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 def test_sharded_over_four_devices_equals_one_device(tmp_path):
     out = str(tmp_path / "sharded.npz")
     env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
