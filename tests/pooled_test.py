@@ -7,10 +7,8 @@ share a persistent compilation cache (tests/train_test.py's environment).
 
 import functools
 import os
-import signal
 import subprocess
 import sys
-import time
 from unittest import mock
 
 import jax
@@ -292,12 +290,7 @@ def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
 def test_killed_pooled_run_resumes_to_the_uninterrupted_result(pooled_run, driver_env, tmp_path):
     workdir = tmp_path / "killed"
     proc = _launch(workdir, driver_env)
-    ckpts = workdir / "checkpoints" / "group-000"
-    deadline = time.monotonic() + 300
-    while not (ckpts.exists() and any(d.isdigit() for d in os.listdir(ckpts))):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
+    train_test.kill_once_checkpointed(proc, workdir / "checkpoints" / "group-000")
     train_test._finish(proc, check=False)
     assert not (workdir / "results.json").exists()
     out = train_test._finish(_launch(workdir, driver_env))

@@ -428,6 +428,17 @@ def full_run(driver_env, tmp_path_factory):
     return workdir
 
 
+def kill_once_checkpointed(proc, group_dir, timeout_s=300) -> None:
+    """SIGKILLs the run `proc` as soon as `group_dir` holds a numbered Orbax checkpoint,
+    and waits for it to die; fails (with its output) if it ends first or takes too long."""
+    deadline = time.monotonic() + timeout_s
+    while not (group_dir.exists() and any(d.isdigit() for d in os.listdir(group_dir))):
+        assert proc.poll() is None and time.monotonic() < deadline, _finish(proc, False)[-3000:]
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    _finish(proc, check=False)
+
+
 def _comparable(workdir):
     """results.json without wall-clock fields, and metrics.jsonl without seconds."""
     results = writers.read_json(os.path.join(workdir, "results.json"))
@@ -480,14 +491,8 @@ def test_same_seed_twice_gives_identical_results(full_run, driver_env, tmp_path)
 def test_sigkilled_run_resumes_to_the_uninterrupted_result(full_run, driver_env, tmp_path):
     workdir = tmp_path / "killed"
     proc = _drive(workdir, driver_env)
-    second = workdir / "checkpoints" / "group-001"
-    deadline = time.monotonic() + 300
     # Kill once the second group has a checkpoint: the first group is then finished.
-    while not (second.exists() and any(d.isdigit() for d in os.listdir(second))):
-        assert proc.poll() is None and time.monotonic() < deadline, _finish(proc, False)[-3000:]
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    _finish(proc, check=False)
+    kill_once_checkpointed(proc, workdir / "checkpoints" / "group-001")
     assert proc.returncode == -signal.SIGKILL
     assert not (workdir / "results.json").exists()
     out = _finish(_drive(workdir, driver_env))
