@@ -21,7 +21,17 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
-from cpbjax import checkpoint, evaluate, forecast, models, platform, report, sharding, writers
+from cpbjax import (
+    checkpoint,
+    evaluate,
+    forecast,
+    metrics,
+    models,
+    platform,
+    report,
+    sharding,
+    writers,
+)
 from cpbjax import config as config_lib
 from cpbjax import config_rules as rules
 from cpbjax import workdir as workdir_lib
@@ -278,20 +288,33 @@ def _series_entry(host: dict, i: int, group: str, seconds: float, num_series: in
 WORSE_THAN_UNTRAINED = 10.0
 
 
-def _flag_worse_than_untrained(name: str, entry: dict) -> None:
-    """Adds a `warning` to a scored entry whose val loss is far above the zero forecast's."""
+def _flag_worse_than_untrained(run: _Run, prep, entry: dict, last_params) -> None:
+    """Adds a `warning` to a scored entry whose training went far above the zero forecast.
+
+    Without a baseline that is the kept model's val loss. With one (model.baseline) an
+    epoch is kept only if it beats the untrained model, so a run that went wrong keeps
+    the baseline (best_epoch None); the warning then looks at the last epoch's params.
+    """
     val = entry.get("val") or {}
     loss, zero = val.get("normalized_mse"), val.get("zero_forecast_mse")
-    if loss is None or not zero or loss <= WORSE_THAN_UNTRAINED * zero:
+    if loss is None or not zero:
+        return
+    kept = "the kept model"
+    if run.config.model.baseline != "none" and entry["best_epoch"] is None:
+        c = run.config.data
+        fc = forecast.split_forecast(run.module, last_params, prep, "val", c.lookback, c.horizon)
+        loss = metrics.normalized_mse(prep, fc.ends_N, fc.norm_NHC, c.horizon)
+        kept = "the last epoch (the untrained baseline is kept)"
+    if loss <= WORSE_THAN_UNTRAINED * zero:
         return
     entry["warning"] = (
-        f"val loss {loss:.3g} is {loss / zero:.3g}x the zero forecast's {zero:.3g}: the model "
-        "learned something worse than not training (check train.learning_rate)"
+        f"val loss {loss:.3g} of {kept} is {loss / zero:.3g}x the zero forecast's {zero:.3g}: "
+        "the model learned something worse than not training (check train.learning_rate)"
     )
-    logging.warning("%s: %s", name, entry["warning"])
+    logging.warning("%s: %s", prep.name, entry["warning"])
 
 
-def _save_and_score(run: _Run, prep, params, entry: dict) -> dict | None:
+def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict | None:
     """Saves one series' best model and adds its val/test metrics to `entry` (process 0).
 
     Returns its test forecast record (None when the normalisation keeps no price level).
@@ -305,7 +328,7 @@ def _save_and_score(run: _Run, prep, params, entry: dict) -> dict | None:
         run.module, params, prep, c.data.lookback, c.data.horizon, forecasts_dir
     )
     entry.update(scores)
-    _flag_worse_than_untrained(prep.name, entry)
+    _flag_worse_than_untrained(run, prep, entry, last_params)
     return record
 
 
@@ -316,8 +339,8 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
       (series name -> results.json entry (without evaluation on processes other than
       0), series name -> test forecast record).
     """
-    fields = ("best_params", "best_val", "best_epoch", "epochs_run", "active", "diverged")
-    host = sharding.to_host({f: getattr(state, f) for f in (*fields, "diverged_epoch")})
+    fields = ("params", "best_params", "best_val", "best_epoch", "epochs_run", "active")
+    host = sharding.to_host({f: getattr(state, f) for f in (*fields, "diverged", "diverged_epoch")})
     leaves = jax.tree.leaves(host["best_params"])
     num_params = sum(leaf.size for leaf in leaves) // len(host["active"])
     entries, records = {}, {}
@@ -327,7 +350,8 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
         entry.update(num_params=num_params, peak_memory_bytes=peak, data=prep.notes)
         if sharding.is_primary():
             with run.clock.stage("evaluate"):
-                record = _save_and_score(run, prep, params, entry)
+                last = jax.tree.map(lambda a, i=i: a[i], host["params"])
+                record = _save_and_score(run, prep, params, last, entry)
             if record is not None:
                 records[prep.name] = record
         entries[prep.name] = writers.to_jsonable(entry)

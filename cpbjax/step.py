@@ -245,7 +245,7 @@ def init_coin(spec: EpochSpec, key: jax.Array, band_H2: jax.Array):
     x_BLF = jnp.zeros((1, spec.lookback, spec.num_features), jnp.float32)
     y_BHC = jnp.zeros((1, spec.horizon, windows.NUM_TARGETS), jnp.float32)
     rngs = {"params": params_key, "dropout": dropout_key, "teacher": teacher_key}
-    params = spec.module.init(rngs, x_BLF, y_BHC, train=False)["params"]
+    params = common.init_params(spec.module, rngs, x_BLF, y_BHC)
     if spec.baseline == "vol_band":
         params = common.with_band(params, band_H2)
     return params, spec.tx.init(params), optimizer.init_plateau(spec.plateau), train_key

@@ -333,6 +333,7 @@ L_T, H_T = train_test.make_config().data.lookback, train_test.make_config().data
 def _aux_config(teacher_forcing=None):
     c = train_test.make_config()
     c.model.aux_targets, c.model.aux_weight = AUX, WEIGHT
+    c.train.loss, c.train.loss_scale = "mse", "none"  # the objective the references write out
     if teacher_forcing is not None:
         c.train.teacher_forcing = teacher_forcing
     return config_lib.validate(c)

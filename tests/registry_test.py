@@ -67,6 +67,7 @@ def _config():
     c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
     c.data.max_candles, c.data.min_candles, c.data.synthetic_candles = 300, 200, 360
     c.model.name, c.model.hidden = "mlp", 16
+    c.model.baseline = "none"  # MLP's forecasts do not go through common.ForecastOutput
     c.train.epochs, c.train.patience = 2, 2
     c.eval.plots = False
     return c
@@ -109,3 +110,13 @@ def test_registered_source_and_model_train(registered, tmp_path):
         assert entry["status"] == "trained", entry
         assert entry["epochs_run"] == 2
         assert results["series"][name]["status"] == "trained"
+
+
+def test_a_model_without_the_output_head_refuses_a_baseline(registered, tmp_path):
+    c = _config()
+    del c.model["num_layers"]
+    c.model.baseline = "vol_band"
+    with pytest.raises(
+        config_lib.ConfigError, match="model.baseline=.vol_band.*ForecastOutput.*.mlp."
+    ):
+        driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))

@@ -247,6 +247,31 @@ class ForecastOutput(nn.Module):
         )
 
 
+def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
+    """module.init's params, refusing a baseline (cfg.baseline) the module would ignore.
+
+    A registered user model whose forecasts do not go through ForecastOutput would
+    silently forecast without its baseline (and, for vol_band, have no band to start);
+    an interceptor sees whether the init runs through one.
+    """
+    heads = []
+
+    def note_head(call, args, kwargs, context):
+        if isinstance(context.module, ForecastOutput):
+            heads.append(context.module)
+        return call(*args, **kwargs)
+
+    with nn.intercept_methods(note_head):
+        params = module.init(rngs, x_BLF, y_BHC, train=False)["params"]
+    if module.cfg.baseline != "none" and not heads:
+        raise rules.ConfigError(
+            f"config.model.baseline={module.cfg.baseline!r} needs a model whose forecasts "
+            f"go through common.ForecastOutput; model {module.cfg.name!r} has none: set "
+            "--config.model.baseline=none"
+        )
+    return params
+
+
 def with_band(params, k_H2) -> dict:
     """params with the vol_band factors set to k_H2 [H, 2] (high, low); others as they are."""
     out = dict(params)
