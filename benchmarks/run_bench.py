@@ -41,9 +41,14 @@ _PEAK_RSS = (
 )
 
 
-def run_once(model: str, variant: str, flags: list[str], cache: str, workdir: str) -> dict:
-    """One `launch.py` run; returns its stage seconds, total wall seconds and peak memory."""
-    config = f"configs/{model}.py" + (f":{variant}" if variant else "")
+def config_path(model: str, variant: str) -> str:
+    """--config's value for a model and an optional variant ("tiny")."""
+    return f"configs/{model}.py" + (f":{variant}" if variant else "")
+
+
+def run_once(config: str, flags: list[str], cache: str, workdir: str) -> dict:
+    """One `launch.py` run with compile cache `cache`; returns its stage seconds, total wall
+    seconds, XLA programs built (all, and of the train epoch) and peak resident memory."""
     cmd = [sys.executable, "launch.py", f"--config={config}", f"--workdir={workdir}", *flags]
     env = dict(os.environ, CPBJAX_COMPILATION_CACHE=cache)
     began = time.monotonic()
@@ -63,6 +68,7 @@ def run_once(model: str, variant: str, flags: list[str], cache: str, workdir: st
         "wall": wall,
         "programs": len(compiles),
         "xla s": sum(c["seconds"] for c in compiles),
+        "epoch programs": len(epoch_s),
         "epoch xla s": sum(epoch_s),
         "peak GiB": peak_gib,
     }
@@ -76,7 +82,7 @@ def bench(models: list[str], variant: str, flags: list[str]) -> list[dict]:
             cache = os.path.join(tmp, f"cache-{model}")
             for kind in ("cold", "warm"):
                 workdir = os.path.join(tmp, f"{model}-{kind}")
-                seconds = run_once(model, variant, flags, cache, workdir)
+                seconds = run_once(config_path(model, variant), flags, cache, workdir)
                 rows.append(
                     {"model": model, "cache": kind, **{k: round(v, 2) for k, v in seconds.items()}}
                 )

@@ -38,7 +38,7 @@ def symbols_flag(num_series: int) -> str:
 def run_size(n: int, args, flags: list[str], cache: str, workdir: str) -> dict:
     """One run of n series: run_bench's stage seconds and peak memory, and per-series cost."""
     flags = [*flags, symbols_flag(n), f"--config.data.intervals={INTERVALS!r}"]
-    got = run_bench.run_once(args.model, args.variant, flags, cache, workdir)
+    got = run_bench.run_once(run_bench.config_path(args.model, args.variant), flags, cache, workdir)
     series = len(json.loads((Path(workdir) / "results.json").read_text())["series"])
     return {
         "series": series,

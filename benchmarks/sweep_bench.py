@@ -23,40 +23,29 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, run_bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_STAGES = ("setup", "compile", "train", "host")
 
 
 def run_once(config: str, flags: list[str], tmp: str, name: str) -> dict:
-    """One `launch.py` run in a new workdir with a new compile cache; its seconds."""
+    """One `launch.py` run (run_bench's) in a new workdir with a new compile cache."""
     workdir, cache = os.path.join(tmp, name), os.path.join(tmp, f"cache-{name}")
-    cmd = [sys.executable, "launch.py", f"--config={config}", f"--workdir={workdir}", *flags]
-    began = time.monotonic()
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=dict(os.environ, CPBJAX_COMPILATION_CACHE=cache), capture_output=True
-    )
-    wall = time.monotonic() - began
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd)} failed: {proc.stderr.decode()[-2000:]}")
-    timings = json.loads((Path(workdir) / "timings.json").read_text())
-    epoch_xla = [c["seconds"] for c in timings["compiles"] if c["program"] == "jit(run_epoch)"]
+    got = run_bench.run_once(config, flags, cache, workdir)
     return {
-        "wall": wall,
-        "training": sum(timings["stages"].get(s, 0.0) for s in TRAIN_STAGES),
-        "epochs s": timings["stages"].get("train", 0.0),
-        "epoch programs": len(epoch_xla),
-        "epoch xla s": sum(epoch_xla),
+        "wall": got["wall"],
+        "training": sum(got[s] for s in TRAIN_STAGES),
+        "epochs s": got["train"],
+        "epoch programs": got["epoch programs"],
+        "epoch xla s": got["epoch xla s"],
     }
 
 
