@@ -66,6 +66,19 @@ def run_alone(workdir: str) -> None:
     writers.write_json(os.path.join(workdir, "alone.json"), entries)
 
 
+def run_compacted(workdir: str) -> None:
+    """The sweep with patience 1, so coins stop at scattered epochs, run twice: whole, and
+    with group compaction forced whenever at most half the coins train."""
+    from cpbjax import compaction
+
+    config = sweep_config()
+    config.train.epochs, config.train.patience, config.train.compact_groups = 6, 1, False
+    sweep.run_sweep(config, os.path.join(workdir, "whole"))
+    compaction.compaction_pays = lambda *args: True
+    config.train.compact_groups = True
+    sweep.run_sweep(config, os.path.join(workdir, "compacted"))
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """One CPU device and a compilation cache shared by this module's runs."""
@@ -363,3 +376,20 @@ def test_coin_names_are_safe_file_names():
     name = sweep_grid.coin_name("BTCUSDT-1h", setting)
     assert name == "BTCUSDT-1h@lr=0.0003,wd=1e-05"
     assert os.path.basename(name) == name
+
+
+def test_a_compacted_sweep_trains_and_chooses_as_the_whole_one(env, tmp_path):
+    proc = train_test.spawn("sweep_test", "run_compacted", tmp_path, env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = writers.MetricsLog(os.path.join(tmp_path, "compacted", "sweep")).records()
+    assert min(r["coins_computed"] for r in records) < 8  # the program did shrink
+    whole, compacted = _read(tmp_path / "whole"), _read(tmp_path / "compacted")
+    for series in SERIES:
+        a, b = whole["series"][series], compacted["series"][series]
+        assert a["chosen"] == b["chosen"]
+        for name in _settings():
+            for field in ("status", "best_epoch", "epochs_run"):
+                assert a["settings"][name][field] == b["settings"][name][field], (name, field)
+            # Another program size: equal up to float32 rounding (as the fold-alone test).
+            want = a["settings"][name]["best_val_loss"]
+            assert b["settings"][name]["best_val_loss"] == pytest.approx(want, rel=1e-5)
