@@ -63,6 +63,15 @@ def _limits(entry: dict) -> list[str]:
     return out
 
 
+def _best_epoch(entry: dict, model: dict) -> str:
+    """The kept epoch; with a baseline, none means the untrained model (the baseline) won."""
+    if entry.get("best_epoch"):
+        return str(entry["best_epoch"])
+    if model.get("baseline", "none") == "none":
+        return "none"
+    return "none (no epoch beat the untrained baseline, which is kept)"
+
+
 def render(meta: dict, entry: dict) -> str:
     """The README.md text of an exported model (meta: its meta.json; entry: its results)."""
     data = entry.get("data") or {}
@@ -81,7 +90,7 @@ def render(meta: dict, entry: dict) -> str:
         f"- source: {data.get('source')}; candles {data.get('first')} to {data.get('last')} "
         f"({data.get('used_candles')} used); windows "
         + " / ".join(f"{k} {v}" for k, v in (data.get("windows") or {}).items()),
-        f"- training status: {entry.get('status')}, best epoch {entry.get('best_epoch')}",
+        f"- training status: {entry.get('status')}, best epoch {_best_epoch(entry, model)}",
         "",
         "## Metrics (skill = 1 − MAE / MAE of the better naive forecast, price units)",
         "",

@@ -37,7 +37,9 @@ STATUS_LEGEND = (
     "the last train.patience epochs (more epochs might still help); stopped_early = no "
     "validation improvement for train.patience epochs, so early stopping ended it (possibly "
     "on the last epoch); diverged = a non-finite loss ended it. In every case the saved "
-    "model and all scores are those of the best validation epoch."
+    "model and all scores are those of the best validation epoch. With model.baseline the "
+    "untrained model is that baseline and counts as epoch 0: no best epoch (-) means no "
+    "epoch beat it on validation, so the baseline itself is saved and scored."
 )
 
 

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, driver, forecast, portable, saved, writers
+from cpbjax import checkpoint, driver, forecast, model_card, portable, saved, writers
 from cpbjax import config as config_lib
 from cpbjax.data import sources, windows
 
@@ -83,3 +83,10 @@ def test_serialized_forward_runs_without_the_model_code(exported):
 def test_export_without_models_names_the_folder(tmp_path):
     with pytest.raises(saved.ModelNotFound, match="no saved model under"):
         portable.run_export(_config(), str(tmp_path))
+
+
+def test_the_model_card_says_when_the_untrained_baseline_was_kept():
+    with_band = {"baseline": "vol_band"}
+    assert model_card._best_epoch({"best_epoch": 7}, with_band) == "7"
+    assert "untrained baseline" in model_card._best_epoch({"best_epoch": None}, with_band)
+    assert model_card._best_epoch({"best_epoch": None}, {"baseline": "none"}) == "none"
