@@ -257,3 +257,68 @@ def test_windows_equal_cpbjax_gather_and_a_plain_reference(tb):
         np.testing.assert_allclose(
             y_t[i].numpy(), np.log(ohlc[t + 1 : t + H + 1] / close), atol=1e-6
         )
+
+
+# ---------------------------------------------------------------- benchmarks/train_bench.py
+
+
+@pytest.fixture()
+def train_bench(monkeypatch):
+    """benchmarks/train_bench, imported without its XLA_FLAGS default (jax is set up)."""
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    from benchmarks import train_bench  # noqa: PLC0415
+
+    return train_bench
+
+
+@pytest.mark.parametrize("decoding", ["autoregressive", "direct"])
+def test_bench_config_pins_mse_on_the_raw_output(train_bench, monkeypatch, decoding):
+    load = train_bench.config_lib.load
+
+    def load_accuracy_defaults(path):  # What main's defaults are becoming.
+        config = load(path)
+        config.model.baseline, config.train.loss = "vol_band", "mae"
+        config.train.loss_scale = "persistence"
+        return config
+
+    monkeypatch.setattr(train_bench.config_lib, "load", load_accuracy_defaults)
+    args = train_bench.parse_args(["--quick"])
+    config = train_bench.bench_config("gru", args, decoding, "float32")
+    assert (config.model.decoding, config.model.baseline) == (decoding, "none")
+    assert (config.train.loss, config.train.loss_scale) == ("mse", "none")
+
+
+def test_each_ratio_times_torch_with_cpbjax_decoding(tb, train_bench, monkeypatch):
+    """The bookkeeping of run_model, with a no-op cpbjax epoch and a recording torch call."""
+    torch_calls = []
+
+    def fake_torch_samples(model, series_windows, threads, device, decoding):
+        torch_calls.append((decoding, threads))
+        return [{"autoregressive": 2.0, "direct": 1.0}[decoding] / threads]
+
+    def no_op_group(config, preps, k):
+        return train_bench.Group(k, k, lambda s, a: (s, 0.0), None, None, 0.0, 0.0, 1.0, None, None)
+
+    monkeypatch.setattr(train_bench, "torch_samples", fake_torch_samples)
+    monkeypatch.setattr(train_bench, "build_group", no_op_group)
+    flags = "--quick --models gru --decoding autoregressive,direct --dtype float32,bfloat16"
+    args = train_bench.parse_args(flags.split())
+    results = train_bench.Results()
+    train_bench.run_model("gru", args, results)
+    threads = train_bench.thread_settings("cpu")
+    assert torch_calls == [(d, t) for d in ("autoregressive", "direct") for t in threads]
+    rows = [
+        (r["decoding"], r["dtype"], r["torch_decoding"], r["alternated"]) for r in results.ratios
+    ]
+    assert rows == [
+        ("autoregressive", "float32", "autoregressive", "one round (A B)"),
+        ("autoregressive", "bfloat16", "autoregressive", "no (torch of the same run)"),
+        ("direct", "float32", "direct", "one round (A B)"),
+        ("direct", "bfloat16", "direct", "no (torch of the same run)"),
+    ]
+    best = max(threads)  # The fake torch is fastest at the most threads.
+    for r in results.ratios:
+        expected = {"autoregressive": 2.0, "direct": 1.0}[r["decoding"]] / best * 2
+        assert r["ratio"] == pytest.approx(expected / r["cpbjax_s_per_epoch"])
+    torch_rows = [r["decoding"] for r in results.suite if r["system"] == "torch loop"]
+    assert torch_rows == ["autoregressive", "direct"]
