@@ -13,6 +13,12 @@ What is faithful to the old system, on purpose (cpbjax removes each of these):
 The batches are index gathers on pre-built tensors rather than a torch DataLoader,
 which is slightly faster than the old loop, so the baseline errs in torch's favour.
 
+decoding="direct" (--decoding direct) swaps only the decoder for cpbjax's direct one,
+so cpbjax's default can be compared direct against direct: the transformer feeds H
+learned queries through its decoder in one unmasked pass, the GRU and the LSTM map
+[last encoder output; attention context] to all H candles with their head and have no
+decoder. No teacher forcing and no host draws then; the loop's quirks above stay.
+
 Data, batch sizes and optimiser settings are read from cpbjax's own default configs
 (configs/<model>.py), and windows are normalised like cpbjax's default `last_close`:
 x = log(ohlc[t-L+1..t] / close[t]), y = log(ohlc[t+1..t+H] / close[t]).
@@ -24,7 +30,7 @@ than with 1 (a GRU step: 1.7 s against 0.12 s at load 8 on 2 cores), so time tor
 at both thread counts and quote its faster figure; otherwise the ratio flatters cpbjax.
 
 Usage:
-  python benchmarks/torch_baseline.py --model gru --series 2 --epochs 2
+  python benchmarks/torch_baseline.py --model gru --series 2 --epochs 2 [--decoding direct]
   Each run also writes its table to a new file benchmarks/records/torch_baseline-<UTC time>.md
   (--records-dir DIR elsewhere, --records-dir "" none).
 """
@@ -32,6 +38,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import random
@@ -55,7 +62,16 @@ from cpbjax.data.series import Series  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("transformer", "gru", "lstm")
 NUM_FEATURES = NUM_TARGETS = 4  # OHLC in, OHLC out, as the old system had it.
-EXPECTED_PARAMS = {"transformer": 926_852, "gru": 334_597, "lstm": 1_984_772}
+DECODINGS = ("autoregressive", "direct")
+# cpbjax's parameter counts of the default configs (model.baseline='none', point forecasts).
+EXPECTED_PARAMS = {
+    ("transformer", "autoregressive"): 926_852,
+    ("gru", "autoregressive"): 334_597,
+    ("lstm", "autoregressive"): 1_984_772,
+    ("transformer", "direct"): 928_132,
+    ("gru", "direct"): 188_713,
+    ("lstm", "direct"): 1_199_400,
+}
 
 
 # ---------------------------------------------------------------- the old models
@@ -80,13 +96,15 @@ class PositionalEncoding(nn.Module):
 
 
 class TransformerSeq2Seq(nn.Module):
-    """The old encoder-decoder transformer with its O(H^2) unmasked decoding."""
+    """The old encoder-decoder transformer with its O(H^2) unmasked decoding, or direct."""
 
     teacher_forcing_in_validation = True  # The old system's quirk, kept.
 
-    def __init__(self, horizon: int, d_model=128, nhead=8, layers=2, ff_dim=512, dropout=0.1):
+    def __init__(
+        self, horizon: int, decoding: str, d_model=128, nhead=8, layers=2, ff_dim=512, dropout=0.1
+    ):
         super().__init__()
-        self.horizon = horizon
+        self.horizon, self.decoding = horizon, decoding
         self.input_proj = nn.Linear(NUM_FEATURES, d_model)
         self.pos = PositionalEncoding(d_model)
         block = dict(dim_feedforward=ff_dim, dropout=dropout, activation="gelu", batch_first=True)
@@ -97,9 +115,14 @@ class TransformerSeq2Seq(nn.Module):
             nn.TransformerDecoderLayer(d_model, nhead, **block), layers
         )
         self.output_proj = nn.Linear(d_model, NUM_TARGETS)
+        if decoding == "direct":  # cpbjax's `queries`: H learned decoder inputs, no positions.
+            self.queries_HD = nn.Parameter(torch.randn(horizon, d_model) * 0.02)
 
     def forward(self, x_BLF, y_BHC=None, teacher_forcing: float = 0.0):
         memory_BLD = self.encoder(self.pos(self.input_proj(x_BLF)))
+        if self.decoding == "direct":  # All H steps in one unmasked decoder pass.
+            queries_BHD = self.queries_HD.expand(x_BLF.shape[0], -1, -1)
+            return self.output_proj(self.decoder(queries_BHD, memory_BLD))
         tokens = [x_BLF.new_zeros(x_BLF.shape[0], 1, memory_BLD.shape[-1])]  # The zero token.
         preds = []
         for t in range(self.horizon):
@@ -113,25 +136,37 @@ class TransformerSeq2Seq(nn.Module):
         return torch.stack(preds, dim=1)
 
 
+def _head(hidden: int, horizon: int, decoding: str) -> nn.Sequential:
+    """[decoder or last encoder output; context] -> C values (one step) or H x C (direct)."""
+    out = NUM_TARGETS * (horizon if decoding == "direct" else 1)
+    return nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, out))
+
+
+def _direct_forecast(head: nn.Sequential, last_BH, context_BH, horizon: int) -> torch.Tensor:
+    """cpbjax's direct RNN head: all H candles [B, H, C] from the window summary at once."""
+    return head(torch.cat([last_BH, context_BH], dim=-1)).view(-1, horizon, NUM_TARGETS)
+
+
 class GRUSeq2Seq(nn.Module):
-    """The old GRU seq2seq: attention-pooled context, step-by-step GRU decoder."""
+    """The old GRU seq2seq: attention-pooled context, step-by-step GRU decoder (or direct)."""
 
     teacher_forcing_in_validation = False
 
-    def __init__(self, horizon: int, hidden=128, layers=2, dropout=0.3):
+    def __init__(self, horizon: int, decoding: str, hidden=128, layers=2, dropout=0.3):
         super().__init__()
-        self.horizon = horizon
+        self.horizon, self.decoding = horizon, decoding
         self.encoder = nn.GRU(NUM_FEATURES, hidden, layers, dropout=dropout, batch_first=True)
         self.attention = nn.Linear(hidden, 1)
-        self.decoder = nn.GRU(NUM_TARGETS, hidden, layers, dropout=dropout, batch_first=True)
-        self.head = nn.Sequential(
-            nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, NUM_TARGETS)
-        )
+        if decoding == "autoregressive":  # Direct decoding has no decoder, as in cpbjax.
+            self.decoder = nn.GRU(NUM_TARGETS, hidden, layers, dropout=dropout, batch_first=True)
+        self.head = _head(hidden, horizon, decoding)
 
     def forward(self, x_BLF, y_BHC=None, teacher_forcing: float = 0.0):
         enc_BLH, state = self.encoder(x_BLF)
         weights_BL1 = torch.softmax(self.attention(enc_BLH), dim=1)
         context_BH = (weights_BL1 * enc_BLH).sum(dim=1)
+        if self.decoding == "direct":
+            return _direct_forecast(self.head, enc_BLH[:, -1], context_BH, self.horizon)
         use_true = y_BHC is not None and random.random() < teacher_forcing  # Once per batch.
         inp_B1C = x_BLF.new_zeros(x_BLF.shape[0], 1, NUM_TARGETS)
         preds = []
@@ -144,22 +179,28 @@ class GRUSeq2Seq(nn.Module):
 
 
 class LSTMSeq2Seq(nn.Module):
-    """The old LSTM seq2seq: 4-head attention from each decoder step over the encoder."""
+    """The old LSTM seq2seq: 4-head attention from each decoder step over the encoder.
+
+    Direct: one query, the encoder's last output, attends over the encoder outputs.
+    """
 
     teacher_forcing_in_validation = False
 
-    def __init__(self, horizon: int, hidden=256, layers=2, dropout=0.3, heads=4):
+    def __init__(self, horizon: int, decoding: str, hidden=256, layers=2, dropout=0.3, heads=4):
         super().__init__()
-        self.horizon = horizon
+        self.horizon, self.decoding = horizon, decoding
         self.encoder = nn.LSTM(NUM_FEATURES, hidden, layers, dropout=dropout, batch_first=True)
-        self.decoder = nn.LSTM(NUM_TARGETS, hidden, layers, dropout=dropout, batch_first=True)
+        if decoding == "autoregressive":  # Direct decoding has no decoder, as in cpbjax.
+            self.decoder = nn.LSTM(NUM_TARGETS, hidden, layers, dropout=dropout, batch_first=True)
         self.attention = nn.MultiheadAttention(hidden, heads, batch_first=True)
-        self.head = nn.Sequential(
-            nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, NUM_TARGETS)
-        )
+        self.head = _head(hidden, horizon, decoding)
 
     def forward(self, x_BLF, y_BHC=None, teacher_forcing: float = 0.0):
         enc_BLH, state = self.encoder(x_BLF)
+        if self.decoding == "direct":
+            last_B1H = enc_BLH[:, -1:]
+            att_B1H, _ = self.attention(last_B1H, enc_BLH, enc_BLH)
+            return _direct_forecast(self.head, last_B1H[:, 0], att_B1H[:, 0], self.horizon)
         use_true = y_BHC is not None and random.random() < teacher_forcing  # Once per batch.
         inp_B1C = x_BLF.new_zeros(x_BLF.shape[0], 1, NUM_TARGETS)
         preds = []
@@ -181,19 +222,21 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def build_model(name: str, horizon: int = 10) -> nn.Module:
+def build_model(name: str, horizon: int = 10, decoding: str = "autoregressive") -> nn.Module:
     """Builds one old model at its fixed old size and checks its parameter count.
 
     Raises:
-      ValueError: for an unknown model name.
+      ValueError: for an unknown model name or decoding.
       RuntimeError: if the parameter count differs from cpbjax's (EXPECTED_PARAMS).
     """
     if name not in _MODEL_CLASSES:
         raise ValueError(f"model {name!r} is not one of {', '.join(MODELS)}")
-    model = _MODEL_CLASSES[name](horizon)
-    n = count_params(model)
-    if n != EXPECTED_PARAMS[name]:
-        raise RuntimeError(f"torch {name} has {n:,} parameters, expected {EXPECTED_PARAMS[name]:,}")
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding {decoding!r} is not one of {', '.join(DECODINGS)}")
+    model = _MODEL_CLASSES[name](horizon, decoding)
+    n, expected = count_params(model), EXPECTED_PARAMS[name, decoding]
+    if n != expected:
+        raise RuntimeError(f"torch {name} {decoding} has {n:,} parameters, expected {expected:,}")
     return model
 
 
@@ -312,11 +355,12 @@ def validate_epoch(model, x_NLF, y_NHC, train_cfg) -> float:
     return total / len(x_NLF)
 
 
-def _train_one_series(model_name, windows_s, epochs, train_cfg, horizon, seed) -> list[dict]:
+def _train_one_series(model_name, windows_s, epochs, cfg, decoding, seed) -> list[dict]:
     """Trains one fresh model on one series; returns per-epoch timings and losses."""
     torch.manual_seed(seed)
     random.seed(seed)
-    model = build_model(model_name, horizon)
+    train_cfg = cfg.train
+    model = build_model(model_name, cfg.data.horizon, decoding)
     opt = make_optimizer(model, train_cfg)
     gen = torch.Generator().manual_seed(seed)
     stats = []
@@ -339,7 +383,12 @@ def _train_one_series(model_name, windows_s, epochs, train_cfg, horizon, seed) -
 
 
 def time_torch_epochs(
-    model_name: str, series_windows: list[dict], epochs: int, threads=None, seed: int = 0
+    model_name: str,
+    series_windows: list[dict],
+    epochs: int,
+    threads=None,
+    seed: int = 0,
+    decoding: str = "autoregressive",
 ) -> dict:
     """Trains one model per series, one after another, and times every model-epoch.
 
@@ -353,9 +402,10 @@ def time_torch_epochs(
       epochs: epochs per series.
       threads: torch intra-op threads; None = os.cpu_count().
       seed: seeds torch, the host `random` and the shuffles (series i uses seed + i).
+      decoding: autoregressive (the old loop's) | direct (cpbjax's default).
 
     Returns:
-      {"model", "params", "series", "epochs", "threads", "warmup_epoch_s",
+      {"model", "decoding", "params", "series", "epochs", "threads", "warmup_epoch_s",
        "seconds_per_model_epoch", "train_s", "val_s" (medians), "epoch_s" (all),
        "train_loss", "val_loss" (last model's last epoch)}.
 
@@ -369,13 +419,12 @@ def time_torch_epochs(
     torch.set_num_threads(threads)
     stats = []
     for i, windows_s in enumerate(series_windows):
-        stats += _train_one_series(
-            model_name, windows_s, epochs, cfg.train, cfg.data.horizon, seed + i
-        )
+        stats += _train_one_series(model_name, windows_s, epochs, cfg, decoding, seed + i)
     measured = stats[1:]
     return {
         "model": model_name,
-        "params": EXPECTED_PARAMS[model_name],
+        "decoding": decoding,
+        "params": EXPECTED_PARAMS[model_name, decoding],
         "series": len(series_windows),
         "epochs": epochs,
         "threads": threads,
@@ -393,6 +442,7 @@ def time_torch_epochs(
 
 _COLUMNS = (
     "model",
+    "decoding",
     "params",
     "threads",
     "series",
@@ -411,6 +461,7 @@ def _parse_args(argv):
     p.add_argument("--model", default="transformer,gru,lstm", help="comma-separated models")
     p.add_argument("--series", type=int, default=2, help="series, one model each")
     p.add_argument("--epochs", type=int, default=2, help="epochs per series")
+    p.add_argument("--decoding", default="autoregressive", help="comma list: autoregressive,direct")
     p.add_argument("--candles", type=int, default=5000, help="candles per synthetic series")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="torch, host random and shuffle seed")
@@ -421,9 +472,14 @@ def _parse_args(argv):
     )
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.model.split(",") if m.strip()]
-    for m in args.models:
-        if m not in MODELS:
-            p.error(f"--model: {m!r} is not one of {', '.join(MODELS)}")
+    args.decodings = [d.strip() for d in args.decoding.split(",") if d.strip()]
+    for flag, values, allowed in (
+        ("model", args.models, MODELS),
+        ("decoding", args.decodings, DECODINGS),
+    ):
+        for v in values or [""]:
+            if v not in allowed:
+                p.error(f"--{flag}: {v!r} is not one of {', '.join(allowed)}")
     return args
 
 
@@ -431,14 +487,16 @@ def main(argv=None) -> list[dict]:
     """Runs the baseline for each model and prints seconds per model-epoch."""
     args = _parse_args(argv)
     rows = []
-    for name in args.models:
+    for name, decoding in itertools.product(args.models, args.decodings):
         series_windows = benchmark_windows(name, args.series, args.candles)
-        row = time_torch_epochs(name, series_windows, args.epochs, args.threads, args.seed)
+        row = time_torch_epochs(
+            name, series_windows, args.epochs, args.threads, args.seed, decoding
+        )
         row["train_windows"] = len(series_windows[0]["train"][0])
         row["batch_size"] = default_config(name).train.batch_size
         rows.append(row)
         print(
-            f"{name}: {row['seconds_per_model_epoch']:.3f} s per model-epoch "
+            f"{name} {decoding}: {row['seconds_per_model_epoch']:.3f} s per model-epoch "
             f"(warm-up {row['warmup_epoch_s']:.3f} s; all {np.round(row['epoch_s'], 3)})",
             flush=True,
         )

@@ -5,11 +5,14 @@ For each model at its default config (configs/<model>.py) and each group size K:
   - seconds per epoch (median over measured epochs, metrics blocked on);
   - achieved matmul FLOP/s and its share of a large-matmul peak measured in the same run;
   - per-device program memory (XLA's memory analysis) and the process's peak memory.
-Then, side by side in ONE run, for each model: the old torch loop (benchmarks/
-torch_baseline.py) and cpbjax at K = --torch-coins, alternated A B A B, and
+Then, side by side in ONE run, for each model and decoding: the old torch loop
+(benchmarks/torch_baseline.py) decoding the same way and cpbjax at K = --torch-coins,
+alternated A B A B, and
   ratio = torch seconds per model-epoch x K / cpbjax seconds per epoch of K coins,
 with torch timed at 1 thread and at all cores and its FASTER figure used (on a loaded
-machine torch's spinning OpenMP workers can make all cores slower than one).
+machine torch's spinning OpenMP workers can make all cores slower than one). Both sides
+train MSE on the raw network output (model.baseline, train.loss and train.loss_scale
+are pinned), as the torch loop does.
 Last, the time to train the whole suite (all series of the config) at default epochs.
 
 FLOPs: XLA's `cost_analysis()` counts the body of a while loop ONCE, whatever its trip
@@ -204,6 +207,8 @@ def bench_config(model: str, args, decoding: str, dtype: str):
     else:
         d.base_url = args.base_url
     config.model.decoding, config.dtype = decoding, dtype
+    # Like for like with the torch loop (MSE on the raw output), whatever main's defaults.
+    config.model.baseline, config.train.loss, config.train.loss_scale = "none", "mse", "none"
     return config_lib.validate(config)
 
 
@@ -336,7 +341,7 @@ def torch_on(device: str):
         yield
         return
     build = torch_baseline.build_model
-    torch_baseline.build_model = lambda name, horizon=10: build(name, horizon).to(device)
+    torch_baseline.build_model = lambda *args: build(*args).to(device)
     try:
         yield
     finally:
@@ -353,10 +358,12 @@ def torch_windows(series: list, config, n_series: int, device: str) -> list[dict
     return out
 
 
-def torch_samples(model: str, series_windows: list, threads: int, device: str) -> list[float]:
+def torch_samples(model: str, series_windows: list, threads: int, device: str, decoding: str):
     """Seconds of each model-epoch of one `time_torch_epochs` call, its warm-up left out."""
     with torch_on(device):
-        result = torch_baseline.time_torch_epochs(model, series_windows, 1, threads)
+        result = torch_baseline.time_torch_epochs(
+            model, series_windows, 1, threads, decoding=decoding
+        )
     return result["epoch_s"][1:]
 
 
@@ -372,8 +379,10 @@ def thread_settings(device: str) -> list[int]:
 _HOPELESS = 2.0
 
 
-def side_by_side(model, group: Group, tw: list, rounds: int, device: str) -> tuple:
+def side_by_side(model, group: Group, tw: list, rounds: int, device: str, decoding: str):
     """Alternates torch (every thread setting) and one cpbjax epoch, `rounds` times.
+
+    Torch decodes like the cpbjax group (`decoding`), so the ratio is like for like.
 
     After the first round, a thread setting more than _HOPELESS times slower than the
     fastest is skipped; its samples are still reported.
@@ -388,7 +397,7 @@ def side_by_side(model, group: Group, tw: list, rounds: int, device: str) -> tup
         for threads, samples in torch_s.items():
             if r and statistics.median(samples) > _HOPELESS * fastest:
                 continue
-            samples += torch_samples(model, tw, threads, device)
+            samples += torch_samples(model, tw, threads, device, decoding)
             print(f"  round {r + 1} torch {threads} thread(s): {samples[-1]:.2f} s", flush=True)
         cpbjax_s.append(group.epoch())
         print(f"  round {r + 1} cpbjax K={group.k}: {cpbjax_s[-1]:.2f} s", flush=True)
@@ -412,6 +421,7 @@ def ratio_row(config, k: int, torch_s: dict, cpbjax_epoch_s: float, alternated: 
         "decoding": config.model.decoding,
         "dtype": config.dtype,
         "K": k,
+        "torch_decoding": config.model.decoding,  # Always the same as cpbjax's.
         "cpbjax_s_per_epoch": cpbjax_epoch_s,
         "torch_best_threads": best_threads,
         "ratio": medians[best_threads] * k / cpbjax_epoch_s,
@@ -457,6 +467,7 @@ def suite_rows(config, rows: list[dict], torch_s: dict | None, n_series: int) ->
         out.append(
             {
                 "model": config.model.name,
+                "decoding": config.model.decoding,
                 "system": "torch loop",
                 "groups": n_series,
                 "epochs": epochs,
@@ -491,24 +502,31 @@ def _group_sizes(args, with_torch: bool) -> list[int]:
 
 
 def run_model(model: str, args, results: Results) -> None:
-    """Throughput of every variant and K, the side-by-side rounds and the suite estimate."""
-    variants = list(itertools.product(args.decodings, args.dtypes))
-    base = bench_config(model, args, *variants[0])
+    """Throughput of every variant and K, the side-by-side rounds and the suite estimate.
+
+    Torch runs once per decoding, beside that decoding's first dtype; the other dtypes'
+    ratios reuse its figure (not alternated).
+    """
+    base = bench_config(model, args, args.decodings[0], args.dtypes[0])
     series, preps = load_group_data(base)
     with_torch = torch_baseline is not None and args.torch_coins > 0
     tw = torch_windows(series, base, args.torch_series, args.device) if with_torch else None
     n_suite = len(base.data.symbols) * len(base.data.intervals)
-    torch_s = None
-    for v, (decoding, dtype) in enumerate(variants):
+    torch_by_decoding = {}  # decoding -> {threads: torch seconds per model-epoch}
+    for decoding, dtype in itertools.product(args.decodings, args.dtypes):
         config = bench_config(model, args, decoding, dtype)
+        alternated = with_torch and dtype == args.dtypes[0]
         rows = []
         for k in _group_sizes(args, with_torch):
             print(f"{model} {decoding} {dtype} K={k}: compiling", flush=True)
-            if with_torch and v == 0 and k == args.torch_coins:
+            if alternated and k == args.torch_coins:
                 group = build_group(config, preps, k)
                 for _ in range(args.warmup_epochs):
                     group.epoch()
-                torch_s, epoch_s = side_by_side(model, group, tw, args.repeats, args.device)
+                torch_s, epoch_s = side_by_side(
+                    model, group, tw, args.repeats, args.device, decoding
+                )
+                torch_by_decoding[decoding] = torch_s
             else:
                 group, epoch_s = measure_group(
                     config, preps, k, args.warmup_epochs, args.epochs_measured
@@ -516,11 +534,13 @@ def run_model(model: str, args, results: Results) -> None:
             rows.append(throughput_row(config, group, epoch_s))
             print(f"  {rows[-1]}", flush=True)
             del group  # Frees the device state and data before the next K.
-            if torch_s is not None and k == args.torch_coins:
-                ratio = ratio_row(config, k, torch_s, rows[-1]["s_per_epoch"], v == 0)
+            if decoding in torch_by_decoding and k == args.torch_coins:
+                torch_s = torch_by_decoding[decoding]
+                ratio = ratio_row(config, k, torch_s, rows[-1]["s_per_epoch"], alternated)
                 results.ratios.append(ratio)
+        torch_s = torch_by_decoding.get(decoding) if alternated else None
+        results.suite += suite_rows(config, rows, torch_s, n_suite)
         results.throughput += rows
-        results.suite += suite_rows(config, rows, torch_s if v == 0 else None, n_suite)
 
 
 # ---------------------------------------------------------------- report
@@ -568,6 +588,7 @@ def _ratio_columns(rows: list[dict]) -> list[str]:
         "decoding",
         "dtype",
         "K",
+        "torch_decoding",
         *torch_cols,
         "torch_best_threads",
         "cpbjax_s_per_epoch",
@@ -589,7 +610,8 @@ def report(results: Results, peaks: dict, notes: list[str]) -> str:
         parts += [
             "\nSide by side, ratio = torch s/model-epoch x K / cpbjax s/epoch"
             " (torch: median model-epoch, warm-up of each call left out; the faster"
-            " thread setting counts):\n",
+            " thread setting counts; torch decodes as cpbjax does, torch_decoding, so each"
+            " ratio is direct vs direct or autoregressive vs autoregressive):\n",
             common.markdown_table(results.ratios, _ratio_columns(results.ratios)),
         ]
     parts += [

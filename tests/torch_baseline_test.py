@@ -83,17 +83,35 @@ def test_records_dir_is_benchmarks_records():
 # ---------------------------------------------------------------- the old models
 
 
-@pytest.mark.parametrize(
-    "name, expected", [("transformer", 926_852), ("gru", 334_597), ("lstm", 1_984_772)]
-)
-def test_parameter_counts_equal_cpbjax(tb, name, expected):
-    model = tb.build_model(name)
+def _cpbjax_param_count(tb, name: str, decoding: str) -> int:
+    """Parameters of cpbjax's model at the default config (shapes only, nothing computed)."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from cpbjax import models  # noqa: PLC0415
+
+    config = tb.default_config(name)
+    config.model.decoding, config.model.baseline = decoding, "none"
+    module = models.build(models.make_config(config))
+    x_BLF = jnp.zeros((2, L, 4))
+    shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), x_BLF))
+    return sum(np.prod(p.shape, dtype=int) for p in jax.tree_util.tree_leaves(shapes["params"]))
+
+
+@pytest.mark.parametrize("decoding", ["autoregressive", "direct"])
+@pytest.mark.parametrize("name", ["transformer", "gru", "lstm"])
+def test_parameter_counts_equal_cpbjax(tb, name, decoding):
+    model = tb.build_model(name, H, decoding)
+    expected = _cpbjax_param_count(tb, name, decoding)
     assert sum(p.numel() for p in model.parameters()) == expected
+    assert tb.EXPECTED_PARAMS[name, decoding] == expected
 
 
-def test_unknown_model_is_named(tb):
+def test_unknown_model_or_decoding_is_named(tb):
     with pytest.raises(ValueError, match="'cnn'"):
         tb.build_model("cnn")
+    with pytest.raises(ValueError, match="'beam'"):
+        tb.build_model("gru", H, "beam")
 
 
 def _batch(torch, seed=0, batch=3):
@@ -135,10 +153,43 @@ def test_teacher_forcing_follows_the_host_random_number(tb, monkeypatch, name, d
 
 
 @pytest.mark.parametrize("name", ["transformer", "gru", "lstm"])
-def test_one_epoch_per_series_trains_with_finite_loss(tb, name):
+def test_direct_decoding_is_one_pass_without_host_draws_or_targets(tb, monkeypatch, name):
+    torch = pytest.importorskip("torch")
+    draws, calls = [], []
+    monkeypatch.setattr(tb.random, "random", lambda: draws.append(1) or 0.0)
+    model = tb.build_model(name, H, "direct").eval()
+    if name == "transformer":  # The decoder runs once, over all H learned queries.
+        model.decoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[1]))
+    x, y = _batch(torch, seed=2)
+    with torch.no_grad():  # Teacher forcing 1.0 would feed y under autoregressive.
+        out1, out2 = model(x, y, 1.0), model(x, y + 1.0, 1.0)
+    assert out1.shape == (3, H, 4) and torch.equal(out1, out2)
+    assert calls == ([H, H] if name == "transformer" else [])
+    assert draws == []
+
+
+@pytest.mark.parametrize("name", ["transformer", "gru", "lstm"])
+def test_direct_epoch_updates_every_parameter(tb, name):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    cfg = tb.default_config(name).train
+    model = tb.build_model(name, H, "direct")
+    start = [p.detach().clone() for p in model.parameters()]
+    x, y = _batch(torch, batch=cfg.batch_size + 6)  # A full batch and a partial one.
+    loss = tb.train_epoch(model, tb.make_optimizer(model, cfg), x, y, cfg)
+    assert np.isfinite(loss)
+    assert all(not torch.equal(a, b) for a, b in zip(start, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("decoding", ["autoregressive", "direct"])
+@pytest.mark.parametrize("name", ["transformer", "gru", "lstm"])
+def test_one_epoch_per_series_trains_with_finite_loss(tb, name, decoding):
     series_windows = tb.benchmark_windows(name, n_series=2, n_candles=160)
-    result = tb.time_torch_epochs(name, series_windows, epochs=1, threads=1)
-    assert (result["model"], result["series"], result["epochs"]) == (name, 2, 1)
+    result = tb.time_torch_epochs(name, series_windows, 1, threads=1, decoding=decoding)
+    assert (result["model"], result["decoding"], result["series"]) == (name, decoding, 2)
+    assert result["params"] == sum(
+        p.numel() for p in tb.build_model(name, H, decoding).parameters()
+    )
     assert len(result["epoch_s"]) == 2 and result["seconds_per_model_epoch"] > 0
     assert np.isfinite(result["train_loss"]) and np.isfinite(result["val_loss"])
     assert result["seconds_per_model_epoch"] == result["epoch_s"][1]  # First is warm-up.
@@ -206,3 +257,68 @@ def test_windows_equal_cpbjax_gather_and_a_plain_reference(tb):
         np.testing.assert_allclose(
             y_t[i].numpy(), np.log(ohlc[t + 1 : t + H + 1] / close), atol=1e-6
         )
+
+
+# ---------------------------------------------------------------- benchmarks/train_bench.py
+
+
+@pytest.fixture()
+def train_bench(monkeypatch):
+    """benchmarks/train_bench, imported without its XLA_FLAGS default (jax is set up)."""
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    from benchmarks import train_bench  # noqa: PLC0415
+
+    return train_bench
+
+
+@pytest.mark.parametrize("decoding", ["autoregressive", "direct"])
+def test_bench_config_pins_mse_on_the_raw_output(train_bench, monkeypatch, decoding):
+    load = train_bench.config_lib.load
+
+    def load_accuracy_defaults(path):  # What main's defaults are becoming.
+        config = load(path)
+        config.model.baseline, config.train.loss = "vol_band", "mae"
+        config.train.loss_scale = "persistence"
+        return config
+
+    monkeypatch.setattr(train_bench.config_lib, "load", load_accuracy_defaults)
+    args = train_bench.parse_args(["--quick"])
+    config = train_bench.bench_config("gru", args, decoding, "float32")
+    assert (config.model.decoding, config.model.baseline) == (decoding, "none")
+    assert (config.train.loss, config.train.loss_scale) == ("mse", "none")
+
+
+def test_each_ratio_times_torch_with_cpbjax_decoding(tb, train_bench, monkeypatch):
+    """The bookkeeping of run_model, with a no-op cpbjax epoch and a recording torch call."""
+    torch_calls = []
+
+    def fake_torch_samples(model, series_windows, threads, device, decoding):
+        torch_calls.append((decoding, threads))
+        return [{"autoregressive": 2.0, "direct": 1.0}[decoding] / threads]
+
+    def no_op_group(config, preps, k):
+        return train_bench.Group(k, k, lambda s, a: (s, 0.0), None, None, 0.0, 0.0, 1.0, None, None)
+
+    monkeypatch.setattr(train_bench, "torch_samples", fake_torch_samples)
+    monkeypatch.setattr(train_bench, "build_group", no_op_group)
+    flags = "--quick --models gru --decoding autoregressive,direct --dtype float32,bfloat16"
+    args = train_bench.parse_args(flags.split())
+    results = train_bench.Results()
+    train_bench.run_model("gru", args, results)
+    threads = train_bench.thread_settings("cpu")
+    assert torch_calls == [(d, t) for d in ("autoregressive", "direct") for t in threads]
+    rows = [
+        (r["decoding"], r["dtype"], r["torch_decoding"], r["alternated"]) for r in results.ratios
+    ]
+    assert rows == [
+        ("autoregressive", "float32", "autoregressive", "one round (A B)"),
+        ("autoregressive", "bfloat16", "autoregressive", "no (torch of the same run)"),
+        ("direct", "float32", "direct", "one round (A B)"),
+        ("direct", "bfloat16", "direct", "no (torch of the same run)"),
+    ]
+    best = max(threads)  # The fake torch is fastest at the most threads.
+    for r in results.ratios:
+        expected = {"autoregressive": 2.0, "direct": 1.0}[r["decoding"]] / best * 2
+        assert r["ratio"] == pytest.approx(expected / r["cpbjax_s_per_epoch"])
+    torch_rows = [r["decoding"] for r in results.suite if r["system"] == "torch loop"]
+    assert torch_rows == ["autoregressive", "direct"]
