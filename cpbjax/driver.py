@@ -317,6 +317,8 @@ def _flag_worse_than_untrained(run: _Run, prep, entry: dict, last_params) -> Non
 def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict | None:
     """Saves one series' best model and adds its val/test metrics to `entry` (process 0).
 
+    `last_params` (the last epoch's; None without model.baseline) only feed the warning
+    of `_flag_worse_than_untrained`.
     Returns its test forecast record (None when the normalisation keeps no price level).
     """
     c = run.config
@@ -339,8 +341,10 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
       (series name -> results.json entry (without evaluation on processes other than
       0), series name -> test forecast record).
     """
-    fields = ("params", "best_params", "best_val", "best_epoch", "epochs_run", "active")
-    host = sharding.to_host({f: getattr(state, f) for f in (*fields, "diverged", "diverged_epoch")})
+    fields = ("best_params", "best_val", "best_epoch", "epochs_run", "active", "diverged")
+    # The last params only serve the warning on a run that kept its untrained baseline.
+    last = ("params",) if run.config.model.baseline != "none" else ()
+    host = sharding.to_host({f: getattr(state, f) for f in (*fields, *last, "diverged_epoch")})
     leaves = jax.tree.leaves(host["best_params"])
     num_params = sum(leaf.size for leaf in leaves) // len(host["active"])
     entries, records = {}, {}
@@ -350,8 +354,10 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
         entry.update(num_params=num_params, peak_memory_bytes=peak, data=prep.notes)
         if sharding.is_primary():
             with run.clock.stage("evaluate"):
-                last = jax.tree.map(lambda a, i=i: a[i], host["params"])
-                record = _save_and_score(run, prep, params, last, entry)
+                last_params = host.get("params")
+                if last_params is not None:
+                    last_params = jax.tree.map(lambda a, i=i: a[i], last_params)
+                record = _save_and_score(run, prep, params, last_params, entry)
             if record is not None:
                 records[prep.name] = record
         entries[prep.name] = writers.to_jsonable(entry)
