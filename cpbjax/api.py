@@ -144,7 +144,8 @@ class Model:
 
         Returns:
           A DataFrame indexed by the forecast candles' UTC open times, with columns
-          step (1..H), open, high, low, close (prices).
+          step (1..H), open, high, low, close (prices); a model with a calibrated
+          interval adds open_lower ... close_upper, a quantile model close_q0.1 etc.
 
         Raises:
           ValueError, TypeError: bad input, naming the problem (too few candles, a gap
@@ -154,12 +155,15 @@ class Model:
         model, d = self.loaded, self.config.data
         try:
             prep = windows.prepare_latest(series, d, model.norm)
-            doc = forecast.next_candles(model.module, model.params, prep, d.lookback, d.horizon)
+            doc = forecast.next_candles(
+                model.module, model.params, prep, d.lookback, d.horizon, model.calibration
+            )
         except SeriesSkipped as e:
             reason = str(e)
             named = reason if reason.startswith(series.name) else f"{series.name}: {reason}"
             raise ValueError(named) from None
-        out = pd.DataFrame(doc["forecast"]).drop(columns=["open_time"])
+        out = pd.DataFrame([forecast.flat_candle(c) for c in doc["forecast"]])
+        out = out.drop(columns=["open_time"])
         out.index = pd.to_datetime(out.pop("open_time_ms"), unit="ms", utc=True)
         out.index.name = "open_time"
         return out

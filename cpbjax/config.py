@@ -174,6 +174,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.eval = e = ml_collections.ConfigDict()
     e.save_forecasts = False  # Write forecasts/<SERIES>.npz of every test window.
+    # (lower, upper) levels of the calibrated interval fitted on val around every price
+    # forecast (cpbjax/intervals.py); () = none.
+    e.interval_levels = (0.1, 0.9)
     e.plots = True  # Write PNG plots under <workdir>/plots/.
     e.plot_windows = 3  # Test windows drawn per series.
     # Processes drawing each finished group's plots while the next group trains (spawned
@@ -443,10 +446,19 @@ def _validate_train(c) -> None:
     _bool(c, "train.compact_groups")
 
 
+def _check_interval_levels(levels) -> None:
+    ok = isinstance(levels, (tuple, list)) and all(rules.is_num(q) for q in levels)
+    ok = ok and (not levels or (len(levels) == 2 and 0 < levels[0] < 0.5 < levels[1] < 1))
+    allowed = "() or (lower, upper) with 0 < lower < 0.5 < upper < 1"
+    rules.check(ok, "eval.interval_levels", levels, allowed)
+
+
 def _validate_rest(c) -> None:
     _int_range(c, "ckpt.every_epochs", 1)
     _int_range(c, "ckpt.keep", 1)
     _bool(c, "eval.save_forecasts")
+    if "interval_levels" in c.eval:  # absent from a config saved by an earlier cpbjax
+        _check_interval_levels(c.eval.interval_levels)
     _int_range(c, "eval.plot_windows", 0, 100)
     _int_range(c, "eval.plot_workers", 0, 64)
     _bool(c, "predict.fresh")

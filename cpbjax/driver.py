@@ -315,22 +315,32 @@ def _flag_worse_than_untrained(run: _Run, prep, entry: dict, last_params) -> Non
 
 
 def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict | None:
-    """Saves one series' best model and adds its val/test metrics to `entry` (process 0).
+    """Scores one series' best model, adds its val/test metrics to `entry` and saves it
+    with its interval calibration (process 0).
 
     `last_params` (the last epoch's; None without model.baseline) only feed the warning
     of `_flag_worse_than_untrained`.
     Returns its test forecast record (None when the normalisation keeps no price level).
     """
     c = run.config
-    if run.keep_models:
-        model_dir = workdir_lib.series_model(run.workdir, prep.name)
-        checkpoint.save_series_model(model_dir, params, _model_meta(run, prep, entry))
     forecasts_dir = run.workdir if c.eval.save_forecasts or not run.keep_models else None
-    scores, record = evaluate.evaluate_model(
-        run.module, params, prep, c.data.lookback, c.data.horizon, forecasts_dir
+    scores, record, calibration = evaluate.evaluate_model(
+        run.module,
+        params,
+        prep,
+        c.data.lookback,
+        c.data.horizon,
+        forecasts_dir,
+        c.eval.interval_levels,
     )
     entry.update(scores)
     _flag_worse_than_untrained(run, prep, entry, last_params)
+    if run.keep_models:
+        model_dir = workdir_lib.series_model(run.workdir, prep.name)
+        meta = _model_meta(run, prep, entry)
+        if calibration is not None:
+            meta["interval_calibration"] = calibration
+        checkpoint.save_series_model(model_dir, params, meta)
     return record
 
 
@@ -377,18 +387,20 @@ def _reload_forecasts(run: _Run, preps: list) -> dict:
     for prep in preps:
         model_dir = workdir_lib.series_model(run.workdir, prep.name)
         try:
-            params, _ = checkpoint.load_series_model(model_dir)
+            params, meta = checkpoint.load_series_model(model_dir)
         except (OSError, ValueError) as e:  # its results stand; only its forecasts are lost
             logging.warning(
                 "%s: no test forecasts: its saved model is unreadable (%s)", prep.name, e
             )
             continue
-        fc = forecast.split_forecast(
-            run.module, params, prep, "test", c.data.lookback, c.data.horizon
-        )
+        d = c.data
+        fc = forecast.split_forecast(run.module, params, prep, "test", d.lookback, d.horizon)
         if fc.prices_NHC is None:
             continue
-        records[prep.name] = forecast.forecast_record(prep, fc, c.data.horizon)
+        levels, calibration = forecast.quantile_levels(run.module), meta.get("interval_calibration")
+        records[prep.name] = forecast.forecast_record(
+            prep, fc, d.horizon, levels, calibration, d.lookback
+        )
         if c.eval.save_forecasts:
             forecast.save_forecasts(run.workdir, records[prep.name])
     return records

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,18 +23,30 @@ class NothingEvaluated(RuntimeError):
     """Every requested series was skipped; nothing is written and the reasons are listed."""
 
 
-def evaluate_split(prep, fc: forecast.SplitForecast, split, lookback, horizon, levels=()) -> dict:
+class Scored(NamedTuple):
+    """What `evaluate_model` gives for one series."""
+
+    entry: dict  # {"val": metrics, "test": metrics}: results.json's series[name] splits
+    record: dict | None  # the test `forecast.forecast_record`; None without a price level
+    calibration: dict | None  # `intervals.fit_before` test's, on train+val; None without one
+
+
+def evaluate_split(
+    prep, fc: forecast.SplitForecast, split, lookback, horizon, levels=(), calibration=None
+) -> dict:
     """All metrics of one series on one split: the results.json series[name][split].
 
     Args:
       prep: windows.PreparedSeries. fc: `forecast.split_forecast` of that split.
       split: "val" or "test". lookback, horizon: L and H.
       levels: the model's quantile levels (fc.quantiles_NHCJ's), () for point forecasts.
+      calibration: an interval calibration fitted on the splits before, or None.
 
     Returns:
       The JSON-ready metrics dict (schema: README, "results.json"): windows,
       normalized_mse, and with a price-preserving normalisation also columns,
-      direction, dm, ridge and vol_band; a quantile model adds intervals.
+      direction, dm, ridge and vol_band; a quantile model adds intervals, a
+      calibration adds calibrated_interval.
     """
     ends = fc.ends_N
     out = {
@@ -58,10 +71,16 @@ def evaluate_split(prep, fc: forecast.SplitForecast, split, lookback, horizon, l
         out["intervals"] = intervals.score_intervals(
             prep, split, ends, lookback, horizon, fc.quantiles_NHCJ, levels
         )
+    if calibration is not None:
+        out["calibrated_interval"] = intervals.score_calibrated(
+            prep, split, ends, lookback, horizon, fc.prices_NHC, calibration
+        )
     return out
 
 
-def evaluate_model(module, params, prep, lookback, horizon, forecasts_dir=None):
+def evaluate_model(
+    module, params, prep, lookback, horizon, forecasts_dir=None, interval_levels=()
+) -> Scored:
     """Scores one model on the val and test splits of one series.
 
     Args:
@@ -69,21 +88,29 @@ def evaluate_model(module, params, prep, lookback, horizon, forecasts_dir=None):
       prep: windows.PreparedSeries. lookback, horizon: L and H.
       forecasts_dir: if set, the test forecasts are also saved to
         <forecasts_dir>/forecasts/<SERIES>.npz (eval.save_forecasts).
-
-    Returns:
-      ({"val": metrics, "test": metrics}, the test `forecast.forecast_record`, or None
-      when the normalisation keeps no price level).
+      interval_levels: config.eval.interval_levels: the calibrated interval of each
+        split, fitted on the splits before it as the fitted baselines are; the one
+        fitted for test (on train+val) is the model's. () for none.
     """
-    entry, fc, levels = {}, None, forecast.quantile_levels(module)
+    levels, entry, calibration = forecast.quantile_levels(module), {}, None
+    splits = ("train", "val", "test") if interval_levels else ("val", "test")
+    fcs = {s: forecast.split_forecast(module, params, prep, s, lookback, horizon) for s in splits}
     for split in ("val", "test"):
-        fc = forecast.split_forecast(module, params, prep, split, lookback, horizon)
-        entry[split] = evaluate_split(prep, fc, split, lookback, horizon, levels)
-    if fc.prices_NHC is None:  # fc is the test split's: the one that is plotted and saved
-        return entry, None
-    record = forecast.forecast_record(prep, fc, horizon, levels)
+        if interval_levels and fcs[split].prices_NHC is not None:
+            point = {s: fc.prices_NHC for s, fc in fcs.items()}
+            calibration = intervals.fit_before(
+                prep, split, point, lookback, horizon, interval_levels
+            )
+        entry[split] = evaluate_split(
+            prep, fcs[split], split, lookback, horizon, levels, calibration
+        )
+    test = fcs["test"]
+    if test.prices_NHC is None:  # only the test split is plotted and saved
+        return Scored(entry, None, None)
+    record = forecast.forecast_record(prep, test, horizon, levels, calibration, lookback)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
-    return entry, record
+    return Scored(entry, record, calibration)
 
 
 def run_facts(mode: str, config, workdir: str, started: float) -> dict:
@@ -110,10 +137,17 @@ def _read_results(workdir: str) -> dict:
 def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
     """results entries (training facts + val/test scores) and test forecast records."""
     series, records = {}, {}
+    d = cfg.data
     for name, prep in preps.items():
         model = loaded[name]
-        entry, record = evaluate_model(
-            model.module, model.params, prep, cfg.data.lookback, cfg.data.horizon, forecasts_dir
+        entry, record, _ = evaluate_model(
+            model.module,
+            model.params,
+            prep,
+            d.lookback,
+            d.horizon,
+            forecasts_dir,
+            cfg.eval.interval_levels,
         )
         facts = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}

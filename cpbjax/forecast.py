@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from cpbjax import metrics, writers
+from cpbjax import intervals, metrics, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import parsing, stacking, windows
@@ -107,9 +107,10 @@ def forecast_ends(module, params, prep, ends_N, lookback, horizon) -> SplitForec
     return SplitForecast(ends_N, prices, pred_norm, np.stack(q_prices, axis=-1))
 
 
-def forecast_record(prep, fc: SplitForecast, horizon, levels=()) -> dict:
+def forecast_record(prep, fc: SplitForecast, horizon, levels=(), calibration=None, lookback=0):
     """The arrays of a forecasts file (see save_forecasts); `levels`: the quantile levels
-    of fc.quantiles_NHCJ."""
+    of fc.quantiles_NHCJ; `calibration` (intervals.fit_calibration, with the model's
+    lookback L) adds the calibrated interval."""
     if fc.prices_NHC is None:
         raise ValueError(
             f"{prep.name}: no price forecasts to save: data.normalization="
@@ -131,6 +132,11 @@ def forecast_record(prep, fc: SplitForecast, horizon, levels=()) -> dict:
     if fc.quantiles_NHCJ is not None:
         record["quantile_levels"] = np.asarray(levels, np.float64)
         record["predicted_quantiles"] = np.asarray(fc.quantiles_NHCJ, np.float64)
+    if calibration is not None:
+        record["interval_levels"] = np.asarray(calibration["levels"], np.float64)
+        record["interval_bounds"] = intervals.calibrated_bounds(
+            calibration, prep.ohlc, ends_N, fc.prices_NHC, lookback
+        )
     return record
 
 
@@ -140,7 +146,8 @@ def save_forecasts(workdir, record: dict) -> str:
     Keys: series, symbol, interval, columns (open, high, low, close),
     last_open_time_ms [N], last_candle [N, C], target_open_time_ms [N, H],
     actual [N, H, C], predicted [N, H, C] (prices); a quantile model adds
-    quantile_levels [J] and predicted_quantiles [N, H, C, J]. `metrics.score_prices(
+    quantile_levels [J] and predicted_quantiles [N, H, C, J]; a calibrated interval adds
+    interval_levels [2] and interval_bounds [N, H, C, 2]. `metrics.score_prices(
     last_candle, actual, predicted)` recomputes every price-space metric from them.
     """
     path = workdir_lib.forecasts_file(workdir, str(record["series"]))
@@ -171,11 +178,13 @@ def consistent_ohlc(pred_HC: np.ndarray) -> np.ndarray:
     return out
 
 
-def next_candles(module, params, prep, lookback: int, horizon: int) -> dict:
+def next_candles(module, params, prep, lookback: int, horizon: int, calibration=None) -> dict:
     """The next H candles after the newest one of `prep`, in prices (a forecast.json entry).
 
     The candles are made consistent (`consistent_ohlc`). A quantile model adds each
-    candle's `quantiles` (level -> OHLC prices; levels are not made consistent).
+    candle's `quantiles` (level -> OHLC prices; levels are not made consistent). A model
+    saved with its interval calibration (LoadedModel.calibration) adds each candle's
+    `interval`: {"lower", "upper"} OHLC prices, and the entry's `interval_levels`.
 
     Raises:
       SeriesSkipped: the newest L candles are too few or span a gap, or the
@@ -206,7 +215,7 @@ def next_candles(module, params, prep, lookback: int, horizon: int) -> dict:
         for h, candle in enumerate(candles):
             q_CJ = fc.quantiles_NHCJ[0, h]
             candle["quantiles"] = {str(q): _candle(q_CJ[:, j]) for j, q in enumerate(levels)}
-    return {
+    entry = {
         "symbol": prep.symbol,
         "interval": prep.interval,
         "last_open_time": parsing.iso(prep.open_time_ms[t]),
@@ -214,6 +223,27 @@ def next_candles(module, params, prep, lookback: int, horizon: int) -> dict:
         "last_candle": _candle(prep.ohlc[t]),
         "forecast": candles,
     }
+    if calibration is not None:
+        # Around the raw forecast, as scored on test; [H, C, 2] lower and upper.
+        bounds = intervals.calibrated_bounds(calibration, prep.ohlc, [t], fc.prices_NHC, lookback)
+        for h, candle in enumerate(candles):
+            candle["interval"] = {
+                "lower": _candle(bounds[0, h, :, 0]),
+                "upper": _candle(bounds[0, h, :, 1]),
+            }
+        entry["interval_levels"] = list(calibration["levels"])
+    return entry
+
+
+def flat_candle(candle: dict) -> dict:
+    """One forecast candle as flat columns: step, times, OHLC, then each quantile level's
+    `<column>_q<level>` and the interval's `<column>_lower` / `<column>_upper`."""
+    flat = {k: v for k, v in candle.items() if k not in ("quantiles", "interval")}
+    for q, values in candle.get("quantiles", {}).items():
+        flat.update({f"{col}_q{q}": v for col, v in values.items()})
+    for side, values in candle.get("interval", {}).items():
+        flat.update({f"{col}_{side}": v for col, v in values.items()})
+    return flat
 
 
 def _candle(values_C) -> dict:
@@ -222,16 +252,18 @@ def _candle(values_C) -> dict:
 
 def forecast_csv(series: dict) -> str:
     """forecast.json's series as CSV text, one row per (series, step)."""
+    rows = [
+        {"series": name, "symbol": s["symbol"], "interval": s["interval"], **flat_candle(c)}
+        for name, s in series.items()
+        for c in s["forecast"]
+    ]
+    fields = ["series", "symbol", "interval", "step", "open_time", "open_time_ms"]
+    fields += [k for k in dict.fromkeys(k for row in rows for k in row) if k not in fields]
     buf = io.StringIO()
-    fields = ("series", "symbol", "interval", "step", "open_time", "open_time_ms")
-    writer = csv.DictWriter(buf, fieldnames=(*fields, *metrics.COLUMNS), lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
-    for name, s in series.items():
-        for candle in s["forecast"]:
-            values = {k: repr(v) if isinstance(v, float) else v for k, v in candle.items()}
-            writer.writerow(
-                {"series": name, "symbol": s["symbol"], "interval": s["interval"], **values}
-            )
+    for row in rows:  # a series without an interval leaves those columns empty
+        writer.writerow({k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
     return buf.getvalue()
 
 

@@ -1,19 +1,28 @@
-"""How sure a quantile forecast is: coverage, width and pinball loss, against a fitted band.
+"""How sure a forecast is: calibrated intervals, and their coverage, width and pinball loss
+against a fitted band.
 
-A model with config.model.quantiles forecasts J levels of every column and step. This
-module scores those levels in price units (numpy only), next to the volatility band's own
-quantiles: level q of column c at step h is close * exp(k_{h,c,q} * sigma), sigma the
+Every model with price forecasts gets a calibrated interval (config.eval.interval_levels):
+bounds point * exp(k * sigma) around its point forecast, k fitted on the model's own
+errors on the splits before the scored one (`fit_before`), as every fitted baseline is.
+The interval fitted on train+val is stored with the saved model, so --mode predict, the
+Python API and serve give the interval the test split scored. (How it is fitted was
+chosen on validation: benchmarks/interval_choice.py, docs/performance.md.)
+A model with config.model.quantiles also forecasts J levels of every column and step.
+This module scores intervals in price units (numpy only), next to the volatility band's
+own quantiles: level q of column c at step h is close * exp(k_{h,c,q} * sigma), sigma the
 window's EWMA log range (baselines.ewma_range), with k the pinball-loss minimiser on the
-windows of the splits before the scored one (baselines.fit_ends), as every fitted
-baseline here is.
+windows of the splits before the scored one (baselines.fit_ends).
 Shape letters (docs/design.md): N windows, H steps, C OHLC columns, J quantile levels.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from cpbjax import baselines
+from cpbjax.data import parsing
 from cpbjax.metrics import COLUMNS, json_float, json_floats, next_candles
 
 
@@ -90,3 +99,86 @@ def score_intervals(prep, split, ends_N, lookback, horizon, pred_NHCJ, levels_J)
             for c, col in enumerate(COLUMNS)
         },
     }
+
+
+def _conformal_quantile(scores, level: float) -> float:
+    """The split-conformal bound of `level` from n exchangeable scores: the ceil((n+1)q)-th
+    smallest for an upper level, the floor((n+1)q)-th for a lower one, so that a new score
+    falls beyond it with probability at most min(q, 1 - q)."""
+    s, n = np.sort(scores), len(scores)
+    rank = math.ceil((n + 1) * level) if level >= 0.5 else math.floor((n + 1) * level)
+    return float(s[min(max(rank, 1), n) - 1])
+
+
+def fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, weighting="none"):
+    """The calibrated interval of a point forecast, fitted on the windows ending at ends_N.
+
+    Bound j of column c at step h is point * exp(k[h, c, j] * sigma), sigma the window's
+    EWMA log range (the band's scale, so the interval widens with recent volatility),
+    and k a quantile of the scores log(actual / point) / sigma of those windows:
+      weighting "none": the split-conformal quantile. Fitted on windows that training
+        never fits, the interval covers about levels[-1] - levels[0] of later outcomes
+        that behave like those windows'.
+      weighting "sigma": the sigma-weighted quantile, which minimises the pinball loss
+        in log price on those windows (the band's own fit, `fit_band_quantiles`).
+
+    Returns:
+      meta.json's `interval_calibration`: levels, k [H][C][J], the windows fitted on.
+    """
+    actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
+    sigma_N = baselines.ewma_range(prep.ohlc, ends_N, lookback)
+    point_NHC = np.asarray(point_NHC, np.float64)
+    ok_NHC = (sigma_N[:, None, None] > 0) & (point_NHC > 0) & (actual_NHC > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score_NHC = np.log(actual_NHC / point_NHC) / sigma_N[:, None, None]
+    k = np.zeros((horizon, len(COLUMNS), len(levels_J)))
+    for h, c in np.ndindex(horizon, len(COLUMNS)):
+        ok = ok_NHC[:, h, c]
+        if not ok.any():
+            continue
+        if weighting == "sigma":
+            s, w = score_NHC[ok, h, c], sigma_N[ok]
+            k[h, c] = [baselines.weighted_quantile(s, w, q) for q in levels_J]
+        else:
+            k[h, c] = [_conformal_quantile(score_NHC[ok, h, c], q) for q in levels_J]
+    return {
+        "method": "split_conformal" if weighting == "none" else "sigma_weighted_quantile",
+        "levels": [float(q) for q in levels_J],
+        "k": k.tolist(),
+        "fitted_on_windows": int(len(ends_N)),
+        "first_window_end": parsing.iso(prep.open_time_ms[ends_N[0]]),
+        "last_window_end": parsing.iso(prep.open_time_ms[ends_N[-1]]),
+    }
+
+
+def fit_before(prep, split, point_by_split, lookback, horizon, levels_J) -> dict:
+    """`fit_calibration` (sigma-weighted) on the splits before `split`, as every fitted
+    baseline is fitted (baselines.fit_ends): train for val, train+val for test.
+
+    Args:
+      point_by_split: split -> the model's point forecasts of its windows, [N, H, C].
+    """
+    before = {"val": ("train",), "test": ("train", "val")}[split]
+    point_NHC = np.concatenate([point_by_split[s] for s in before])
+    ends_N = baselines.fit_ends(prep, split)
+    return fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, "sigma")
+
+
+def calibrated_bounds(calibration: dict, ohlc_TC, ends_N, point_NHC, lookback) -> np.ndarray:
+    """The interval bounds of the windows ending at ends_N in prices, [N, H, C, J]."""
+    k_HCJ = np.asarray(calibration["k"], np.float64)
+    sigma_N = baselines.ewma_range(ohlc_TC, np.asarray(ends_N), lookback)
+    scale_NHCJ = np.exp(k_HCJ[None] * sigma_N[:, None, None, None])
+    return np.asarray(point_NHC, np.float64)[..., None] * scale_NHCJ
+
+
+def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibration) -> dict:
+    """results.json's `calibrated_interval` of one split: `score_intervals` of the bounds,
+    with where the calibration was fitted."""
+    bounds = calibrated_bounds(calibration, prep.ohlc, ends_N, point_NHC, lookback)
+    levels = calibration["levels"]
+    out = score_intervals(prep, split, ends_N, lookback, horizon, bounds, levels)
+    out["fitted_on"] = {
+        k: calibration[k] for k in ("fitted_on_windows", "first_window_end", "last_window_end")
+    }
+    return out

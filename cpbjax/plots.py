@@ -116,6 +116,20 @@ def _pick_windows(times, n: int, num_windows: int, context: int):
     return np.unique(np.linspace(first, n - 1, num_windows).round().astype(int))
 
 
+def _close_band(record: dict, i: int):
+    """(lower [H], upper [H], label) of close's shaded band in window i: the calibrated
+    interval (as scored), else a quantile model's outer levels; None without either."""
+    for levels_key, bounds_key, name in (
+        ("interval_levels", "interval_bounds", "calibrated interval"),
+        ("quantile_levels", "predicted_quantiles", "predicted"),
+    ):
+        if bounds_key in record:  # [N, H, C, J], J levels ascending
+            levels, q_HJ = record[levels_key], record[bounds_key][i, :, 3]
+            label = f"{name} q{100 * levels[0]:.0f}-q{100 * levels[-1]:.0f} of close"
+            return q_HJ[:, 0], q_HJ[:, -1], label
+    return None
+
+
 def _forecast_panel(ax, record: dict, i: int, context: int, step: int) -> None:
     """One test window: context closes, actual, predicted, persistence, candle ranges."""
     times, last = record["last_open_time_ms"], record["last_candle"]
@@ -125,10 +139,9 @@ def _forecast_panel(ax, record: dict, i: int, context: int, step: int) -> None:
     ax.plot((times[prev] - times[i]) / step, last[prev, 3], "k-", lw=1, label="input closes")
     steps = np.arange(horizon + 1)  # 0 is the last input candle
     pred, close0 = record["predicted"][i], last[i, 3]
-    if "predicted_quantiles" in record:  # [N, H, C, J], J levels ascending
-        levels, q = record["quantile_levels"], record["predicted_quantiles"][i, :, 3]
-        label = f"predicted q{100 * levels[0]:.0f}-q{100 * levels[-1]:.0f} of close"
-        ax.fill_between(steps[1:], q[:, 0], q[:, -1], color="C0", alpha=0.15, label=label)
+    band = _close_band(record, i)
+    if band is not None:
+        ax.fill_between(steps[1:], band[0], band[1], color="C0", alpha=0.15, label=band[2])
     ax.vlines(steps[1:], pred[:, 2], pred[:, 1], color="C0", lw=3, alpha=0.35)
     ax.plot([], [], color="C0", lw=3, alpha=0.35, label="predicted low-high of each candle")
     ax.hlines(close0, 0, horizon, color="C3", ls=":", lw=1.5, label="persistence (last close)")
@@ -148,8 +161,9 @@ def plot_forecasts(path: str, record: dict, num_windows: int, context: int) -> s
     (taken from the preceding windows' last candles), the actual next H closes, the
     predicted closes, the persistence forecast (the last close repeated) and the
     predicted low-high range of each candle (a candle's range, not an uncertainty
-    band). A record with `predicted_quantiles` [N, H, C, J] and `quantile_levels` [J]
-    also gets the outer quantiles of close shaded as a band.
+    band). A record with `interval_bounds` (the calibrated interval) gets close's
+    interval shaded; without one, a record with `predicted_quantiles` gets the outer
+    quantiles of close shaded instead.
     """
     n = record["actual"].shape[0]
     step = INTERVAL_MS[str(record["interval"])]

@@ -4,6 +4,7 @@
   params.msgpack        the Flax params (flax.serialization msgpack: plain nested dicts)
   config.json           the config the model was trained with
   normalization.json    the training split's normalisation statistics and price mask
+  interval.json         the calibrated interval (intervals.fit_calibration), if it has one
   metrics.json          its results.json entry: validation and test metrics
   forward.jax_export    the forward pass serialised with jax.export (StableHLO), callable
                         as `jax.export.deserialize(b).call(params, x_BLF)` without cpbjax
@@ -29,6 +30,7 @@ from cpbjax import workdir as workdir_lib
 PARAMS_FILE = "params.msgpack"
 CONFIG_FILE = "config.json"
 NORM_FILE = "normalization.json"
+INTERVAL_FILE = "interval.json"
 METRICS_FILE = "metrics.json"
 FORWARD_FILE = "forward.jax_export"
 CARD_FILE = "README.md"
@@ -71,7 +73,10 @@ def export_series(model_dir: str, entry: dict, out_dir: str) -> str:
     for name, data in files.items():
         writers.atomic_write(os.path.join(out_dir, name), data)
     norm = {"norm": meta["norm"], "price_mask": meta["price_mask"]}
-    for name, obj in ((CONFIG_FILE, meta["config"]), (NORM_FILE, norm), (METRICS_FILE, entry)):
+    jsons = {CONFIG_FILE: meta["config"], NORM_FILE: norm, METRICS_FILE: entry}
+    if meta.get("interval_calibration"):
+        jsons[INTERVAL_FILE] = meta["interval_calibration"]
+    for name, obj in jsons.items():
         writers.write_json(os.path.join(out_dir, name), obj)
     return out_dir
 
@@ -83,7 +88,10 @@ def load_export(path: str) -> saved.LoadedModel:
     trained = saved.as_config(writers.read_json(os.path.join(path, CONFIG_FILE)))
     norm = writers.read_json(os.path.join(path, NORM_FILE))["norm"]
     module = models.build(models.make_config(trained))
-    return saved.LoadedModel(module, params, trained, norm if "feature_mean" in norm else None)
+    interval_path = os.path.join(path, INTERVAL_FILE)
+    calibration = writers.read_json(interval_path) if os.path.exists(interval_path) else None
+    fitted = norm if "feature_mean" in norm else None
+    return saved.LoadedModel(module, params, trained, fitted, calibration)
 
 
 class NothingToExport(RuntimeError):

@@ -28,7 +28,12 @@ def _forecast_all(loaded, preps, cfg, skipped: dict) -> dict:
         model = loaded[name]
         try:
             series[name] = forecast.next_candles(
-                model.module, model.params, prep, cfg.data.lookback, cfg.data.horizon
+                model.module,
+                model.params,
+                prep,
+                cfg.data.lookback,
+                cfg.data.horizon,
+                model.calibration,
             )
         except SeriesSkipped as e:
             skipped[name] = str(e)

@@ -116,6 +116,9 @@ class LoadedModel(NamedTuple):
     params: Any  # its params pytree
     trained: ml_collections.ConfigDict  # the config it was trained with
     norm: dict | None  # meta.json's `norm` if it holds the fitted statistics, else None
+    # meta.json's `interval_calibration` (intervals.fit_calibration on the val split), or
+    # None for a model saved without one (eval.interval_levels=(), or an earlier cpbjax)
+    calibration: dict | None = None
 
 
 def load_model(path: str) -> LoadedModel:
@@ -127,7 +130,8 @@ def load_model(path: str) -> LoadedModel:
         )
     trained = as_config(meta["config"])
     norm = meta.get("norm") if "feature_mean" in meta.get("norm", {}) else None
-    return LoadedModel(models.build(models.make_config(trained)), params, trained, norm)
+    module = models.build(models.make_config(trained))
+    return LoadedModel(module, params, trained, norm, meta.get("interval_calibration"))
 
 
 def run_config(config, trained, names) -> ml_collections.ConfigDict:

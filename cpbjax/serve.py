@@ -98,7 +98,12 @@ class Forecaster:
                 raise SeriesSkipped(skipped.get(name, "no usable data"))
             model = self.models[name]
             entry = forecast.next_candles(
-                model.module, model.params, preps[name], cfg.data.lookback, cfg.data.horizon
+                model.module,
+                model.params,
+                preps[name],
+                cfg.data.lookback,
+                cfg.data.horizon,
+                model.calibration,
             )
         predict.freshness(entry, klines_api.clock_ms())  # age_intervals; > 1 is stale
         return {

@@ -13,10 +13,11 @@ import pandas as pd
 import pytest
 
 import cpbjax
+from cpbjax import baselines, saved
 from cpbjax import config as config_lib
-from cpbjax import saved
 from cpbjax.data import sources, synthetic
 from cpbjax.data.series import INTERVAL_MS
+from cpbjax.metrics import COLUMNS
 from tests.fake_exchange import FakeExchange, running
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +116,9 @@ def test_model_predict_equals_the_run_model_and_its_export(run):
     _, frame = _history(mirror)
     model = cpbjax.load(os.path.join(workdir, "models", "BTCUSDT-1h"))
     fc = model.predict(frame)
-    assert list(fc.columns) == ["step", "open", "high", "low", "close"]
+    bounds = [f"{col}_{side}" for side in ("lower", "upper") for col in COLUMNS]
+    assert list(fc.columns) == ["step", *COLUMNS, *bounds]
+    _check_interval(model, frame, fc, results["series"]["BTCUSDT-1h"]["test"])
     assert fc.index[0] == frame.index[-1] + pd.Timedelta(hours=1) and len(fc) == model.horizon
     assert (fc["high"] >= fc[["open", "close"]].max(axis=1)).all()
     assert (fc["low"] <= fc[["open", "close"]].min(axis=1)).all()
@@ -125,6 +128,23 @@ def test_model_predict_equals_the_run_model_and_its_export(run):
     # forecast, up to float32 rounding (last_close normalises against the frame's first close).
     short = model.predict(frame.iloc[-200:])
     pd.testing.assert_frame_equal(short, fc, check_exact=False, rtol=1e-5)
+
+
+def _check_interval(model, frame, fc, test_scores) -> None:
+    """The calibrated interval the model was saved with (fitted on val, scored on test)
+    is close * exp(k * sigma), sigma the newest window's EWMA log range (plain loop)."""
+    cal = model.loaded.calibration
+    assert cal["levels"] == [0.1, 0.9] and cal["method"] == "sigma_weighted_quantile"
+    assert cal["last_window_end"] < test_scores["first_window_end"]
+    assert 0 < test_scores["calibrated_interval"]["columns"]["close"]["coverage"] <= 1
+    ohlc = frame[list(COLUMNS)].to_numpy()
+    weights = baselines.EWMA_DECAY ** np.arange(model.lookback)
+    logs = [np.log(ohlc[-1 - age, 1] / ohlc[-1 - age, 2]) for age in range(model.lookback)]
+    sigma = np.dot(weights, logs) / weights.sum()
+    k_H2 = np.asarray(cal["k"])[:, 3]  # close: consistent_ohlc never moves it
+    for j, side in enumerate(("lower", "upper")):
+        expected = fc["close"].to_numpy() * np.exp(k_H2[:, j] * sigma)
+        np.testing.assert_allclose(fc[f"close_{side}"].to_numpy(), expected, rtol=1e-9)
 
 
 @pytest.mark.parametrize(

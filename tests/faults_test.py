@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from cpbjax import checkpoint, forecast
 from cpbjax.data import parsing, synthetic
 from tests import parsing_test
 
@@ -269,12 +270,20 @@ FAULTS = [
         (*TINY, "--workdir={w}", "--config.eval.save_forecasts=True"),
         exit_code=0,
         unchanged=False,  # config.json records save_forecasts=True, as it should
-        check=lambda w: [
-            os.path.getsize(os.path.join(w, "forecasts", f"{s}.npz"))
-            for s in ("BTCUSDT-1h", "ETHUSDT-1h")
-        ],
+        check=lambda w: _reloaded_forecasts_have_intervals(w, ("BTCUSDT-1h", "ETHUSDT-1h")),
     ),
 ]
+
+
+def _reloaded_forecasts_have_intervals(workdir: str, names) -> None:
+    """Forecasts rebuilt for a finished run carry the interval its models were saved with."""
+    for name in names:
+        record = forecast.load_forecasts(os.path.join(workdir, "forecasts", f"{name}.npz"))
+        _, meta = checkpoint.load_series_model(os.path.join(workdir, "models", name))
+        np.testing.assert_array_equal(
+            record["interval_levels"], meta["interval_calibration"]["levels"]
+        )
+        assert record["interval_bounds"].shape == (*record["predicted"].shape, 2)
 
 
 @pytest.mark.slow

@@ -121,8 +121,10 @@ def test_predict_continues_the_grid_and_matches_the_model(workdir):
         assert times == [last_ms + step * h for h in range(1, H + 1)]
         assert all(t % step == 0 for t in times)
         assert fc["forecast"][0]["open_time"].endswith("Z")
+        # Saved without an interval calibration (as by an earlier cpbjax): no interval.
+        assert "interval" not in fc["forecast"][0] and "interval_levels" not in fc
         # Independently: the model applied to the newest window, mapped to prices.
-        module, params, trained, _ = saved.load_model(os.path.join(workdir, "models", name))
+        module, params, trained, *_ = saved.load_model(os.path.join(workdir, "models", name))
         prep = windows.prepare_series(series[name], trained.data)
         y = np.asarray(module.apply({"params": params}, windows.latest_window(prep, L), None))
         o, h, lo, c = (series[name].ohlcv[-1, 3] * np.exp(y[0].astype(np.float64))).T
@@ -141,7 +143,7 @@ def test_models_saved_with_their_norm_are_scaled_with_it(workdir):
     config = _config()
     config.data.normalization = "zscore"
     name = "BTCUSDT-1h"
-    module, params, _, _ = saved.load_model(os.path.join(workdir, "models", name))
+    module, params, *_ = saved.load_model(os.path.join(workdir, "models", name))
     trained = config_lib.load("configs/gru.py:tiny")
     trained.data.normalization = "zscore"
     fitted = {

@@ -1,0 +1,186 @@
+"""Tests of the calibrated interval (cpbjax/intervals.py fit_calibration, fit_before,
+calibrated_bounds) and of how it travels: evaluate_model, forecast files, forecast.json /
+CSV flattening. (Saved models, predict, the API and exports: tests/api_test.py.)"""
+
+import csv
+import io
+import math
+import types
+
+import numpy as np
+import pytest
+
+from cpbjax import baselines, evaluate, forecast, intervals
+from cpbjax import config as config_lib
+from cpbjax.metrics import COLUMNS
+from tests.evaluate_test import Probe, _probe_params
+from tests.metrics_test import H, L, make_prep
+
+LEVELS = (0.1, 0.9)
+
+
+def _garch_like_series(n: int, seed: int) -> types.SimpleNamespace:
+    """Candles whose volatility switches regime every 500 candles (a 4x range), so an
+    interval that ignores recent volatility would cover too much in calm stretches and
+    too little in wild ones. Only the fields fit_calibration reads."""
+    rng = np.random.default_rng(seed)
+    vol_T = np.repeat(rng.choice([0.002, 0.008], size=n // 500 + 1), 500)[:n]
+    close = 100 * np.exp(np.cumsum(vol_T * rng.standard_normal(n)))
+    open_ = np.r_[close[0], close[:-1]]
+    spread = vol_T[:, None] * np.abs(rng.standard_normal((n, 2)))
+    high = np.maximum(open_, close) * np.exp(spread[:, 0])
+    low = np.minimum(open_, close) * np.exp(-spread[:, 1])
+    times = np.arange(n, dtype=np.int64) * 3_600_000
+    return types.SimpleNamespace(ohlc=np.stack([open_, high, low, close], 1), open_time_ms=times)
+
+
+def _plain_sigma(ohlc, t: int) -> float:
+    weights = [baselines.EWMA_DECAY**age for age in range(L)]
+    logs = [math.log(ohlc[t - age, 1] / ohlc[t - age, 2]) for age in range(L)]
+    return sum(w * x for w, x in zip(weights, logs, strict=True)) / sum(weights)
+
+
+def _plain_conformal(scores: list, q: float) -> float:
+    """Upper q: the smallest score with at least (n+1)q scores at or below it; lower q:
+    the largest with at least (n+1)(1-q) at or above it (the most extreme if none)."""
+    n = len(scores)
+    if q >= 0.5:
+        need = math.ceil((n + 1) * q)
+        ok = [s for s in scores if sum(x <= s for x in scores) >= need]
+        return min(ok) if ok else max(scores)
+    need = math.ceil((n + 1) * (1 - q))
+    ok = [s for s in scores if sum(x >= s for x in scores) >= need]
+    return max(ok) if ok else min(scores)
+
+
+def test_fit_calibration_matches_a_plain_loop():
+    prep = _garch_like_series(400, seed=0)
+    ends = np.arange(L, 400 - H, 7)
+    rng = np.random.default_rng(1)
+    point = prep.ohlc[ends, 3][:, None, None] * np.exp(
+        0.003 * rng.standard_normal((len(ends), H, 4))
+    )
+    cal = intervals.fit_calibration(prep, ends, point, L, H, LEVELS)
+    assert cal["levels"] == list(LEVELS) and cal["fitted_on_windows"] == len(ends)
+    k = np.asarray(cal["k"])
+    assert k.shape == (H, 4, 2)
+    for h in (0, H - 1):
+        for c in range(4):
+            scores = [
+                math.log(prep.ohlc[t + 1 + h, c] / point[i, h, c]) / _plain_sigma(prep.ohlc, t)
+                for i, t in enumerate(ends)
+            ]
+            expected = [_plain_conformal(scores, q) for q in LEVELS]
+            np.testing.assert_allclose(k[h, c], expected, rtol=1e-12)
+    # The bounds: point * exp(k * sigma) of each window.
+    bounds = intervals.calibrated_bounds(cal, prep.ohlc, ends[:3], point[:3], L)
+    sigma = _plain_sigma(prep.ohlc, int(ends[2]))
+    np.testing.assert_allclose(bounds[2], point[2][..., None] * np.exp(k * sigma), rtol=1e-12)
+
+
+def test_calibrated_interval_covers_its_level_on_later_windows():
+    """Fitted on 3,000 windows, the 80% interval of a persistence forecast covers 80% of the
+    next 6,000 windows' outcomes (binomial noise of overlapping windows: about 1 point)."""
+    prep = _garch_like_series(9_100, seed=2)
+    fit_ends, later = np.arange(L, 3_000), np.arange(3_000, 9_000)
+    point = lambda e: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)  # noqa: E731
+    cal = intervals.fit_calibration(prep, fit_ends, point(fit_ends), L, H, LEVELS)
+    bounds = intervals.calibrated_bounds(cal, prep.ohlc, later, point(later), L)
+    actual = prep.ohlc[later[:, None] + np.arange(1, H + 1)]
+    inside = (actual >= bounds[..., 0]) & (actual <= bounds[..., 1])
+    coverage = dict(zip(COLUMNS, inside.mean((0, 1)), strict=True))
+    for col in ("high", "low", "close"):
+        assert abs(coverage[col] - 0.8) < 0.02, coverage
+    # The next open equals the last close, so every fit score of open at h = 1 is 0: the
+    # tied bounds cover all those outcomes, and split conformal only errs on the safe side.
+    assert 0.8 <= coverage["open"] < 0.9, coverage
+    # Scaled by the window's volatility: the wild regime's intervals are wider.
+    width = (bounds[..., 3, 1] - bounds[..., 3, 0]).mean(1) / prep.ohlc[later, 3]
+    sigma = _plain_sigmas(prep, later)
+    wild, calm = sigma > np.quantile(sigma, 0.75), sigma < np.quantile(sigma, 0.25)
+    assert np.median(width[wild]) > 2 * np.median(width[calm])
+
+
+def _plain_sigmas(prep, ends) -> np.ndarray:
+    return np.array([_plain_sigma(prep.ohlc, int(t)) for t in ends])
+
+
+def test_sigma_weighting_minimises_the_pinball_loss_in_log_price():
+    """weighting="sigma": no other k of the scores does better on the fit windows."""
+    prep = _garch_like_series(600, seed=3)
+    ends = np.arange(L, 600 - H)
+    point = np.repeat(prep.ohlc[ends, 3][:, None, None], 4, 2).repeat(H, 1)
+    cal = intervals.fit_calibration(prep, ends, point, L, H, LEVELS, "sigma")
+    k_HCJ = np.asarray(cal["k"])
+    sigma = _plain_sigmas(prep, ends)
+    log_ratio = np.log(prep.ohlc[ends + 1, 3] / point[:, 0, 3])  # close, h = 1
+    candidates = log_ratio / sigma  # a pinball minimiser is always one of the scores
+
+    def loss(k, q):
+        return intervals.pinball(log_ratio, (k * sigma)[:, None], [q]).sum()
+
+    for j, q in enumerate(LEVELS):
+        assert loss(k_HCJ[0, 3, j], q) <= min(loss(k, q) for k in candidates) + 1e-12
+        assert np.isclose(candidates, k_HCJ[0, 3, j], rtol=1e-12).any()
+
+
+def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_path):
+    prep = make_prep()
+    params = _probe_params(2)
+    entry, record, cal = evaluate.evaluate_model(Probe(), params, prep, L, H, None, LEVELS)
+    point = {
+        s: forecast.split_forecast(Probe(), params, prep, s, L, H).prices_NHC
+        for s in ("train", "val")
+    }
+    train_val = np.concatenate([point["train"], point["val"]])
+    ends = np.concatenate([prep.ends["train"], prep.ends["val"]])
+    assert cal == intervals.fit_calibration(prep, ends, train_val, L, H, LEVELS, "sigma")
+    on_val = entry["val"]["calibrated_interval"]["fitted_on"]
+    assert on_val["fitted_on_windows"] == len(prep.ends["train"])  # val: fitted on train
+    block = entry["test"]["calibrated_interval"]
+    assert block["central"] == list(LEVELS)
+    assert block["fitted_on"]["last_window_end"] == entry["val"]["last_window_end"]
+    bounds, actual = record["interval_bounds"], record["actual"]
+    np.testing.assert_array_equal(record["interval_levels"], LEVELS)
+    for c, col in enumerate(COLUMNS):
+        inside = (actual[..., c] >= bounds[..., c, 0]) & (actual[..., c] <= bounds[..., c, 1])
+        assert block["columns"][col]["coverage"] == pytest.approx(inside.mean(), abs=1e-12)
+        width = (bounds[..., c, 1] - bounds[..., c, 0]).mean()
+        assert block["columns"][col]["width"] == pytest.approx(width, rel=1e-12)
+    entry, record, cal = evaluate.evaluate_model(Probe(), params, prep, L, H, None, ())
+    assert cal is None and "calibrated_interval" not in entry["test"]
+    assert "interval_bounds" not in record
+
+
+def test_forecast_csv_flattens_quantiles_and_intervals():
+    """A quantile model's forecast.json candles once broke forecast.csv (extra keys)."""
+    base = {"step": 1, "open_time": "T", "open_time_ms": 1, **dict.fromkeys(COLUMNS, 2.0)}
+    with_q = {**base, "quantiles": {"0.1": dict.fromkeys(COLUMNS, 1.0)}}
+    with_iv = {
+        **base,
+        "interval": {"lower": dict.fromkeys(COLUMNS, 1.5), "upper": dict.fromkeys(COLUMNS, 2.5)},
+    }
+    series = {
+        "A-1h": {"symbol": "A", "interval": "1h", "forecast": [with_q]},
+        "B-1h": {"symbol": "B", "interval": "1h", "forecast": [with_iv, base]},
+    }
+    rows = list(csv.DictReader(io.StringIO(forecast.forecast_csv(series))))
+    assert [r["series"] for r in rows] == ["A-1h", "B-1h", "B-1h"]
+    assert rows[0]["close_q0.1"] == "1.0" and rows[0]["close_lower"] == ""
+    assert rows[1]["low_lower"] == "1.5" and rows[1]["high_upper"] == "2.5"
+    assert rows[2]["close"] == "2.0" and rows[2]["close_upper"] == ""
+    assert forecast.flat_candle(base) == base
+
+
+@pytest.mark.parametrize("levels", [(0.9, 0.1), (0.1,), (0.1, 0.5), (0.0, 0.9), ("a", "b")])
+def test_bad_interval_levels_are_refused(levels):
+    c = config_lib.load("configs/gru.py:tiny")
+    c.eval.interval_levels = levels
+    with pytest.raises(config_lib.ConfigError, match="eval.interval_levels"):
+        config_lib.validate(c)
+
+
+def test_no_interval_levels_is_allowed():
+    c = config_lib.load("configs/gru.py:tiny")
+    c.eval.interval_levels = ()
+    config_lib.validate(c)
