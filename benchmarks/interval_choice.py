@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 
 import numpy as np
@@ -110,11 +109,8 @@ def main() -> None:
             row[f"{col} pinball skill vs band"] = f"{100 * skill:+.2f}%"
         rows.append(row)
     table = common.markdown_table(rows, list(rows[0]))
-    print(table)
-    if args.records_dir:
-        command = "python benchmarks/interval_choice.py " + shlex.join(sys.argv[1:])
-        title = "Calibrated interval: fit windows and weighting, on val (test reported)"
-        print(common.write_record(args.records_dir, "interval_choice", title, command, table))
+    title = "Calibrated interval: fit windows and weighting, on val (test reported)"
+    common.print_and_record(args.records_dir, "interval_choice", title, table)
 
 
 if __name__ == "__main__":

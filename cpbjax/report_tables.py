@@ -102,6 +102,27 @@ def summary_lines(results: dict) -> list[str]:
         f"{len(skills)} series (expect about {SIGNIFICANCE * len(skills):.1f} by chance).",
         f"{noise} of {len(skills)} series have |skill| < {100 * NOISE_BAND:.0f}%, "
         "which on a single series is noise.",
+        *interval_lines(results),
+    ]
+
+
+def interval_lines(results: dict) -> list[str]:
+    """The calibrated interval on test, median over series: coverage and pinball skill
+    against the band's quantiles (cpbjax/intervals.py); [] when no series has one."""
+    blocks = [
+        (e.get("test") or {}).get("calibrated_interval") for e in results.get("series", {}).values()
+    ]
+    blocks = [b for b in blocks if b]
+    if not blocks:
+        return []
+    lo, hi = blocks[0]["central"]
+    med = lambda col, key: statistics.median(b["columns"][col][key] for b in blocks)  # noqa: E731
+    parts = [f"{col} {100 * med(col, 'coverage'):.1f}%" for col in ("close", "high", "low")]
+    skills = [f"{col} {100 * med(col, 'skill_vs_band'):+.2f}%" for col in ("close", "high", "low")]
+    return [
+        f"Calibrated {100 * (hi - lo):.0f}% interval (q{100 * lo:.0f}-q{100 * hi:.0f}, fitted "
+        f"on train+val), median over {len(blocks)} series: test coverage {', '.join(parts)}; "
+        f"pinball skill against the band's quantiles {', '.join(skills)}."
     ]
 
 

@@ -111,6 +111,21 @@ def test_summary_counts_skill_and_significance():
     assert "median +0.10%" in lines[0] and "positive on 2 of 3" in lines[0]
     assert "p < 0.05: 1 of 3" in lines[1]
     assert lines[2].startswith("2 of 3 series have |skill| < 1%")
+    assert len(lines) == 3  # no series has a calibrated interval: no line for it
+
+
+def test_summary_gives_the_interval_coverage_median_over_series():
+    def entry(coverage, skill):
+        columns = {c: {"coverage": coverage, "skill_vs_band": skill} for c in metrics.COLUMNS}
+        block = {"central": [0.1, 0.9], "columns": columns}
+        test = {"columns": {"close": {"skill": 0.0}}, "calibrated_interval": block}
+        return {"test": test}
+
+    results = {"series": {"A": entry(0.7, -0.01), "B": entry(0.8, 0.02), "C": entry(0.9, 0.0)}}
+    line = report_tables.summary_lines(results)[-1]
+    assert line.startswith("Calibrated 80% interval (q10-q90, fitted on train+val)")
+    assert "median over 3 series: test coverage close 80.0%, high 80.0%, low 80.0%" in line
+    assert "band's quantiles close +0.00%" in line
 
 
 def test_write_reports_files(tmp_path):

@@ -146,6 +146,10 @@ def test_forecast_is_fresh_and_in_prices(server, trained):
         assert all(
             0.5 * last_close < c[k] < 2 * last_close for k in ("open", "high", "low", "close")
         )
+        # The interval the model was saved with, as predict and the API give it.
+        lower, upper = c["interval"]["lower"], c["interval"]["upper"]
+        assert all(0.5 * last_close < lower[k] <= upper[k] < 2 * last_close for k in lower)
+    assert body["interval_levels"] == [0.1, 0.9]
     # The same path as --mode predict: its forecast.json for the same series agrees.
     with open(os.path.join(trained, "results.json")) as f:
         assert SERIES in json.load(f)["series"]
