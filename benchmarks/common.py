@@ -6,7 +6,9 @@ import datetime
 import importlib.metadata
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -155,4 +157,28 @@ def write_record(
         n += 1
         path = os.path.join(records_dir, f"{stem}-{n}.md")
     writers.atomic_write(path, text)
+    return path
+
+
+def command_line(script: str, argv: Sequence[str] | None = None) -> str:
+    """The command that ran `script` (its name without .py) with `argv` (default: this
+    process's arguments), quoted so that it can be pasted back into a shell."""
+    return f"python benchmarks/{script}.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
+def print_and_record(
+    records_dir: str,
+    script: str,
+    title: str,
+    table_md: str,
+    argv: Sequence[str] | None = None,
+    facts: dict | None = None,
+) -> str | None:
+    """Prints a benchmark's tables and, unless records_dir is '', writes them as a record
+    (`write_record`, with `command_line(script, argv)`); returns the record's path."""
+    print(table_md, flush=True)
+    if not records_dir:
+        return None
+    path = write_record(records_dir, script, title, command_line(script, argv), table_md, facts)
+    print(f"Record: {path}")
     return path

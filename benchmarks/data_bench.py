@@ -102,13 +102,7 @@ def main(argv=None) -> list[dict]:
         "median_total_s",
     ]
     table = common.markdown_table(rows, columns)
-    print(table)
-    if args.records_dir:
-        command = "python benchmarks/data_bench.py " + " ".join(argv or sys.argv[1:])
-        path = common.write_record(
-            args.records_dir, "data_bench", "Data layer, all series", command, table
-        )
-        print(f"Record: {path}")
+    common.print_and_record(args.records_dir, "data_bench", "Data layer, all series", table, argv)
     return rows
 
 

@@ -66,11 +66,8 @@ def main() -> None:
         for arm, s in seconds.items()
     ]
     table = common.markdown_table(rows, list(rows[0]))
-    print(table)
-    if args.records_dir:
-        command = "python benchmarks/eval_bench.py " + shlex.join(sys.argv[1:])
-        title = "--mode evaluate of a finished run, per numpy BLAS thread count"
-        print(common.write_record(args.records_dir, "eval_bench", title, command, table))
+    title = "--mode evaluate of a finished run, per numpy BLAS thread count"
+    common.print_and_record(args.records_dir, "eval_bench", title, table)
 
 
 if __name__ == "__main__":

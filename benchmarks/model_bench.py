@@ -141,14 +141,10 @@ def main(argv=None) -> list[dict]:
         "forward_ms",
     ]
     table = common.markdown_table(rows, columns)
-    command = "python benchmarks/model_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"Command: {command}")
+    print(f"Command: {common.command_line('model_bench', argv)}")
     print("Machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
-    print(table)
-    if args.records_dir:
-        title = "Models: train-step compile time and time per batch"
-        path = common.write_record(args.records_dir, "model_bench", title, command, table, facts)
-        print(f"Record: {path}")
+    title = "Models: train-step compile time and time per batch"
+    common.print_and_record(args.records_dir, "model_bench", title, table, argv, facts)
     return rows
 
 

@@ -101,11 +101,8 @@ def main() -> None:
     rows = bench(args.models.split(","), args.variant, flags)
     columns = ["model", "cache", *STAGES, "wall", "programs", "xla s", "epoch xla s", "peak GiB"]
     table = common.markdown_table(rows, columns)
-    print(table)
-    if args.records_dir:
-        command = "python benchmarks/run_bench.py " + shlex.join(sys.argv[1:])
-        title = "Whole runs: stage seconds, cold and warm compile cache"
-        print(common.write_record(args.records_dir, "run_bench", title, command, table))
+    title = "Whole runs: stage seconds, cold and warm compile cache"
+    common.print_and_record(args.records_dir, "run_bench", title, table)
 
 
 if __name__ == "__main__":

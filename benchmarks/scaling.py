@@ -68,11 +68,8 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     columns = list(rows[0])
     table = common.markdown_table(rows, columns)
-    print(table)
-    if args.records_dir:
-        command = "python benchmarks/scaling.py " + shlex.join(sys.argv[1:])
-        title = f"Scaling: whole {args.model} runs over synthetic series (warm compile cache)"
-        print(common.write_record(args.records_dir, "scaling", title, command, table))
+    title = f"Scaling: whole {args.model} runs over synthetic series (warm compile cache)"
+    common.print_and_record(args.records_dir, "scaling", title, table)
 
 
 if __name__ == "__main__":

@@ -94,11 +94,8 @@ def main() -> None:
     rows = bench(args.config, args.rates.split(","), flags, args.repeats)
     columns = ["arm", "repeats", "wall", "training", "epochs s", "epoch programs", "epoch xla s"]
     table = common.markdown_table(rows, columns)
-    print(table)
-    if args.records_dir:
-        command = "python benchmarks/sweep_bench.py " + shlex.join(sys.argv[1:])
-        title = "Sweep cost: one learning-rate sweep vs one run per rate (seconds)"
-        print(common.write_record(args.records_dir, "sweep_bench", title, command, table))
+    title = "Sweep cost: one learning-rate sweep vs one run per rate (seconds)"
+    common.print_and_record(args.records_dir, "sweep_bench", title, table)
 
 
 if __name__ == "__main__":

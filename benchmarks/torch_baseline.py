@@ -501,19 +501,8 @@ def main(argv=None) -> list[dict]:
             flush=True,
         )
     table = common.markdown_table(rows, _COLUMNS)
-    print(table)
-    if args.records_dir:
-        command = "python benchmarks/torch_baseline.py " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
-        path = common.write_record(
-            args.records_dir,
-            "torch_baseline",
-            "Torch baseline: seconds per model-epoch",
-            command,
-            table,
-        )
-        print(f"Record: {path}")
+    title = "Torch baseline: seconds per model-epoch"
+    common.print_and_record(args.records_dir, "torch_baseline", title, table, argv)
     return rows
 
 

@@ -743,7 +743,7 @@ def main(argv=None) -> Results:
     notes = _check_torch(args)
     for line in notes:
         print(line, flush=True)
-    command = "python benchmarks/train_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = common.command_line("train_bench", argv)
     facts = _facts(args)
     print(f"Command: {command}\nMachine: {facts}", flush=True)
     results = Results()
@@ -763,11 +763,8 @@ def main(argv=None) -> Results:
         f"at end {facts['load_avg_end']}."
     )
     text = report(results, peaks, notes)
-    print(text, flush=True)
-    if args.records_dir:
-        title = "Training throughput: cpbjax group epoch vs the torch loop"
-        path = common.write_record(args.records_dir, "train_bench", title, command, text, facts)
-        print(f"Record: {path}")
+    title = "Training throughput: cpbjax group epoch vs the torch loop"
+    common.print_and_record(args.records_dir, "train_bench", title, text, argv, facts)
     return results
 
 

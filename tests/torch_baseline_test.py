@@ -49,6 +49,21 @@ def test_machine_facts_names_cores_and_installed_versions():
     assert facts["cpu"] and facts["date"].endswith("UTC")
 
 
+def test_print_and_record_quotes_the_command_and_writes_nothing_when_told(tmp_path, capsys):
+    facts = {"date": "2026-01-02 03:04 UTC", "cpu": "Test CPU", "cores": 2}
+    argv = ["--flags=--config.data.symbols=('A','B')", "--n", "3"]
+    assert common.command_line("x_bench", argv) == (
+        "python benchmarks/x_bench.py '--flags=--config.data.symbols=('\"'\"'A'\"'\"','\"'\"'B'\"'\"')' --n 3"
+    )
+    path = common.print_and_record(str(tmp_path), "x_bench", "T", "| a |\n", argv, facts)
+    with open(path) as f:
+        text = f.read()
+    assert f"Command: `{common.command_line('x_bench', argv)}`" in text
+    assert capsys.readouterr().out == f"| a |\n\nRecord: {path}\n"
+    assert common.print_and_record("", "x_bench", "T", "| b |\n", argv, facts) is None
+    assert capsys.readouterr().out == "| b |\n\n" and len(os.listdir(tmp_path)) == 1
+
+
 def test_write_record_writes_a_new_dated_file_per_run(tmp_path):
     records = tmp_path / "records"
     facts = {"date": "2026-01-02 03:04 UTC", "cpu": "Test CPU", "cores": 2}
