@@ -136,6 +136,9 @@ def base_config() -> ml_collections.ConfigDict:
     # series (docs/performance.md "Accuracy levers"). autoregressive decoding needs none.
     m.baseline = "vol_band"
     m.quantiles = ()  # Quantile levels, e.g. (0.1, 0.5, 0.9); the median is the forecast.
+    # With train.share=pooled: width E of a learned per-series vector appended to every
+    # input candle, so the one model can tell the series apart; 0 = none.
+    m.series_embedding = 0
 
     c.train = t = ml_collections.ConfigDict()
     t.optimizer = "adamw"  # adam | adamw.
@@ -503,6 +506,13 @@ def _validate_sweep(c) -> None:
         for v in values:
             rules.num_in(name, v, *_SWEEPABLE_RANGES[field])
     _choice(c, "sweep.select", sweep_grid.SELECT)
+    if c.model.get("series_embedding", 0):
+        rules.check(
+            c.train.get("share") == "pooled",
+            "model.series_embedding",
+            c.model.series_embedding,
+            "0 unless train.share='pooled' (a per-series model has one series to tell apart)",
+        )
     if sweep_grid.is_sweep(c) and c.train.get("share") == "pooled":
         raise ConfigError(
             f"config.sweep.{sweep_grid.swept(c)[0]} needs train.share='series': a pooled model "

@@ -13,6 +13,9 @@ Both means weigh windows, not coins: the pooled model is fitted to all windows, 
 data.normalization=last_close and train.loss_scale=persistence a window's loss is comparable
 across series; a coin with fewer windows (a shorter series) counts for fewer of them.
 
+With model.series_embedding each coin also keeps its own series vector (the one per-coin
+leaf, `per_coin`): it is trained only by its coin's windows, every other param by all.
+
 It runs on one device (driver.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
 coin axis the gradient and the pooled val loss would need a cross-device sum.
 
@@ -29,16 +32,31 @@ import optax
 
 from cpbjax import optimizer, step
 from cpbjax.data import stacking
+from cpbjax.models import common
+
+
+def per_coin(path) -> bool:
+    """Whether the leaf at `path` (of params, or of an optimizer state that mirrors them)
+    is the series vector of model.series_embedding: the one leaf each coin keeps its own."""
+    return any(getattr(key, "key", None) == common.SERIES_EMBEDDING for key in path)
 
 
 def first(tree):
-    """Coin 0's copy of a replicated [K, ...] pytree (coin 0 is always a real series)."""
-    return jax.tree.map(lambda a: a[0], tree)
+    """The shared view of a [K, ...] pytree: coin 0's copy of every replicated leaf (coin 0
+    is always a real series); the per-coin leaves keep their coin axis."""
+    return jax.tree_util.tree_map_with_path(lambda p, a: a if per_coin(p) else a[0], tree)
 
 
 def replicate(tree, k: int):
-    """[K, ...] copies of every leaf of `tree`."""
-    return jax.tree.map(lambda a: jnp.broadcast_to(a, (k,) + a.shape), tree)
+    """Back to [K, ...]: K copies of every shared leaf; per-coin leaves are already [K, ...]."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, a: a if per_coin(p) else jnp.broadcast_to(a, (k,) + a.shape), tree
+    )
+
+
+def coin_axes(params):
+    """vmap in_axes of the shared view of params: 0 for per-coin leaves, None for the rest."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: 0 if per_coin(p) else None, params)
 
 
 def real_coins(arrays: stacking.GroupArrays) -> jax.Array:
@@ -80,7 +98,7 @@ def pooled_objective(spec: step.EpochSpec, params, data: step.CoinData, ends_KB,
     coin's batch, and (aux) each coin's summed forecast loss, float32 [K]."""
     sums = jax.vmap(
         functools.partial(step.coin_loss_sums, spec),
-        in_axes=(None, step.COIN_DATA_AXES, 0, 0, 0),
+        in_axes=(coin_axes(params), step.COIN_DATA_AXES, 0, 0, 0),
     )
     objective_K, err_K = sums(params, data, ends_KB, mask_KB, keys_K)
     return jnp.sum(objective_K) / jnp.maximum(jnp.sum(mask_KB), 1), err_K

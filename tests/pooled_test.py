@@ -71,15 +71,23 @@ def _persistence_mae(prep, horizon):
     return np.abs(np.stack(err)).mean(axis=(0, 1)).astype(np.float32)
 
 
+def _coin_params(params, k):
+    """Coin k's params: the shared ones, and with model.series_embedding its own vector
+    (row k of the [K, E] leaf)."""
+    if "series_embedding" not in params:
+        return params
+    return {**params, "series_embedding": params["series_embedding"][k]}
+
+
 def _reference_loss(config, module):
     """loss(params, batches): the scaled MAE of the shared params summed over the windows
     of every coin's (x, y, scale, keys) batch, over their count; aux: per-coin sums."""
 
     def loss(params, batches):
         per_coin = []
-        for x, y, scale, keys in batches:
+        for k, (x, y, scale, keys) in enumerate(batches):
             y_hat = module.apply(
-                {"params": params},
+                {"params": _coin_params(params, k)},
                 x,
                 y,
                 train=True,
@@ -107,7 +115,10 @@ def _reference_epoch(config, module, state0, arrays, spec):
     gradient, one optax update. Returns (params, per-coin mean train loss [K])."""
     ends_SKB, mask_SKB, step_keys_K = jax.device_get(step.train_batches(spec, state0, arrays))
     tx = optimizer.make_optimizer(config.train)
-    params = jax.tree.map(lambda a: a[0], jax.device_get(state0.params))
+    params = {  # coin 0's shared params; the series vectors of every coin, [K, E]
+        name: leaf if name == "series_embedding" else jax.tree.map(lambda a: a[0], leaf)
+        for name, leaf in jax.device_get(state0.params).items()
+    }
     opt_state = tx.init(params)
     grad_fn = jax.jit(jax.value_and_grad(_reference_loss(config, module), has_aux=True))
     sums_K = np.zeros(len(NAMES))
@@ -121,10 +132,12 @@ def _reference_epoch(config, module, state0, arrays, spec):
     return params, sums_K / mask_SKB.sum(axis=(0, 2))
 
 
-@pytest.fixture(scope="module")
-def one_epoch():
-    """A pooled trainer's fresh state and its first epoch (3 series, one per coin)."""
+@pytest.fixture(scope="module", params=[0, 3], ids=["shared", "series_embedding=3"])
+def one_epoch(request):
+    """A pooled trainer's fresh state and its first epoch (3 series, one per coin), without
+    and with a per-series vector of width 3."""
     config = pooled_config()
+    config.model.series_embedding = request.param
     module = models.build(models.make_config(config))
     trainer = GroupTrainer(config, module, len(NAMES), sharding.coin_mesh(jax.devices()[:1]))
     arrays = trainer.stack(list(train_test.preps()))
@@ -143,16 +156,33 @@ def test_every_coin_holds_the_same_params_starting_at_the_median_band(one_epoch)
     np.testing.assert_allclose(out["band_high"][0], np.median(np.stack(fits)[..., 0], axis=0))
     np.testing.assert_allclose(out["band_low"][0], np.median(np.stack(fits)[..., 1], axis=0))
     for tree in (state0.params, state.params, state.opt_state, state.best_params):
-        for leaf in jax.tree.leaves(tree):
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            if "series_embedding" in jax.tree_util.keystr(path):
+                continue  # each coin's own (next test)
             for k in range(1, len(NAMES)):
                 np.testing.assert_array_equal(leaf[k], leaf[0])
+
+
+def test_each_coin_trains_its_own_series_vector(one_epoch):
+    config, _, _, _, state0, state, _ = one_epoch
+    if not config.model.series_embedding:
+        assert "series_embedding" not in state.params
+        return
+    np.testing.assert_array_equal(state0.params["series_embedding"], 0.0)  # zero at init
+    vectors_KE = state.params["series_embedding"]
+    assert vectors_KE.shape == (len(NAMES), 3)
+    for k in range(1, len(NAMES)):  # trained by their own coin's windows only: they part
+        assert np.abs(vectors_KE[k] - vectors_KE[0]).max() > 1e-6
 
 
 def test_pooled_epoch_equals_a_hand_written_reference(one_epoch):
     config, module, trainer, arrays, state0, state, metrics = one_epoch
     ref_params, ref_train_K = _reference_epoch(config, module, state0, arrays, trainer.spec)
-    pooled = jax.tree.map(lambda a: a[0], state.params)
-    train_test._assert_trees_close(pooled, ref_params, **train_test.CROSS_PROGRAM)
+    pooled_params = {
+        name: leaf if name == "series_embedding" else jax.tree.map(lambda a: a[0], leaf)
+        for name, leaf in state.params.items()
+    }
+    train_test._assert_trees_close(pooled_params, ref_params, **train_test.CROSS_PROGRAM)
     np.testing.assert_allclose(metrics["train_loss"], ref_train_K, rtol=1e-5)
 
 
@@ -162,7 +192,7 @@ def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch):
     config, module, trainer, arrays, state0, _, _ = one_epoch
     ends_SKB, mask_SKB, step_keys_K = step.train_batches(trainer.spec, state0, arrays)
     mask_KB = mask_SKB[0] & (jnp.arange(mask_SKB.shape[2]) < jnp.array([4, 12, 32])[:, None])
-    params = jax.tree.map(lambda a: a[0], state0.params)
+    params = pooled.first(state0.params)
     keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, 0)
     objective = functools.partial(pooled.pooled_objective, trainer.spec)
     (loss, err_K), grads = jax.jit(jax.value_and_grad(objective, has_aux=True))(
@@ -201,6 +231,22 @@ def test_bad_share_and_conflicting_plans_are_config_errors(tmp_path):
     with pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*--mode backtest"):
         backtest.run_backtest(pooled_config(), str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "share, decoding, width, words",
+    [
+        ("series", "direct", 4, "unless train.share='pooled'"),
+        ("pooled", "autoregressive", 4, "with model.decoding='autoregressive'"),
+        ("pooled", "direct", -1, "integer >= 0"),
+    ],
+)
+def test_bad_series_embeddings_are_config_errors(share, decoding, width, words):
+    c = pooled_config()
+    c.train.share, c.model.decoding, c.model.series_embedding = share, decoding, width
+    c.model.baseline = "none"  # autoregressive decoding needs it
+    with pytest.raises(config_lib.ConfigError, match=f"model.series_embedding={width}.*{words}"):
+        config_lib.validate(c)
 
 
 # ---------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class ModelConfig:
     matmul_precision: str = "default"  # highest | high | default.
     baseline: str = "none"  # none | persistence | vol_band: what the output corrects.
     quantiles: tuple = ()  # Quantile levels of the outputs, 0.5 among them; () = point.
+    series_embedding: int = 0  # E, width of the learned per-series input vector; 0 = none.
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -110,6 +111,8 @@ class ModelConfig:
             rules.one_of("model.baseline", value, BASELINES)
         elif field == "quantiles":
             check_quantiles(value)
+        elif field == "series_embedding":
+            rules.int_in("model.series_embedding", value, 0, cls.MAX_INT)
         elif field == "dropout":
             rules.num_in("model.dropout", value, 0, 1, hi_open=True)
         elif kind is bool:
@@ -131,6 +134,12 @@ class ModelConfig:
                 group[field],
                 "none / () with model.decoding='autoregressive' (it needs direct decoding)",
             )
+        rules.check(
+            not group.get("series_embedding") or group["decoding"] == "direct",
+            "model.series_embedding",
+            group.get("series_embedding"),
+            "0 with model.decoding='autoregressive' (its decoder reads candles, not the vector)",
+        )
 
     @property
     def num_quantiles(self) -> int:
@@ -247,8 +256,30 @@ class ForecastOutput(nn.Module):
         )
 
 
+# The param name of the per-series vector: pooled.py keeps it per coin, all else shared.
+SERIES_EMBEDDING = "series_embedding"
+
+
+def series_vector(module: nn.Module, cfg: ModelConfig) -> jax.Array | None:
+    """Declares (in `module.setup`) the learned per-series vector [E], zero at init, or None
+    without cfg.series_embedding."""
+    if not cfg.series_embedding:
+        return None
+    return module.param(SERIES_EMBEDDING, nn.initializers.zeros, (cfg.series_embedding,))
+
+
+def with_series_vector(x_BLF: jax.Array, e_E: jax.Array | None) -> jax.Array:
+    """[B, L, F] -> [B, L, F + E]: the series vector as E more columns of every candle
+    (appended, so the OHLC columns that ForecastOutput reads keep their places)."""
+    if e_E is None:
+        return x_BLF
+    e_BLE = jnp.broadcast_to(e_E.astype(x_BLF.dtype), (*x_BLF.shape[:2], e_E.shape[0]))
+    return jnp.concatenate([x_BLF, e_BLE], axis=-1)
+
+
 def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
-    """module.init's params, refusing a baseline (cfg.baseline) the module would ignore.
+    """module.init's params, refusing a baseline (cfg.baseline) or a series vector
+    (cfg.series_embedding) the module would ignore.
 
     A registered user model whose forecasts do not go through ForecastOutput would
     silently forecast without its baseline (and, for vol_band, have no band to start);
@@ -268,6 +299,12 @@ def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
             f"config.model.baseline={module.cfg.baseline!r} needs a model whose forecasts "
             f"go through common.ForecastOutput; model {module.cfg.name!r} has none: set "
             "--config.model.baseline=none"
+        )
+    if module.cfg.series_embedding and SERIES_EMBEDDING not in params:
+        raise rules.ConfigError(
+            f"config.model.series_embedding={module.cfg.series_embedding} needs a model that "
+            f"declares it (common.series_vector); model {module.cfg.name!r} does not: set "
+            "--config.model.series_embedding=0"
         )
     return params
 
@@ -439,6 +476,7 @@ class RNNSeq2Seq(nn.Module):
         self.output = ForecastOutput(cfg)
         self.aux_head = aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        self.series_vector = series_vector(self, cfg)
 
     def __call__(
         self,
@@ -484,7 +522,7 @@ class RNNSeq2Seq(nn.Module):
         return outputs(self.aux_head, y_hat_BHC, last_BD, return_aux)
 
     def _encode(self, x_BLF, train):
-        h_BLD, states = x_BLF, []
+        h_BLD, states = with_series_vector(x_BLF, self.series_vector), []
         for i, rnn in enumerate(self.encoder):
             state, h_BLD = rnn(h_BLD)
             states.append(state)

@@ -148,6 +148,7 @@ class Transformer(nn.Module):
         self.output = common.ForecastOutput(cfg)
         self.aux_head = common.aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        self.series_vector = common.series_vector(self, cfg)
         if cfg.decoding == "direct":
             init = nn.initializers.normal(0.02)
             self.queries = self.param("queries", init, (cfg.horizon, cfg.d_model))
@@ -182,6 +183,7 @@ class Transformer(nn.Module):
 
     def _encode(self, x_BLF, train):
         cfg = self.cfg
+        x_BLF = common.with_series_vector(x_BLF, self.series_vector)  # [B, L, F + E]
         h_BLD = self.input_proj(x_BLF) + sinusoid(x_BLF.shape[1], cfg.d_model)
         h_BLD = self.drop(h_BLD.astype(cfg.compute_dtype), deterministic=not train)
         for layer in self.encoder:
