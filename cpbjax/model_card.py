@@ -63,6 +63,25 @@ def _limits(entry: dict) -> list[str]:
     return out
 
 
+def _interval(entry: dict) -> list[str]:
+    """The calibrated interval's test coverage and pinball skill against the band, if any."""
+    block = (entry.get("test") or {}).get("calibrated_interval")
+    if not block:
+        return []
+    lo, hi = block["central"]
+    cols = block["columns"]
+    cells = ", ".join(
+        f"{col} {100 * cols[col]['coverage']:.1f}% (pinball skill against the band "
+        f"{_pct(cols[col]['skill_vs_band'])})"
+        for col in ("close", "high", "low")
+    )
+    return [
+        f"Forecasts carry a {100 * (hi - lo):.0f}% interval (levels {lo} and {hi}, "
+        f"fitted on train+val, `interval.json`); on test it covered {cells}.",
+        "",
+    ]
+
+
 def _best_epoch(entry: dict, model: dict) -> str:
     """The kept epoch; with a baseline, none means the untrained model (the baseline) won."""
     if entry.get("best_epoch"):
@@ -98,6 +117,7 @@ def render(meta: dict, entry: dict) -> str:
         "",
         "On one series |skill| < 1% is noise. The test split was never used for any choice.",
         "",
+        *_interval(entry),
         "## Intended use and limits",
         "",
         "- Research and monitoring of short-horizon ranges; not investment advice.",

@@ -47,6 +47,11 @@ def test_export_folder_holds_weights_config_norm_metrics_and_card(exported):
     close = entry["test"]["columns"]["close"]["skill"]
     assert f"{100 * close:+.2f}%" in card  # the card quotes the measured test skill
     assert "Intended use and limits" in card and entry["data"]["first"] in card
+    # The interval the export carries, and its measured test coverage.
+    _, meta = checkpoint.load_series_model(os.path.join(workdir, "models", "BTCUSDT-1h"))
+    assert writers.read_json(os.path.join(folder, "interval.json")) == meta["interval_calibration"]
+    coverage = entry["test"]["calibrated_interval"]["columns"]["close"]["coverage"]
+    assert "80% interval (levels 0.1 and 0.9" in card and f"close {100 * coverage:.1f}%" in card
 
 
 def test_exported_model_predicts_exactly_what_the_runs_model_predicts(exported):
