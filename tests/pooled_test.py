@@ -73,7 +73,7 @@ def _persistence_mae(prep, horizon):
 
 def _coin_params(params, k):
     """Coin k's params: the shared ones, and with model.series_embedding its own vector
-    (row k of the [K, E] leaf)."""
+    (row k of the [K, V] leaf)."""
     if "series_embedding" not in params:
         return params
     return {**params, "series_embedding": params["series_embedding"][k]}
@@ -115,7 +115,7 @@ def _reference_epoch(config, module, state0, arrays, spec):
     gradient, one optax update. Returns (params, per-coin mean train loss [K])."""
     ends_SKB, mask_SKB, step_keys_K = jax.device_get(step.train_batches(spec, state0, arrays))
     tx = optimizer.make_optimizer(config.train)
-    params = {  # coin 0's shared params; the series vectors of every coin, [K, E]
+    params = {  # coin 0's shared params; the series vectors of every coin, [K, V]
         name: leaf if name == "series_embedding" else jax.tree.map(lambda a: a[0], leaf)
         for name, leaf in jax.device_get(state0.params).items()
     }

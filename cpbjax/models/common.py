@@ -52,7 +52,7 @@ class ModelConfig:
     matmul_precision: str = "default"  # highest | high | default.
     baseline: str = "none"  # none | persistence | vol_band: what the output corrects.
     quantiles: tuple = ()  # Quantile levels of the outputs, 0.5 among them; () = point.
-    series_embedding: int = 0  # E, width of the learned per-series input vector; 0 = none.
+    series_embedding: int = 0  # V, width of the learned per-series input vector; 0 = none.
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -261,20 +261,20 @@ SERIES_EMBEDDING = "series_embedding"
 
 
 def series_vector(module: nn.Module, cfg: ModelConfig) -> jax.Array | None:
-    """Declares (in `module.setup`) the learned per-series vector [E], zero at init, or None
+    """Declares (in `module.setup`) the learned per-series vector [V], zero at init, or None
     without cfg.series_embedding."""
     if not cfg.series_embedding:
         return None
     return module.param(SERIES_EMBEDDING, nn.initializers.zeros, (cfg.series_embedding,))
 
 
-def with_series_vector(x_BLF: jax.Array, e_E: jax.Array | None) -> jax.Array:
-    """[B, L, F] -> [B, L, F + E]: the series vector as E more columns of every candle
+def with_series_vector(x_BLF: jax.Array, v_V: jax.Array | None) -> jax.Array:
+    """[B, L, F] -> [B, L, F + V]: the series vector as V more columns of every candle
     (appended, so the OHLC columns that ForecastOutput reads keep their places)."""
-    if e_E is None:
+    if v_V is None:
         return x_BLF
-    e_BLE = jnp.broadcast_to(e_E.astype(x_BLF.dtype), (*x_BLF.shape[:2], e_E.shape[0]))
-    return jnp.concatenate([x_BLF, e_BLE], axis=-1)
+    v_BLV = jnp.broadcast_to(v_V.astype(x_BLF.dtype), (*x_BLF.shape[:2], v_V.shape[0]))
+    return jnp.concatenate([x_BLF, v_BLV], axis=-1)
 
 
 def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:

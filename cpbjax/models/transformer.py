@@ -183,7 +183,7 @@ class Transformer(nn.Module):
 
     def _encode(self, x_BLF, train):
         cfg = self.cfg
-        x_BLF = common.with_series_vector(x_BLF, self.series_vector)  # [B, L, F + E]
+        x_BLF = common.with_series_vector(x_BLF, self.series_vector)  # [B, L, F + V]
         h_BLD = self.input_proj(x_BLF) + sinusoid(x_BLF.shape[1], cfg.d_model)
         h_BLD = self.drop(h_BLD.astype(cfg.compute_dtype), deterministic=not train)
         for layer in self.encoder:
