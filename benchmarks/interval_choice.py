@@ -4,7 +4,8 @@ For every saved model of a finished run, each candidate fit is scored on val win
 did not see, against the volatility band's quantiles fitted on every window before the
 scored ones (as results.json's band is):
   val_half:   fitted on the first half of val, scored on the second half;
-  train:      fitted on the train split, scored on all of val.
+  train:      fitted on the train split, scored on all of val;
+  train, newest 1024: fitted on the newest 1,024 train windows, scored on all of val.
 each with weighting "none" (split conformal) and "sigma" (pinball-optimal). The table
 gives, per column, the median over series of the central interval's coverage and of its
 pinball skill against the band. Then, reported only, the test scores of the fit the
@@ -35,8 +36,13 @@ COLS = ("high", "low", "close")
 FITS = {
     "val_half": lambda e: (e["val"][: len(e["val"]) // 2], e["val"][len(e["val"]) // 2 :]),
     "train": lambda e: (e["train"], e["val"]),
+    "train, newest 1024": lambda e: (e["train"][-1024:], e["val"]),
     "val (test)": lambda e: (e["val"], e["test"]),
     "train+val (test)": lambda e: (np.concatenate([e["train"], e["val"]]), e["test"]),
+    "train newest 1024 + val (test)": lambda e: (
+        np.concatenate([e["train"][-1024:], e["val"]]),
+        e["test"],
+    ),
 }
 
 
