@@ -164,6 +164,26 @@ def fit_before(prep, split, point_by_split, lookback, horizon, levels_J) -> dict
     return fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, "sigma")
 
 
+def check_calibration(calibration, horizon: int, where: str) -> dict | None:
+    """A saved `interval_calibration` (None passes), or ValueError naming what is wrong
+    with it: levels two increasing numbers in (0, 1), k of shape [H][C][2]."""
+    if calibration is None:
+        return None
+    try:
+        levels = [float(q) for q in calibration["levels"]]
+        k = np.asarray(calibration["k"], np.float64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: interval_calibration is malformed ({e})") from None
+    if not (len(levels) == 2 and 0 < levels[0] < levels[1] < 1):
+        raise ValueError(f"{where}: interval_calibration levels {levels} are not (lower, upper)")
+    if k.shape != (horizon, len(COLUMNS), 2) or not np.isfinite(k).all():
+        raise ValueError(
+            f"{where}: interval_calibration k has shape {k.shape}, expected finite "
+            f"[{horizon}, {len(COLUMNS)}, 2]"
+        )
+    return calibration
+
+
 def calibrated_bounds(calibration: dict, ohlc_TC, ends_N, point_NHC, lookback) -> np.ndarray:
     """The interval bounds of the windows ending at ends_N in prices, [N, H, C, J]."""
     k_HCJ = np.asarray(calibration["k"], np.float64)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpbjax import checkpoint, model_card, models, saved, writers
+from cpbjax import checkpoint, intervals, model_card, models, saved, writers
 from cpbjax import workdir as workdir_lib
 
 PARAMS_FILE = "params.msgpack"
@@ -90,6 +90,7 @@ def load_export(path: str) -> saved.LoadedModel:
     module = models.build(models.make_config(trained))
     interval_path = os.path.join(path, INTERVAL_FILE)
     calibration = writers.read_json(interval_path) if os.path.exists(interval_path) else None
+    calibration = intervals.check_calibration(calibration, trained.data.horizon, interval_path)
     fitted = norm if "feature_mean" in norm else None
     return saved.LoadedModel(module, params, trained, fitted, calibration)
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import ml_collections
 from absl import logging
 
-from cpbjax import checkpoint, models
+from cpbjax import checkpoint, intervals, models
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import features as features_lib
 from cpbjax.data import sources, windows
@@ -131,7 +131,11 @@ def load_model(path: str) -> LoadedModel:
     trained = as_config(meta["config"])
     norm = meta.get("norm") if "feature_mean" in meta.get("norm", {}) else None
     module = models.build(models.make_config(trained))
-    return LoadedModel(module, params, trained, norm, meta.get("interval_calibration"))
+    where = f"{path}/{workdir_lib.MODEL_META_FILE}"
+    calibration = intervals.check_calibration(
+        meta.get("interval_calibration"), trained.data.horizon, where
+    )
+    return LoadedModel(module, params, trained, norm, calibration)
 
 
 def run_config(config, trained, names) -> ml_collections.ConfigDict:

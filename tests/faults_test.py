@@ -80,6 +80,14 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
+def _edit_meta(model_dir: str, **fields) -> None:
+    """Rewrites a saved model's meta.json with `fields` replaced."""
+    path = os.path.join(model_dir, "meta.json")
+    with open(path) as f:
+        meta = json.load(f)
+    _write(path, json.dumps({**meta, **fields}))
+
+
 @dataclasses.dataclass(frozen=True)
 class Fault:
     name: str
@@ -215,6 +223,17 @@ FAULTS = [
         exit_code=0,
         unchanged=False,
         check=_skipped_in("forecast.json", "ETHUSDT-1h", "saved model unreadable"),
+    ),
+    Fault(
+        "predict_with_a_malformed_interval_calibration",
+        ("--mode=predict", *TINY, "--workdir={w}"),
+        damage=lambda w: _edit_meta(
+            os.path.join(w, "models", "ETHUSDT-1h"),
+            interval_calibration={"levels": [0.1, 0.9], "k": [[0.0]]},
+        ),
+        exit_code=0,
+        unchanged=False,
+        check=_skipped_in("forecast.json", "ETHUSDT-1h", "interval_calibration k has shape (1, 1)"),
     ),
     Fault(
         "predict_with_every_meta_damaged",

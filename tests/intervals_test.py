@@ -184,3 +184,21 @@ def test_no_interval_levels_is_allowed():
     c = config_lib.load("configs/gru.py:tiny")
     c.eval.interval_levels = ()
     config_lib.validate(c)
+
+
+@pytest.mark.parametrize(
+    "calibration, words",
+    [
+        ({"k": []}, "malformed ('levels')"),
+        ({"levels": [0.9, 0.1], "k": np.zeros((H, 4, 2)).tolist()}, "are not (lower, upper)"),
+        ({"levels": [0.1, 0.9], "k": np.zeros((H, 4, 3)).tolist()}, f"expected finite [{H}, 4, 2]"),
+        ({"levels": [0.1, 0.9], "k": np.full((H, 4, 2), np.nan).tolist()}, "expected finite"),
+    ],
+)
+def test_a_malformed_saved_calibration_is_named(calibration, words):
+    with pytest.raises(ValueError, match=r"m/meta.json: interval_calibration") as e:
+        intervals.check_calibration(calibration, H, "m/meta.json")
+    assert words in str(e.value)
+    good = {"levels": [0.1, 0.9], "k": np.zeros((H, 4, 2)).tolist()}
+    assert intervals.check_calibration(good, H, "m") is good
+    assert intervals.check_calibration(None, H, "m") is None
