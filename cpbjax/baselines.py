@@ -192,13 +192,17 @@ def har_predict(fit, ohlc_TC, open_time_ms_T, interval, ends_N, horizon):
     )
 
 
+# The splits a fit may use when `split` is scored: those before it, so no score is in-sample.
+SPLITS_BEFORE = {"train": (), "val": ("train",), "test": ("train", "val")}
+
+
 def fit_ends(prep, split):
     """Windows a baseline may be fitted on when scoring `split`: the splits before it.
 
     Test is scored with a fit on train+val; val with a fit on train alone, so that
     no score is in-sample.
     """
-    before = {"train": (), "val": ("train",), "test": ("train", "val")}[split]
+    before = SPLITS_BEFORE[split]
     if not before:
         raise ValueError("fitted baselines are scored on 'val' or 'test', not 'train'")
     return np.concatenate([prep.ends[s] for s in before]).astype(np.int64)

@@ -158,8 +158,7 @@ def fit_before(prep, split, point_by_split, lookback, horizon, levels_J) -> dict
     Args:
       point_by_split: split -> the model's point forecasts of its windows, [N, H, C].
     """
-    before = {"val": ("train",), "test": ("train", "val")}[split]
-    point_NHC = np.concatenate([point_by_split[s] for s in before])
+    point_NHC = np.concatenate([point_by_split[s] for s in baselines.SPLITS_BEFORE[split]])
     ends_N = baselines.fit_ends(prep, split)
     return fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, "sigma")
 
