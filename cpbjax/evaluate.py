@@ -95,9 +95,9 @@ def evaluate_model(
     levels, entry, calibration = forecast.quantile_levels(module), {}, None
     splits = ("train", "val", "test") if interval_levels else ("val", "test")
     fcs = {s: forecast.split_forecast(module, params, prep, s, lookback, horizon) for s in splits}
+    point = {s: fc.prices_NHC for s, fc in fcs.items()}
     for split in ("val", "test"):
         if interval_levels and fcs[split].prices_NHC is not None:
-            point = {s: fc.prices_NHC for s, fc in fcs.items()}
             calibration = intervals.fit_before(
                 prep, split, point, lookback, horizon, interval_levels
             )

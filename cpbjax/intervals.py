@@ -42,21 +42,39 @@ def fit_band_quantiles(ohlc_TC, fit_ends_N, lookback, horizon, levels_J) -> np.n
     """
     sigma_N = baselines.ewma_range(ohlc_TC, fit_ends_N, lookback)
     ratios_NHC = baselines.future_log_ratios(ohlc_TC, fit_ends_N, horizon)
-    ok = sigma_N > 0
-    s_N = sigma_N[ok]
-    k = np.zeros((horizon, ratios_NHC.shape[2], len(levels_J)))
-    for h in range(horizon):
-        for c in range(ratios_NHC.shape[2]):
-            for j, q in enumerate(levels_J):
-                k[h, c, j] = baselines.weighted_quantile(ratios_NHC[ok, h, c] / s_N, s_N, q)
-    return k
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score_NHC = ratios_NHC / sigma_N[:, None, None]
+    ok_NHC = np.broadcast_to((sigma_N > 0)[:, None, None], score_NHC.shape)
+    return _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, "sigma")
 
 
 def band_quantiles(k_HCJ, ohlc_TC, ends_N, lookback) -> np.ndarray:
     """The band's quantile forecasts in prices, [N, H, C, J]."""
     sigma_N = baselines.ewma_range(ohlc_TC, ends_N, lookback)
-    close_N = ohlc_TC[ends_N, 3]
-    return close_N[:, None, None, None] * np.exp(k_HCJ[None] * sigma_N[:, None, None, None])
+    return _scaled(k_HCJ, ohlc_TC[ends_N, 3][:, None, None], sigma_N)
+
+
+def _scaled(k_HCJ, base_NHC, sigma_N) -> np.ndarray:
+    """base * exp(k * sigma) of every window, [N, H, C, J] (base may broadcast, e.g. [N, 1, 1])."""
+    return base_NHC[..., None] * np.exp(k_HCJ[None] * sigma_N[:, None, None, None])
+
+
+def _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting: str) -> np.ndarray:
+    """k [H, C, J]: per step and column, the level-q quantiles of the valid scores (ok_NHC),
+    sigma-weighted (the pinball-loss minimiser in log price) or split-conformal ("none");
+    0 where no score is valid."""
+    _, horizon, columns = score_NHC.shape
+    k = np.zeros((horizon, columns, len(levels_J)))
+    for h, c in np.ndindex(horizon, columns):
+        ok = ok_NHC[:, h, c]
+        if not ok.any():
+            continue
+        if weighting == "sigma":
+            s, w = score_NHC[ok, h, c], sigma_N[ok]
+            k[h, c] = [baselines.weighted_quantile(s, w, q) for q in levels_J]
+        else:
+            k[h, c] = [_conformal_quantile(score_NHC[ok, h, c], q) for q in levels_J]
+    return k
 
 
 def _column(actual_NH, pred_NHJ, band_NHJ, levels_J) -> dict:
@@ -131,16 +149,7 @@ def fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, weight
     ok_NHC = (sigma_N[:, None, None] > 0) & (point_NHC > 0) & (actual_NHC > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         score_NHC = np.log(actual_NHC / point_NHC) / sigma_N[:, None, None]
-    k = np.zeros((horizon, len(COLUMNS), len(levels_J)))
-    for h, c in np.ndindex(horizon, len(COLUMNS)):
-        ok = ok_NHC[:, h, c]
-        if not ok.any():
-            continue
-        if weighting == "sigma":
-            s, w = score_NHC[ok, h, c], sigma_N[ok]
-            k[h, c] = [baselines.weighted_quantile(s, w, q) for q in levels_J]
-        else:
-            k[h, c] = [_conformal_quantile(score_NHC[ok, h, c], q) for q in levels_J]
+    k = _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting)
     return {
         "method": "split_conformal" if weighting == "none" else "sigma_weighted_quantile",
         "levels": [float(q) for q in levels_J],
@@ -187,8 +196,7 @@ def calibrated_bounds(calibration: dict, ohlc_TC, ends_N, point_NHC, lookback) -
     """The interval bounds of the windows ending at ends_N in prices, [N, H, C, J]."""
     k_HCJ = np.asarray(calibration["k"], np.float64)
     sigma_N = baselines.ewma_range(ohlc_TC, np.asarray(ends_N), lookback)
-    scale_NHCJ = np.exp(k_HCJ[None] * sigma_N[:, None, None, None])
-    return np.asarray(point_NHC, np.float64)[..., None] * scale_NHCJ
+    return _scaled(k_HCJ, np.asarray(point_NHC, np.float64), sigma_N)
 
 
 def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibration) -> dict:
