@@ -87,6 +87,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.platform = "auto"  # cpu | gpu | tpu | auto. `gpu` without a usable GPU is an error.
     c.matmul_precision = "default"  # highest | high | default (JAX's counterpart of TF32).
     c.dtype = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
+    # autodiff | fused: how the GRU and LSTM encoders are differentiated. fused: a
+    # hand-written backward pass with each weight gradient one matmul after the loop
+    # (cpbjax/models/recurrence.py); same forecasts, gradients differ in the last bits;
+    # faster (docs/performance.md "Fused recurrent gradient"). No effect on the transformer.
+    c.recurrent_gradient = "autodiff"
 
     # Multi-host training (docs/design.md "Multi-host runs"); all processes run the same command.
     c.distributed = h = ml_collections.ConfigDict()
@@ -258,6 +263,7 @@ def _validate_top(c) -> None:
     _choice(c, "platform", ("cpu", "gpu", "tpu", "auto"))
     _choice(c, "matmul_precision", ("highest", "high", "default"))
     _choice(c, "dtype", ("float32", "bfloat16"))
+    _choice(c, "recurrent_gradient", ("autodiff", "fused"))
     _validate_distributed(c)
 
 

@@ -88,6 +88,8 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
         "num_aux": len(config.model.get("aux_targets", ())),
         "dtype": config.dtype,
         "matmul_precision": config.matmul_precision,
+        # .get: a model saved before the option existed was trained with autodiff.
+        "recurrent_gradient": config.get("recurrent_gradient", "autodiff"),
     }
     own = {}
     for field in config_cls.group_fields():

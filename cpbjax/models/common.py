@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from cpbjax import config_rules as rules
+from cpbjax.models import recurrence
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -53,6 +54,8 @@ class ModelConfig:
     baseline: str = "none"  # none | persistence | vol_band: what the output corrects.
     quantiles: tuple = ()  # Quantile levels of the outputs, 0.5 among them; () = point.
     series_embedding: int = 0  # V, width of the learned per-series input vector; 0 = none.
+    # autodiff | fused: how a GRU/LSTM encoder is differentiated (models/recurrence.py).
+    recurrent_gradient: str = "autodiff"
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -65,6 +68,7 @@ class ModelConfig:
             "num_aux",
             "dtype",
             "matmul_precision",
+            "recurrent_gradient",
         )
     )
     MAX_INT: ClassVar[int] = 65536  # Upper bound of every int field (widths, heads, layers).
@@ -445,7 +449,8 @@ class RNNSeq2Seq(nn.Module):
     """Stacked-RNN encoder, attention over its outputs, and a stacked-RNN decoder.
 
     Subclasses name a `cell_type` (an nn.RNNCellBase built as cell_type(hidden, cfg))
-    and an `attention_type` (built as attention_type(cfg), with
+    and its `recurrence_kind` (gru | lstm: the cell `recurrence.EncoderLayer` stands in
+    for under recurrent_gradient=fused), and an `attention_type` (built as attention_type(cfg), with
     `prepare(enc_BLD) -> memory` computed once and `__call__(memory, q_BD) -> ctx_BD`).
     Dropout sits between stacked layers, as in torch's nn.GRU / nn.LSTM.
     Autoregressive: the decoder starts from the encoder's final per-layer states
@@ -458,14 +463,12 @@ class RNNSeq2Seq(nn.Module):
 
     cfg: RNNConfig
     cell_type: ClassVar[Any]
+    recurrence_kind: ClassVar[str]
     attention_type: ClassVar[Any]
 
     def setup(self):
         cfg = self.cfg
-        self.encoder = [
-            nn.RNN(self.cell_type(cfg.hidden, cfg), return_carry=True)
-            for _ in range(cfg.num_layers)
-        ]
+        self.encoder = [self._encoder_layer() for _ in range(cfg.num_layers)]
         autoregressive = cfg.decoding == "autoregressive"
         if autoregressive:
             self.decoder = [self.cell_type(cfg.hidden, cfg) for _ in range(cfg.num_layers)]
@@ -520,6 +523,13 @@ class RNNSeq2Seq(nn.Module):
         else:
             y_hat_BHC = self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
         return outputs(self.aux_head, y_hat_BHC, last_BD, return_aux)
+
+    def _encoder_layer(self) -> nn.Module:
+        cfg = self.cfg
+        if cfg.recurrent_gradient == "fused":
+            spec = recurrence.Spec(self.recurrence_kind, cfg.compute_dtype, cfg.precision)
+            return recurrence.EncoderLayer(cfg.hidden, spec)
+        return nn.RNN(self.cell_type(cfg.hidden, cfg), return_carry=True)
 
     def _encode(self, x_BLF, train):
         h_BLD, states = with_series_vector(x_BLF, self.series_vector), []
