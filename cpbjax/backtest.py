@@ -60,7 +60,8 @@ def _fold_arrays(prep, run_dir: str, lookback: int, horizon: int) -> dict | str:
     """The arrays `backtest_scores` pools for one fold, or why it cannot be pooled.
 
     The model's test forecasts come from the fold's forecasts file (written when its
-    group finished); the baselines are refit here on the fold's train+val windows.
+    group finished); the baselines (ridge, volatility band, HAR) are refit here on the
+    fold's train+val windows.
     """
     path = workdir_lib.forecasts_file(run_dir, prep.name)
     if not os.path.exists(path):
@@ -70,10 +71,21 @@ def _fold_arrays(prep, run_dir: str, lookback: int, horizon: int) -> dict | str:
     if not np.array_equal(record["last_open_time_ms"], prep.open_time_ms[ends_N]):
         return f"{path} does not hold this fold's test windows (the data changed)"
     ridge, band_N2, _, _ = baselines.fitted_predictions(prep, "test", ends_N, lookback, horizon)
-    band = np.full_like(ridge, np.nan)  # [N, H, 4]: only high and low are forecast
-    band[..., 1:3] = band_N2
+    har_N2 = baselines.har_band(prep, "test", ends_N, horizon)
     keys = ("last_open_time_ms", "last_candle", "actual", "predicted")
-    return {**{k: record[k] for k in keys}, "ridge": ridge, "vol_band": band}
+    return {
+        **{k: record[k] for k in keys},
+        "ridge": ridge,
+        "vol_band": _high_low_only(band_N2, ridge.shape),
+        "har": _high_low_only(har_N2, ridge.shape),
+    }
+
+
+def _high_low_only(high_low_NH2, shape) -> np.ndarray:
+    """A band's [N, H, 2] forecasts as [N, H, 4] OHLC arrays, open and close NaN."""
+    out = np.full(shape, np.nan)
+    out[..., 1:3] = high_low_NH2
+    return out
 
 
 def _blocks(prep) -> dict:

@@ -4,7 +4,7 @@
 Per series, the folds' test windows are concatenated in time order (the test blocks are
 consecutive, so the loss series runs on across the seams) and scored per column (close,
 high, low) as one split: MAE, the better naive on the pooled windows and skill against
-it, and the fitted baselines (ridge; the volatility band for high and low) each refit on
+it, and the fitted baselines (ridge; the volatility band and HAR for high and low) each refit on
 its own fold. Each comparison gets a Diebold-Mariano test on the per-window mean absolute
 errors with the Newey-West variance (lag H-1) over the concatenated folds.
 
@@ -25,7 +25,7 @@ from cpbjax.metrics import COLUMNS, NAIVES, diebold_mariano, json_float, naive_f
 
 POOLED_COLUMNS = ("close", "high", "low")
 # The forecasts each column is compared with besides the naive ones: baseline -> columns.
-BASELINE_COLUMNS = {"ridge": POOLED_COLUMNS, "vol_band": ("high", "low")}
+BASELINE_COLUMNS = {"ridge": POOLED_COLUMNS, "vol_band": ("high", "low"), "har": ("high", "low")}
 
 
 def window_losses(actual_NHC, pred_NHC, column: str) -> np.ndarray:
@@ -36,8 +36,8 @@ def window_losses(actual_NHC, pred_NHC, column: str) -> np.ndarray:
 
 def concat_folds(folds: list[dict]) -> dict:
     """The folds' arrays (each a dict of last_open_time_ms [N], last_candle [N, C],
-    actual, predicted, ridge [N, H, C], vol_band [N, H, 4] with only high/low meaningful)
-    concatenated in time order."""
+    actual, predicted, ridge [N, H, C], vol_band and har [N, H, 4] with only high/low
+    meaningful) concatenated in time order."""
     folds = sorted(folds, key=lambda f: int(f["last_open_time_ms"][0]))
     return {k: np.concatenate([f[k] for f in folds]) for k in folds[0]}
 
@@ -58,7 +58,7 @@ def series_pooled(arrays: dict) -> dict:
 
     Returns:
       {"windows", "columns": {col: {"mae", "best_naive", "naive_mae", "skill", "dm",
-      "ridge": {"mae", "skill", "dm"}, "vol_band": ... (high, low)}}}; "skill" of a
+      "ridge": {"mae", "skill", "dm"}, "vol_band", "har": ... (high, low)}}}; "skill" of a
       baseline entry is the model's skill against that baseline, and its DM's
       p_value_better is that of "the model beats the baseline".
     """
@@ -137,7 +137,7 @@ def all_series_pooled(per_series: dict, losses: dict, intervals: dict, horizon: 
 
     Returns:
       {"series", "columns": {col: {ref: {"mean_skill", "median_skill", "positive",
-      "dm": {interval: panel DM}}}}} with ref naive, ridge and (high, low) vol_band.
+      "dm": {interval: panel DM}}}}} with ref naive, ridge and (high, low) vol_band, har.
     """
     out = {}
     for col in POOLED_COLUMNS:

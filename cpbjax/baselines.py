@@ -236,6 +236,14 @@ def fitted_predictions(prep, split, ends_N, lookback, horizon):
     return ridge_pred, np.stack([high, low], axis=-1), band, len(fit_on)
 
 
+def har_band(prep, split, ends_N, horizon) -> np.ndarray:
+    """HAR's high and low forecasts of `split`'s windows, fitted on the splits before it:
+    prices float64 [N, H, 2]."""
+    times, interval = prep.open_time_ms, prep.interval
+    har = fit_har(prep.ohlc, times, interval, fit_ends(prep, split), horizon)
+    return np.stack(har_predict(har, prep.ohlc, times, interval, ends_N, horizon), axis=-1)
+
+
 def fitted_baselines(prep, split, ends_N, lookback, horizon, model_cols) -> dict:
     """Ridge, volatility-band and HAR scores on `split`, fitted on the splits before it."""
     fit_on, actual = fit_ends(prep, split), next_candles(prep.ohlc, ends_N, horizon)

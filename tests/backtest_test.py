@@ -148,6 +148,23 @@ def test_backtest_json_holds_every_fold_in_time_order(full):
     assert not os.path.exists(os.path.join(full, "backtest", "models"))
 
 
+def test_pooled_baselines_are_the_folds_own_fits(full):
+    # Each fold's evaluate entry scores the band and HAR refit on that fold; the pooled
+    # figures refit them again from the forecasts files. Their MAE over the concatenated
+    # folds is the window-weighted mean of the folds' MAEs.
+    out = _read(full)
+    for entry in out["series"].values():
+        n = [f["blocks"]["test"]["windows"] for f in entry["folds"]]
+        for name in ("vol_band", "har"):
+            for col in ("high", "low"):
+                maes = [f["test"][name]["columns"][col]["mae"] for f in entry["folds"]]
+                pooled = entry["pooled"]["columns"][col][name]
+                assert pooled["mae"] == pytest.approx(np.average(maes, weights=n), rel=1e-9)
+    for col in ("high", "low"):
+        har = out["pooled"]["columns"][col]["har"]
+        assert set(har["dm"]) == {"1h"} and har["dm"]["1h"]["p_value_better"] is not None
+
+
 def _perturbed_from(series, first_ms: int):
     """A copy of `series` whose candles from open time `first_ms` on are 1.37x (volume too)."""
     ohlcv = series.ohlcv.copy()
