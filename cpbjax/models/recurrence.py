@@ -1,9 +1,9 @@
 """The GRU and LSTM encoders' recurrence with a hand-written backward pass.
 
-`config.recurrent_gradient=fused` runs each encoder layer through `encoder_layer` here
-instead of nn.RNN over the cell. Why: jax.grad of a lax.scan sums every weight gradient
-inside the backward loop, one [I or D, B] x [B, G] product per step whose inner
-dimension is the batch, the least efficient matmul shape there is. The backward loop
+`config.recurrent_gradient=fused` runs each encoder layer as `EncoderLayer` here instead
+of nn.RNN over the cell. Why: jax.grad of a lax.scan sums every weight gradient inside
+the backward loop, one [I or D, B] x [B, G] product per step whose inner dimension is
+the batch: small matmuls, one more per step in a loop that cannot overlap. The loop
 here carries only the state gradients and returns each step's gate gradients; the
 weight and input gradients are then one product over all L·B rows each, as torch's
 fused RNN kernels do.
@@ -52,7 +52,7 @@ def _dot(spec: Spec, a, b, dims: str):
 
 
 def _lstm_cell(c_BD, gates_BG):
-    """LSTMCell's update from its summed gates; returns (c', h') and the backward's residuals."""
+    """LSTMCell's update from its summed gates: ((c', h'), h', the backward's residuals)."""
     i, f, g, o = jnp.split(gates_BG, 4, axis=-1)
     c_new = jax.nn.sigmoid(f) * c_BD + jax.nn.sigmoid(i) * jnp.tanh(g)
     tanh_c = jnp.tanh(c_new)
@@ -82,7 +82,7 @@ def _lstm_cell_grad(res, dstate):
 
 
 def _gru_cell(h_BD, gx_BG, gh_BG):
-    """GRUCell's update; returns h' (state and output) and the backward's residuals."""
+    """GRUCell's update: (h' as the state, h' as the output, the backward's residuals)."""
     xr, xz, xn = jnp.split(gx_BG, 3, axis=-1)
     hr, hz, hn = jnp.split(gh_BG, 3, -1)
     r = jax.nn.sigmoid(xr + hr)
