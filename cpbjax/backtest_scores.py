@@ -4,9 +4,9 @@
 Per series, the folds' test windows are concatenated in time order (the test blocks are
 consecutive, so the loss series runs on across the seams) and scored per column (close,
 high, low) as one split: MAE, the better naive on the pooled windows and skill against
-it, and the fitted baselines (ridge; the volatility band and HAR for high and low) each refit on
-its own fold. Each comparison gets a Diebold-Mariano test on the per-window mean absolute
-errors with the Newey-West variance (lag H-1) over the concatenated folds.
+it, and the fitted baselines (ridge; the volatility band and HAR for high and low) each
+refit on its own fold. Each comparison gets a Diebold-Mariano test on the per-window mean
+absolute errors with the Newey-West variance (lag H-1) over the concatenated folds.
 
 Over all series, MAE in price units cannot be pooled, so a column's pooled figures are
 the mean and median of the series' skills, and a panel DM test per interval: at each
