@@ -448,10 +448,11 @@ class Attention(nn.Module):
 class RNNSeq2Seq(nn.Module):
     """Stacked-RNN encoder, attention over its outputs, and a stacked-RNN decoder.
 
-    Subclasses name a `cell_type` (an nn.RNNCellBase built as cell_type(hidden, cfg))
-    and its `recurrence_kind` (gru | lstm: the cell `recurrence.EncoderLayer` stands in
-    for under recurrent_gradient=fused), and an `attention_type` (built as attention_type(cfg), with
-    `prepare(enc_BLD) -> memory` computed once and `__call__(memory, q_BD) -> ctx_BD`).
+    Subclasses name a `cell_type` (an nn.RNNCellBase built as cell_type(hidden, cfg)),
+    its `recurrence_kind` (gru | lstm: the cell `recurrence.EncoderLayer` stands in for
+    under recurrent_gradient=fused) and an `attention_type` (built as
+    attention_type(cfg), with `prepare(enc_BLD) -> memory` computed once and
+    `__call__(memory, q_BD) -> ctx_BD`).
     Dropout sits between stacked layers, as in torch's nn.GRU / nn.LSTM.
     Autoregressive: the decoder starts from the encoder's final per-layer states
     and a zero candle, and is fed its previous forecast (or, under teacher forcing,

@@ -54,11 +54,11 @@ def _dot(spec: Spec, a, b, dims: str):
 def _lstm_cell(c_BD, gates_BG):
     """LSTMCell's update from its summed gates: ((c', h'), h', the backward's residuals)."""
     i, f, g, o = jnp.split(gates_BG, 4, axis=-1)
-    c_new = jax.nn.sigmoid(f) * c_BD + jax.nn.sigmoid(i) * jnp.tanh(g)
+    i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
+    c_new = f * c_BD + i * g
     tanh_c = jnp.tanh(c_new)
-    h_new = jax.nn.sigmoid(o) * tanh_c
-    acts = (jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o), tanh_c)
-    return (c_new, h_new), h_new, (c_BD, *acts)
+    h_new = o * tanh_c
+    return (c_new, h_new), h_new, (c_BD, i, f, g, o, tanh_c)
 
 
 def _lstm_cell_grad(res, dstate):
@@ -115,7 +115,7 @@ def _hidden_side(spec: Spec, res, dgx_LBG):
 
 
 def _step(spec: Spec, weights, state, x_BI):
-    """One cell step: (new state, output h [B, D], residuals, h before the step)."""
+    """One cell step: (new state, output h [B, D], the backward's residuals)."""
     wi, bi, wh, bh = weights
     h_BD = state[1] if spec.kind == "lstm" else state
     gx_BG, gh_BG = _affine(spec, x_BI, wi, bi), _affine(spec, h_BD, wh, bh)
@@ -123,7 +123,7 @@ def _step(spec: Spec, weights, state, x_BI):
         new_state, out, res = _lstm_cell(state[0], gx_BG + gh_BG)
     else:
         new_state, out, res = _gru_cell(state, gx_BG, gh_BG)
-    return new_state, out, res, h_BD
+    return new_state, out, res
 
 
 def _add_to_h(spec: Spec, state, dh_BD):
@@ -137,10 +137,11 @@ def _forward(spec: Spec, x_LBI, weights):
     state = (h0_BD, h0_BD) if spec.kind == "lstm" else h0_BD
 
     def step(state, x_BI):
-        new_state, out, res, h_prev = _step(spec, weights, state, x_BI)
-        return new_state, (out, res, h_prev)
+        new_state, out, res = _step(spec, weights, state, x_BI)
+        return new_state, (out, res)
 
-    final, (h_LBD, res, h_prev_LBD) = jax.lax.scan(step, state, x_LBI)
+    final, (h_LBD, res) = jax.lax.scan(step, state, x_LBI)
+    h_prev_LBD = jnp.concatenate([h0_BD[None], h_LBD[:-1]])  # the state each step read
     return (h_LBD, final), (res, h_prev_LBD, x_LBI, weights)
 
 
