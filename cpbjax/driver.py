@@ -36,7 +36,7 @@ from cpbjax import config as config_lib
 from cpbjax import config_rules as rules
 from cpbjax import workdir as workdir_lib
 from cpbjax.compaction import LiveCoins
-from cpbjax.data import sources, stacking, windows
+from cpbjax.data import pooling, sources, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.ledger import Ledger, fingerprint
 from cpbjax.plot_workers import PlotWorkers
@@ -132,6 +132,9 @@ class _Run:
     # False for backtest folds: no model is saved, the test forecasts always are (the
     # backtest pools them), so a backtest never writes a series' model.
     keep_models: bool = True
+    # train.share=pooled: series name -> the train and val ends the pooled model learns
+    # from (data/pooling.py), in place of the series' own; None in any other run.
+    pool_ends: dict | None = None
     trainers: dict = dataclasses.field(default_factory=dict)  # K -> GroupTrainer
 
     def trainer_for(self, num_coins: int) -> GroupTrainer:
@@ -141,6 +144,13 @@ class _Run:
                 self.config, self.module, num_coins, self.mesh, self.t_max
             )
         return self.trainers[num_coins]
+
+    def training_view(self, preps: list) -> list:
+        """The preps as the programs train on them: with `pool_ends`, each series' train
+        and val windows purged across series; evaluation still scores all its windows."""
+        if self.pool_ends is None:
+            return preps
+        return [dataclasses.replace(p, ends={**p.ends, **self.pool_ends[p.name]}) for p in preps]
 
     def checkpoints(self, group: str) -> checkpoint.GroupCheckpoints:
         c = self.config.ckpt
@@ -194,7 +204,7 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     ckpts = run.checkpoints(group)
     run.log.start_group(group, len(names), t.epochs, start)
     began = time.monotonic()
-    live = LiveCoins(run.trainer_for, preps, state, arrays)
+    live = LiveCoins(run.trainer_for, run.training_view(preps), state, arrays)
     first_s, steady_s = [], []  # each program's first epoch (with its compile); the others
     host = sharding.to_host({"active": state.active, "diverged": state.diverged})
     finished = start >= t.epochs or not host["active"].any()
@@ -245,7 +255,7 @@ def _train_group(run: _Run, group: str, preps: list) -> tuple[dict, dict]:
       (series name -> results.json entry, series name -> test forecast record).
     """
     with run.clock.stage("setup"):
-        arrays = run.trainer_for(run.group_coins).stack(preps)
+        arrays = run.trainer_for(run.group_coins).stack(run.training_view(preps))
         state, start = _start_state(run, group, preps, arrays)
     state, seconds, peak = _run_epochs(run, group, preps, state, arrays, start)
     return _finish_group(run, group, preps, state, seconds, peak)
@@ -450,9 +460,19 @@ def run_facts(config, started: float, plan: list) -> dict:
 
 
 def _make_run(
-    config, workdir: str, preps: list, mesh: Mesh, clock, keep_models=True, extra_print=None
+    config,
+    workdir: str,
+    preps: list,
+    mesh: Mesh,
+    clock,
+    keep_models=True,
+    extra_print=None,
+    pool_ends=None,
 ) -> tuple[_Run, list]:
     """Builds the shared context of a run and its plan (a list of groups of PreparedSeries).
+
+    A pooled run's fingerprint holds its purged window counts, so a run checkpointed
+    before the purge (or with other data) is refused instead of resumed.
 
     Raises:
       RunMismatch: the workdir's ledger belongs to another run.
@@ -462,6 +482,10 @@ def _make_run(
     t_max = stacking.padded_length(preps, config.data)
     pairs = itertools.product(config.data.symbols, config.data.intervals)
     run_print = fingerprint(config, [[p.name for p in g] for g in plan], t_max)
+    if pool_ends is not None:
+        run_print["pool_windows"] = {
+            n: [len(e["train"]), len(e["val"])] for n, e in pool_ends.items()
+        }
     run = _Run(
         config=config,
         workdir=workdir,
@@ -474,12 +498,20 @@ def _make_run(
         group_coins=k,
         t_max=t_max,
         keep_models=keep_models,
+        pool_ends=pool_ends,
     )
     return run, plan
 
 
 def train_groups(
-    config, workdir: str, preps: list, clock, keep_models=True, extra_print=None, workers=None
+    config,
+    workdir: str,
+    preps: list,
+    clock,
+    keep_models=True,
+    extra_print=None,
+    workers=None,
+    pool_ends=None,
 ):
     """Trains, or resumes, every group of `preps` in `workdir`; writes its config.json.
 
@@ -490,6 +522,7 @@ def train_groups(
       keep_models: False for backtest folds (see `_Run.keep_models`).
       extra_print: entries added to the ledger fingerprint (a backtest's fold settings).
       workers: the PlotWorkers drawing each finished group's plots, or None.
+      pool_ends: a pooled run's purged train and val ends (`data.pooling.pool_ends`).
 
     Returns:
       (name -> results entry, name -> test forecast record, the plan: lists of preps).
@@ -497,9 +530,8 @@ def train_groups(
     Raises:
       RunMismatch: the workdir's ledger belongs to another run.
     """
-    run, plan = _make_run(
-        config, workdir, preps, coin_mesh(config.train), clock, keep_models, extra_print
-    )
+    mesh = coin_mesh(config.train)
+    run, plan = _make_run(config, workdir, preps, mesh, clock, keep_models, extra_print, pool_ends)
     if sharding.is_primary():
         writers.write_config(workdir, config)
     entries, records = {}, {}
@@ -551,6 +583,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     os.makedirs(workdir, exist_ok=True)
     clock = StageClock()
     preps, skipped = prepare_all(config, clock)
+    pool = None
+    if config.train.share == "pooled":
+        pool, emptied = pooling.pool_ends(preps, config.data.lookback, config.data.horizon)
+        preps, skipped = [p for p in preps if p.name in pool], {**skipped, **emptied}
     if not preps:
         # A workdir that already holds a run keeps its files: a failing rerun never
         # overwrites what an earlier one finished.
@@ -562,7 +598,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
         raise NothingTrained(f"no series could be trained{kept}; skipped: {skipped}")
     workers = _plot_workers(config, workdir)
     try:
-        entries, records, plan = train_groups(config, workdir, preps, clock, workers=workers)
+        entries, records, plan = train_groups(
+            config, workdir, preps, clock, workers=workers, pool_ends=pool
+        )
     except BaseException:
         if workers is not None:
             workers.close()
