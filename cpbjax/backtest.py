@@ -10,6 +10,10 @@ forecasts are saved (<workdir>/backtest/forecasts/), never its model, and the fo
 pooled per series and over all series (cpbjax/backtest_scores.py) into
 <workdir>/backtest.json and <workdir>/backtest.md. A train run's files in the same
 workdir (results.json, models/, checkpoints/) are never touched.
+
+With train.share=pooled each fold is one group, one pooled model over that fold's
+series, its windows purged across them (cpbjax/data/pooling.py): a model over all folds
+would learn later folds' test blocks.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from cpbjax import (
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.config_rules import ConfigError
-from cpbjax.data import folds, sources
+from cpbjax.data import folds, pooling, sources
 from cpbjax.runlog import StageClock
 
 # Per-window wall-clock fields left out of a fold's backtest.json entry: the same run
@@ -149,11 +153,23 @@ def _check(config) -> None:
             "data.normalization='candle_minmax' keeps no price level, so a backtest has no "
             "price-space errors to pool: use last_close or zscore"
         )
-    if config.train.share == "pooled":
-        raise ConfigError(
-            "train.share='pooled' is not allowed with --mode backtest: one model over all "
-            "folds would train on later folds' test blocks; use train.share='series'"
-        )
+
+
+def pooled_folds(preps: list, data_cfg) -> tuple[list, dict, dict]:
+    """train.share=pooled: one group per fold, each purged across its own series only.
+
+    Returns:
+      (the plan: per fold in time order its fold PreparedSeries, the train and val ends
+       of every fold coin (`pooling.pool_ends`), fold name -> why it keeps no windows).
+    """
+    plan, pool, emptied = [], {}, {}
+    for f in sorted({folds.fold_of(p.name) for p in preps}):
+        fold = [p for p in preps if folds.fold_of(p.name) == f]
+        kept, gone = pooling.pool_ends(fold, data_cfg.lookback, data_cfg.horizon)
+        plan.append([p for p in fold if p.name in kept])
+        pool.update(kept)
+        emptied.update(gone)
+    return [g for g in plan if g], pool, emptied
 
 
 def run_backtest(config, workdir: str) -> dict:
@@ -177,6 +193,10 @@ def run_backtest(config, workdir: str) -> dict:
     run_dir = workdir_lib.backtest_run(workdir)
     os.makedirs(run_dir, exist_ok=True)
     preps, skipped = _prepare(config, clock)
+    plan = pool = None
+    if config.train.share == "pooled":
+        plan, pool, emptied = pooled_folds(preps, config.data)
+        preps, skipped = [p for g in plan for p in g], {**skipped, **emptied}
     if not preps:
         raise NothingBacktested(f"no fold of any series could be trained; skipped: {skipped}")
     entries, _, plan = driver.train_groups(
@@ -186,6 +206,8 @@ def run_backtest(config, workdir: str) -> dict:
         clock,
         keep_models=False,
         extra_print={"backtest": _settings(config)},
+        pool_ends=pool,
+        plan=plan,
     )
     with clock.stage("evaluate"):
         series, losses = _series_scores(preps, entries, run_dir, config, skipped)

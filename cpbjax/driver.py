@@ -468,6 +468,7 @@ def _make_run(
     keep_models=True,
     extra_print=None,
     pool_ends=None,
+    plan=None,
 ) -> tuple[_Run, list]:
     """Builds the shared context of a run and its plan (a list of groups of PreparedSeries).
 
@@ -477,8 +478,12 @@ def _make_run(
     Raises:
       RunMismatch: the workdir's ledger belongs to another run.
     """
-    k = group_size(len(preps), config.train, mesh.size, mesh.devices.flat[0].platform)
-    plan = [preps[i : i + k] for i in range(0, len(preps), k)]
+    platform = mesh.devices.flat[0].platform
+    if plan is None:
+        k = group_size(len(preps), config.train, mesh.size, platform)
+        plan = [preps[i : i + k] for i in range(0, len(preps), k)]
+    else:
+        k = group_size(max(len(g) for g in plan), config.train, mesh.size, platform)
     t_max = stacking.padded_length(preps, config.data)
     pairs = itertools.product(config.data.symbols, config.data.intervals)
     run_print = fingerprint(config, [[p.name for p in g] for g in plan], t_max)
@@ -512,6 +517,7 @@ def train_groups(
     extra_print=None,
     workers=None,
     pool_ends=None,
+    plan=None,
 ):
     """Trains, or resumes, every group of `preps` in `workdir`; writes its config.json.
 
@@ -523,6 +529,8 @@ def train_groups(
       extra_print: entries added to the ledger fingerprint (a backtest's fold settings).
       workers: the PlotWorkers drawing each finished group's plots, or None.
       pool_ends: a pooled run's purged train and val ends (`data.pooling.pool_ends`).
+      plan: the groups (lists of `preps`) when the caller plans them (a pooled backtest
+        trains one group per fold); default: `preps` in chunks of `group_size`.
 
     Returns:
       (name -> results entry, name -> test forecast record, the plan: lists of preps).
@@ -531,7 +539,9 @@ def train_groups(
       RunMismatch: the workdir's ledger belongs to another run.
     """
     mesh = coin_mesh(config.train)
-    run, plan = _make_run(config, workdir, preps, mesh, clock, keep_models, extra_print, pool_ends)
+    run, plan = _make_run(
+        config, workdir, preps, mesh, clock, keep_models, extra_print, pool_ends, plan
+    )
     if sharding.is_primary():
         writers.write_config(workdir, config)
     entries, records = {}, {}

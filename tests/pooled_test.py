@@ -18,7 +18,6 @@ import optax
 import pytest
 
 from cpbjax import (
-    backtest,
     checkpoint,
     driver,
     evaluate,
@@ -30,6 +29,7 @@ from cpbjax import (
     writers,
 )
 from cpbjax import config as config_lib
+from cpbjax import workdir as workdir_lib
 from cpbjax.data import stacking
 from cpbjax.group import GroupTrainer, coin_keys
 from tests import train_test
@@ -211,7 +211,7 @@ def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch):
 # Config and plan.
 
 
-def test_bad_share_and_conflicting_plans_are_config_errors(tmp_path):
+def test_bad_share_and_conflicting_plans_are_config_errors():
     c = pooled_config()
     c.train.share = "shared"
     with pytest.raises(config_lib.ConfigError, match=r"train.share='shared'.*series, pooled"):
@@ -228,9 +228,6 @@ def test_bad_share_and_conflicting_plans_are_config_errors(tmp_path):
     multi_host = mock.patch.object(jax, "process_count", return_value=2)
     with multi_host, pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*multi-host"):
         driver.coin_mesh(t)
-    with pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*--mode backtest"):
-        backtest.run_backtest(pooled_config(), str(tmp_path))
-    assert not os.listdir(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -269,8 +266,9 @@ FLAGS = [
 ]
 
 
-def _launch(workdir, env):
-    """Starts launch.py on the pooled tiny config; its output goes to <workdir>.log."""
+def _launch(workdir, env, *more):
+    """Starts launch.py on the pooled tiny config (and `more` flags); its output goes to
+    <workdir>.log."""
     log = open(f"{workdir}.log", "w")  # noqa: SIM115 (closed by train_test._finish)
     cmd = [
         sys.executable,
@@ -280,7 +278,9 @@ def _launch(workdir, env):
         "--workdir",
         str(workdir),
     ]
-    proc = subprocess.Popen(cmd + FLAGS, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd + FLAGS + list(more), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+    )
     proc.log = log
     return proc
 
@@ -342,3 +342,28 @@ def test_killed_pooled_run_resumes_to_the_uninterrupted_result(pooled_run, drive
     out = train_test._finish(_launch(workdir, driver_env))
     assert "group-000: resuming after epoch" in out
     assert train_test._comparable(workdir) == train_test._comparable(pooled_run)
+
+
+def test_pooled_backtest_trains_one_model_per_fold_its_last_the_train_run(
+    pooled_run, driver_env, tmp_path
+):
+    """Each fold is one group (one pooled model over that fold's series only), and with the
+    default step the last fold's split is the train run's: the same model, the same scores."""
+    workdir = tmp_path / "bt"
+    train_test._finish(_launch(workdir, driver_env, "--mode=backtest", "--config.backtest.folds=3"))
+    out = writers.read_json(os.path.join(workdir, "backtest.json"))
+    plan = writers.read_json(workdir_lib.ledger(str(workdir / "backtest")))
+    assert plan["fingerprint"]["groups"] == [
+        [f"{name}@fold{f}" for name in NAMES] for f in range(3)
+    ]
+    trained = writers.read_json(os.path.join(pooled_run, "results.json"))["series"]
+    for name in NAMES:
+        last = out["series"][name]["folds"][-1]
+        assert last["name"] == f"{name}@fold2"
+        assert last["best_epoch"] == trained[name]["best_epoch"]
+        for col in ("close", "high", "low"):
+            got, want = last["test"]["columns"][col], trained[name]["test"]["columns"][col]
+            assert got["mae"] == pytest.approx(want["mae"], rel=1e-5)
+    # The earlier folds are other models (trained on fewer, older windows).
+    first = [out["series"][n]["folds"][0]["best_val_loss"] for n in NAMES]
+    assert first != [trained[n]["best_val_loss"] for n in NAMES]

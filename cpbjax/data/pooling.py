@@ -23,6 +23,7 @@ Shape letters (docs/design.md): N windows of a split, L lookback, H horizon.
 from __future__ import annotations
 
 import numpy as np
+from absl import logging
 
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.data.windows import PreparedSeries
@@ -44,29 +45,49 @@ def scored_period(prep: PreparedSeries, first_split: str, horizon: int) -> tuple
     return int(prep.open_time_ms[first + 1]), int(prep.open_time_ms[last + horizon]) + step
 
 
-def _clear_of(start_N, stop_N, periods: list[tuple[int, int]]) -> np.ndarray:
-    """bool [N]: windows whose span overlaps none of `periods` ([start, stop) each)."""
-    keep_N = np.ones(len(start_N), bool)
-    for lo, hi in periods:
-        keep_N &= ~((start_N < hi) & (lo < stop_N))
-    return keep_N
+def _merged(periods) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, disjoint [start, stop) periods covering `periods`: (starts, stops) int64."""
+    starts, stops = [], []
+    for lo, hi in sorted(periods):
+        if stops and lo <= stops[-1]:
+            stops[-1] = max(stops[-1], hi)
+        else:
+            starts.append(lo)
+            stops.append(hi)
+    return np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+
+
+def _clear_of(start_N, stop_N, merged) -> np.ndarray:
+    """bool [N]: windows whose span overlaps none of the `merged` periods. Only the first
+    period ending after a window starts can overlap it: one binary search per window."""
+    starts, stops = merged
+    i_N = np.searchsorted(stops, start_N, side="right")
+    later_N = starts[np.minimum(i_N, len(starts) - 1)] >= stop_N
+    return (i_N == len(starts)) | later_N
 
 
 def pool_ends(preps: list[PreparedSeries], lookback: int, horizon: int):
     """The train and val windows each series contributes to the pooled model.
 
+    The periods to avoid are merged over ALL series, the window's own included: its own
+    splits are purged already (`windows.split_ends`), so its own period never overlaps
+    its train or val windows, and one merged list serves every series (S series cost
+    O(S log S) to merge and a binary search per window, not S x S passes).
+
     Returns:
       (name -> {"train": int64 [N], "val": int64 [N]} for the series that keep windows in
        both, name -> why a series keeps none).
     """
-    own = {p.name: {s: scored_period(p, s, horizon) for s in ("val", "test")} for p in preps}
+    avoid = {
+        "train": _merged(scored_period(p, "val", horizon) for p in preps),
+        "val": _merged(scored_period(p, "test", horizon) for p in preps),
+    }
     kept, emptied = {}, {}
     for p in preps:
-        others = [periods for name, periods in own.items() if name != p.name]
         ends = {}
-        for split, avoid in (("train", "val"), ("val", "test")):
+        for split in ("train", "val"):
             spans = window_spans(p, p.ends[split], lookback, horizon)
-            ends[split] = p.ends[split][_clear_of(*spans, [o[avoid] for o in others])]
+            ends[split] = p.ends[split][_clear_of(*spans, avoid[split])]
         missing = [s for s, e in ends.items() if not len(e)]
         if missing:
             emptied[p.name] = (
@@ -74,6 +95,7 @@ def pool_ends(preps: list[PreparedSeries], lookback: int, horizon: int):
                 f"{'val or test' if missing[0] == 'train' else 'test'} period, which a pooled "
                 "model must not learn from"
             )
+            logging.warning("%s: skipped: %s", p.name, emptied[p.name])
         else:
             kept[p.name] = ends
     return kept, emptied
