@@ -318,3 +318,25 @@ def test_backtest_html_shows_the_fold_and_pooled_tables_and_the_fold_chart(full,
     page = report_html.render_backtest_html(out, backtest_config(), chart)
     assert page.count("data:image/png;base64,") == 1
     assert 'href="#s-' not in page  # the folds' "series" column is a count, not a link
+
+
+def test_fold_choice_chooses_on_earlier_folds_and_reports_the_last(full):
+    from benchmarks import fold_choice
+
+    out = _read(full)
+    (row,) = fold_choice.rows({"gru": str(full)})
+
+    def median(fold, col, block=None):
+        got = []
+        for entry in out["series"].values():
+            test = entry["folds"][fold]["test"]
+            got.append((test[block] if block else test)["columns"][col]["skill"])
+        return round(100 * float(np.median(got)), 2)
+
+    assert row["series"] == {f: len(SERIES) for f in range(FOLDS)}
+    for f in range(FOLDS - 1):
+        assert row["folds"][f] == {c: median(f, c) for c in ("close", "high", "low")}
+    every = [median(f, c) for f in range(FOLDS - 1) for c in ("close", "high", "low")]
+    assert row["choice"] == round(float(np.mean(every)), 2)
+    assert row["last"] == {c: median(FOLDS - 1, c) for c in ("close", "high", "low")}
+    assert row["band"] == {c: median(FOLDS - 1, c, "vol_band") for c in ("high", "low")}
