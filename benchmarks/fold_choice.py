@@ -29,6 +29,7 @@ import os
 import statistics
 
 COLUMNS = ("close", "high", "low")
+BASELINES = ("vol_band", "har")  # fitted baselines refit per fold (results.json blocks)
 RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
 
 
@@ -63,6 +64,13 @@ def rows(runs: dict[str, str]) -> list[dict]:
     out = []
     for name in runs:
         chosen = {f: skills([folds[name][f][s] for s in common[f]]) for f in earlier}
+        fitted = {
+            f: {
+                b: skills([folds[name][f][s] for s in common[f]], b, ("high", "low"))
+                for b in BASELINES
+            }
+            for f in earlier
+        }
         final = [folds[name][last][s] for s in common[last]]
         p_better = [e["test"]["dm"]["p_value_better"] for e in final]
         out.append(
@@ -70,6 +78,7 @@ def rows(runs: dict[str, str]) -> list[dict]:
                 "candidate": name,
                 "series": {f: len(common[f]) for f in all_folds},
                 "folds": chosen,
+                "fitted": fitted,
                 "choice": round(statistics.mean(v for d in chosen.values() for v in d.values()), 2),
                 "last": skills(final),
                 "worse": sum(p > 0.95 for p in p_better),
@@ -98,12 +107,27 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def baselines_markdown(row: dict) -> str:
+    """The fitted baselines' medians on the earlier folds (the same for every candidate
+    where the series scored are the same): what the choice columns are worth."""
+    lines = ["| fold | band high | band low | HAR high | HAR low |", "|---|---|---|---|---|"]
+    for f, fitted in row["fitted"].items():
+        cells = [f"{fitted[b][c]:+.2f}" for b in BASELINES for c in ("high", "low")]
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="NAME=BACKTEST_WORKDIR, one per candidate")
     args = parser.parse_args()
     runs = dict(r.split("=", 1) for r in args.runs)
-    table = markdown(rows(runs))
+    table = rows(runs)
+    table = (
+        markdown(table)
+        + "\n\nFitted baselines on the earlier folds:\n\n"
+        + baselines_markdown(table[0])
+    )
     print(table)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%MZ")
     os.makedirs(RECORDS, exist_ok=True)

@@ -340,3 +340,7 @@ def test_fold_choice_chooses_on_earlier_folds_and_reports_the_last(full):
     assert row["choice"] == round(float(np.mean(every)), 2)
     assert row["last"] == {c: median(FOLDS - 1, c) for c in ("close", "high", "low")}
     assert row["band"] == {c: median(FOLDS - 1, c, "vol_band") for c in ("high", "low")}
+    for f in range(FOLDS - 1):
+        for block in ("vol_band", "har"):
+            want = {c: median(f, c, block) for c in ("high", "low")}
+            assert row["fitted"][f][block] == want
