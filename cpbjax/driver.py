@@ -204,7 +204,7 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     ckpts = run.checkpoints(group)
     run.log.start_group(group, len(names), t.epochs, start)
     began = time.monotonic()
-    live = LiveCoins(run.trainer_for, run.training_view(preps), state, arrays)
+    live = LiveCoins(run.trainer_for, preps, state, arrays)
     first_s, steady_s = [], []  # each program's first epoch (with its compile); the others
     host = sharding.to_host({"active": state.active, "diverged": state.diverged})
     finished = start >= t.epochs or not host["active"].any()
@@ -255,9 +255,11 @@ def _train_group(run: _Run, group: str, preps: list) -> tuple[dict, dict]:
       (series name -> results.json entry, series name -> test forecast record).
     """
     with run.clock.stage("setup"):
-        arrays = run.trainer_for(run.group_coins).stack(run.training_view(preps))
+        # The windows the programs train on; compaction restacks from the same view.
+        training = run.training_view(preps)
+        arrays = run.trainer_for(run.group_coins).stack(training)
         state, start = _start_state(run, group, preps, arrays)
-    state, seconds, peak = _run_epochs(run, group, preps, state, arrays, start)
+    state, seconds, peak = _run_epochs(run, group, training, state, arrays, start)
     return _finish_group(run, group, preps, state, seconds, peak)
 
 
