@@ -121,6 +121,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="NAME=BACKTEST_WORKDIR, one per candidate")
     args = parser.parse_args()
+    bad = [
+        r
+        for r in args.runs
+        if "=" not in r or not os.path.isfile(os.path.join(r.split("=", 1)[1], "backtest.json"))
+    ]
+    if bad:
+        parser.error(f"not NAME=WORKDIR of a finished backtest (no backtest.json): {bad[0]!r}")
     runs = dict(r.split("=", 1) for r in args.runs)
     table = rows(runs)
     table = (
