@@ -222,10 +222,11 @@ def test_diverging_coin_is_frozen_and_never_poisons_the_others():
         )
 
 
-def _reference_early_stopping(vals, patience, best=np.inf):
+def _reference_early_stopping(vals, patience, best=np.inf, min_delta=0.0):
     """Plain per-coin early stopping: (best, best_epoch, active, diverged, diverged_epoch).
 
-    `best` is the val loss to beat before epoch 1: the untrained model's with a baseline.
+    `best` is the val loss to beat before epoch 1: the untrained model's with a baseline;
+    an epoch improves on it only by more than `min_delta`.
     """
     best_epoch, bad, active, diverged, diverged_epoch = 0, 0, True, False, 0
     for epoch, val in enumerate(vals, start=1):
@@ -234,7 +235,7 @@ def _reference_early_stopping(vals, patience, best=np.inf):
         if not np.isfinite(val):
             active, diverged, diverged_epoch = False, True, epoch
             continue
-        if val < best:
+        if val < best - min_delta:
             best, best_epoch, bad = val, epoch, 0
         else:
             bad += 1
@@ -242,14 +243,25 @@ def _reference_early_stopping(vals, patience, best=np.inf):
     return best, best_epoch, active, diverged, diverged_epoch
 
 
-def test_early_stopping_bookkeeping_matches_a_plain_reference():
-    # With a baseline, the untrained model's val loss is the one to beat before epoch 1.
+def _baseline_trainer(min_delta: float) -> GroupTrainer:
     config = make_config()
-    config.model.baseline = "vol_band"
+    config.model.baseline, config.train.min_delta = "vol_band", min_delta
     config = config_lib.validate(config)
     module = models.build(models.make_config(config))
-    trainer = GroupTrainer(config, module, NUM_COINS, sharding.coin_mesh(jax.devices()[:1]))
-    patience = config.train.patience
+    return GroupTrainer(config, module, NUM_COINS, sharding.coin_mesh(jax.devices()[:1]))
+
+
+@pytest.mark.parametrize("min_delta_share", [0.0, 0.15])
+def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta_share):
+    # With a baseline, the untrained model's val loss is the one to beat before epoch 1.
+    # train.min_delta is absolute: here a share of coin 0's untrained val loss, so that
+    # with 0.15 coin 0's 10% gain at epoch 2 no longer counts as an improvement.
+    plain = _baseline_trainer(0.0)
+    arrays = plain.stack(list(preps()))
+    untrained = plain.init_state(coin_keys(0, range(NUM_COINS)), arrays)
+    min_delta = min_delta_share * float(untrained.best_val[0])
+    trainer = _baseline_trainer(min_delta)
+    patience = trainer.spec.patience
     # In units of the untrained model's val loss (the baseline's, which is the best to beat).
     relative = np.array(
         [
@@ -260,7 +272,6 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference():
         ],
         np.float32,
     )
-    arrays = trainer.stack(list(preps()))
     state = trainer.init_state(coin_keys(0, range(NUM_COINS)), arrays)
     initial_best = np.asarray(state.best_val)
     assert np.isfinite(initial_best[:3]).all()  # the baseline's, not inf
@@ -275,7 +286,7 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference():
     state = jax.device_get(state)
     for i in range(3):
         best, best_epoch, active, diverged, diverged_epoch = _reference_early_stopping(
-            vals[i], patience, initial_best[i]
+            vals[i], patience, initial_best[i], min_delta
         )
         assert (state.best_val[i], state.best_epoch[i]) == (best, best_epoch)
         assert (state.active[i], state.diverged[i]) == (active, diverged)
@@ -283,6 +294,8 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference():
         # best_params are the params of the best epoch: init + best_epoch.
         expected = jax.tree.map(lambda p, i=i, b=best_epoch: p[i] + b, init_params)
         _assert_trees_close(_coin(state.best_params, i), expected, rtol=1e-6, atol=1e-6)
+    # min_delta is what decides coin 0: its epoch-2 gain of 10% only counts without it.
+    assert state.best_epoch[0] == (2 if min_delta_share == 0.0 else 0)
     # The diverged coin is reset to its best params; the padded coin never changes.
     _assert_trees_close(_coin(state.params, 1), _coin(state.best_params, 1), rtol=0, atol=0)
     assert state.epochs_run[3] == 0 and not state.active[3]
