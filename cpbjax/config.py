@@ -46,6 +46,7 @@ DEFAULT_SYMBOLS = (
     "LUNAUSDT",
 )
 DEFAULT_INTERVALS = ("15m", "1h")
+MIN_DELTA_MODES = ("rel", "abs")  # train.min_delta: a share of the best val loss, or absolute
 SHARES = ("series", "pooled")  # train.share: a model per series, or one for the run
 
 # Name lists that other modules own, read from the owner each time they are asked for
@@ -153,7 +154,11 @@ def base_config() -> ml_collections.ConfigDict:
     t.batch_size = 128  # Windows per step per coin.
     t.epochs = 50  # Maximum epochs.
     t.patience = 10  # Early stopping: epochs without val improvement.
-    t.min_delta = 0.0  # Improvement below this does not reset patience.
+    # An epoch counts as an improvement (resets patience, becomes the kept model) only if
+    # its val loss beats the best by more than min_delta: rel, a share of the best val
+    # loss (the loss's units differ between objectives); abs, in the val loss's units.
+    t.min_delta = 0.0
+    t.min_delta_mode = "rel"
     t.grad_clip = 1.0  # Global-norm gradient clipping.
     t.warmup_fraction = 0.05  # Share of all steps spent in linear warmup.
     t.warmup_init_factor = 0.01  # Warmup starts at this x learning_rate.
@@ -441,7 +446,10 @@ def _validate_train(c) -> None:
     _int_range(c, "train.batch_size", 1, 65536)
     _int_range(c, "train.epochs", 1, 100_000)
     _int_range(c, "train.patience", 1)
-    _num_range(c, "train.min_delta", 0, 1e6)
+    if "min_delta_mode" in c.train:  # absent from a config saved by an earlier cpbjax
+        _choice(c, "train.min_delta_mode", MIN_DELTA_MODES)
+    relative = c.train.get("min_delta_mode", "abs") == "rel"
+    _num_range(c, "train.min_delta", 0, 1 if relative else 1e6, hi_open=relative)
     _num_range(c, "train.grad_clip", 0, 1e6, lo_open=True)
     _num_range(c, "train.warmup_fraction", 0, 1, hi_open=True)
     _num_range(c, "train.warmup_init_factor", 0, 1)

@@ -72,7 +72,8 @@ class EpochSpec:
     scale_loss: bool  # train.loss_scale == "persistence": errors over target_scale
     quantiles: tuple  # model.quantiles' levels J (pinball); () for point forecasts
     baseline: str  # model.baseline: "vol_band" starts params at the fitted band
-    min_delta: float  # improvement below this does not reset patience
+    min_delta: float  # an epoch improves only if it beats the best by more (`improvement_bar`)
+    min_delta_mode: str  # train.min_delta_mode: "rel" (share of the best) | "abs"
     reduce_on_plateau: bool
     # train.share: "series" (a model per coin, this module's epoch) or "pooled" (one model
     # for every coin: cpbjax/pooled.py's epoch over the same data and state layout).
@@ -105,6 +106,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         quantiles=tuple(config.model.quantiles),
         baseline=config.model.baseline,
         min_delta=t.min_delta,
+        min_delta_mode=t.get("min_delta_mode", "abs"),  # absent: saved by an earlier cpbjax
         reduce_on_plateau=t.reduce_on_plateau,
         share=t.share,
     )
@@ -493,12 +495,24 @@ def run_epoch(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
     return end_epoch(spec, state, trained, train_K, val_K)
 
 
+def improvement_bar(spec: EpochSpec, best_K: jax.Array) -> jax.Array:
+    """The val loss an epoch must go below to improve on `best_K` [K] (float32 [K]).
+
+    A margin keeps a model from leaving its best (the untrained baseline, first) on a
+    val gain the size of the val split's noise, which out of sample costs error
+    (docs/performance.md "Choosing on an earlier fold"). inf stays inf.
+    """
+    if spec.min_delta_mode == "rel":
+        return best_K * (1.0 - spec.min_delta)
+    return best_K - spec.min_delta
+
+
 def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, val_K):
     """Per-coin early stopping, divergence and plateau bookkeeping after one epoch."""
     epoch = state.epoch + 1
     ran_K = state.active
     diverged_K = ran_K & (trained.nonfinite_K | ~jnp.isfinite(val_K))
-    improved_K = ran_K & ~diverged_K & (val_K < state.best_val - spec.min_delta)
+    improved_K = ran_K & ~diverged_K & (val_K < improvement_bar(spec, state.best_val))
     best_params = select(improved_K, trained.params, state.best_params)
     bad_K = jnp.where(improved_K, 0, state.bad_epochs + ran_K.astype(jnp.int32))
     plateau = state.plateau

@@ -111,6 +111,9 @@ BAD_VALUES = [
     ("train.batch_size", 0, "integer >= 1"),
     ("train.epochs", 0, "integer >= 1"),
     ("train.patience", 0, "integer >= 1"),
+    ("train.min_delta", 1.0, "< 1"),  # rel: a share of the best val loss
+    ("train.min_delta", -0.01, ">= 0"),
+    ("train.min_delta_mode", "relative", "one of rel"),
     ("train.grad_clip", 0.0, "> 0"),
     ("train.warmup_fraction", 1.0, "< 1"),
     ("train.warmup_init_factor", 2.0, "<= 1"),

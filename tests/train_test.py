@@ -222,11 +222,12 @@ def test_diverging_coin_is_frozen_and_never_poisons_the_others():
         )
 
 
-def _reference_early_stopping(vals, patience, best=np.inf, min_delta=0.0):
+def _reference_early_stopping(vals, patience, best=np.inf, min_delta=0.0, mode="abs"):
     """Plain per-coin early stopping: (best, best_epoch, active, diverged, diverged_epoch).
 
     `best` is the val loss to beat before epoch 1: the untrained model's with a baseline;
-    an epoch improves on it only by more than `min_delta`.
+    an epoch improves on it only by more than `min_delta` (mode "abs"), or by more than
+    that share of it (mode "rel").
     """
     best_epoch, bad, active, diverged, diverged_epoch = 0, 0, True, False, 0
     for epoch, val in enumerate(vals, start=1):
@@ -235,7 +236,8 @@ def _reference_early_stopping(vals, patience, best=np.inf, min_delta=0.0):
         if not np.isfinite(val):
             active, diverged, diverged_epoch = False, True, epoch
             continue
-        if val < best - min_delta:
+        margin = min_delta * best if mode == "rel" else min_delta
+        if val < best - margin:
             best, best_epoch, bad = val, epoch, 0
         else:
             bad += 1
@@ -243,24 +245,25 @@ def _reference_early_stopping(vals, patience, best=np.inf, min_delta=0.0):
     return best, best_epoch, active, diverged, diverged_epoch
 
 
-def _baseline_trainer(min_delta: float) -> GroupTrainer:
+def _baseline_trainer(min_delta: float, mode: str = "abs") -> GroupTrainer:
     config = make_config()
-    config.model.baseline, config.train.min_delta = "vol_band", min_delta
+    config.model.baseline = "vol_band"
+    config.train.min_delta, config.train.min_delta_mode = min_delta, mode
     config = config_lib.validate(config)
     module = models.build(models.make_config(config))
     return GroupTrainer(config, module, NUM_COINS, sharding.coin_mesh(jax.devices()[:1]))
 
 
-@pytest.mark.parametrize("min_delta_share", [0.0, 0.15])
-def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta_share):
+@pytest.mark.parametrize("mode, min_delta_share", [("rel", 0.0), ("rel", 0.15), ("abs", 0.15)])
+def test_early_stopping_bookkeeping_matches_a_plain_reference(mode, min_delta_share):
     # With a baseline, the untrained model's val loss is the one to beat before epoch 1.
-    # train.min_delta is absolute: here a share of coin 0's untrained val loss, so that
-    # with 0.15 coin 0's 10% gain at epoch 2 no longer counts as an improvement.
+    # With 0.15 coin 0's 10% gain at epoch 2 no longer counts as an improvement: as a
+    # share of each coin's best (rel), or as that share of coin 0's untrained loss (abs).
     plain = _baseline_trainer(0.0)
     arrays = plain.stack(list(preps()))
     untrained = plain.init_state(coin_keys(0, range(NUM_COINS)), arrays)
-    min_delta = min_delta_share * float(untrained.best_val[0])
-    trainer = _baseline_trainer(min_delta)
+    scale = float(untrained.best_val[0]) if mode == "abs" else 1.0
+    trainer = _baseline_trainer(min_delta_share * scale, mode)
     patience = trainer.spec.patience
     # In units of the untrained model's val loss (the baseline's, which is the best to beat).
     relative = np.array(
@@ -286,7 +289,7 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta_share):
     state = jax.device_get(state)
     for i in range(3):
         best, best_epoch, active, diverged, diverged_epoch = _reference_early_stopping(
-            vals[i], patience, initial_best[i], min_delta
+            vals[i], patience, initial_best[i], trainer.spec.min_delta, mode
         )
         assert (state.best_val[i], state.best_epoch[i]) == (best, best_epoch)
         assert (state.active[i], state.diverged[i]) == (active, diverged)
