@@ -24,8 +24,9 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The objective before issue #13 switched the defaults (vol_band baseline, MAE, persistence
-# scale, a 0.5% early-stopping margin): the runs recorded under the bare config names keep it, so they still check the
-# programs written before the switch; the "(defaults)" runs check today's defaults.
+# scale, a 0.5% early-stopping margin): the runs recorded under the bare config names
+# keep it, so they still check the programs written before the switch; the "(defaults)"
+# runs check today's defaults.
 LEGACY = (
     "--config.model.baseline=none",
     "--config.train.loss=mse",
