@@ -193,6 +193,10 @@ def base_config() -> ml_collections.ConfigDict:
     # (lower, upper) levels of the calibrated interval fitted on val around every price
     # forecast (cpbjax/intervals.py); () = none.
     e.interval_levels = (0.1, 0.9)
+    # With model.baseline=vol_band: refit the band factors of the trained model on its own
+    # errors over the splits before each scored one (train+val for test, as the fitted
+    # baselines are); the saved model carries the train+val refit (cpbjax/band_refit.py).
+    e.refit_band = False
     e.plots = True  # Write PNG plots under <workdir>/plots/.
     e.plot_windows = 3  # Test windows drawn per series.
     # Processes drawing each finished group's plots while the next group trains (spawned
@@ -479,6 +483,8 @@ def _validate_rest(c) -> None:
     _bool(c, "eval.save_forecasts")
     if "interval_levels" in c.eval:  # absent from a config saved by an earlier cpbjax
         _check_interval_levels(c.eval.interval_levels)
+    if "refit_band" in c.eval:  # absent from a config saved by an earlier cpbjax
+        _bool(c, "eval.refit_band")
     _int_range(c, "eval.plot_windows", 0, 100)
     _int_range(c, "eval.plot_workers", 0, 64)
     _bool(c, "predict.fresh")

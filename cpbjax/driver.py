@@ -336,7 +336,7 @@ def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict |
     """
     c = run.config
     forecasts_dir = run.workdir if c.eval.save_forecasts or not run.keep_models else None
-    scores, record, calibration = evaluate.evaluate_model(
+    scored = evaluate.evaluate_model(
         run.module,
         params,
         prep,
@@ -344,16 +344,18 @@ def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict |
         c.data.horizon,
         forecasts_dir,
         c.eval.interval_levels,
+        c.eval.get("refit_band", False),  # absent from a config saved before it
     )
-    entry.update(scores)
+    entry.update(scored.entry)
     _flag_worse_than_untrained(run, prep, entry, last_params)
     if run.keep_models:
         model_dir = workdir_lib.series_model(run.workdir, prep.name)
         meta = _model_meta(run, prep, entry)
-        if calibration is not None:
-            meta["interval_calibration"] = calibration
-        checkpoint.save_series_model(model_dir, params, meta)
-    return record
+        if scored.calibration is not None:
+            meta["interval_calibration"] = scored.calibration
+        # The model test scored: with eval.refit_band, its band refit on train+val.
+        checkpoint.save_series_model(model_dir, scored.params, meta)
+    return scored.record
 
 
 def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds, peak):

@@ -14,7 +14,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cpbjax import baselines, forecast, intervals, metrics, platform, report, saved, writers
+from cpbjax import (
+    band_refit,
+    baselines,
+    forecast,
+    intervals,
+    metrics,
+    platform,
+    report,
+    saved,
+    writers,
+)
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing
 
@@ -29,6 +39,7 @@ class Scored(NamedTuple):
     entry: dict  # {"val": metrics, "test": metrics}: results.json's series[name] splits
     record: dict | None  # the test `forecast.forecast_record`; None without a price level
     calibration: dict | None  # `intervals.fit_before` test's, on train+val; None without one
+    params: dict  # the params test scored: with eval.refit_band, refit on train+val
 
 
 def evaluate_split(
@@ -79,7 +90,14 @@ def evaluate_split(
 
 
 def evaluate_model(
-    module, params, prep, lookback, horizon, forecasts_dir=None, interval_levels=()
+    module,
+    params,
+    prep,
+    lookback,
+    horizon,
+    forecasts_dir=None,
+    interval_levels=(),
+    refit_band=False,
 ) -> Scored:
     """Scores one model on the val and test splits of one series.
 
@@ -91,26 +109,41 @@ def evaluate_model(
       interval_levels: config.eval.interval_levels: the calibrated interval of each
         split, fitted on the splits before it as the fitted baselines are; the one
         fitted for test (on train+val) is the model's. () for none.
+      refit_band: config.eval.refit_band: each split is scored by the model with its
+        band refit on the splits before it (cpbjax/band_refit.py; a model without
+        model.baseline=vol_band has no band and is scored as it is).
     """
     levels, entry, calibration = forecast.quantile_levels(module), {}, None
-    splits = ("train", "val", "test") if interval_levels else ("val", "test")
-    fcs = {s: forecast.split_forecast(module, params, prep, s, lookback, horizon) for s in splits}
-    point = {s: fc.prices_NHC for s, fc in fcs.items()}
+    scored_params, shifts = {"val": params, "test": params}, {}
+    if refit_band and band_refit.applies(module):
+        scored_params, shifts = band_refit.refit_per_split(module, params, prep, lookback, horizon)
+    forecasts = {}  # (id of the params, split) -> SplitForecast: each computed once
     for split in ("val", "test"):
+        needed = (*baselines.SPLITS_BEFORE[split], split) if interval_levels else (split,)
+        for s in needed:
+            key = (id(scored_params[split]), s)
+            if key not in forecasts:
+                forecasts[key] = forecast.split_forecast(
+                    module, scored_params[split], prep, s, lookback, horizon
+                )
+        fcs = {s: forecasts[(id(scored_params[split]), s)] for s in needed}
         if interval_levels and fcs[split].prices_NHC is not None:
+            point = {s: fc.prices_NHC for s, fc in fcs.items()}
             calibration = intervals.fit_before(
                 prep, split, point, lookback, horizon, interval_levels
             )
         entry[split] = evaluate_split(
             prep, fcs[split], split, lookback, horizon, levels, calibration
         )
+        if split in shifts:
+            entry[split]["band_refit"] = shifts[split]
     test = fcs["test"]
     if test.prices_NHC is None:  # only the test split is plotted and saved
-        return Scored(entry, None, None)
+        return Scored(entry, None, None, scored_params["test"])
     record = forecast.forecast_record(prep, test, horizon, levels, calibration, lookback)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
-    return Scored(entry, record, calibration)
+    return Scored(entry, record, calibration, scored_params["test"])
 
 
 def run_facts(mode: str, config, workdir: str, started: float) -> dict:
@@ -140,7 +173,7 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
     d = cfg.data
     for name, prep in preps.items():
         model = loaded[name]
-        entry, record, _ = evaluate_model(
+        entry, record, _, _ = evaluate_model(
             model.module,
             model.params,
             prep,
@@ -148,6 +181,7 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
             d.horizon,
             forecasts_dir,
             cfg.eval.interval_levels,
+            cfg.eval.get("refit_band", False),  # absent from a config saved before it
         )
         facts = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}

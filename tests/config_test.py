@@ -127,6 +127,7 @@ BAD_VALUES = [
     ("ckpt.every_epochs", 0, "integer >= 1"),
     ("ckpt.keep", 0, "integer >= 1"),
     ("eval.save_forecasts", "yes", "True or False"),
+    ("eval.refit_band", "yes", "True or False"),
     ("eval.plot_windows", -1, "integer >= 0"),
     ("eval.plot_workers", -1, "integer >= 0"),
     ("predict.symbols", ("eth",), "Binance symbols"),

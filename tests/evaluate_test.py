@@ -116,7 +116,7 @@ def test_candle_minmax_has_no_price_metrics(tmp_path):
     assert out["price_space"] is False and out["normalized_mse"] > 0
     with pytest.raises(ValueError, match="candle_minmax"):
         forecast.forecast_record(prep, fc, H)
-    entry, record, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, str(tmp_path))
+    entry, record, _, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, str(tmp_path))
     assert record is None and entry["test"]["price_space"] is False
 
 

@@ -127,7 +127,7 @@ def test_sigma_weighting_minimises_the_pinball_loss_in_log_price():
 def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_path):
     prep = make_prep()
     params = _probe_params(2)
-    entry, record, cal = evaluate.evaluate_model(Probe(), params, prep, L, H, None, LEVELS)
+    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, None, LEVELS)
     point = {
         s: forecast.split_forecast(Probe(), params, prep, s, L, H).prices_NHC
         for s in ("train", "val")
@@ -147,7 +147,7 @@ def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_pat
         assert block["columns"][col]["coverage"] == pytest.approx(inside.mean(), abs=1e-12)
         width = (bounds[..., c, 1] - bounds[..., c, 0]).mean()
         assert block["columns"][col]["width"] == pytest.approx(width, rel=1e-12)
-    entry, record, cal = evaluate.evaluate_model(Probe(), params, prep, L, H, None, ())
+    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, None, ())
     assert cal is None and "calibrated_interval" not in entry["test"]
     assert "interval_bounds" not in record
 

@@ -1,0 +1,145 @@
+"""Tests of eval.refit_band (cpbjax/band_refit.py): the band factors of a trained vol_band
+model refit by least absolute deviation on its own errors over the splits before each
+scored one.
+
+References are independent: a plain loop over windows for the least-absolute-deviation
+objective, baselines.py's float64 volatility band for the untrained model, and a saved
+model scored again.
+"""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from cpbjax import band_refit, baselines, checkpoint, driver, evaluate, forecast, models
+from cpbjax import workdir as workdir_lib
+from cpbjax.data import stacking
+from tests.levers_test import _init_params, make_config, preps
+
+L, H = 30, 10
+
+
+def _plain_sigma(ohlc, t: int) -> float:
+    weights = [baselines.EWMA_DECAY**age for age in range(L)]
+    logs = [math.log(ohlc[t - age, 1] / ohlc[t - age, 2]) for age in range(L)]
+    return sum(w * x for w, x in zip(weights, logs, strict=True)) / sum(weights)
+
+
+def _lad_objective(prep, fc, h: int, col: int, d: float) -> float:
+    """sum over windows of |log(actual / close) - log(forecast / close) -+ d * sigma|: the
+    forecast's log error once its band factor moves by d (high: +d; low: -d)."""
+    sign = 1.0 if col == 1 else -1.0
+    total = 0.0
+    for i, t in enumerate(fc.ends_N):
+        actual, pred = prep.ohlc[t + h + 1, col], fc.prices_NHC[i, h, col]
+        total += abs(math.log(actual / pred) - sign * d * _plain_sigma(prep.ohlc, t))
+    return total
+
+
+def _perturbed(params, seed: int) -> dict:
+    """params with every weight but the band moved at random: a model whose network
+    corrects the band (as a trained one does), not the untrained band alone."""
+    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params))))
+
+    def move(path, leaf):
+        if "band_" in jax.tree_util.keystr(path):
+            return leaf
+        return leaf + 0.05 * jax.random.normal(next(keys), leaf.shape, leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(move, params)
+
+
+def _model(**model):
+    """(config, prep, module, untrained params) of the tiny vol_band GRU: its band
+    starts at the fit on prep's train windows, as training starts it."""
+    cfg = make_config(**model)
+    prep = preps()[0]
+    module, params = _init_params(cfg, prep, stacking.band_factors(prep, L, H))
+    return cfg, prep, module, params
+
+
+def test_the_shift_minimises_the_absolute_log_error_of_each_step():
+    _, prep, module, params = _model()
+    params = _perturbed(params, 0)
+    fcs = {s: forecast.split_forecast(module, params, prep, s, L, H) for s in ("train", "val")}
+    shift = band_refit.fit_shift(prep, fcs, ("val",), L, H)
+    for h in (0, 4, 9):
+        for j, col in enumerate((1, 2)):
+            best = _lad_objective(prep, fcs["val"], h, col, shift[h, j])
+            for d in np.linspace(-1.0, 1.0, 41):  # a grid through the plausible shifts
+                assert best <= _lad_objective(prep, fcs["val"], h, col, d) + 1e-9
+    # The refit model's own errors leave nothing to shift (the LAD optimum is reached).
+    refit = band_refit.shifted(params, shift)
+    again = {"val": forecast.split_forecast(module, refit, prep, "val", L, H)}
+    np.testing.assert_allclose(band_refit.fit_shift(prep, again, ("val",), L, H), 0, atol=1e-4)
+
+
+def test_an_untrained_model_refit_is_the_fitted_band_of_each_split():
+    """The untrained model is the band fitted on train; refit, each split is scored by the
+    band the report fits for it (train for val, train+val for test), to float32."""
+    _, prep, module, params = _model()
+    entry, _, _, test_params = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True)
+    np.testing.assert_allclose(entry["val"]["band_refit"]["high"], 0, atol=1e-5)
+    fit = baselines.fit_vol_band(prep.ohlc, baselines.fit_ends(prep, "test"), L, H)
+    np.testing.assert_allclose(test_params["output"]["band_high"], fit["k_high_h"], rtol=1e-5)
+    np.testing.assert_allclose(test_params["output"]["band_low"], fit["k_low_h"], rtol=1e-5)
+    for split in ("val", "test"):
+        for col in ("high", "low"):
+            band = entry[split]["vol_band"]["columns"][col]["mae"]
+            assert entry[split]["columns"][col]["mae"] == pytest.approx(band, rel=1e-5)
+
+
+def test_each_split_is_scored_by_the_refit_on_the_splits_before_it():
+    _, prep, module, params = _model()
+    params = _perturbed(params, 1)
+    entry, record, _, test_params = evaluate.evaluate_model(
+        module, params, prep, L, H, interval_levels=(0.1, 0.9), refit_band=True
+    )
+    fcs = {s: forecast.split_forecast(module, params, prep, s, L, H) for s in ("train", "val")}
+    for split, before in (("val", ("train",)), ("test", ("train", "val"))):
+        want = band_refit.fit_shift(prep, fcs, before, L, H)
+        got = np.stack([entry[split]["band_refit"]["high"], entry[split]["band_refit"]["low"]], -1)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        scored = band_refit.shifted(params, want)
+        fc = forecast.split_forecast(module, scored, prep, split, L, H)
+        np.testing.assert_allclose(
+            entry[split]["columns"]["high"]["mae"],
+            np.abs(
+                prep.ohlc[fc.ends_N[:, None] + np.arange(1, H + 1), 1] - fc.prices_NHC[..., 1]
+            ).mean(),
+            rtol=1e-9,
+        )
+    np.testing.assert_allclose(record["predicted"], fc.prices_NHC, rtol=1e-12)
+    np.testing.assert_array_equal(test_params["output"]["band_high"], scored["output"]["band_high"])
+    assert not np.allclose(want, 0, atol=1e-3)  # the perturbed model had something to refit
+
+
+def test_without_the_option_or_a_band_nothing_is_refit():
+    for model, refit in (({}, False), ({"baseline": "persistence"}, True)):
+        cfg = make_config(**model)
+        prep = preps()[0]
+        module, params = _init_params(cfg, prep, np.zeros((H, 2), np.float32))
+        entry, _, _, test_params = evaluate.evaluate_model(
+            module, params, prep, L, H, refit_band=refit
+        )
+        assert "band_refit" not in entry["val"] and "band_refit" not in entry["test"]
+        assert test_params is params
+
+
+def test_training_saves_the_model_test_scored(tmp_path):
+    cfg = make_config()
+    cfg.eval.refit_band, cfg.eval.plots = True, False
+    results = driver.train_and_evaluate(cfg, str(tmp_path))
+    module = models.build(models.make_config(cfg))
+    for prep in preps():
+        entry = results["series"][prep.name]
+        assert len(entry["test"]["band_refit"]["high"]) == H
+        params, _ = checkpoint.load_series_model(workdir_lib.series_model(str(tmp_path), prep.name))
+        # Scored again, the saved model is already refit on train+val: nothing moves.
+        again, _, _, _ = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True)
+        np.testing.assert_allclose(again["test"]["band_refit"]["high"], 0, atol=1e-4)
+        for col in ("high", "low", "close"):
+            got, want = again["test"]["columns"][col]["mae"], entry["test"]["columns"][col]["mae"]
+            assert got == pytest.approx(want, rel=1e-6)
