@@ -89,6 +89,17 @@ def evaluate_split(
     return out
 
 
+def _cached_forecasts(module, params, prep, splits, lookback, horizon, cache: dict) -> dict:
+    """split -> forecast.SplitForecast of `params` on each of `splits`, each computed once
+    per params object (cache: (id(params), split) -> SplitForecast)."""
+    for s in splits:
+        if (id(params), s) not in cache:
+            cache[(id(params), s)] = forecast.split_forecast(
+                module, params, prep, s, lookback, horizon
+            )
+    return {s: cache[(id(params), s)] for s in splits}
+
+
 def evaluate_model(
     module,
     params,
@@ -117,16 +128,12 @@ def evaluate_model(
     scored_params, shifts = {"val": params, "test": params}, {}
     if refit_band and band_refit.applies(module):
         scored_params, shifts = band_refit.refit_per_split(module, params, prep, lookback, horizon)
-    forecasts = {}  # (id of the params, split) -> SplitForecast: each computed once
+    cache = {}
     for split in ("val", "test"):
         needed = (*baselines.SPLITS_BEFORE[split], split) if interval_levels else (split,)
-        for s in needed:
-            key = (id(scored_params[split]), s)
-            if key not in forecasts:
-                forecasts[key] = forecast.split_forecast(
-                    module, scored_params[split], prep, s, lookback, horizon
-                )
-        fcs = {s: forecasts[(id(scored_params[split]), s)] for s in needed}
+        fcs = _cached_forecasts(
+            module, scored_params[split], prep, needed, lookback, horizon, cache
+        )
         if interval_levels and fcs[split].prices_NHC is not None:
             point = {s: fc.prices_NHC for s, fc in fcs.items()}
             calibration = intervals.fit_before(
