@@ -102,7 +102,24 @@ def summary_lines(results: dict) -> list[str]:
         f"{len(skills)} series (expect about {SIGNIFICANCE * len(skills):.1f} by chance).",
         f"{noise} of {len(skills)} series have |skill| < {100 * NOISE_BAND:.0f}%, "
         "which on a single series is noise.",
+        *band_lines(results),
         *interval_lines(results),
+    ]
+
+
+def band_lines(results: dict) -> list[str]:
+    """How many models kept their untrained band, for a run whose band was refit after
+    training (eval.refit_band, cpbjax/band_refit.py); [] for any other run."""
+    entries = [
+        e for e in results.get("series", {}).values() if (e.get("test") or {}).get("band_refit")
+    ]
+    if not entries:
+        return []
+    kept = sum(e.get("best_epoch") is None for e in entries)
+    return [
+        f"The volatility band was refit on train+val after training for {len(entries)} series; "
+        f"{kept} of them kept the untrained band (no epoch beat it on validation by "
+        "train.min_delta), so their high/low forecasts are the fitted band's."
     ]
 
 

@@ -128,6 +128,23 @@ def test_summary_gives_the_interval_coverage_median_over_series():
     assert "band's quantiles close +0.00%" in line
 
 
+def test_summary_counts_the_models_that_kept_their_refit_band():
+    def entry(best_epoch, refit=True):
+        test = {"columns": {"close": {"skill": 0.0}}}
+        if refit:
+            test["band_refit"] = {"high": [0.01], "low": [-0.02]}
+        return {"best_epoch": best_epoch, "test": test}
+
+    results = {
+        "series": {"A": entry(None), "B": entry(3), "C": entry(None), "D": entry(None, False)}
+    }
+    line = report_tables.summary_lines(results)[-1]
+    assert line.startswith("The volatility band was refit on train+val after training for 3 series")
+    assert "2 of them kept the untrained band" in line
+    results = {"series": {"D": entry(None, False)}}
+    assert not any("refit" in x for x in report_tables.summary_lines(results))
+
+
 def test_write_reports_files(tmp_path):
     workdir = str(tmp_path)
     names = ("BTCUSDT-1h", "ETHUSDT-1h")
