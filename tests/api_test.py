@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import baselines, saved
+from cpbjax import baselines, checkpoint, evaluate, models, saved
 from cpbjax import config as config_lib
-from cpbjax.data import sources, synthetic
+from cpbjax import workdir as workdir_lib
+from cpbjax.data import sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.metrics import COLUMNS
 from tests.fake_exchange import FakeExchange, running
@@ -50,6 +51,26 @@ def run(tmp_path_factory):
     synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), _last_complete_months(2))
     workdir = str(root / "run")
     return workdir, mirror, cpbjax.train(_config(mirror), workdir)
+
+
+def test_the_saved_model_is_the_one_test_scored_with_its_band_refit(run):
+    """Training saves each series' model with its band refit on train+val (eval.refit_band,
+    on by default): scored again it has nothing left to refit, and scores as test did."""
+    workdir, mirror, results = run
+    cfg = config_lib.validate(_config(mirror))
+    (series,), _ = sources.load_all(cfg.data)
+    prep = windows.prepare_series(series, cfg.data)
+    entry = results["series"][prep.name]
+    assert len(entry["test"]["band_refit"]["high"]) == cfg.data.horizon
+    params, _ = checkpoint.load_series_model(workdir_lib.series_model(workdir, prep.name))
+    module = models.build(models.make_config(cfg))
+    L, H = cfg.data.lookback, cfg.data.horizon
+    again = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True).entry
+    np.testing.assert_allclose(again["test"]["band_refit"]["high"], 0, atol=1e-4)
+    np.testing.assert_allclose(again["test"]["band_refit"]["low"], 0, atol=1e-4)
+    for col in ("high", "low", "close"):
+        got, want = again["test"]["columns"][col]["mae"], entry["test"]["columns"][col]["mae"]
+        assert got == pytest.approx(want, rel=1e-6)
 
 
 def _history(mirror: str):

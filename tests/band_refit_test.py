@@ -3,8 +3,8 @@ model refit by least absolute deviation on its own errors over the splits before
 scored one.
 
 References are independent: a plain loop over windows for the least-absolute-deviation
-objective, baselines.py's float64 volatility band for the untrained model, and a saved
-model scored again.
+objective, baselines.py's float64 volatility band for the untrained model. (That a
+trained run saves the model its test split scored: tests/api_test.py.)
 """
 
 import math
@@ -13,8 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import band_refit, baselines, checkpoint, driver, evaluate, forecast, models
-from cpbjax import workdir as workdir_lib
+from cpbjax import band_refit, baselines, evaluate, forecast
 from cpbjax.data import stacking
 from tests.levers_test import _init_params, make_config, preps
 
@@ -126,20 +125,3 @@ def test_without_the_option_or_a_band_nothing_is_refit():
         )
         assert "band_refit" not in entry["val"] and "band_refit" not in entry["test"]
         assert test_params is params
-
-
-def test_training_saves_the_model_test_scored(tmp_path):
-    cfg = make_config()
-    cfg.eval.refit_band, cfg.eval.plots = True, False
-    results = driver.train_and_evaluate(cfg, str(tmp_path))
-    module = models.build(models.make_config(cfg))
-    for prep in preps():
-        entry = results["series"][prep.name]
-        assert len(entry["test"]["band_refit"]["high"]) == H
-        params, _ = checkpoint.load_series_model(workdir_lib.series_model(str(tmp_path), prep.name))
-        # Scored again, the saved model is already refit on train+val: nothing moves.
-        again, _, _, _ = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True)
-        np.testing.assert_allclose(again["test"]["band_refit"]["high"], 0, atol=1e-4)
-        for col in ("high", "low", "close"):
-            got, want = again["test"]["columns"][col]["mae"], entry["test"]["columns"][col]["mae"]
-            assert got == pytest.approx(want, rel=1e-6)
