@@ -107,6 +107,7 @@ class LiveCoins:
             "lr_scale": np.asarray(jax.vmap(optimizer.plateau_scale)(full.plateau)),
             "active": np.zeros_like(full.active),
             "diverged": full.diverged,
+            "val_gain_se": nan_K,
         }
         logging.info(
             "%d of %d coins still train: moved them to a program of %d", slots.size, k, k_live

@@ -46,7 +46,6 @@ DEFAULT_SYMBOLS = (
     "LUNAUSDT",
 )
 DEFAULT_INTERVALS = ("15m", "1h")
-MIN_DELTA_MODES = ("rel", "abs")  # train.min_delta: a share of the best val loss, or absolute
 SHARES = ("series", "pooled")  # train.share: a model per series, or one for the run
 
 # Name lists that other modules own, read from the owner each time they are asked for
@@ -59,6 +58,7 @@ _OWNED_NAMES = {
     "AUX_TARGETS": ("cpbjax.data.auxiliary", lambda m: tuple(m.FUNCTIONS)),
     "LOSSES": ("cpbjax.losses", lambda m: m.LOSSES),
     "LOSS_SCALES": ("cpbjax.losses", lambda m: m.LOSS_SCALES),
+    "MIN_DELTA_MODES": ("cpbjax.improvement", lambda m: m.MODES),
 }
 # config.model entries that the run reads (windows, the loss), not the model; every
 # other config.model entry is a field of the model's config dataclass (cpbjax.models).
@@ -156,7 +156,8 @@ def base_config() -> ml_collections.ConfigDict:
     t.patience = 10  # Early stopping: epochs without val improvement.
     # An epoch counts as an improvement (resets patience, becomes the kept model) only if
     # its val loss beats the best by more than min_delta: rel, a share of the best val
-    # loss (the loss's units differ between objectives); abs, in the val loss's units.
+    # loss (the loss's units differ between objectives); abs, in the val loss's units;
+    # se, standard errors of the paired val gain (cpbjax/improvement.py).
     # 0.5% won out of sample against 0 (docs/performance.md "The default-size GRU"):
     # smaller val gains are the split's noise and took models off the band for nothing.
     t.min_delta = 0.005
@@ -455,7 +456,7 @@ def _validate_train(c) -> None:
     _int_range(c, "train.epochs", 1, 100_000)
     _int_range(c, "train.patience", 1)
     if "min_delta_mode" in c.train:  # absent from a config saved by an earlier cpbjax
-        _choice(c, "train.min_delta_mode", MIN_DELTA_MODES)
+        _choice(c, "train.min_delta_mode", _names("MIN_DELTA_MODES"))
     relative = c.train.get("min_delta_mode", "abs") == "rel"
     _num_range(c, "train.min_delta", 0, 1 if relative else 1e6, hi_open=relative)
     _num_range(c, "train.grad_clip", 0, 1e6, lo_open=True)

@@ -216,6 +216,8 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
         record = _epoch_record(group, names, m, live.epoch_seconds[-1], computed)
         if t.reduce_on_plateau:
             record["lr_scale"] = m["lr_scale"][: len(names)]
+        if t.get("min_delta_mode") == "se":
+            record["val_gain_se"] = m["val_gain_se"][: len(names)]
         run.log.epoch(writers.to_jsonable(record), sharding.memory_bytes()[0])
         diverged = _log_divergence(names, m, diverged)
         finished = record["epoch"] >= t.epochs or not m["active"].any()

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cpbjax import optimizer, step
+from cpbjax import improvement, optimizer, step
 from cpbjax.data import stacking
 from cpbjax.models import common
 
@@ -166,11 +166,22 @@ def run_epoch(spec: step.EpochSpec, state: step.GroupState, arrays):
     best_val_loss the pooled best.
     """
     trained = train_pass(spec, state, arrays)
-    val_sum_K, val_n_K = step.val_sums(spec, trained.params, arrays)
-    pooled_val_K = jnp.broadcast_to(pooled_mean(val_sum_K, val_n_K, state.active), val_n_K.shape)
+    val = step.val_pass(spec, trained.params, arrays)
+    pooled_val_K = jnp.broadcast_to(pooled_mean(val.sum_K, val.n_K, state.active), val.n_K.shape)
     n_K = trained.num_windows_K
     train_K = jnp.where(state.active & (n_K > 0), trained.loss_sum_K / jnp.maximum(n_K, 1), jnp.nan)
-    new_state, metrics = step.end_epoch(spec, state, trained, train_K, pooled_val_K)
-    val_K = jnp.where(val_n_K > 0, val_sum_K / jnp.maximum(val_n_K, 1), jnp.nan)
-    metrics["val_loss"] = jnp.where(state.active, val_K, jnp.nan)
+    gain_se_K = jnp.broadcast_to(pooled_gain_se(spec, val, state, arrays), val.n_K.shape)
+    new_state, metrics = step.end_epoch(spec, state, trained, train_K, pooled_val_K, gain_se_K)
+    metrics["val_loss"] = jnp.where(state.active, val.mean_K(), jnp.nan)
     return new_state, metrics
+
+
+def pooled_gain_se(spec: step.EpochSpec, candidate: step.ValPass, state, arrays) -> jax.Array:
+    """The standard error of the pooled val gain over the best, float32 []; 0 unless
+    train.min_delta_mode is "se" (as step.gain_se, over every training coin's windows)."""
+    if spec.min_delta_mode != "se":
+        return jnp.zeros((), jnp.float32)
+    best = step.val_pass(spec, state.best_params, arrays)
+    return improvement.pooled_gain_se(
+        candidate.loss_KN, best.loss_KN, candidate.mask_KN, state.active, spec.horizon - 1
+    )

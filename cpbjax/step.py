@@ -29,7 +29,7 @@ import optax
 from flax import linen as nn
 from flax import struct
 
-from cpbjax import losses, optimizer, sweep_grid
+from cpbjax import improvement, losses, optimizer, sweep_grid
 from cpbjax.data import stacking, windows
 from cpbjax.models import common
 
@@ -43,6 +43,7 @@ EPOCH_METRICS = (
     "lr_scale",
     "active",
     "diverged",
+    "val_gain_se",  # the standard error of val_loss - best before it; 0 unless mode "se"
 )
 
 
@@ -72,8 +73,8 @@ class EpochSpec:
     scale_loss: bool  # train.loss_scale == "persistence": errors over target_scale
     quantiles: tuple  # model.quantiles' levels J (pinball); () for point forecasts
     baseline: str  # model.baseline: "vol_band" starts params at the fitted band
-    min_delta: float  # an epoch improves only if it beats the best by more (`improvement_bar`)
-    min_delta_mode: str  # train.min_delta_mode: "rel" (share of the best) | "abs"
+    min_delta: float  # an epoch improves only if it beats the best by more (`improvement.bar`)
+    min_delta_mode: str  # train.min_delta_mode: improvement.MODES
     reduce_on_plateau: bool
     # train.share: "series" (a model per coin, this module's epoch) or "pooled" (one model
     # for every coin: cpbjax/pooled.py's epoch over the same data and state layout).
@@ -373,8 +374,8 @@ def coin_train_step(spec: EpochSpec, params, opt_state, data: CoinData, s: CoinS
     return StepResult(params, opt_state, loss * n_taken, n_taken, s.active & (n > 0) & ~finite)
 
 
-def coin_val_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B):
-    """Sum of per-window train.loss over the valid val windows of ONE coin, and their count.
+def coin_val_losses(spec: EpochSpec, params, data: CoinData, ends_B, mask_B):
+    """train.loss of each val window of ONE coin, float32 [B] (0 where mask_B is False).
 
     The aux targets never enter it: early stopping watches the forecast the model
     is for, and the val loss stays comparable across runs with any aux targets.
@@ -383,8 +384,7 @@ def coin_val_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B):
     y_hat = spec.module.apply(
         {"params": params}, w.x_BLF, None, train=False, **quantile_kwargs(spec)
     )
-    err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
-    return jnp.sum(err_B), jnp.sum(mask_B)
+    return jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
 
 
 # -- the epoch --------------------------------------------------------------------------
@@ -462,57 +462,84 @@ def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays)
 
 def val_loss(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> jax.Array:
     """Masked mean validation loss per coin, float32 [K] (NaN for a coin without windows)."""
-    err_K, n_K = val_sums(spec, params, arrays)
-    return jnp.where(n_K > 0, err_K / jnp.maximum(n_K, 1), jnp.nan)
+    return val_pass(spec, params, arrays).mean_K()
+
+
+class ValPass(NamedTuple):
+    """One model's val pass, per coin."""
+
+    sum_K: jax.Array  # float32 [K]: summed val loss over the valid windows
+    n_K: jax.Array  # int32 [K]: valid windows
+    loss_KN: jax.Array  # float32 [K, S*B]: each window's loss (0 where mask_KN is False)
+    mask_KN: jax.Array  # bool [K, S*B]: the val windows in val_ends order, then padding
+
+    def mean_K(self) -> jax.Array:
+        """The masked mean val loss per coin, float32 [K] (NaN for a coin without windows)."""
+        return jnp.where(self.n_K > 0, self.sum_K / jnp.maximum(self.n_K, 1), jnp.nan)
 
 
 def val_sums(spec: EpochSpec, params, arrays: stacking.GroupArrays):
     """Per coin: the summed val loss over its valid val windows, float32 [K], and their
     count, int32 [K]."""
+    v = val_pass(spec, params, arrays)
+    return v.sum_K, v.n_K
+
+
+def val_pass(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> ValPass:
+    """The val loss of every coin's params [K, ...], summed and window by window."""
     ends_SKB, mask_SKB = batches(spec, arrays.val_ends, arrays.val_mask, spec.val_steps)
     data = coin_data(arrays)
-    sums = jax.vmap(
-        lambda p, d, e, m: coin_val_sums(spec, p, d, e, m), in_axes=(0, COIN_DATA_AXES, 0, 0)
+    losses_KB = jax.vmap(
+        lambda p, d, e, m: coin_val_losses(spec, p, d, e, m), in_axes=(0, COIN_DATA_AXES, 0, 0)
     )
 
     def body(carry, xs):
-        err_K, n_K = sums(params, data, *xs)
-        return (carry[0] + err_K, carry[1] + n_K), None
+        err_KB = losses_KB(params, data, *xs)
+        sums = (carry[0] + jnp.sum(err_KB, axis=1), carry[1] + jnp.sum(xs[1], axis=1))
+        return sums, err_KB
 
     k = ends_SKB.shape[1]  # this device's coins
-    (err_K, n_K), _ = jax.lax.scan(
+    (err_K, n_K), err_SKB = jax.lax.scan(
         body, (jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.int32)), (ends_SKB, mask_SKB)
     )
-    return err_K, n_K
+    # [S, K, B] -> [K, S*B]: each coin's windows in val_ends order.
+    to_kn = lambda a: a.swapaxes(0, 1).reshape(k, -1)
+    return ValPass(err_K, n_K, to_kn(err_SKB), to_kn(mask_SKB))
+
+
+def gain_se(spec: EpochSpec, candidate: ValPass, state: GroupState, arrays) -> jax.Array:
+    """The standard error of each coin's val gain over its best, float32 [K]; zeros
+    unless train.min_delta_mode is "se", which alone needs it (cpbjax/improvement.py).
+
+    The best model's window losses are recomputed from best_params rather than kept in
+    the state: one more val pass in "se" mode, and a checkpoint layout that does not
+    depend on the mode.
+    """
+    if spec.min_delta_mode != "se":
+        return jnp.zeros(candidate.sum_K.shape, jnp.float32)
+    best = val_pass(spec, state.best_params, arrays)
+    return improvement.gain_se(candidate.loss_KN, best.loss_KN, candidate.mask_KN, spec.horizon - 1)
 
 
 def run_epoch(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
     """One epoch of every active coin: (new GroupState, metrics dict of EPOCH_METRICS)."""
     trained = train_pass(spec, state, arrays)
-    val_K = val_loss(spec, trained.params, arrays)
+    val = val_pass(spec, trained.params, arrays)
     n_K = trained.num_windows_K
     train_K = jnp.where(state.active & (n_K > 0), trained.loss_sum_K / jnp.maximum(n_K, 1), jnp.nan)
-    return end_epoch(spec, state, trained, train_K, val_K)
+    return end_epoch(spec, state, trained, train_K, val.mean_K(), gain_se(spec, val, state, arrays))
 
 
-def improvement_bar(spec: EpochSpec, best_K: jax.Array) -> jax.Array:
-    """The val loss an epoch must go below to improve on `best_K` [K] (float32 [K]).
+def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, val_K, gain_se_K):
+    """Per-coin early stopping, divergence and plateau bookkeeping after one epoch.
 
-    A margin keeps a model from leaving its best (the untrained baseline, first) on a
-    val gain the size of the val split's noise, which out of sample costs error
-    (docs/performance.md "Choosing on an earlier fold"). inf stays inf.
+    gain_se_K: float32 [K], the standard error of val_K - best_val (`gain_se`).
     """
-    if spec.min_delta_mode == "rel":
-        return best_K * (1.0 - spec.min_delta)
-    return best_K - spec.min_delta
-
-
-def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, val_K):
-    """Per-coin early stopping, divergence and plateau bookkeeping after one epoch."""
     epoch = state.epoch + 1
     ran_K = state.active
     diverged_K = ran_K & (trained.nonfinite_K | ~jnp.isfinite(val_K))
-    improved_K = ran_K & ~diverged_K & (val_K < improvement_bar(spec, state.best_val))
+    bar_K = improvement.bar(spec.min_delta_mode, spec.min_delta, state.best_val, gain_se_K)
+    improved_K = ran_K & ~diverged_K & (val_K < bar_K)
     best_params = select(improved_K, trained.params, state.best_params)
     bad_K = jnp.where(improved_K, 0, state.bad_epochs + ran_K.astype(jnp.int32))
     plateau = state.plateau
@@ -543,5 +570,6 @@ def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, v
         "lr_scale": jax.vmap(optimizer.plateau_scale)(plateau),
         "active": active_K,
         "diverged": new_state.diverged,
+        "val_gain_se": jnp.where(ran_K, gain_se_K, jnp.nan),
     }
     return new_state, metrics

@@ -310,7 +310,7 @@ def _end_epoch(trainer, state, params, val_K):
     """step.end_epoch after a train pass that left `params` and no non-finite loss."""
     zeros_K = jnp.zeros(val_K.shape, jnp.int32)
     trained = step.TrainPass(params, state.opt_state, val_K, zeros_K, zeros_K.astype(bool))
-    return step.end_epoch(trainer.spec, state, trained, val_K, val_K)
+    return step.end_epoch(trainer.spec, state, trained, val_K, val_K, jnp.zeros_like(val_K))
 
 
 def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():

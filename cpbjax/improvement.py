@@ -1,0 +1,81 @@
+"""When an epoch's val loss counts as an improvement: early stopping's bar.
+
+`train.min_delta` sets a margin the val loss must beat the best by; `train.min_delta_mode`
+says in what units:
+- "abs": val loss units;
+- "rel": a share of the best val loss;
+- "se": standard errors of the val gain. The gain is the mean over val windows of the
+  paired difference (candidate's loss - best model's loss, window by window), and its
+  standard error is Newey-West's with Bartlett weights over H - 1 lags, since windows
+  n and n + l share H - l target candles (the Diebold-Mariano convention,
+  cpbjax/metrics.py). So the bar shrinks where the val loss is measured on more
+  windows: a pooled model, judged on every series' windows, needs a smaller gain
+  than a per-series model to leave its best (docs/performance.md "One margin for both
+  modes").
+
+Shape letters (docs/design.md): K coins, N windows of a split (padded to S x B), P rows
+of position sums (one per coin, or one for a pooled model).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+MODES = ("rel", "abs", "se")
+
+
+def bar(mode: str, min_delta: float, best_K: jnp.ndarray, gain_se_K: jnp.ndarray) -> jnp.ndarray:
+    """The val loss an epoch must go below to improve on `best_K` (float32 [K]).
+
+    A margin keeps a model from leaving its best (the untrained baseline, first) on a
+    val gain the size of the val split's noise, which out of sample costs error
+    (docs/performance.md "Choosing on an earlier fold"). inf stays inf, whatever the
+    standard error.
+    """
+    if mode == "rel":
+        return best_K * (1.0 - min_delta)
+    if mode == "se":
+        return jnp.where(jnp.isinf(best_K), best_K, best_K - min_delta * gain_se_K)
+    return best_K - min_delta
+
+
+def newey_west_se(sum_PN: jnp.ndarray, count_PN: jnp.ndarray, lag: int) -> jnp.ndarray:
+    """Standard error of each row's mean, float32 [P], from per-position sums.
+
+    Args:
+      sum_PN: the values summed at each position n (0 where there is none).
+      count_PN: how many values each sum holds.
+      lag: the last autocovariance lag counted, with Bartlett weight 1 - l / (lag + 1).
+    """
+    n_P = jnp.sum(count_PN, axis=1)
+    mean_P = jnp.sum(sum_PN, axis=1) / jnp.maximum(n_P, 1)
+    # Centred totals: a position of c values deviates by its sum - c * mean.
+    dev_PN = sum_PN - mean_P[:, None] * count_PN
+    var_P = jnp.sum(dev_PN * dev_PN, axis=1)
+    for gap in range(1, min(lag, sum_PN.shape[1] - 1) + 1):
+        weight = 1.0 - gap / (lag + 1)
+        var_P = var_P + 2.0 * weight * jnp.sum(dev_PN[:, gap:] * dev_PN[:, :-gap], axis=1)
+    return jnp.sqrt(jnp.maximum(var_P, 0.0)) / jnp.maximum(n_P, 1)
+
+
+def gain_se(new_KN, best_KN, mask_KN, lag: int) -> jnp.ndarray:
+    """Each coin's standard error of its mean val gain, float32 [K].
+
+    new_KN, best_KN: per-window val losses of the candidate and of the best model;
+    mask_KN: bool, the valid windows.
+    """
+    d_KN = jnp.where(mask_KN, new_KN - best_KN, 0.0)
+    return newey_west_se(d_KN, mask_KN.astype(jnp.float32), lag)
+
+
+def pooled_gain_se(new_KN, best_KN, mask_KN, take_K, lag: int) -> jnp.ndarray:
+    """The standard error of the pooled mean val gain over the coins `take_K`, float32 [].
+
+    Coins' windows at the same position n are summed before the autocovariances, so
+    errors that move together across series (one market, the same hours for every
+    series of an interval) count as the dependence they are, not as independent draws.
+    """
+    m_KN = mask_KN & take_K[:, None]
+    d_N = jnp.sum(jnp.where(m_KN, new_KN - best_KN, 0.0), axis=0)
+    count_N = jnp.sum(m_KN, axis=0).astype(jnp.float32)
+    return newey_west_se(d_N[None], count_N[None], lag)[0]
