@@ -32,8 +32,11 @@ def _record(epoch, train, val, best, **extra):
     }
 
 
-# Epoch 1: ETH's val loss is None (non-finite in metrics.jsonl), lr_scale present.
-RECORD_1 = _record(1, [0.5, 0.25], [0.1, None], [0.1, None], lr_scale=[1.0, 0.5])
+# Epoch 1: ETH's val loss is None (non-finite in metrics.jsonl), lr_scale and val_gain_se
+# (train.min_delta_mode=se) present.
+RECORD_1 = _record(
+    1, [0.5, 0.25], [0.1, None], [0.1, None], lr_scale=[1.0, 0.5], val_gain_se=[0.002, None]
+)
 # Every scalar TensorBoard must hold for RECORD_1 (float32, as simple_value stores it).
 EXPECTED_1 = {
     "train_loss/BTCUSDT-1h": 0.5,
@@ -42,6 +45,7 @@ EXPECTED_1 = {
     "best_val_loss/BTCUSDT-1h": 0.1,
     "lr_scale/BTCUSDT-1h": 1.0,
     "lr_scale/ETHUSDT-15m": 0.5,
+    "val_gain_se/BTCUSDT-1h": 0.002,
     "lr": 0.001,
     "active_series": 1.0,
     "epoch_seconds": 1.5,
