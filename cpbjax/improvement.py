@@ -13,8 +13,7 @@ says in what units:
   than a per-series model to leave its best (docs/performance.md "One margin for both
   modes").
 
-Shape letters (docs/design.md): K coins, N windows of a split (padded to S x B), P rows
-of position sums (one per coin, or one for a pooled model).
+Shape letters (docs/design.md): K coins, N windows of a split (padded to S x B).
 """
 
 from __future__ import annotations
@@ -39,23 +38,24 @@ def bar(mode: str, min_delta: float, best_K: jnp.ndarray, gain_se_K: jnp.ndarray
     return best_K - min_delta
 
 
-def newey_west_se(sum_PN: jnp.ndarray, count_PN: jnp.ndarray, lag: int) -> jnp.ndarray:
-    """Standard error of each row's mean, float32 [P], from per-position sums.
+def newey_west_se(sum_KN: jnp.ndarray, count_KN: jnp.ndarray, lag: int) -> jnp.ndarray:
+    """Standard error of each row's mean, float32 [K], from per-position sums (K rows: coins, or
+    one row of a pooled model's sums over coins).
 
     Args:
-      sum_PN: the values summed at each position n (0 where there is none).
-      count_PN: how many values each sum holds.
-      lag: the last autocovariance lag counted, with Bartlett weight 1 - l / (lag + 1).
+      sum_KN: the values summed at each position n (0 where there is none).
+      count_KN: how many values each sum holds.
+      lag: the last autocovariance lag counted, with Bartlett weight 1 - gap / (lag + 1).
     """
-    n_P = jnp.sum(count_PN, axis=1)
-    mean_P = jnp.sum(sum_PN, axis=1) / jnp.maximum(n_P, 1)
+    n_K = jnp.sum(count_KN, axis=1)
+    mean_K = jnp.sum(sum_KN, axis=1) / jnp.maximum(n_K, 1)
     # Centred totals: a position of c values deviates by its sum - c * mean.
-    dev_PN = sum_PN - mean_P[:, None] * count_PN
-    var_P = jnp.sum(dev_PN * dev_PN, axis=1)
-    for gap in range(1, min(lag, sum_PN.shape[1] - 1) + 1):
+    dev_KN = sum_KN - mean_K[:, None] * count_KN
+    var_K = jnp.sum(dev_KN * dev_KN, axis=1)
+    for gap in range(1, min(lag, sum_KN.shape[1] - 1) + 1):
         weight = 1.0 - gap / (lag + 1)
-        var_P = var_P + 2.0 * weight * jnp.sum(dev_PN[:, gap:] * dev_PN[:, :-gap], axis=1)
-    return jnp.sqrt(jnp.maximum(var_P, 0.0)) / jnp.maximum(n_P, 1)
+        var_K = var_K + 2.0 * weight * jnp.sum(dev_KN[:, gap:] * dev_KN[:, :-gap], axis=1)
+    return jnp.sqrt(jnp.maximum(var_K, 0.0)) / jnp.maximum(n_K, 1)
 
 
 def gain_se(new_KN, best_KN, mask_KN, lag: int) -> jnp.ndarray:
@@ -78,4 +78,4 @@ def pooled_gain_se(new_KN, best_KN, mask_KN, take_K, lag: int) -> jnp.ndarray:
     m_KN = mask_KN & take_K[:, None]
     d_N = jnp.sum(jnp.where(m_KN, new_KN - best_KN, 0.0), axis=0)
     count_N = jnp.sum(m_KN, axis=0).astype(jnp.float32)
-    return newey_west_se(d_N[None], count_N[None], lag)[0]
+    return newey_west_se(d_N[None], count_N[None], lag)[0]  # one row: [1, N]
