@@ -39,6 +39,7 @@ driver_env = train_test.driver_env  # the shared subprocess environment (a fixtu
 ROOT = train_test.ROOT
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h", "SOLUSDT-1h")
 EPOCHS, PATIENCE = 30, 3
+MIN_DELTA = 0.005  # the launched run's early-stopping bar, a share of the best (rel)
 # The winning levers' loss (MAE with the persistence scale); the epoch test adds vol_band.
 LEVERS = {"train.loss": "mae", "train.loss_scale": "persistence"}
 
@@ -262,6 +263,10 @@ FLAGS = [
     "--config.ckpt.every_epochs=1",
     "--config.eval.plots=False",
     "--config.train.share=pooled",
+    # A bar the reference below implements; the default (standard errors of the paired
+    # gain) is checked against its own plain loop in improvement_test.
+    "--config.train.min_delta_mode=rel",
+    f"--config.train.min_delta={MIN_DELTA}",
     *(f"--config.{field}={value}" for field, value in LEVERS.items()),
 ]
 
@@ -330,7 +335,9 @@ def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
     n_val = np.array([len(p.ends["val"]) for p in train_test.preps()])
     per_series = np.array([r["val_loss"] for r in records])  # [epochs, series]
     pooled = per_series @ n_val / n_val.sum()
-    best, best_epoch, active, _, _ = train_test._reference_early_stopping(pooled, PATIENCE)
+    best, best_epoch, active, _, _ = train_test._reference_early_stopping(
+        pooled, PATIENCE, min_delta=MIN_DELTA, mode="rel"
+    )
     entries = [results["series"][name] for name in NAMES]
     for entry in entries:
         assert entry["best_epoch"] == best_epoch

@@ -49,7 +49,7 @@ def make_config():
     # tested by levers_test, launch_test and the golden runs. No early-stopping margin
     # either (train.min_delta=0, as before #13): the kept epoch is the lowest val loss.
     c.model.baseline, c.train.loss, c.train.loss_scale = "none", "mse", "none"
-    c.train.min_delta = 0.0
+    c.train.min_delta, c.train.min_delta_mode = 0.0, "abs"
     c.eval.plots = False
     return config_lib.validate(c)
 
@@ -238,8 +238,8 @@ def _reference_early_stopping(vals, patience, best=np.inf, min_delta=0.0, mode="
         if not np.isfinite(val):
             active, diverged, diverged_epoch = False, True, epoch
             continue
-        margin = min_delta * best if mode == "rel" else min_delta
-        if val < best - margin:
+        bar = best * (1 - min_delta) if mode == "rel" else best - min_delta
+        if val < bar:
             best, best_epoch, bad = val, epoch, 0
         else:
             bad += 1
