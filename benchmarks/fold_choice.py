@@ -17,16 +17,22 @@ prints per candidate
     column, the series significantly worse / better than persistence on close
     (Diebold-Mariano, one-sided p < 0.05), and the band's and HAR's median skill on
     high and low on the same windows.
-A record of the table goes to benchmarks/records/fold_choice-<UTC time>.md.
+A record of the table goes to benchmarks/records/fold_choice-<UTC time>.md (-2, -3, ... when one of that minute exists).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402
 
 COLUMNS = ("close", "high", "low")
 BASELINES = ("vol_band", "har")  # fitted baselines refit per fold (results.json blocks)
@@ -135,11 +141,9 @@ def main() -> None:
         + "\n\nFitted baselines on the earlier folds:\n\n"
         + baselines_markdown(table[0])
     )
-    print(table)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%MZ")
-    os.makedirs(RECORDS, exist_ok=True)
-    with open(os.path.join(RECORDS, f"fold_choice-{stamp}.md"), "w") as f:
-        f.write(" ".join(["benchmarks/fold_choice.py", *args.runs]) + "\n\n" + table + "\n")
+    # write_record names it by the UTC minute and never overwrites: a second choice in
+    # the same minute gets -2.
+    common.print_and_record(RECORDS, "fold_choice", "Choice on earlier backtest folds", table)
 
 
 if __name__ == "__main__":
