@@ -38,15 +38,10 @@ MODES = ("rel", "se")
 def mode_config(args, share: str, mode: str):
     """The model's default config with the benchmark's data, `share` and bar mode."""
     config = config_lib.load(str(train_bench.REPO / "configs" / f"{args.model}.py"))
-    d = config.data
-    d.source, d.max_candles = args.source, args.candles
-    d.min_candles = min(d.min_candles, args.candles)
-    if args.source == "synthetic":
-        d.synthetic_candles = d.min_candles = args.candles
-    else:
-        d.base_url = args.base_url
+    train_bench.set_bench_data(config, args)
     config.train.share, config.train.min_delta_mode = share, mode
-    config.train.min_delta = 1.0 if mode == "se" else config.train.min_delta
+    # One standard error (today's default), or the 0.5% share that was the default before.
+    config.train.min_delta = 1.0 if mode == "se" else 0.005
     config.train.patience = config.train.epochs  # no coin stops while it is timed
     return config_lib.validate(config)
 

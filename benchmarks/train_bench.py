@@ -201,6 +201,17 @@ def bench_config(model: str, args, decoding: str, dtype: str, gradient: str = "a
     config = config_lib.load(
         str(REPO / "configs" / f"{model}.py") + (":tiny" if args.quick else "")
     )
+    set_bench_data(config, args)
+    config.model.decoding, config.dtype = decoding, dtype
+    config.recurrent_gradient = gradient
+    # Like for like with the torch loop (MSE on the raw output), whatever main's defaults.
+    config.model.baseline, config.train.loss, config.train.loss_scale = "none", "mse", "none"
+    return config_lib.validate(config)
+
+
+def set_bench_data(config, args) -> None:
+    """Points config.data at the benchmark's source (--source, --base-url) and length
+    (--candles): every series is cut to the same number of candles."""
     d = config.data
     d.source = args.source
     d.max_candles = args.candles
@@ -209,11 +220,6 @@ def bench_config(model: str, args, decoding: str, dtype: str, gradient: str = "a
         d.synthetic_candles = d.min_candles = args.candles
     else:
         d.base_url = args.base_url
-    config.model.decoding, config.dtype = decoding, dtype
-    config.recurrent_gradient = gradient
-    # Like for like with the torch loop (MSE on the raw output), whatever main's defaults.
-    config.model.baseline, config.train.loss, config.train.loss_scale = "none", "mse", "none"
-    return config_lib.validate(config)
 
 
 def load_group_data(config) -> tuple[list, list]:
