@@ -300,10 +300,14 @@ def prepare_windows(series: list[Series], data_cfg) -> list[dict]:
 
 
 def default_config(model_name: str):
-    """cpbjax's default config for `model_name` (configs/<model>.py)."""
+    """cpbjax's default config for `model_name` (configs/<model>.py) as the replaced system
+    trained it: one model per series at its learning rate of 1e-3 (cpbjax's GRU and
+    transformer default to one pooled model at 3e-4, config.pool_by_default)."""
     if model_name not in MODELS:
         raise ValueError(f"model {model_name!r} is not one of {', '.join(MODELS)}")
-    return config_lib.load(str(REPO / "configs" / f"{model_name}.py"))
+    config = config_lib.load(str(REPO / "configs" / f"{model_name}.py"))
+    config.train.share, config.train.learning_rate = "series", 1e-3
+    return config
 
 
 def benchmark_windows(model_name: str, n_series: int, n_candles: int) -> list[dict]:

@@ -204,8 +204,10 @@ def bench_config(model: str, args, decoding: str, dtype: str, gradient: str = "a
     set_bench_data(config, args)
     config.model.decoding, config.dtype = decoding, dtype
     config.recurrent_gradient = gradient
-    # Like for like with the torch loop (MSE on the raw output), whatever main's defaults.
+    # Like for like with the torch loop (per-series models, MSE on the raw output), whatever
+    # main's defaults.
     config.model.baseline, config.train.loss, config.train.loss_scale = "none", "mse", "none"
+    config.train.share = "series"
     return config_lib.validate(config)
 
 

@@ -18,6 +18,8 @@ def get_config(arg=None):
     c.train.batch_size = 64
     c.train.epochs = 100
     c.train.patience = 15
+    if not arg:  # the real-data run: one model for every series of the run
+        config_lib.pool_by_default(c)
     config_lib.apply_variant(c, arg)
     if arg:  # demo and tiny: a model small enough for a 2-core CPU.
         c.model.hidden = 32

@@ -22,6 +22,8 @@ def get_config(arg=None):
     c.train.batch_size = 128
     c.train.epochs = 50
     c.train.patience = 10
+    if not arg:  # the real-data run: one model for every series of the run
+        config_lib.pool_by_default(c)
     config_lib.apply_variant(c, arg)
     if arg:  # demo and tiny: a model small enough for a 2-core CPU.
         c.model.d_model, c.model.num_heads, c.model.ff_dim = 32, 4, 64

@@ -19,6 +19,20 @@ def test_configs_load_and_validate(path, variant):
     assert config_lib.validate(config) is config
 
 
+def test_real_data_runs_pool_and_the_variants_keep_per_series_models():
+    # The GRU's and the transformer's default runs train one pooled model at 3e-4 (chosen
+    # on earlier backtest folds); demo and tiny keep the vmapped per-series path at 1e-3,
+    # and the LSTM (not measured pooled) keeps per-series models.
+    for path in ("configs/gru.py", "configs/transformer.py"):
+        c = config_lib.load(path)
+        assert (c.train.share, c.train.learning_rate) == ("pooled", 3e-4)
+        for variant in (":demo", ":tiny"):
+            v = config_lib.load(path + variant)
+            assert (v.train.share, v.train.learning_rate) == ("series", 1e-3)
+    lstm = config_lib.load("configs/lstm.py")
+    assert lstm.train.share == "series"
+
+
 def test_defaults_reproduce_the_replaced_system():
     t, g, m = (config_lib.load(p) for p in CONFIGS)
     assert (t.model.d_model, t.model.num_heads, t.model.ff_dim) == (128, 8, 512)
@@ -43,7 +57,8 @@ def test_defaults_reproduce_the_replaced_system():
         assert (c.data.lookback, c.data.horizon, c.data.months) == (30, 10, 12)
         assert (c.data.max_candles, c.train.grad_clip, c.seed) == (5000, 1.0, 0)
         assert c.data.features == ("open", "high", "low", "close")
-        assert c.train.learning_rate == 1e-3
+    # The replaced system's learning rate; the pooled defaults' 3e-4 is tested above.
+    assert m.train.learning_rate == 1e-3
 
 
 def test_tiny_variant_is_offline_and_small():
