@@ -540,12 +540,6 @@ def _validate_sweep(c) -> None:
             c.model.series_embedding,
             "0 unless train.share='pooled' (a per-series model has one series to tell apart)",
         )
-    if sweep_grid.is_sweep(c) and c.train.get("share") == "pooled":
-        raise ConfigError(
-            f"config.sweep.{sweep_grid.swept(c)[0]} needs train.share='series': a pooled model "
-            "is one model for every coin, so per-coin hyperparameters cannot apply; run "
-            "separate configs"
-        )
 
 
 def _validate_serve(c) -> None:

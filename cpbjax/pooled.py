@@ -104,15 +104,19 @@ def pooled_objective(spec: step.EpochSpec, params, data: step.CoinData, ends_KB,
     return jnp.sum(objective_K) / jnp.maximum(jnp.sum(mask_KB), 1), err_K
 
 
-def pooled_train_step(spec: step.EpochSpec, params, opt_state, data, ends_KB, mask_KB, keys_K, lr):
+def pooled_train_step(
+    spec: step.EpochSpec, params, opt_state, data, ends_KB, mask_KB, keys_K, lr, hparams
+):
     """One update of the shared params from every coin's batch (mask_KB: bool [K, B], False
-    for coins that do not train); a StepResult with per-coin sums [K] and one nonfinite."""
+    for coins that do not train; hparams: a sweep setting's injected optimizer values, {}
+    without one); a StepResult with per-coin sums [K] and one nonfinite."""
     n_K = jnp.sum(mask_KB, axis=1)
     loss_fn = functools.partial(pooled_objective, spec)
     (objective, err_K), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         params, data, ends_KB, mask_KB, keys_K
     )
-    updates, new_opt = spec.tx.update(grads, optimizer.with_learning_rate(opt_state, lr), params)
+    opt_state = optimizer.with_learning_rate(opt_state, lr, **hparams)
+    updates, new_opt = spec.tx.update(grads, opt_state, params)
     finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
     trains = jnp.sum(n_K) > 0
     take = trains & finite
@@ -131,8 +135,8 @@ def train_pass(spec: step.EpochSpec, state: step.GroupState, arrays) -> step.Tra
     [K, ...] and per-coin sums, as step.train_pass does."""
     ends_SKB, mask_SKB, step_keys_K = step.train_batches(spec, state, arrays)
     data = step.coin_data(arrays)
-    lr_scale = optimizer.plateau_scale(first(state.plateau))
-    train_step = functools.partial(pooled_train_step, spec)
+    lr_scale, hparams = setting_hparams(arrays, optimizer.plateau_scale(first(state.plateau)))
+    train_step = functools.partial(pooled_train_step, spec, hparams=hparams)
 
     def body(carry: step.TrainPass, xs):
         s, ends_KB, mask_KB = xs
@@ -156,6 +160,16 @@ def train_pass(spec: step.EpochSpec, state: step.GroupState, arrays) -> step.Tra
         opt_state=replicate(carry.opt_state, k),
         nonfinite_K=state.active & carry.nonfinite_K,
     )
+
+
+def setting_hparams(arrays: stacking.GroupArrays, lr_scale: jax.Array):
+    """The group's sweep setting as the pooled step takes it: (lr_scale times its lr_mult
+    where swept, the injected optimizer values: name -> []). A pooled sweep trains one
+    setting per group (cpbjax/sweep.py), so coin 0's values are every coin's; without a
+    sweep, (lr_scale, {}) untouched."""
+    k = arrays.train_mask.shape[0]
+    lr_scale_K, hparams_K = step.coin_hparams(arrays, jnp.broadcast_to(lr_scale, (k,)))
+    return lr_scale_K[0], {name: v[0] for name, v in hparams_K.items()}
 
 
 def run_epoch(spec: step.EpochSpec, state: step.GroupState, arrays):

@@ -10,6 +10,11 @@ the run is then published as a train run of the chosen settings: models/<SERIES>
 meta.json holding the config of the chosen setting alone), results.json (each entry
 adding "sweep": the chosen setting), the report, config.json and timings.json, so
 predict, export and serve use it unchanged. <workdir>/sweep.json holds the whole grid.
+
+With train.share=pooled a setting is ONE model over every series: its coins form a group
+of their own (`pooled_plan`), purged across series as a pooled train run's, and the
+groups train one after another in the same compiled program (each has one coin per
+series); the setting's values reach the pooled step from the group's coin arrays.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from absl import logging
 from cpbjax import checkpoint, driver, report, sharding, sweep_grid, writers
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
+from cpbjax.data import pooling
 from cpbjax.runlog import StageClock
 
 # Per-coin fields left out of sweep.json: wall-clock times (the same run resumed gives
@@ -149,6 +155,22 @@ def _write(config, workdir: str, results: dict, out: dict, history, forecasts, c
     writers.write_json(workdir_lib.timings_json(workdir), timings)
 
 
+def pooled_plan(preps: list, config) -> tuple[list, list, dict, dict]:
+    """train.share=pooled: one group per setting, each ONE pooled model over every series
+    at that setting, purged across series as a pooled train run is (data/pooling.py).
+
+    Returns:
+      (the series that keep windows, the plan: per setting its coins, the train and val
+       ends of every coin, series name -> why it keeps no windows).
+    """
+    data = config.data
+    kept, emptied = pooling.pool_ends(preps, data.lookback, data.horizon)
+    preps = [p for p in preps if p.name in kept]
+    plan = sweep_grid.by_setting(preps, config)
+    pool = {c.name: kept[sweep_grid.series_of(c.name)] for group in plan for c in group}
+    return preps, plan, pool, emptied
+
+
 def run_sweep(config, workdir: str) -> dict:
     """Trains every (series, setting) coin of the sweep, chooses and publishes settings.
 
@@ -169,13 +191,18 @@ def run_sweep(config, workdir: str) -> dict:
     run_dir = workdir_lib.sweep_run(workdir)
     os.makedirs(run_dir, exist_ok=True)
     preps, skipped = driver.prepare_all(config, clock)
+    coins, plan, pool = sweep_grid.expand(preps, config), None, None
+    if config.train.share == "pooled":
+        preps, plan, pool, emptied = pooled_plan(preps, config)
+        coins, skipped = [c for group in plan for c in group], {**skipped, **emptied}
     if not preps:
         raise driver.NothingTrained(f"no series could be trained; skipped: {skipped}")
-    coins = sweep_grid.expand(preps, config)
     extra = {"sweep": grid(config)}
     # The choice only reads the trained coins: a rerun may change sweep.select.
     trained = {"sweep": {k: v for k, v in extra["sweep"].items() if k != "select"}}
-    entries, records, plan = driver.train_groups(config, run_dir, coins, clock, extra_print=trained)
+    entries, records, plan = driver.train_groups(
+        config, run_dir, coins, clock, extra_print=trained, pool_ends=pool, plan=plan
+    )
     tab = table([p.name for p in preps], entries, config)
     chosen = choose(tab, config.sweep.select)
     logging.info("sweep: chosen settings (by val loss): %s", chosen)

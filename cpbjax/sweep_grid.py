@@ -97,16 +97,23 @@ def coin_hparams(config, setting: dict) -> dict:
     return out
 
 
+def coin(prep, config, setting: dict):
+    """The PreparedSeries `prep` as the coin of one setting."""
+    return dataclasses.replace(
+        prep, name=coin_name(prep.name, setting), hparams=coin_hparams(config, setting)
+    )
+
+
 def expand(preps: list, config) -> list:
     """Every (series, setting) coin of `preps`: a series' settings are adjacent, in grid
     order, so a group holds whole series where it can."""
-    return [
-        dataclasses.replace(
-            p, name=coin_name(p.name, setting), hparams=coin_hparams(config, setting)
-        )
-        for p in preps
-        for setting in settings(config)
-    ]
+    return [coin(p, config, setting) for p in preps for setting in settings(config)]
+
+
+def by_setting(preps: list, config) -> list[list]:
+    """The coins of `preps` grouped by setting, in grid order: train.share=pooled trains
+    one group per setting, each ONE model over every series at that setting."""
+    return [[coin(p, config, setting) for p in preps] for setting in settings(config)]
 
 
 def setting_config(config, setting: dict):

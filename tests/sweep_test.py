@@ -66,6 +66,27 @@ def run_alone(workdir: str) -> None:
     writers.write_json(os.path.join(workdir, "alone.json"), entries)
 
 
+def pooled_sweep_config():
+    """The sweep with train.share=pooled: one pooled model of both series per setting."""
+    c = sweep_config()
+    c.train.share, c.train.group_size = "pooled", 0
+    return config_lib.validate(c)
+
+
+def run_pooled_share(workdir: str) -> None:
+    sweep.run_sweep(pooled_sweep_config(), workdir)
+
+
+def run_pooled_alone(workdir: str) -> None:
+    """A pooled train run of both series with ALONE_SETTING's values in config.train."""
+    from cpbjax import driver
+
+    config = pooled_sweep_config()
+    config.sweep.learning_rate, config.sweep.weight_decay = (), ()
+    config.train.update(ALONE_SETTING)
+    driver.train_and_evaluate(config, workdir)
+
+
 def run_compacted(workdir: str) -> None:
     """The sweep with patience 1, so coins stop at scattered epochs, run twice: whole, and
     with group compaction forced whenever at most half the coins train."""
@@ -338,11 +359,39 @@ def test_fields_that_cannot_be_per_coin_arrays_are_refused(field, match):
         config_lib.validate(c)
 
 
-def test_a_pooled_model_refuses_a_sweep():
-    c = sweep_config()
-    c.train.share = "pooled"
-    with pytest.raises(config_lib.ConfigError, match="sweep.learning_rate needs train.share"):
-        config_lib.validate(c)
+def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(env, tmp_path):
+    proc = train_test.spawn("sweep_test", "run_pooled_share", tmp_path / "sweep", env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = writers.MetricsLog(os.path.join(tmp_path, "sweep", "sweep")).records()
+    groups = {r["group"]: r["series"] for r in records}
+    # One group per setting in grid order, each holding every series at that setting ...
+    assert list(groups.values()) == [[f"{s}@{name}" for s in SERIES] for name in _settings()]
+    compiles = [c["program"] for c in _read(tmp_path / "sweep", "timings.json")["compiles"]]
+    assert compiles.count("jit(run_epoch)") == 1  # ... all run by one compiled program.
+    models = os.path.join(tmp_path, "sweep", "sweep", "models")
+    flat = {}
+    for name in _settings():  # Each setting is ONE model: its coins keep the same params.
+        first, second = (
+            checkpoint.load_series_model(os.path.join(models, f"{s}@{name}"))[0] for s in SERIES
+        )
+        np.testing.assert_array_equal(_flat(first), _flat(second))
+        flat[name] = _flat(first)
+    # The setting equals a pooled run with its values in config.train (another program's
+    # schedule x lr_mult: equal up to float32 rounding), and every other setting differs.
+    proc = train_test.spawn("sweep_test", "run_pooled_alone", tmp_path / "alone", env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    alone_name = "lr={learning_rate!r},wd={weight_decay!r}".format(**ALONE_SETTING)
+    cells = _read(tmp_path / "sweep")["series"]
+    alone = _read(tmp_path / "alone", "results.json")["series"]
+    for series in SERIES:
+        cell = cells[series]["settings"][alone_name]
+        assert alone[series]["best_epoch"] == cell["best_epoch"] >= 1
+        assert alone[series]["best_val_loss"] == pytest.approx(cell["best_val_loss"], rel=1e-5)
+    p_alone, _ = checkpoint.load_series_model(os.path.join(tmp_path, "alone", "models", SERIES[0]))
+    np.testing.assert_allclose(_flat(p_alone), flat[alone_name], **train_test.CROSS_PROGRAM)
+    for name in _settings():
+        if name != alone_name:
+            assert np.abs(flat[name] - flat[alone_name]).max() > 1e-4, name
 
 
 def test_a_backtest_refuses_a_sweep_instead_of_ignoring_it(tmp_path):
