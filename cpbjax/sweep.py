@@ -191,10 +191,11 @@ def run_sweep(config, workdir: str) -> dict:
     run_dir = workdir_lib.sweep_run(workdir)
     os.makedirs(run_dir, exist_ok=True)
     preps, skipped = driver.prepare_all(config, clock)
-    coins, plan, pool = sweep_grid.expand(preps, config), None, None
     if config.train.share == "pooled":
         preps, plan, pool, emptied = pooled_plan(preps, config)
         coins, skipped = [c for group in plan for c in group], {**skipped, **emptied}
+    else:
+        coins, plan, pool = sweep_grid.expand(preps, config), None, None
     if not preps:
         raise driver.NothingTrained(f"no series could be trained; skipped: {skipped}")
     extra = {"sweep": grid(config)}
