@@ -165,8 +165,8 @@ def pooled_folds(preps: list, data_cfg) -> tuple[list, dict, dict]:
     plan, pool, emptied = [], {}, {}
     for f in sorted({folds.fold_of(p.name) for p in preps}):
         fold = [p for p in preps if folds.fold_of(p.name) == f]
-        kept, gone = pooling.pool_ends(fold, data_cfg.lookback, data_cfg.horizon)
-        plan.append([p for p in fold if p.name in kept])
+        kept_fold, kept, gone = pooling.pooled_series(fold, data_cfg)
+        plan.append(kept_fold)
         pool.update(kept)
         emptied.update(gone)
     return [g for g in plan if g], pool, emptied

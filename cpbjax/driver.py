@@ -601,8 +601,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     preps, skipped = prepare_all(config, clock)
     pool = None
     if config.train.share == "pooled":
-        pool, emptied = pooling.pool_ends(preps, config.data.lookback, config.data.horizon)
-        preps, skipped = [p for p in preps if p.name in pool], {**skipped, **emptied}
+        preps, pool, emptied = pooling.pooled_series(preps, config.data)
+        skipped = {**skipped, **emptied}
     if not preps:
         # A workdir that already holds a run keeps its files: a failing rerun never
         # overwrites what an earlier one finished.

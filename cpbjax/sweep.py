@@ -163,9 +163,7 @@ def pooled_plan(preps: list, config) -> tuple[list, list, dict, dict]:
       (the series that keep windows, the plan: per setting its coins, the train and val
        ends of every coin, series name -> why it keeps no windows).
     """
-    data = config.data
-    kept, emptied = pooling.pool_ends(preps, data.lookback, data.horizon)
-    preps = [p for p in preps if p.name in kept]
+    preps, kept, emptied = pooling.pooled_series(preps, config.data)
     plan = sweep_grid.by_setting(preps, config)
     pool = {c.name: kept[sweep_grid.series_of(c.name)] for group in plan for c in group}
     return preps, plan, pool, emptied

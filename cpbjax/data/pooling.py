@@ -66,6 +66,13 @@ def _clear_of(start_N, stop_N, merged) -> np.ndarray:
     return (i_N == len(starts)) | later_N
 
 
+def pooled_series(preps: list[PreparedSeries], data_cfg) -> tuple[list, dict, dict]:
+    """`pool_ends` with config.data's window sizes: (the series that keep train and val
+    windows, their purged train and val ends, name -> why a series keeps none)."""
+    ends, emptied = pool_ends(preps, data_cfg.lookback, data_cfg.horizon)
+    return [p for p in preps if p.name in ends], ends, emptied
+
+
 def pool_ends(preps: list[PreparedSeries], lookback: int, horizon: int):
     """The train and val windows each series contributes to the pooled model.
 
