@@ -142,6 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
     # vol_band + train.loss=mae + loss_scale=persistence won on validation on 40 real
     # series (docs/performance.md "Accuracy levers"). autoregressive decoding needs none.
     m.baseline = "vol_band"
+    # none | range: the network sees price inputs in units of the window's EWMA log range,
+    # and its output is multiplied back by it (per-window scaling, as RevIN); needs direct.
+    m.window_scale = "none"
     m.quantiles = ()  # Quantile levels, e.g. (0.1, 0.5, 0.9); the median is the forecast.
     # With train.share=pooled: width E of a learned per-series vector appended to every
     # input candle, so the one model can tell the series apart; 0 = none.
@@ -440,12 +443,13 @@ def _validate_outputs(c) -> None:
         t.loss,
         "'pinball' exactly when model.quantiles is set (quantiles are trained by it)",
     )
-    if m.baseline != "none" or m.quantiles:
+    if m.baseline != "none" or m.quantiles or m.window_scale != "none":
         rules.check(
             c.data.normalization == "last_close",
             "data.normalization",
             c.data.normalization,
-            "'last_close' with model.baseline or model.quantiles (they read log ranges)",
+            "'last_close' with model.baseline, model.quantiles or model.window_scale (they"
+            " read log ranges)",
         )
 
 

@@ -30,7 +30,12 @@ from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
 # config.model fields added after models were first saved, with the value that earlier
 # models behave as.
-LATER_MODEL_FIELDS = {"baseline": "none", "quantiles": (), "series_embedding": 0}
+LATER_MODEL_FIELDS = {
+    "baseline": "none",
+    "quantiles": (),
+    "series_embedding": 0,
+    "window_scale": "none",
+}
 
 
 class ModelNotFound(ValueError):

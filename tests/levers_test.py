@@ -106,9 +106,9 @@ def _init_params(cfg, prep, band):
     return module, params
 
 
-@pytest.mark.parametrize("name", ["gru", "transformer"])
-def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name):
-    cfg = make_config(name)
+@pytest.mark.parametrize("name, window_scale", [("gru", "none"), ("transformer", "range")])
+def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_scale):
+    cfg = make_config(name, window_scale=window_scale)
     prep, lookback, horizon = preps()[0], cfg.data.lookback, cfg.data.horizon
     band = stacking.band_factors(prep, lookback, horizon)
     module, params = _init_params(cfg, prep, band)
@@ -124,6 +124,52 @@ def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name):
     np.testing.assert_array_equal(y_hat[..., [0, 3]], 0.0)  # persistence: the last close
     np.testing.assert_allclose(y_hat[..., 1], np.log(high / close_N1), rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(y_hat[..., 2], np.log(low / close_N1), rtol=1e-4, atol=1e-7)
+
+
+def _window(rng, cfg, batch=6):
+    """Windows [B, L, F] in last_close space: log prices about 0.01 with high >= low, and
+    the non-price columns standard normal."""
+    x = rng.normal(size=(batch, cfg.lookback, cfg.num_features)) * 0.01
+    x[..., 1] = np.maximum(x[..., 1], x[..., 2]) + 0.002
+    return x
+
+
+def _moved_params(module, x):
+    """Params of a trained-looking model: every one moved from its init, the zero-init
+    head included, so the head's correction is there and not only the band."""
+    params = module.init(jax.random.PRNGKey(0), jnp.asarray(x, jnp.float32))["params"]
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    moved = [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys, strict=True)]
+    return jax.tree.unflatten(tree, moved)
+
+
+@pytest.mark.parametrize("name", ["gru", "lstm", "transformer"])
+@pytest.mark.parametrize("window_scale", ["range", "none"])
+def test_window_scale_range_makes_forecasts_scale_equivariant(name, window_scale):
+    """Windows whose price moves are 3x larger get forecasts 3x larger, every level, with
+    window_scale=range (prices in range units in, the median times the range out), and not
+    without it. The non-price column (rsi) stays as it is; bb_upper, a price, is column 5."""
+    run = make_config(name, loss="pinball", quantiles=LEVELS, window_scale=window_scale)
+    run.data.features = ("open", "high", "low", "close", "rsi", "bb_upper")
+    cfg = models.make_config(run)
+    assert cfg.price_columns == (0, 1, 2, 3, 5)
+    module, rng = models.build(cfg), np.random.default_rng(4)
+    x = _window(rng, cfg)
+    x[..., 4] = rng.normal(size=x.shape[:2])
+    params = _moved_params(module, x)
+    x3 = x.copy()
+    x3[..., cfg.price_columns] *= 3.0
+    y, y3 = (
+        np.asarray(
+            module.apply({"params": params}, jnp.asarray(v, jnp.float32), return_quantiles=True),
+            np.float64,
+        )
+        for v in (x, x3)
+    )
+    assert np.abs(y).max() > 1e-3
+    equivariant = np.allclose(y3, 3.0 * y, rtol=1e-3, atol=1e-6)
+    assert equivariant == (window_scale == "range")
 
 
 def test_persistence_baseline_forecasts_the_last_close_for_every_column():
@@ -268,6 +314,23 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
         ({"data.normalization": "zscore"}, "data.normalization"),
         ({"train.loss": "l1"}, "train.loss"),
         ({"model.baseline": "ewma"}, "model.baseline"),
+        ({"model.window_scale": "zscore"}, "model.window_scale"),
+        (
+            {
+                "model.window_scale": "range",
+                "model.baseline": "none",
+                "data.normalization": "zscore",
+            },
+            "data.normalization",
+        ),
+        (
+            {
+                "model.window_scale": "range",
+                "model.baseline": "none",
+                "model.decoding": "autoregressive",
+            },
+            "model.window_scale",
+        ),
     ],
 )
 def test_bad_lever_settings_name_the_field(change, field):
@@ -282,6 +345,6 @@ def test_bad_lever_settings_name_the_field(change, field):
 def test_a_model_saved_before_the_levers_existed_builds_as_before():
     c = make_config(baseline="none")
     saved = c.to_dict()
-    del saved["model"]["baseline"], saved["model"]["quantiles"]
+    del saved["model"]["baseline"], saved["model"]["quantiles"], saved["model"]["window_scale"]
     cfg = models.make_config(ml_collections.ConfigDict(saved))
-    assert (cfg.baseline, cfg.quantiles) == ("none", ())
+    assert (cfg.baseline, cfg.quantiles, cfg.window_scale) == ("none", (), "none")

@@ -51,6 +51,16 @@ class MLP(nn.Module):
         return common.outputs(common.aux_head(cfg), y_hat_BHC, h_BD, return_aux)
 
 
+class MLPWithHead(MLP):
+    """The user model with its forecasts through common.ForecastOutput, but its inputs not
+    through common.PriceScale."""
+
+    @nn.compact
+    def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0, return_aux=False):
+        y_hat_BHC = super().__call__(x_BLF, y_BHC, train, teacher_forcing)
+        return common.ForecastOutput(self.cfg)(y_hat_BHC, x_BLF)
+
+
 @pytest.fixture
 def registered(monkeypatch):
     """Registers source "walk" and model "mlp"; the registries are restored afterwards."""
@@ -118,6 +128,24 @@ def test_a_model_without_the_output_head_refuses_a_baseline(registered, tmp_path
     c.model.baseline = "vol_band"
     with pytest.raises(
         config_lib.ConfigError, match="model.baseline=.vol_band.*ForecastOutput.*.mlp."
+    ):
+        driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "head, missing",
+    [(False, "common.ForecastOutput and common.PriceScale"), (True, "common.PriceScale")],
+)
+def test_a_model_without_the_price_scale_refuses_a_window_scale(
+    registered, tmp_path, head, missing
+):
+    if head:
+        models.REGISTRY["mlp"] = (MLPWithHead, MLPConfig)
+    c = _config()
+    del c.model["num_layers"]
+    c.model.window_scale = "range"
+    with pytest.raises(
+        config_lib.ConfigError, match=f"model.window_scale=.range. needs.*{missing}; model .mlp."
     ):
         driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))
 

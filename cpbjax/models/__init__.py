@@ -21,6 +21,7 @@ import flax.linen as nn
 import ml_collections
 
 from cpbjax import config_rules as rules
+from cpbjax.data.features import PRICE_FEATURES
 from cpbjax.data.windows import NUM_TARGETS
 from cpbjax.models import common, gru, lstm, transformer
 
@@ -90,6 +91,9 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
         "matmul_precision": config.matmul_precision,
         # .get: a model saved before the option existed was trained with autodiff.
         "recurrent_gradient": config.get("recurrent_gradient", "autodiff"),
+        "price_columns": tuple(
+            j for j, name in enumerate(config.data.features) if name in PRICE_FEATURES
+        ),
     }
     own = {}
     for field in config_cls.group_fields():

@@ -30,6 +30,12 @@ PRECISIONS = {
 DECODINGS = ("autoregressive", "direct")
 # What the network's output is added to (model.baseline); see ForecastOutput.
 BASELINES = ("none", "persistence", "vol_band")
+# model.window_scale: none | range (price inputs in units of the window's EWMA log range,
+# and the head's median output multiplied back by it); see PriceScale.
+WINDOW_SCALES = ("none", "range")
+# Smallest window range divided by: a window of flat candles (range 0) keeps finite inputs,
+# and its forecast is then the baseline (the head's output times about 0).
+RANGE_FLOOR = 1e-6
 HIGH, LOW = 1, 2  # columns of high and low in the targets and in the input features
 BAND_DECAY = 0.9  # EWMA weight ratio of the band's range, baselines.EWMA_DECAY's value
 # One-step standard deviation of log price moves per unit of the window's EWMA log range:
@@ -54,8 +60,11 @@ class ModelConfig:
     baseline: str = "none"  # none | persistence | vol_band: what the output corrects.
     quantiles: tuple = ()  # Quantile levels of the outputs, 0.5 among them; () = point.
     series_embedding: int = 0  # V, width of the learned per-series input vector; 0 = none.
+    window_scale: str = "none"  # none | range: see PriceScale.
     # autodiff | fused: how a GRU/LSTM encoder is differentiated (models/recurrence.py).
     recurrent_gradient: str = "autodiff"
+    # Indices of the input columns that are prices (data.features in features.PRICE_FEATURES).
+    price_columns: tuple = (0, 1, 2, 3)
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -69,6 +78,7 @@ class ModelConfig:
             "dtype",
             "matmul_precision",
             "recurrent_gradient",
+            "price_columns",
         )
     )
     MAX_INT: ClassVar[int] = 65536  # Upper bound of every int field (widths, heads, layers).
@@ -113,6 +123,8 @@ class ModelConfig:
             rules.one_of("model.decoding", value, DECODINGS)
         elif field == "baseline":
             rules.one_of("model.baseline", value, BASELINES)
+        elif field == "window_scale":
+            rules.one_of("model.window_scale", value, WINDOW_SCALES)
         elif field == "quantiles":
             check_quantiles(value)
         elif field == "series_embedding":
@@ -131,7 +143,7 @@ class ModelConfig:
     @classmethod
     def check_rules(cls, group: Mapping) -> None:
         """Rules between fields (e.g. a width that its heads divide); subclasses call super."""
-        for field in ("baseline", "quantiles"):
+        for field in ("baseline", "quantiles", "window_scale"):
             rules.check(
                 not group[field] or group[field] == "none" or group["decoding"] == "direct",
                 f"model.{field}",
@@ -187,6 +199,34 @@ def window_range(x_BLF: jax.Array, decay: float = BAND_DECAY) -> jax.Array:
     return range_BL @ (w_L / jnp.sum(w_L))
 
 
+def floored_range(sigma_B: jax.Array) -> jax.Array:
+    """The window range [B] that window_scale=range divides by, floored at RANGE_FLOOR."""
+    return jnp.maximum(sigma_B, RANGE_FLOOR)
+
+
+class PriceScale(nn.Module):
+    """The encoder's view of a window [B, L, F] (no params): with window_scale=range, its
+    price columns divided by the window's EWMA log range (window_range); else as it is.
+
+    Why: last_close prices are about 0.01 and their scale varies tenfold between windows,
+    while the correction a baseline needs is proportional to that scale. A network with
+    layer norms (the transformer) loses the scale; this puts inputs in range units and
+    ForecastOutput multiplies the median back by the range (reversible instance scaling,
+    as RevIN or NeuralForecast's per-window scalers). A module, so that `init_params`
+    sees whether a model applies it.
+    """
+
+    cfg: ModelConfig
+
+    def __call__(self, x_BLF: jax.Array) -> jax.Array:
+        if self.cfg.window_scale == "none":
+            return x_BLF
+        sigma_B = floored_range(window_range(x_BLF)).astype(x_BLF.dtype)
+        is_price_F = jnp.isin(jnp.arange(x_BLF.shape[-1]), jnp.asarray(self.cfg.price_columns))
+        divisor_BF = jnp.where(is_price_F, sigma_B[:, None], jnp.ones_like(sigma_B)[:, None])
+        return x_BLF / divisor_BF[:, None, :]
+
+
 def head_init(cfg: ModelConfig):
     """Kernel init of the output layer: zeros when the output corrects a baseline, so an
     untrained model forecasts the baseline exactly; else Dense's default."""
@@ -221,6 +261,9 @@ class ForecastOutput(nn.Module):
             *raw.shape[:2], cfg.num_targets, cfg.num_quantiles
         )
         sigma_B = window_range(x_BLF)
+        if cfg.window_scale == "range":  # the median is in range units; the spreads already are
+            m = cfg.quantiles.index(0.5) if cfg.quantiles else 0
+            raw_BHCJ = raw_BHCJ.at[..., m].multiply(floored_range(sigma_B)[:, None, None])
         y_BHCJ = self._quantiles(raw_BHCJ, sigma_B) if cfg.quantiles else raw_BHCJ
         if cfg.baseline == "vol_band":
             steps_H = jnp.sqrt(jnp.arange(1, cfg.horizon + 1, dtype=jnp.float32))
@@ -282,28 +325,34 @@ def with_series_vector(x_BLF: jax.Array, v_V: jax.Array | None) -> jax.Array:
 
 
 def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
-    """module.init's params, refusing a baseline (cfg.baseline) or a series vector
-    (cfg.series_embedding) the module would ignore.
+    """module.init's params, refusing a baseline (cfg.baseline), a window scale
+    (cfg.window_scale) or a series vector (cfg.series_embedding) the module would ignore.
 
     A registered user model whose forecasts do not go through ForecastOutput would
     silently forecast without its baseline (and, for vol_band, have no band to start);
-    an interceptor sees whether the init runs through one.
+    one whose inputs skip PriceScale would see unscaled prices and scale its outputs.
+    An interceptor sees which of the two the init runs through.
     """
-    heads = []
+    used = set()
 
-    def note_head(call, args, kwargs, context):
-        if isinstance(context.module, ForecastOutput):
-            heads.append(context.module)
+    def note_used(call, args, kwargs, context):
+        used.add(type(context.module))
         return call(*args, **kwargs)
 
-    with nn.intercept_methods(note_head):
+    with nn.intercept_methods(note_used):
         params = module.init(rngs, x_BLF, y_BHC, train=False)["params"]
-    if module.cfg.baseline != "none" and not heads:
-        raise rules.ConfigError(
-            f"config.model.baseline={module.cfg.baseline!r} needs a model whose forecasts "
-            f"go through common.ForecastOutput; model {module.cfg.name!r} has none: set "
-            "--config.model.baseline=none"
-        )
+    cfg = module.cfg
+    for field, value, needs in (
+        ("baseline", cfg.baseline, (ForecastOutput,)),
+        ("window_scale", cfg.window_scale, (ForecastOutput, PriceScale)),
+    ):
+        missing = [f"common.{m.__name__}" for m in needs if m not in used]
+        if value != "none" and missing:
+            raise rules.ConfigError(
+                f"config.model.{field}={value!r} needs a model that runs "
+                f"{' and '.join(missing)}; model {cfg.name!r} does not: set "
+                f"--config.model.{field}=none"
+            )
     if module.cfg.series_embedding and SERIES_EMBEDDING not in params:
         raise rules.ConfigError(
             f"config.model.series_embedding={module.cfg.series_embedding} needs a model that "
@@ -477,6 +526,7 @@ class RNNSeq2Seq(nn.Module):
         self.head_hidden = dense(cfg, cfg.hidden)
         out = cfg.num_targets if autoregressive else cfg.horizon * head_outputs(cfg)
         self.head_out = dense(cfg, out, kernel_init=head_init(cfg))
+        self.price_scale = PriceScale(cfg)
         self.output = ForecastOutput(cfg)
         self.aux_head = aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -533,7 +583,8 @@ class RNNSeq2Seq(nn.Module):
         return nn.RNN(self.cell_type(cfg.hidden, cfg), return_carry=True)
 
     def _encode(self, x_BLF, train):
-        h_BLD, states = with_series_vector(x_BLF, self.series_vector), []
+        h_BLD = with_series_vector(self.price_scale(x_BLF), self.series_vector)
+        states = []
         for i, rnn in enumerate(self.encoder):
             state, h_BLD = rnn(h_BLD)
             states.append(state)

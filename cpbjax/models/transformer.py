@@ -145,6 +145,7 @@ class Transformer(nn.Module):
         direct = cfg.decoding == "direct"
         out = common.head_outputs(cfg) if direct else cfg.num_targets
         self.output_proj = common.dense(cfg, out, kernel_init=common.head_init(cfg))
+        self.price_scale = common.PriceScale(cfg)
         self.output = common.ForecastOutput(cfg)
         self.aux_head = common.aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -183,7 +184,9 @@ class Transformer(nn.Module):
 
     def _encode(self, x_BLF, train):
         cfg = self.cfg
-        x_BLF = common.with_series_vector(x_BLF, self.series_vector)  # [B, L, F + V]
+        x_BLF = common.with_series_vector(
+            self.price_scale(x_BLF), self.series_vector
+        )  # [B, L, F + V]
         h_BLD = self.input_proj(x_BLF) + sinusoid(x_BLF.shape[1], cfg.d_model)
         h_BLD = self.drop(h_BLD.astype(cfg.compute_dtype), deterministic=not train)
         for layer in self.encoder:
