@@ -12,22 +12,27 @@ already), with the flags after `--` shared by all. Then one markdown row per lev
     many series are significantly worse than naive on close (Diebold-Mariano, one-sided
     p < 0.05), and the fitted baselines' median test skill on high and low on the same
     windows (volatility band, and HAR where the run reports it).
-A record of the table goes to benchmarks/records/ablation-<UTC time>.md.
+A record of the table goes to benchmarks/records/ablation-<UTC time>.md (-2, -3, ... when
+one of that minute exists: two ablations finishing in one minute keep both records).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
 import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402
 
 COLUMNS = ("close", "high", "low")
-RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
 
 
 def _median_pct(values) -> float | None:
@@ -94,12 +99,7 @@ def main() -> None:
         cmd = [sys.executable, "launch.py", "--config", args.config, "--workdir", workdir]
         subprocess.run(cmd + shlex.split(flags) + shared, check=True)
         rows.append(summarise(name, workdir))
-    text = table(rows)
-    print(text)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%MZ")
-    os.makedirs(RECORDS, exist_ok=True)
-    with open(os.path.join(RECORDS, f"ablation-{stamp}.md"), "w") as f:
-        f.write(f"{' '.join(sys.argv)}\n\n{text}\n")
+    common.print_and_record(common.RECORDS_DIR, "ablation", "Accuracy levers", table(rows))
 
 
 if __name__ == "__main__":
