@@ -207,7 +207,7 @@ def bench_config(model: str, args, decoding: str, dtype: str, gradient: str = "a
     # Like for like with the torch loop (per-series models, MSE on the raw output), whatever
     # main's defaults.
     config.model.baseline, config.train.loss, config.train.loss_scale = "none", "mse", "none"
-    config.train.share = "series"
+    config.train.share, config.model.window_scale = "series", "none"
     return config_lib.validate(config)
 
 
