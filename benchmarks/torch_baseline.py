@@ -307,6 +307,7 @@ def default_config(model_name: str):
         raise ValueError(f"model {model_name!r} is not one of {', '.join(MODELS)}")
     config = config_lib.load(str(REPO / "configs" / f"{model_name}.py"))
     config.train.share, config.train.learning_rate = "series", 1e-3
+    config.model.window_scale = "none"  # the old models saw unscaled windows
     return config
 
 

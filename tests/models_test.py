@@ -29,8 +29,8 @@ def _run_config(
     c = config_lib.load(os.path.join(CONFIGS, f"{name}.py") + (":tiny" if tiny else ""))
     c.model.decoding = decoding
     # The network alone, as the replaced system had it: these tests check its equations,
-    # shapes and parameter counts; the baselines it can correct are levers_test's.
-    c.model.baseline = "none"
+    # shapes and parameter counts; the baselines and window scale are levers_test's.
+    c.model.baseline, c.model.window_scale = "none", "none"
     if tiny:
         c.data.lookback, c.data.horizon = L, H
         c.model.dropout = dropout
