@@ -184,9 +184,8 @@ class Transformer(nn.Module):
 
     def _encode(self, x_BLF, train):
         cfg = self.cfg
-        x_BLF = common.with_series_vector(
-            self.price_scale(x_BLF), self.series_vector
-        )  # [B, L, F + V]
+        # [B, L, F + V]: prices in range units (model.window_scale), then the series vector.
+        x_BLF = common.with_series_vector(self.price_scale(x_BLF), self.series_vector)
         h_BLD = self.input_proj(x_BLF) + sinusoid(x_BLF.shape[1], cfg.d_model)
         h_BLD = self.drop(h_BLD.astype(cfg.compute_dtype), deterministic=not train)
         for layer in self.encoder:
