@@ -19,9 +19,10 @@ import dataclasses
 
 import flax.linen as nn
 import ml_collections
+import numpy as np
 
 from cpbjax import config_rules as rules
-from cpbjax.data.features import PRICE_FEATURES
+from cpbjax.data.normalize import price_mask
 from cpbjax.data.windows import NUM_TARGETS
 from cpbjax.models import common, gru, lstm, transformer
 
@@ -91,9 +92,7 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
         "matmul_precision": config.matmul_precision,
         # .get: a model saved before the option existed was trained with autodiff.
         "recurrent_gradient": config.get("recurrent_gradient", "autodiff"),
-        "price_columns": tuple(
-            j for j, name in enumerate(config.data.features) if name in PRICE_FEATURES
-        ),
+        "price_columns": tuple(int(j) for j in np.flatnonzero(price_mask(config.data.features))),
     }
     own = {}
     for field in config_cls.group_fields():

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cpbjax import config_rules as rules
 from cpbjax.models import recurrence
@@ -63,7 +64,7 @@ class ModelConfig:
     window_scale: str = "none"  # none | range: see PriceScale.
     # autodiff | fused: how a GRU/LSTM encoder is differentiated (models/recurrence.py).
     recurrent_gradient: str = "autodiff"
-    # Indices of the input columns that are prices (data.features in features.PRICE_FEATURES).
+    # Indices of the input columns that are prices (normalize.price_mask of data.features).
     price_columns: tuple = (0, 1, 2, 3)
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
@@ -222,9 +223,8 @@ class PriceScale(nn.Module):
         if self.cfg.window_scale == "none":
             return x_BLF
         sigma_B = floored_range(window_range(x_BLF)).astype(x_BLF.dtype)
-        is_price_F = jnp.isin(jnp.arange(x_BLF.shape[-1]), jnp.asarray(self.cfg.price_columns))
-        divisor_BF = jnp.where(is_price_F, sigma_B[:, None], jnp.ones_like(sigma_B)[:, None])
-        return x_BLF / divisor_BF[:, None, :]
+        is_price_F = np.isin(np.arange(x_BLF.shape[-1]), self.cfg.price_columns)  # static
+        return x_BLF / jnp.where(is_price_F, sigma_B[:, None], 1.0)[:, None, :]
 
 
 def head_init(cfg: ModelConfig):
