@@ -127,8 +127,7 @@ def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_s
 
 
 def _window(rng, cfg, batch=6):
-    """Windows [B, L, F] in last_close space: log prices about 0.01 with high >= low, and
-    the non-price columns standard normal."""
+    """Windows [B, L, F] in last_close space: every column about 0.01, high >= low."""
     x = rng.normal(size=(batch, cfg.lookback, cfg.num_features)) * 0.01
     x[..., 1] = np.maximum(x[..., 1], x[..., 2]) + 0.002
     return x
