@@ -198,6 +198,11 @@ def base_config() -> ml_collections.ConfigDict:
     # (lower, upper) levels of the calibrated interval fitted on val around every price
     # forecast (cpbjax/intervals.py); () = none.
     e.interval_levels = (0.1, 0.9)
+    # The interval's volatility scale: the window's EWMA log range ^ (1 - weight) times the
+    # mean log range of the last interval_vol_days days ^ weight (cpbjax/intervals.py).
+    # Chosen on the windows before test, 40 real series (docs/performance.md "Interval scale").
+    e.interval_vol_days = 7.0
+    e.interval_vol_weight = 0.25
     # With model.baseline=vol_band (ignored without a band): refit the band factors of the
     # trained model on its own errors over the splits before each scored one (train+val
     # for test, as the fitted baselines are); the saved model carries the train+val refit
@@ -485,6 +490,15 @@ def _check_interval_levels(levels) -> None:
     rules.check(ok, "eval.interval_levels", levels, allowed)
 
 
+def _check_interval_vol(e) -> None:
+    days, weight = e.interval_vol_days, e.interval_vol_weight
+    rules.check(
+        rules.is_num(days) and 0 < days <= 366, "eval.interval_vol_days", days, "in (0, 366]"
+    )
+    ok = rules.is_num(weight) and 0 <= weight < 1
+    rules.check(ok, "eval.interval_vol_weight", weight, "a number in [0, 1)")
+
+
 def _validate_rest(c) -> None:
     _int_range(c, "ckpt.every_epochs", 1)
     _int_range(c, "ckpt.keep", 1)
@@ -493,6 +507,8 @@ def _validate_rest(c) -> None:
         _check_interval_levels(c.eval.interval_levels)
     if "refit_band" in c.eval:  # absent from a config saved by an earlier cpbjax
         _bool(c, "eval.refit_band")
+    if "interval_vol_weight" in c.eval:  # absent from a config saved by an earlier cpbjax
+        _check_interval_vol(c.eval)
     _int_range(c, "eval.plot_windows", 0, 100)
     _int_range(c, "eval.plot_workers", 0, 64)
     _bool(c, "predict.fresh")

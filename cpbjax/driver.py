@@ -25,6 +25,7 @@ from cpbjax import (
     checkpoint,
     evaluate,
     forecast,
+    intervals,
     metrics,
     models,
     platform,
@@ -347,6 +348,7 @@ def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict |
         forecasts_dir,
         c.eval.interval_levels,
         c.eval.get("refit_band", False),  # absent from a config saved before it
+        intervals.vol_settings(c.eval),
     )
     entry.update(scored.entry)
     _flag_worse_than_untrained(run, prep, entry, last_params)

@@ -109,6 +109,7 @@ def evaluate_model(
     forecasts_dir=None,
     interval_levels=(),
     refit_band=False,
+    interval_vol=(1.0, 0.0),
 ) -> Scored:
     """Scores one model on the val and test splits of one series.
 
@@ -120,6 +121,7 @@ def evaluate_model(
       interval_levels: config.eval.interval_levels: the calibrated interval of each
         split, fitted on the splits before it as the fitted baselines are; the one
         fitted for test (on train+val) is the model's. () for none.
+      interval_vol: (days, weight) of its scale's long-run blend (intervals.vol_settings).
       refit_band: config.eval.refit_band: each split is scored by the model with its
         band refit on the splits before it (cpbjax/band_refit.py; a model without
         model.baseline=vol_band has no band and is scored as it is).
@@ -137,7 +139,7 @@ def evaluate_model(
         if interval_levels and fcs[split].prices_NHC is not None:
             point = {s: fc.prices_NHC for s, fc in fcs.items()}
             calibration = intervals.fit_before(
-                prep, split, point, lookback, horizon, interval_levels
+                prep, split, point, lookback, horizon, interval_levels, interval_vol
             )
         entry[split] = evaluate_split(
             prep, fcs[split], split, lookback, horizon, levels, calibration
@@ -189,6 +191,7 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
             forecasts_dir,
             cfg.eval.interval_levels,
             cfg.eval.get("refit_band", False),  # absent from a config saved before it
+            intervals.vol_settings(cfg.eval),
         )
         facts = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import jax
 import numpy as np
+from absl import logging
 
 from cpbjax import intervals, metrics, writers
 from cpbjax import workdir as workdir_lib
@@ -224,6 +225,7 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
         "forecast": candles,
     }
     if calibration is not None:
+        _warn_short_history(prep, calibration)
         # Around the raw forecast, as scored on test; [H, C, 2] lower and upper.
         bounds = intervals.calibrated_bounds(calibration, prep.ohlc, [t], fc.prices_NHC, lookback)
         for h, candle in enumerate(candles):
@@ -233,6 +235,19 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
             }
         entry["interval_levels"] = list(calibration["levels"])
     return entry
+
+
+def _warn_short_history(prep, calibration: dict) -> None:
+    """Logs when the interval's scale averages fewer candles than it was fitted with."""
+    scale = calibration.get("scale", intervals.WINDOW_ONLY)
+    if scale["long_weight"] > 0 and len(prep.ohlc) < scale["long_candles"]:
+        logging.warning(
+            "%s: the interval's volatility scale averages the last %d candles, but only %d "
+            "are given; its interval is not the one the test split scored",
+            prep.name,
+            scale["long_candles"],
+            len(prep.ohlc),
+        )
 
 
 def flat_candle(candle: dict) -> dict:

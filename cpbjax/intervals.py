@@ -2,8 +2,12 @@
 against a fitted band.
 
 Every model with price forecasts gets a calibrated interval (config.eval.interval_levels):
-bounds point * exp(k * sigma) around its point forecast, k fitted on the model's own
-errors on the splits before the scored one (`fit_before`), as every fitted baseline is.
+bounds point * exp(k * s) around its point forecast, k fitted on the model's own errors
+on the splits before the scored one (`fit_before`), as every fitted baseline is, and s
+the window's volatility scale (`interval_scale`): the band's EWMA log range blended with
+the mean log range of the last config.eval.interval_vol_days days, which volatility
+reverts to (the HAR idea; the blend weight was chosen before the test split,
+benchmarks/interval_scale_choice.py).
 The interval fitted on train+val is stored with the saved model, so --mode predict, the
 Python API and serve give the interval the test split scored. (How it is fitted was
 chosen on validation: benchmarks/interval_choice.py, docs/performance.md.)
@@ -23,7 +27,46 @@ import numpy as np
 
 from cpbjax import baselines
 from cpbjax.data import parsing
+from cpbjax.data.series import INTERVAL_MS
 from cpbjax.metrics import COLUMNS, json_float, json_floats, next_candles
+
+# The scale of a calibration saved before the long-run blend: the band's sigma alone.
+WINDOW_ONLY = {"long_candles": 1, "long_weight": 0.0}
+
+
+def vol_settings(eval_cfg) -> tuple[float, float]:
+    """(days, weight) of the interval's long-run volatility blend from config.eval; (1, 0),
+    the window's sigma alone, for a config saved before the blend."""
+    if "interval_vol_weight" not in eval_cfg:
+        return 1.0, 0.0
+    return float(eval_cfg.interval_vol_days), float(eval_cfg.interval_vol_weight)
+
+
+def scale_settings(interval: str, days: float, weight: float) -> dict:
+    """A calibration's `scale`: the blend weight and its span in candles of `interval`
+    (WINDOW_ONLY for weight 0, whatever the span)."""
+    if weight == 0:
+        return dict(WINDOW_ONLY)
+    candles = max(1, round(days * INTERVAL_MS["1d"] / INTERVAL_MS[interval]))
+    return {"long_candles": candles, "long_weight": weight}
+
+
+def interval_scale(ohlc_TC, ends_N, lookback, scale: dict) -> np.ndarray:
+    """The calibrated interval's volatility scale of each window, [N]:
+    sigma^(1 - w) * m^w, sigma the window's EWMA log range (the band's scale) and m the
+    mean log(high/low) of the n candles up to and including the window's last one (all of
+    them where the series has fewer); n, w = scale["long_candles"], scale["long_weight"].
+    It reads no candle after the window's end."""
+    sigma_N = baselines.ewma_range(ohlc_TC, np.asarray(ends_N), lookback)
+    weight = scale["long_weight"]
+    if weight == 0:
+        return sigma_N
+    ends_N = np.asarray(ends_N, np.int64)
+    ohlc_TC = np.asarray(ohlc_TC, np.float64)
+    cum = np.concatenate([[0.0], np.cumsum(np.log(ohlc_TC[:, 1] / ohlc_TC[:, 2]))])
+    start_N = np.maximum(ends_N + 1 - scale["long_candles"], 0)
+    long_N = (cum[ends_N + 1] - cum[start_N]) / (ends_N + 1 - start_N)
+    return sigma_N ** (1.0 - weight) * long_N**weight
 
 
 def pinball(actual, pred_J, levels_J) -> np.ndarray:
@@ -54,9 +97,9 @@ def band_quantiles(k_HCJ, ohlc_TC, ends_N, lookback) -> np.ndarray:
     return _scaled(k_HCJ, ohlc_TC[ends_N, 3][:, None, None], sigma_N)
 
 
-def _scaled(k_HCJ, base_NHC, sigma_N) -> np.ndarray:
-    """base * exp(k * sigma) of every window, [N, H, C, J] (base may broadcast, e.g. [N, 1, 1])."""
-    return base_NHC[..., None] * np.exp(k_HCJ[None] * sigma_N[:, None, None, None])
+def _scaled(k_HCJ, base_NHC, scale_N) -> np.ndarray:
+    """base * exp(k * scale) of every window, [N, H, C, J] (base may broadcast, e.g. [N, 1, 1])."""
+    return base_NHC[..., None] * np.exp(k_HCJ[None] * scale_N[:, None, None, None])
 
 
 def _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting: str) -> np.ndarray:
@@ -128,53 +171,59 @@ def _conformal_quantile(scores, level: float) -> float:
     return float(s[min(max(rank, 1), n) - 1])
 
 
-def fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, weighting="none"):
+def fit_calibration(
+    prep, ends_N, point_NHC, lookback, horizon, levels_J, weighting="none", scale=WINDOW_ONLY
+):
     """The calibrated interval of a point forecast, fitted on the windows ending at ends_N.
 
-    Bound j of column c at step h is point * exp(k[h, c, j] * sigma), sigma the window's
-    EWMA log range (the band's scale, so the interval widens with recent volatility),
-    and k a quantile of the scores log(actual / point) / sigma of those windows:
+    Bound j of column c at step h is point * exp(k[h, c, j] * s), s the window's
+    `interval_scale` under `scale` (so the interval widens with volatility), and k a
+    quantile of the scores log(actual / point) / s of those windows:
       weighting "none": the split-conformal quantile. Fitted on windows that training
         never fits, the interval covers about levels[-1] - levels[0] of later outcomes
         that behave like those windows'.
-      weighting "sigma": the sigma-weighted quantile, which minimises the pinball loss
+      weighting "sigma": the s-weighted quantile, which minimises the pinball loss
         in log price on those windows (the band's own fit, `fit_band_quantiles`).
 
     Returns:
-      meta.json's `interval_calibration`: levels, k [H][C][J], the windows fitted on.
+      meta.json's `interval_calibration`: levels, k [H][C][J], scale, the windows fitted on.
     """
     actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
-    sigma_N = baselines.ewma_range(prep.ohlc, ends_N, lookback)
+    s_N = interval_scale(prep.ohlc, ends_N, lookback, scale)
     point_NHC = np.asarray(point_NHC, np.float64)
-    ok_NHC = (sigma_N[:, None, None] > 0) & (point_NHC > 0) & (actual_NHC > 0)
+    ok_NHC = (s_N[:, None, None] > 0) & (point_NHC > 0) & (actual_NHC > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        score_NHC = np.log(actual_NHC / point_NHC) / sigma_N[:, None, None]
-    k = _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting)
+        score_NHC = np.log(actual_NHC / point_NHC) / s_N[:, None, None]
+    k = _score_quantiles(score_NHC, ok_NHC, s_N, levels_J, weighting)
     return {
         "method": "split_conformal" if weighting == "none" else "sigma_weighted_quantile",
         "levels": [float(q) for q in levels_J],
         "k": k.tolist(),
+        "scale": dict(scale),
         "fitted_on_windows": int(len(ends_N)),
         "first_window_end": parsing.iso(prep.open_time_ms[ends_N[0]]),
         "last_window_end": parsing.iso(prep.open_time_ms[ends_N[-1]]),
     }
 
 
-def fit_before(prep, split, point_by_split, lookback, horizon, levels_J) -> dict:
-    """`fit_calibration` (sigma-weighted) on the splits before `split`, as every fitted
+def fit_before(prep, split, point_by_split, lookback, horizon, levels_J, vol=(1.0, 0.0)) -> dict:
+    """`fit_calibration` (s-weighted) on the splits before `split`, as every fitted
     baseline is fitted (baselines.fit_ends): train for val, train+val for test.
 
     Args:
       point_by_split: split -> the model's point forecasts of its windows, [N, H, C].
+      vol: (days, weight) of the scale's long-run blend (`vol_settings`).
     """
     point_NHC = np.concatenate([point_by_split[s] for s in baselines.SPLITS_BEFORE[split]])
     ends_N = baselines.fit_ends(prep, split)
-    return fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, "sigma")
+    scale = scale_settings(prep.interval, *vol)
+    return fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, "sigma", scale)
 
 
 def check_calibration(calibration, horizon: int, where: str) -> dict | None:
     """A saved `interval_calibration` (None passes), or ValueError naming what is wrong
-    with it: levels two increasing numbers in (0, 1), k of shape [H][C][2]."""
+    with it: levels two increasing numbers in (0, 1), k of shape [H][C][2], and a valid
+    scale (absent from a calibration saved before the long-run blend: the window's sigma)."""
     if calibration is None:
         return None
     try:
@@ -189,14 +238,26 @@ def check_calibration(calibration, horizon: int, where: str) -> dict | None:
             f"{where}: interval_calibration k has shape {k.shape}, expected finite "
             f"[{horizon}, {len(COLUMNS)}, 2]"
         )
+    _check_scale(calibration.get("scale", WINDOW_ONLY), where)
     return calibration
+
+
+def _check_scale(scale, where: str) -> None:
+    """ValueError unless `scale` is {"long_candles": int >= 1, "long_weight": in [0, 1)}."""
+    n, w = (scale.get(k) if isinstance(scale, dict) else None for k in WINDOW_ONLY)
+    ok = isinstance(n, int) and not isinstance(n, bool) and n >= 1
+    if not (ok and isinstance(w, (int, float)) and 0 <= w < 1):
+        raise ValueError(
+            f"{where}: interval_calibration scale {scale!r} is not "
+            "{'long_candles': an integer >= 1, 'long_weight': a number in [0, 1)}"
+        )
 
 
 def calibrated_bounds(calibration: dict, ohlc_TC, ends_N, point_NHC, lookback) -> np.ndarray:
     """The interval bounds of the windows ending at ends_N in prices, [N, H, C, J]."""
     k_HCJ = np.asarray(calibration["k"], np.float64)
-    sigma_N = baselines.ewma_range(ohlc_TC, np.asarray(ends_N), lookback)
-    return _scaled(k_HCJ, np.asarray(point_NHC, np.float64), sigma_N)
+    s_N = interval_scale(ohlc_TC, ends_N, lookback, calibration.get("scale", WINDOW_ONLY))
+    return _scaled(k_HCJ, np.asarray(point_NHC, np.float64), s_N)
 
 
 def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibration) -> dict:
@@ -208,4 +269,5 @@ def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibrat
     out["fitted_on"] = {
         k: calibration[k] for k in ("fitted_on_windows", "first_window_end", "last_window_end")
     }
+    out["scale"] = calibration.get("scale", WINDOW_ONLY)
     return out

@@ -194,8 +194,9 @@ def load_models(available, names):
     return loaded, first, skipped
 
 
-def history_months(data_cfg) -> int:
-    """Monthly files that hold the features' warm-up plus data.lookback candles.
+def history_months(data_cfg, interval_days: float = 0.0) -> int:
+    """Monthly files that hold the features' warm-up plus data.lookback candles, and the
+    `interval_days` days that the calibrated interval's scale averages (intervals.py).
 
     The largest over data.intervals, in whole months of 28 days (the shortest): the
     month in progress comes on top of the monthly files (from the REST top-up), so N
@@ -205,6 +206,7 @@ def history_months(data_cfg) -> int:
         (features_lib.warmup_candles(data_cfg.features, i) + data_cfg.lookback) * INTERVAL_MS[i]
         for i in data_cfg.intervals
     )
+    needed_ms = max(needed_ms, interval_days * features_lib.DAY_MS)
     return math.ceil(needed_ms / (28 * features_lib.DAY_MS))
 
 
@@ -218,7 +220,8 @@ def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
     """
     c = run_config(config, trained, names)
     c.data.min_candles = min(c.data.min_candles, c.data.lookback)
-    months = history_months(c.data)
+    days, weight = intervals.vol_settings(trained.eval)  # the saved intervals' span
+    months = history_months(c.data, days if weight > 0 else 0.0)
     if c.data.source == "binance" and c.data.months < months:
         logging.info(
             "loading %d months, not data.months=%d: the warm-up of data.features plus "

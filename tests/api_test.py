@@ -3,6 +3,7 @@ from a fake exchange, and the Python API (cpbjax.train / load / export / Model.p
 
 import datetime
 import json
+import logging
 import os
 import re
 import subprocess
@@ -151,20 +152,37 @@ def test_model_predict_equals_the_run_model_and_its_export(run):
     pd.testing.assert_frame_equal(short, fc, check_exact=False, rtol=1e-5)
 
 
+def test_a_frame_shorter_than_the_interval_scale_is_logged(run, caplog):
+    """The interval averages a week of ranges (168 1h candles): fewer give another
+    interval, which the user is told; the point forecast is the same."""
+    workdir, mirror, _ = run
+    _, frame = _history(mirror)
+    model = cpbjax.load(os.path.join(workdir, "models", "BTCUSDT-1h"))
+    with caplog.at_level(logging.WARNING):
+        short = model.predict(frame.iloc[-100:])
+    assert "averages the last 168 candles, but only 100 are given" in caplog.text
+    full = model.predict(frame)
+    pd.testing.assert_series_equal(short["close"], full["close"], check_exact=False, rtol=1e-5)
+    assert not np.allclose(short["close_upper"], full["close_upper"], rtol=1e-9)
+
+
 def _check_interval(model, frame, fc, test_scores) -> None:
-    """The calibrated interval the model was saved with (fitted on val, scored on test)
-    is close * exp(k * sigma), sigma the newest window's EWMA log range (plain loop)."""
+    """The calibrated interval the model was saved with (fitted on train+val, scored on
+    test) is close * exp(k * s), s = sigma^(1 - w) * m^w with sigma the newest window's
+    EWMA log range and m the mean log range of the last week of 1h candles (plain loop)."""
     cal = model.loaded.calibration
     assert cal["levels"] == [0.1, 0.9] and cal["method"] == "sigma_weighted_quantile"
+    assert cal["scale"] == {"long_candles": 7 * 24, "long_weight": 0.25}  # the defaults
     assert cal["last_window_end"] < test_scores["first_window_end"]
     assert 0 < test_scores["calibrated_interval"]["columns"]["close"]["coverage"] <= 1
     ohlc = frame[list(COLUMNS)].to_numpy()
     weights = baselines.EWMA_DECAY ** np.arange(model.lookback)
-    logs = [np.log(ohlc[-1 - age, 1] / ohlc[-1 - age, 2]) for age in range(model.lookback)]
-    sigma = np.dot(weights, logs) / weights.sum()
+    logs = [np.log(ohlc[-1 - age, 1] / ohlc[-1 - age, 2]) for age in range(7 * 24)]
+    sigma = np.dot(weights, logs[: model.lookback]) / weights.sum()
+    s = sigma**0.75 * np.mean(logs) ** 0.25
     k_H2 = np.asarray(cal["k"])[:, 3]  # close: consistent_ohlc never moves it
     for j, side in enumerate(("lower", "upper")):
-        expected = fc["close"].to_numpy() * np.exp(k_H2[:, j] * sigma)
+        expected = fc["close"].to_numpy() * np.exp(k_H2[:, j] * s)
         np.testing.assert_allclose(fc[f"close_{side}"].to_numpy(), expected, rtol=1e-9)
 
 

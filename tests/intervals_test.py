@@ -1,5 +1,5 @@
-"""Tests of the calibrated interval (cpbjax/intervals.py fit_calibration, fit_before,
-calibrated_bounds) and of how it travels: evaluate_model, forecast files, forecast.json /
+"""Tests of the calibrated interval (cpbjax/intervals.py interval_scale, fit_calibration,
+fit_before, calibrated_bounds) and of how it travels: evaluate_model, forecast files, forecast.json /
 CSV flattening. (Saved models, predict, the API and exports: tests/api_test.py.)"""
 
 import csv
@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from cpbjax import baselines, evaluate, forecast, intervals
+from cpbjax import baselines, evaluate, forecast, intervals, saved
 from cpbjax import config as config_lib
 from cpbjax.metrics import COLUMNS
 from tests.evaluate_test import Probe, _probe_params
@@ -186,6 +186,10 @@ def test_no_interval_levels_is_allowed():
     config_lib.validate(c)
 
 
+def _with_scale(scale) -> dict:
+    return {"levels": [0.1, 0.9], "k": np.zeros((H, 4, 2)).tolist(), "scale": scale}
+
+
 @pytest.mark.parametrize(
     "calibration, words",
     [
@@ -193,6 +197,11 @@ def test_no_interval_levels_is_allowed():
         ({"levels": [0.9, 0.1], "k": np.zeros((H, 4, 2)).tolist()}, "are not (lower, upper)"),
         ({"levels": [0.1, 0.9], "k": np.zeros((H, 4, 3)).tolist()}, f"expected finite [{H}, 4, 2]"),
         ({"levels": [0.1, 0.9], "k": np.full((H, 4, 2), np.nan).tolist()}, "expected finite"),
+        (_with_scale({"long_candles": 0, "long_weight": 0.25}), "scale"),
+        (_with_scale({"long_candles": 168, "long_weight": 1.0}), "scale"),
+        (_with_scale({"long_candles": True, "long_weight": 0.25}), "scale"),
+        (_with_scale({"long_weight": 0.25}), "scale"),
+        (_with_scale([168, 0.25]), "scale"),
     ],
 )
 def test_a_malformed_saved_calibration_is_named(calibration, words):
@@ -202,3 +211,86 @@ def test_a_malformed_saved_calibration_is_named(calibration, words):
     good = {"levels": [0.1, 0.9], "k": np.zeros((H, 4, 2)).tolist()}
     assert intervals.check_calibration(good, H, "m") is good
     assert intervals.check_calibration(None, H, "m") is None
+
+
+def _plain_scale(ohlc, t: int, long_candles: int, weight: float) -> float:
+    """sigma^(1 - w) * (mean log range of the long_candles candles up to t)^w, by a loop."""
+    first = max(0, t + 1 - long_candles)
+    logs = [math.log(ohlc[u, 1] / ohlc[u, 2]) for u in range(first, t + 1)]
+    return _plain_sigma(ohlc, t) ** (1 - weight) * (sum(logs) / len(logs)) ** weight
+
+
+def test_interval_scale_matches_a_plain_loop_and_reads_no_later_candle():
+    prep = _garch_like_series(1_200, seed=3)
+    scale = {"long_candles": 500, "long_weight": 0.3}
+    ends = np.array([L - 1, 100, 499, 500, 1_000])  # the first three: shorter history
+    got = intervals.interval_scale(prep.ohlc, ends, L, scale)
+    expected = [_plain_scale(prep.ohlc, int(t), 500, 0.3) for t in ends]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    for t in ends:  # wreck every candle after the window's end: the same scale, bit for bit
+        later = prep.ohlc.copy()
+        noise = np.random.default_rng(int(t)).normal(0, 0.5, (len(later) - t - 1, 1))
+        later[t + 1 :] *= np.exp(noise)
+        before = intervals.interval_scale(prep.ohlc, [t], L, scale)
+        np.testing.assert_array_equal(intervals.interval_scale(later, [t], L, scale), before)
+    window_only = intervals.interval_scale(prep.ohlc, ends, L, intervals.WINDOW_ONLY)
+    np.testing.assert_array_equal(window_only, baselines.ewma_range(prep.ohlc, ends, L))
+
+
+def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
+    """1h candles: 7 days are 168 candles. A calibration saved before the blend (no
+    `scale`) is the window's sigma alone."""
+    prep = _garch_like_series(2_000, seed=4)
+    prep.interval = "1h"
+    prep.ends = {"train": np.arange(L, 1_400), "val": np.arange(1_400, 1_700)}
+    point = {
+        s: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)
+        for s, e in prep.ends.items()
+    }
+    cal = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.25))
+    assert cal["scale"] == {"long_candles": 168, "long_weight": 0.25}
+    ends = np.concatenate([prep.ends["train"], prep.ends["val"]])
+    assert cal == intervals.fit_calibration(
+        prep, ends, np.concatenate(list(point.values())), L, H, LEVELS, "sigma", cal["scale"]
+    )
+    t, k = 1_800, np.asarray(cal["k"])
+    bounds = intervals.calibrated_bounds(cal, prep.ohlc, [t], point["val"][:1], L)
+    s = _plain_scale(prep.ohlc, t, 168, 0.25)
+    np.testing.assert_allclose(bounds[0], point["val"][0][..., None] * np.exp(k * s), rtol=1e-12)
+    old = {key: v for key, v in cal.items() if key != "scale"}
+    bounds = intervals.calibrated_bounds(old, prep.ohlc, [t], point["val"][:1], L)
+    sigma = _plain_sigma(prep.ohlc, t)
+    np.testing.assert_allclose(
+        bounds[0], point["val"][0][..., None] * np.exp(k * sigma), rtol=1e-12
+    )
+    assert intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.0))["scale"] == (
+        intervals.WINDOW_ONLY
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("interval_vol_days", 0),
+        ("interval_vol_days", 400.0),
+        ("interval_vol_weight", 1.0),
+        ("interval_vol_weight", -0.1),
+    ],
+)
+def test_bad_interval_vol_settings_are_refused(field, value):
+    c = config_lib.load("configs/gru.py:tiny")
+    c.eval[field] = value
+    with pytest.raises(config_lib.ConfigError, match=f"eval.{field}"):
+        config_lib.validate(c)
+
+
+def test_a_config_saved_before_the_blend_keeps_the_window_sigma_and_predict_loads_its_days():
+    c = config_lib.load("configs/gru.py:tiny")
+    assert intervals.vol_settings(c.eval) == (7.0, 0.25)
+    del c.eval["interval_vol_days"], c.eval["interval_vol_weight"]
+    config_lib.validate(c)
+    assert intervals.vol_settings(c.eval) == (1.0, 0.0)
+    c = config_lib.load("configs/gru.py:tiny")
+    c.data.intervals, c.eval.interval_vol_days = ("1h",), 60.0
+    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months >= 3  # 60 days of 28-day files
+    assert saved.history_months(c.data) == 1
