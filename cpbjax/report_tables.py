@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from cpbjax import intervals
 from cpbjax.plots import NOISE_BAND
 
 HEADERS = (
@@ -136,11 +137,25 @@ def interval_lines(results: dict) -> list[str]:
     med = lambda col, key: statistics.median(b["columns"][col][key] for b in blocks)  # noqa: E731
     parts = [f"{col} {100 * med(col, 'coverage'):.1f}%" for col in ("close", "high", "low")]
     skills = [f"{col} {100 * med(col, 'skill_vs_band'):+.2f}%" for col in ("close", "high", "low")]
-    return [
+    line = (
         f"Calibrated {100 * (hi - lo):.0f}% interval (q{100 * lo:.0f}-q{100 * hi:.0f}, fitted "
         f"on train+val), median over {len(blocks)} series: test coverage {', '.join(parts)}; "
         f"pinball skill against the band's quantiles {', '.join(skills)}."
-    ]
+    )
+    return [line + _scale_sentence([b.get("scale", intervals.WINDOW_ONLY) for b in blocks])]
+
+
+def _scale_sentence(scales: list) -> str:
+    """How the intervals' volatility scale was blended (intervals.interval_scale)."""
+    weights = sorted({s["long_weight"] for s in scales})
+    if weights == [0]:
+        return " Its scale is the window's EWMA range, as the band's."
+    spans = sorted({s["long_candles"] for s in scales if s["long_weight"] > 0})
+    span = f"{spans[0]}" if len(spans) == 1 else f"{spans[0]}-{spans[-1]}"
+    return (
+        f" Its scale blends the window's EWMA range with the mean range of the last {span} "
+        f"candles, at weight {'/'.join(f'{w:g}' for w in weights)}."
+    )
 
 
 def baseline_rows(results: dict) -> list[list[str]]:

@@ -126,6 +126,12 @@ def test_summary_gives_the_interval_coverage_median_over_series():
     assert line.startswith("Calibrated 80% interval (q10-q90, fitted on train+val)")
     assert "median over 3 series: test coverage close 80.0%, high 80.0%, low 80.0%" in line
     assert "band's quantiles close +0.00%" in line
+    assert line.endswith("Its scale is the window's EWMA range, as the band's.")  # saved before
+    for name, candles in (("A", 168), ("B", 672), ("C", 672)):
+        block = results["series"][name]["test"]["calibrated_interval"]
+        block["scale"] = {"long_candles": candles, "long_weight": 0.25}
+    line = report_tables.summary_lines(results)[-1]
+    assert line.endswith("with the mean range of the last 168-672 candles, at weight 0.25.")
 
 
 def test_summary_counts_the_models_that_kept_their_refit_band():
