@@ -121,10 +121,11 @@ def evaluate_model(
       interval_levels: config.eval.interval_levels: the calibrated interval of each
         split, fitted on the splits before it as the fitted baselines are; the one
         fitted for test (on train+val) is the model's. () for none.
-      interval_vol: (days, weight) of its scale's long-run blend (intervals.vol_settings).
       refit_band: config.eval.refit_band: each split is scored by the model with its
         band refit on the splits before it (cpbjax/band_refit.py; a model without
         model.baseline=vol_band has no band and is scored as it is).
+      interval_vol: (days, weight) of the interval scale's long-run blend
+        (intervals.vol_settings).
     """
     levels, entry, calibration = forecast.quantile_levels(module), {}, None
     scored_params, shifts = {"val": params, "test": params}, {}

@@ -225,7 +225,7 @@ def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
     if c.data.source == "binance" and c.data.months < months:
         logging.info(
             "loading %d months, not data.months=%d: the warm-up of data.features plus "
-            "data.lookback needs them",
+            "data.lookback, and the days the interval's scale averages, need them",
             months,
             c.data.months,
         )
