@@ -7,7 +7,7 @@ does not depend on a model, so it is chosen on the data alone, with rolling orig
 the windows before test: train+val is cut into 6 consecutive blocks, and each block from
 the second on is scored by intervals fitted on the blocks before it (its first H windows
 dropped, so no scored target was a fitted one). The interval is the product's calibrated
-interval (intervals.fit_calibration, s-weighted) around the last close; with w = 0 it IS
+interval around the last close (intervals.scaled_band); with w = 0 it IS
 the volatility band's quantiles, so every candidate's pinball skill is against the band.
 The choice is the highest median (over series) of the mean skill over the blocks,
 averaged over high, low and close. Test (fitted on train+val) is reported only.
@@ -41,12 +41,8 @@ CANDIDATES = [(1.0, 0.0)] + list(itertools.product((1.0, 7.0, 30.0), (0.125, 0.2
 def _pinball_by_column(prep, fit_ends, scored, lookback, horizon, vol) -> np.ndarray:
     """[C] pinball loss (mean of both levels) on `scored` of the interval around the last
     close, fitted on fit_ends with the scale (days, weight) = vol; and its coverage [C]."""
-    close = lambda e: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(horizon, 1)  # noqa: E731
     scale = intervals.scale_settings(prep.interval, *vol)
-    cal = intervals.fit_calibration(
-        prep, fit_ends, close(fit_ends), lookback, horizon, LEVELS, "sigma", scale
-    )
-    bounds = intervals.calibrated_bounds(cal, prep.ohlc, scored, close(scored), lookback)
+    bounds = intervals.scaled_band(prep, fit_ends, scored, lookback, horizon, LEVELS, scale)
     actual = intervals.next_candles(prep.ohlc, scored, horizon)
     inside = (actual >= bounds[..., 0]) & (actual <= bounds[..., 1])
     return intervals.pinball(actual, bounds, LEVELS).mean((0, 1, 3)), inside.mean((0, 1))

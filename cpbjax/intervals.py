@@ -269,5 +269,38 @@ def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibrat
     out["fitted_on"] = {
         k: calibration[k] for k in ("fitted_on_windows", "first_window_end", "last_window_end")
     }
-    out["scale"] = calibration.get("scale", WINDOW_ONLY)
+    out["scale"] = scale = calibration.get("scale", WINDOW_ONLY)
+    if scale["long_weight"] > 0:
+        _add_scaled_band(out, prep, split, ends_N, lookback, horizon, bounds, scale)
     return out
+
+
+def scaled_band(prep, fit_ends_N, ends_N, lookback, horizon, levels_J, scale) -> np.ndarray:
+    """The band's quantiles with the scale `scale`, in prices [N, H, C, J]: the s-weighted
+    calibrated interval of the last close, fitted on the windows ending at fit_ends_N.
+    With WINDOW_ONLY they are the band's own (`fit_band_quantiles`)."""
+
+    def close(e):  # [N, H, C]: every column at the window's last close
+        return np.repeat(prep.ohlc[e, 3][:, None, None], len(COLUMNS), 2).repeat(horizon, 1)
+
+    cal = fit_calibration(
+        prep, fit_ends_N, close(fit_ends_N), lookback, horizon, levels_J, "sigma", scale
+    )
+    return calibrated_bounds(cal, prep.ohlc, ends_N, close(ends_N), lookback)
+
+
+def _add_scaled_band(out, prep, split, ends_N, lookback, horizon, bounds_NHCJ, scale) -> None:
+    """Adds to each column of `out` the pinball loss of the band's quantiles with the
+    interval's own scale (the calibrated interval of the last close, fitted on the splits
+    before), and the interval's skill against it: how much of the interval's gain over
+    the band the network adds beyond its scale."""
+    levels, fit_on = out["levels"], baselines.fit_ends(prep, split)
+    band_NHCJ = scaled_band(prep, fit_on, ends_N, lookback, horizon, levels, scale)
+    actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
+    for c, col in enumerate(COLUMNS):
+        model = pinball(actual_NHC[..., c], bounds_NHCJ[..., c, :], levels).mean()
+        band = pinball(actual_NHC[..., c], band_NHCJ[..., c, :], levels).mean()
+        out["columns"][col]["scaled_band_pinball"] = json_float(band)
+        out["columns"][col]["skill_vs_scaled_band"] = (
+            json_float(1 - model / band) if band > 0 else None
+        )

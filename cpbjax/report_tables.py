@@ -140,9 +140,14 @@ def interval_lines(results: dict) -> list[str]:
     line = (
         f"Calibrated {100 * (hi - lo):.0f}% interval (q{100 * lo:.0f}-q{100 * hi:.0f}, fitted "
         f"on train+val), median over {len(blocks)} series: test coverage {', '.join(parts)}; "
-        f"pinball skill against the band's quantiles {', '.join(skills)}."
+        f"pinball skill against the band's quantiles {', '.join(skills)}"
     )
-    return [line + _scale_sentence([b.get("scale", intervals.WINDOW_ONLY) for b in blocks])]
+    if all("skill_vs_scaled_band" in b["columns"]["close"] for b in blocks):
+        same = [
+            f"{c} {100 * med(c, 'skill_vs_scaled_band'):+.2f}%" for c in ("close", "high", "low")
+        ]
+        line += f", and against the band with the interval's own scale {', '.join(same)}"
+    return [line + "." + _scale_sentence([b.get("scale", intervals.WINDOW_ONLY) for b in blocks])]
 
 
 def _scale_sentence(scales: list) -> str:

@@ -294,3 +294,33 @@ def test_a_config_saved_before_the_blend_keeps_the_window_sigma_and_predict_load
     c.data.intervals, c.eval.interval_vol_days = ("1h",), 60.0
     assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months >= 3  # 60 days of 28-day files
     assert saved.history_months(c.data) == 1
+
+
+def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():
+    """A persistence forecast's interval IS the band with the interval's scale (same fit,
+    same windows): skill 0 against it, while the plain band differs. Without the blend
+    there is no second band."""
+    prep = _garch_like_series(2_000, seed=5)
+    prep.interval = "1h"
+    prep.ends = {
+        "train": np.arange(L, 1_400),
+        "val": np.arange(1_400, 1_700),
+        "test": np.arange(1_700, 2_000 - H),
+    }
+    point = {
+        s: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)
+        for s, e in prep.ends.items()
+    }
+    cal = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.25))
+    block = intervals.score_calibrated(prep, "test", prep.ends["test"], L, H, point["test"], cal)
+    actual = prep.ohlc[prep.ends["test"][:, None] + np.arange(1, H + 1)]
+    bounds = intervals.calibrated_bounds(cal, prep.ohlc, prep.ends["test"], point["test"], L)
+    for c, col in enumerate(COLUMNS):
+        scores = block["columns"][col]
+        own = intervals.pinball(actual[..., c], bounds[..., c, :], LEVELS).mean()
+        assert scores["scaled_band_pinball"] == pytest.approx(own, rel=1e-12)
+        assert scores["skill_vs_scaled_band"] == pytest.approx(0.0, abs=1e-12)
+        assert scores["band_pinball"] != pytest.approx(own, rel=1e-6)
+    plain = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.0))
+    block = intervals.score_calibrated(prep, "test", prep.ends["test"], L, H, point["test"], plain)
+    assert "skill_vs_scaled_band" not in block["columns"]["close"]

@@ -130,7 +130,13 @@ def test_summary_gives_the_interval_coverage_median_over_series():
     for name, candles in (("A", 168), ("B", 672), ("C", 672)):
         block = results["series"][name]["test"]["calibrated_interval"]
         block["scale"] = {"long_candles": candles, "long_weight": 0.25}
+        for c in metrics.COLUMNS:
+            block["columns"][c]["skill_vs_scaled_band"] = {"A": -0.004, "B": 0.003, "C": 0.001}[
+                name
+            ]
     line = report_tables.summary_lines(results)[-1]
+    assert "band's quantiles close +0.00%, high +0.00%, low +0.00%, and against the band " in line
+    assert "with the interval's own scale close +0.10%, high +0.10%, low +0.10%." in line
     assert line.endswith("with the mean range of the last 168-672 candles, at weight 0.25.")
 
 
