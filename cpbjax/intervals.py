@@ -120,43 +120,60 @@ def _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting: str) -> np
     return k
 
 
-def _column(actual_NH, pred_NHJ, band_NHJ, levels_J) -> dict:
-    """The interval scores of one column; the central interval is the outermost levels."""
+def _column(actual_NH, pred_NHJ, bands: dict, levels_J) -> dict:
+    """The interval scores of one column; the central interval is the outermost levels.
+    bands: name -> [N, H, J] quantiles of a band it is compared with ("band", and with a
+    blended scale "scaled_band"): <name>_pinball(_h) and skill_vs_<name>."""
     lo_NH, hi_NH = pred_NHJ[..., 0], pred_NHJ[..., -1]
     inside_NH = (actual_NH >= lo_NH) & (actual_NH <= hi_NH)
     loss_NH = pinball(actual_NH, pred_NHJ, levels_J).mean(-1)  # mean over the levels
-    band_NH = pinball(actual_NH, band_NHJ, levels_J).mean(-1)
-    model_loss, band = float(loss_NH.mean()), float(band_NH.mean())
-    return {
+    model_loss = float(loss_NH.mean())
+    out = {
         "coverage": json_float(inside_NH.mean()),
         "coverage_h": json_floats(inside_NH.mean(0)),
         "width": json_float((hi_NH - lo_NH).mean()),
         "width_h": json_floats((hi_NH - lo_NH).mean(0)),
         "pinball": json_float(model_loss),
         "pinball_h": json_floats(loss_NH.mean(0)),
-        "band_pinball": json_float(band),
-        "band_pinball_h": json_floats(band_NH.mean(0)),
-        "skill_vs_band": json_float(1.0 - model_loss / band) if band > 0 else None,
     }
+    for name, band_NHJ in bands.items():
+        band_NH = pinball(actual_NH, band_NHJ, levels_J).mean(-1)
+        band = float(band_NH.mean())
+        out[f"{name}_pinball"] = json_float(band)
+        out[f"{name}_pinball_h"] = json_floats(band_NH.mean(0))
+        out[f"skill_vs_{name}"] = json_float(1.0 - model_loss / band) if band > 0 else None
+    return out
 
 
-def score_intervals(prep, split, ends_N, lookback, horizon, pred_NHCJ, levels_J) -> dict:
+def score_intervals(
+    prep, split, ends_N, lookback, horizon, pred_NHCJ, levels_J, scale=WINDOW_ONLY
+) -> dict:
     """results.json's `intervals` block of one split: per column and step, model and band.
 
     Args:
       prep: windows.PreparedSeries. split: the scored split ("val" or "test").
       ends_N: its window ends. pred_NHCJ: the model's quantile forecasts in prices.
       levels_J: their levels, increasing; the central interval is the first to the last.
+      scale: the interval's `interval_scale`; with a blend it is also scored against the
+        band with that scale (`scaled_band`), the strongest simple competitor: how much
+        the network adds beyond its scale.
     """
     actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
     fit_on = baselines.fit_ends(prep, split)
     k_HCJ = fit_band_quantiles(prep.ohlc, fit_on, lookback, horizon, levels_J)
-    band_NHCJ = band_quantiles(k_HCJ, prep.ohlc, ends_N, lookback)
+    bands = {"band": band_quantiles(k_HCJ, prep.ohlc, ends_N, lookback)}
+    if scale["long_weight"] > 0:
+        bands["scaled_band"] = scaled_band(prep, fit_on, ends_N, lookback, horizon, levels_J, scale)
     return {
         "levels": [float(q) for q in levels_J],
         "central": [float(levels_J[0]), float(levels_J[-1])],
         "columns": {
-            col: _column(actual_NHC[..., c], pred_NHCJ[..., c, :], band_NHCJ[..., c, :], levels_J)
+            col: _column(
+                actual_NHC[..., c],
+                pred_NHCJ[..., c, :],
+                {name: b[..., c, :] for name, b in bands.items()},
+                levels_J,
+            )
             for c, col in enumerate(COLUMNS)
         },
     }
@@ -262,16 +279,15 @@ def calibrated_bounds(calibration: dict, ohlc_TC, ends_N, point_NHC, lookback) -
 
 def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibration) -> dict:
     """results.json's `calibrated_interval` of one split: `score_intervals` of the bounds,
-    with where the calibration was fitted."""
+    with where the calibration was fitted and its scale."""
     bounds = calibrated_bounds(calibration, prep.ohlc, ends_N, point_NHC, lookback)
+    scale = calibration.get("scale", WINDOW_ONLY)
     levels = calibration["levels"]
-    out = score_intervals(prep, split, ends_N, lookback, horizon, bounds, levels)
+    out = score_intervals(prep, split, ends_N, lookback, horizon, bounds, levels, scale)
     out["fitted_on"] = {
         k: calibration[k] for k in ("fitted_on_windows", "first_window_end", "last_window_end")
     }
-    out["scale"] = scale = calibration.get("scale", WINDOW_ONLY)
-    if scale["long_weight"] > 0:
-        _add_scaled_band(out, prep, split, ends_N, lookback, horizon, bounds, scale)
+    out["scale"] = scale
     return out
 
 
@@ -287,20 +303,3 @@ def scaled_band(prep, fit_ends_N, ends_N, lookback, horizon, levels_J, scale) ->
         prep, fit_ends_N, close(fit_ends_N), lookback, horizon, levels_J, "sigma", scale
     )
     return calibrated_bounds(cal, prep.ohlc, ends_N, close(ends_N), lookback)
-
-
-def _add_scaled_band(out, prep, split, ends_N, lookback, horizon, bounds_NHCJ, scale) -> None:
-    """Adds to each column of `out` the pinball loss of the band's quantiles with the
-    interval's own scale (the calibrated interval of the last close, fitted on the splits
-    before), and the interval's skill against it: how much of the interval's gain over
-    the band the network adds beyond its scale."""
-    levels, fit_on = out["levels"], baselines.fit_ends(prep, split)
-    band_NHCJ = scaled_band(prep, fit_on, ends_N, lookback, horizon, levels, scale)
-    actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
-    for c, col in enumerate(COLUMNS):
-        model = pinball(actual_NHC[..., c], bounds_NHCJ[..., c, :], levels).mean()
-        band = pinball(actual_NHC[..., c], band_NHCJ[..., c, :], levels).mean()
-        out["columns"][col]["scaled_band_pinball"] = json_float(band)
-        out["columns"][col]["skill_vs_scaled_band"] = (
-            json_float(1 - model / band) if band > 0 else None
-        )
