@@ -15,7 +15,8 @@ A model with config.model.quantiles also forecasts J levels of every column and 
 This module scores intervals in price units (numpy only), next to the volatility band's
 own quantiles: level q of column c at step h is close * exp(k_{h,c,q} * sigma), sigma the
 window's EWMA log range (baselines.ewma_range), with k the pinball-loss minimiser on the
-windows of the splits before the scored one (baselines.fit_ends).
+windows of the splits before the scored one (baselines.fit_ends); and, for an interval
+with a blended scale, next to the band with that scale (`scaled_band`).
 Shape letters (docs/design.md): N windows, H steps, C OHLC columns, J quantile levels.
 """
 

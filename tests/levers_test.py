@@ -225,7 +225,8 @@ def test_interval_scores_match_a_loop():
     actual = rng.normal(size=(40, 3))
     pred = np.sort(rng.normal(size=(40, 3, 3)), axis=-1)
     band = np.sort(rng.normal(size=(40, 3, 3)), axis=-1)
-    got = intervals._column(actual, pred, band, LEVELS)
+    other = np.sort(rng.normal(size=(40, 3, 3)), axis=-1)
+    got = intervals._column(actual, pred, {"band": band, "scaled_band": other}, LEVELS)
     inside = [[pred[n, h, 0] <= actual[n, h] <= pred[n, h, 2] for h in range(3)] for n in range(40)]
     assert got["coverage"] == pytest.approx(np.mean(inside))
 
@@ -240,6 +241,10 @@ def test_interval_scores_match_a_loop():
 
     assert got["pinball"] == pytest.approx(loop_pinball(pred))
     assert got["skill_vs_band"] == pytest.approx(1 - loop_pinball(pred) / loop_pinball(band))
+    assert got["scaled_band_pinball"] == pytest.approx(loop_pinball(other))
+    assert got["skill_vs_scaled_band"] == pytest.approx(
+        1 - loop_pinball(pred) / loop_pinball(other)
+    )
     assert got["width"] == pytest.approx(np.mean(pred[..., 2] - pred[..., 0]))
 
 
