@@ -109,7 +109,7 @@ def evaluate_model(
     forecasts_dir=None,
     interval_levels=(),
     refit_band=False,
-    interval_vol=(1.0, 0.0),
+    interval_vol=intervals.NO_BLEND,
 ) -> Scored:
     """Scores one model on the val and test splits of one series.
 

@@ -27,19 +27,22 @@ import math
 import numpy as np
 
 from cpbjax import baselines
+from cpbjax import config_rules as rules
 from cpbjax.data import parsing
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.metrics import COLUMNS, json_float, json_floats, next_candles
 
 # The scale of a calibration saved before the long-run blend: the band's sigma alone.
 WINDOW_ONLY = {"long_candles": 1, "long_weight": 0.0}
+# (days, weight) of no long-run blend: what a config saved before the blend gets.
+NO_BLEND = (1.0, 0.0)
 
 
 def vol_settings(eval_cfg) -> tuple[float, float]:
     """(days, weight) of the interval's long-run volatility blend from config.eval; (1, 0),
     the window's sigma alone, for a config saved before the blend."""
     if "interval_vol_weight" not in eval_cfg:
-        return 1.0, 0.0
+        return NO_BLEND
     return float(eval_cfg.interval_vol_days), float(eval_cfg.interval_vol_weight)
 
 
@@ -224,7 +227,7 @@ def fit_calibration(
     }
 
 
-def fit_before(prep, split, point_by_split, lookback, horizon, levels_J, vol=(1.0, 0.0)) -> dict:
+def fit_before(prep, split, point_by_split, lookback, horizon, levels_J, vol=NO_BLEND) -> dict:
     """`fit_calibration` (s-weighted) on the splits before `split`, as every fitted
     baseline is fitted (baselines.fit_ends): train for val, train+val for test.
 
@@ -263,8 +266,7 @@ def check_calibration(calibration, horizon: int, where: str) -> dict | None:
 def _check_scale(scale, where: str) -> None:
     """ValueError unless `scale` is {"long_candles": int >= 1, "long_weight": in [0, 1)}."""
     n, w = (scale.get(k) if isinstance(scale, dict) else None for k in WINDOW_ONLY)
-    ok = isinstance(n, int) and not isinstance(n, bool) and n >= 1
-    if not (ok and isinstance(w, (int, float)) and 0 <= w < 1):
+    if not (rules.is_int(n) and n >= 1 and rules.is_num(w) and 0 <= w < 1):
         raise ValueError(
             f"{where}: interval_calibration scale {scale!r} is not "
             "{'long_candles': an integer >= 1, 'long_weight': a number in [0, 1)}"

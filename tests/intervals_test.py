@@ -200,6 +200,7 @@ def _with_scale(scale) -> dict:
         (_with_scale({"long_candles": 0, "long_weight": 0.25}), "scale"),
         (_with_scale({"long_candles": 168, "long_weight": 1.0}), "scale"),
         (_with_scale({"long_candles": True, "long_weight": 0.25}), "scale"),
+        (_with_scale({"long_candles": 168, "long_weight": False}), "scale"),
         (_with_scale({"long_weight": 0.25}), "scale"),
         (_with_scale([168, 0.25]), "scale"),
     ],
