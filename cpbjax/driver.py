@@ -26,6 +26,7 @@ from cpbjax import (
     evaluate,
     forecast,
     intervals,
+    memory,
     metrics,
     models,
     platform,
@@ -210,6 +211,8 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     host = sharding.to_host({"active": state.active, "diverged": state.diverged})
     finished = start >= t.epochs or not host["active"].any()
     diverged = np.asarray(host["diverged"], bool)
+    if not finished:
+        _check_memory(run, group, state, arrays)
     while not finished:
         computed = live.trainer.num_coins
         m = live.run_epoch()
@@ -232,6 +235,26 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     seconds = time.monotonic() - began
     run.clock.add_epochs(first_s, steady_s, seconds)
     return live.full_state(), seconds, sharding.memory_bytes()[1]
+
+
+def _check_memory(run: _Run, group: str, state, arrays) -> None:
+    """Compiles the group's epoch program before its first epoch, which then reuses it,
+    and stops the run with one line if the program cannot fit (cpbjax/memory.py). Once
+    per program size: every group of the run has the same shapes."""
+    trainer = run.trainer_for(run.group_coins)
+    if trainer.num_coins in run.clock.epoch_needs:
+        return
+    with run.clock.stage("compile"):
+        compiled = trainer.lowered_epoch(state, arrays).compile()
+    local = [d for d in trainer.mesh.devices.flat if d.process_index == jax.process_index()]
+    need = memory.epoch_need(compiled, len(local))
+    run.clock.epoch_needs[trainer.num_coins] = need
+    if need is None:
+        return
+    backend = jax.default_backend()
+    capacity = memory.host_memory() if backend == "cpu" else memory.device_memory(local)
+    fix = memory.remedy(run.config.train, trainer.num_coins)
+    memory.check(group, need, backend, capacity, fix)
 
 
 def _start_state(run: _Run, group: str, preps: list, arrays) -> tuple[GroupState, int]:
@@ -631,11 +654,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
         with clock.stage("report"):
             drawn = workers.finish() if workers is not None else None
             report.write_reports(workdir, results, config, forecasts=records, drawn=drawn)
-        timings = {
-            "stages": clock.seconds,
-            "driver_seconds": time.time() - started,
-            "compiles": clock.compiles(),  # each XLA program built (compiled or read from the cache)
-        }
-        writers.write_json(workdir_lib.timings_json(workdir), timings)
+        writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
     sharding.barrier("cpbjax run finished")
     return results

@@ -35,8 +35,9 @@ class StageClock:
     """Wall seconds of a run's stages, for <workdir>/timings.json and benchmarks/run_bench.py.
 
     Stages: load, prepare (features, windows, normalisation), setup (stacking, restoring or
-    initialising a group), compile (each program's first epoch beyond its steady epoch
-    time), train (the epochs' steady time), host (the epoch loop's own work between
+    initialising a group), compile (the run's first epoch program, compiled ahead of its
+    first epoch for the memory check, and each later program's first epoch beyond its
+    steady epoch time), train (the epochs' steady time), host (the epoch loop's own work between
     epochs: metrics, checkpoints, compaction), evaluate (saving and scoring the models),
     report. `compiles()` lists the XLA programs built since the clock started (timings.json
     "compiles"), so a run shows how many programs it compiled and how long each took.
@@ -44,6 +45,8 @@ class StageClock:
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        # K -> memory.Need of the K-coin epoch program, measured before its first epoch
+        self.epoch_needs: dict = {}
         if not _LISTENING:
             jax.monitoring.register_event_duration_secs_listener(_on_duration)
             _LISTENING.append(_on_duration)
@@ -52,6 +55,21 @@ class StageClock:
     def compiles(self) -> list[dict]:
         """The XLA compilations since this clock started: {"program", "seconds"} each."""
         return _COMPILES[self._first_compile :]
+
+    def timings(self, started: float) -> dict:
+        """timings.json: stage seconds, the driver's wall seconds since `started` (epoch
+        seconds), each XLA program built (compiled or read from the cache), and the memory
+        each epoch program needs beyond its data (cpbjax/memory.py; None where the backend
+        does not say)."""
+        return {
+            "stages": self.seconds,
+            "driver_seconds": time.time() - started,
+            "compiles": self.compiles(),
+            "epoch_memory": [
+                {"coins": k, **(dataclasses.asdict(n) if n else {"per_device": None})}
+                for k, n in sorted(self.epoch_needs.items())
+            ],
+        }
 
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds

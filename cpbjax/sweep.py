@@ -147,12 +147,7 @@ def _write(config, workdir: str, results: dict, out: dict, history, forecasts, c
     writers.write_json(workdir_lib.sweep_json(workdir), out)
     with clock.stage("report"):
         report.write_reports(workdir, results, config, history=history, forecasts=forecasts)
-    timings = {
-        "stages": clock.seconds,
-        "driver_seconds": time.time() - started,
-        "compiles": clock.compiles(),
-    }
-    writers.write_json(workdir_lib.timings_json(workdir), timings)
+    writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
 
 
 def pooled_plan(preps: list, config) -> tuple[list, list, dict, dict]:

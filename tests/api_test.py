@@ -9,12 +9,13 @@ import re
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import baselines, checkpoint, evaluate, models, saved
+from cpbjax import baselines, checkpoint, evaluate, memory, models, saved, writers
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import sources, synthetic, windows
@@ -205,6 +206,35 @@ def test_model_predict_names_bad_input(run, damage, message):
     model = cpbjax.load(os.path.join(workdir, "models", "BTCUSDT-1h"))
     with pytest.raises(ValueError, match=re.escape(message)):
         model.predict(damage(frame))
+
+
+def test_the_epoch_program_checked_for_memory_is_the_one_that_trains(run):
+    """The driver compiles the epoch program before the first epoch to read its memory
+    need (timings.json "epoch_memory"); the epochs then run that compilation."""
+    workdir, _, _ = run
+    timings = writers.read_json(os.path.join(workdir, "timings.json"))
+    [program] = timings["epoch_memory"]
+    # Its one series padded to a coin per CPU device, all of which the program runs on.
+    assert program["coins"] == program["devices"] == jax.local_device_count()
+    assert program["per_device"] > 0
+    compiles = [c["program"] for c in timings["compiles"]]
+    assert compiles.count("jit(run_epoch)") == 1
+
+
+def test_a_run_too_large_for_the_host_stops_before_its_first_epoch(run, tmp_path, monkeypatch):
+    """An epoch program larger than the host's RAM would be killed by the OS mid-epoch
+    without a word: the run stops first, naming the need and the fields that lower it."""
+    _, mirror, _ = run
+    monkeypatch.setattr(memory, "host_memory", lambda: (2**20, 2**20))  # a 1 MiB host
+    workdir = tmp_path / "small_host"
+    message = (
+        r"group-000: one epoch needs about \d+\.\d\d GiB beyond its data, more than the 0\.00 "
+        r"GiB of this host's RAM: lower train\.batch_size \(32 windows per coin per step\)"
+    )
+    with pytest.raises(memory.DoesNotFit, match=message):
+        cpbjax.train(_config(mirror), str(workdir))
+    assert not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text()
+    assert not (workdir / "results.json").exists()
 
 
 def test_load_names_a_missing_folder(tmp_path):
