@@ -69,7 +69,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import models, sharding  # noqa: E402
+from cpbjax import memory, models, sharding  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.data.series import SeriesSkipped  # noqa: E402
 from cpbjax.group import GroupTrainer, coin_keys  # noqa: E402
@@ -140,10 +140,7 @@ def _xla_flops(compiled) -> float | None:
 
 def _program_mib(compiled) -> float | None:
     """Per-device memory of one compiled program: arguments + outputs + temporaries - aliased."""
-    try:
-        m = compiled.memory_analysis()
-    except (NotImplementedError, RuntimeError):
-        return None
+    m = memory.buffer_sizes(compiled)
     if m is None:
         return None
     used = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes

@@ -38,13 +38,20 @@ class Need:
         return self.per_device * self.devices if backend == "cpu" else self.per_device
 
 
+def buffer_sizes(compiled):
+    """XLA's buffer assignment of a jax.stages.Compiled (CompiledMemoryStats: argument,
+    output, alias and temp sizes in bytes, per device), or None where the backend does
+    not report it."""
+    try:
+        return compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
 def epoch_need(compiled, devices: int) -> Need | None:
     """The Need of a compiled epoch program (jax.stages.Compiled), or None where the
     backend does not report its buffers."""
-    try:
-        m = compiled.memory_analysis()
-    except (NotImplementedError, RuntimeError):
-        return None
+    m = buffer_sizes(compiled)
     if m is None:
         return None
     per_device = m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
