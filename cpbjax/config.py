@@ -184,6 +184,11 @@ def base_config() -> ml_collections.ConfigDict:
     # of every series of the run, all in one group (cpbjax/pooled.py, docs/design.md).
     # The GRU's and the transformer's real-data runs are pooled (pool_by_default).
     t.share = "series"
+    # With train.share=pooled: coins per chunk of the ONE gradient of a step. The chunks'
+    # gradients are summed, so a step's memory holds C·B windows' activations instead of
+    # K·B (docs/performance.md "Memory of one epoch"); the same gradient up to float
+    # summation order. 0 = every coin in one chunk.
+    t.pooled_chunk = 0
     # Once at most half of a program's coins still train, move them into a program of their
     # own size (the stopped ones cost as much as live ones in a vmapped step). Same results
     # up to float rounding, which the MAE loss's sign gradient can grow (docs/design.md).
@@ -553,6 +558,14 @@ def _validate_sweep(c) -> None:
         for v in values:
             rules.num_in(name, v, *_SWEEPABLE_RANGES[field])
     _choice(c, "sweep.select", sweep_grid.SELECT)
+    if c.train.get("pooled_chunk", 0):  # absent from a config saved by an earlier cpbjax
+        _int_range(c, "train.pooled_chunk", 0, 1_000_000)
+        rules.check(
+            c.train.get("share") == "pooled",
+            "train.pooled_chunk",
+            c.train.pooled_chunk,
+            "0 unless train.share='pooled' (a per-series step has one coin per gradient)",
+        )
     if c.model.get("series_embedding", 0):
         rules.check(
             c.train.get("share") == "pooled",

@@ -116,5 +116,9 @@ def remedy(train_cfg, num_coins: int) -> str:
     """The config fields that lower an epoch's need, with their values now."""
     batch = f"lower train.batch_size ({train_cfg.batch_size} windows per coin per step)"
     if train_cfg.share == "pooled":
-        return f"{batch}, or train one model per series (train.share='series')"
+        chunk = train_cfg.get("pooled_chunk", 0) or num_coins
+        return (
+            f"{batch}, take the gradient in smaller chunks of coins (train.pooled_chunk, "
+            f"{chunk} of {num_coins} now), or train one model per series (train.share='series')"
+        )
     return f"{batch} or train.group_size ({num_coins} coins per program)"

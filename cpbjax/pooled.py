@@ -93,15 +93,76 @@ def init_state(spec: step.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> s
     return state
 
 
-def pooled_objective(spec: step.EpochSpec, params, data: step.CoinData, ends_KB, mask_KB, keys_K):
-    """Mean training objective of the shared `params` over the valid windows of every
-    coin's batch, and (aux) each coin's summed forecast loss, float32 [K]."""
+def coin_sums(spec: step.EpochSpec, params, data: step.CoinData, ends_KB, mask_KB, keys_K):
+    """(objective float32 [K], forecast loss float32 [K]): each coin's batch under the
+    shared `params`, summed over its valid windows (step.coin_loss_sums, vmapped)."""
     sums = jax.vmap(
         functools.partial(step.coin_loss_sums, spec),
         in_axes=(coin_axes(params), step.COIN_DATA_AXES, 0, 0, 0),
     )
-    objective_K, err_K = sums(params, data, ends_KB, mask_KB, keys_K)
+    return sums(params, data, ends_KB, mask_KB, keys_K)
+
+
+def pooled_objective(spec: step.EpochSpec, params, data: step.CoinData, ends_KB, mask_KB, keys_K):
+    """Mean training objective of the shared `params` over the valid windows of every
+    coin's batch, and (aux) each coin's summed forecast loss, float32 [K]."""
+    objective_K, err_K = coin_sums(spec, params, data, ends_KB, mask_KB, keys_K)
     return jnp.sum(objective_K) / jnp.maximum(jnp.sum(mask_KB), 1), err_K
+
+
+def chunk_of(tree, axes, start, size: int):
+    """Coins start..start+size of every leaf with a coin axis (`axes`: 0, or None for a
+    leaf without one, as coin_axes and step.COIN_DATA_AXES give them)."""
+    return jax.tree.map(
+        lambda ax, a: a if ax is None else jax.lax.dynamic_slice_in_dim(a, start, size, 0),
+        axes,
+        tree,
+        is_leaf=lambda x: x is None,
+    )
+
+
+def chunked_value_and_grad(spec: step.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
+    """pooled_objective's ((mean, err_K), gradient), taken over chunks of C =
+    train.pooled_chunk coins whose gradients are summed: a chunk's activations are freed
+    before the next one runs. The last chunk ends at coin K (dynamic_slice clamps its
+    start); its coins that an earlier chunk took are masked out."""
+    k, c = mask_KB.shape[0], spec.pooled_chunk
+    axes = (coin_axes(params), step.COIN_DATA_AXES, 0, 0, 0)
+
+    def chunk_sums(p, j):
+        first = j * c
+        start = jnp.minimum(first, k - c)
+        fresh_C = start + jnp.arange(c) >= first
+        p_C, data_C, ends_CB, mask_CB, keys_C = chunk_of(
+            (p, data, ends_KB, mask_KB, keys_K), axes, start, c
+        )
+        objective_C, err_C = coin_sums(
+            spec, p_C, data_C, ends_CB, mask_CB & fresh_C[:, None], keys_C
+        )
+        return jnp.sum(objective_C), (start, err_C)
+
+    def body(carry, j):
+        total, err_K, grads = carry
+        (objective, (start, err_C)), g = jax.value_and_grad(chunk_sums, has_aux=True)(params, j)
+        err_K = jax.lax.dynamic_update_slice_in_dim(
+            err_K, jax.lax.dynamic_slice_in_dim(err_K, start, c) + err_C, start, 0
+        )
+        return (total + objective, err_K, jax.tree.map(jnp.add, grads, g)), None
+
+    zeros = (jnp.zeros((), jnp.float32), jnp.zeros((k,), jnp.float32))
+    carry = (*zeros, jax.tree.map(jnp.zeros_like, params))
+    (total, err_K, grads), _ = jax.lax.scan(body, carry, jnp.arange(-(-k // c)))
+    n = jnp.maximum(jnp.sum(mask_KB), 1)
+    return (total / n, err_K), jax.tree.map(lambda g: g / n, grads)
+
+
+def pooled_value_and_grad(spec: step.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
+    """((mean objective, err_K), gradient of the shared params): in one vmap over the K
+    coins, or in chunks of train.pooled_chunk coins when that is smaller than K."""
+    if 0 < spec.pooled_chunk < mask_KB.shape[0]:
+        return chunked_value_and_grad(spec, params, data, ends_KB, mask_KB, keys_K)
+    loss_fn = functools.partial(pooled_objective, spec)
+    return jax.value_and_grad(loss_fn, has_aux=True)(params, data, ends_KB, mask_KB, keys_K)
 
 
 def pooled_train_step(
@@ -111,10 +172,7 @@ def pooled_train_step(
     for coins that do not train; hparams: a sweep setting's injected optimizer values, {}
     without one); a StepResult with per-coin sums [K] and one nonfinite."""
     n_K = jnp.sum(mask_KB, axis=1)
-    loss_fn = functools.partial(pooled_objective, spec)
-    (objective, err_K), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, data, ends_KB, mask_KB, keys_K
-    )
+    (objective, err_K), grads = pooled_value_and_grad(spec, params, data, ends_KB, mask_KB, keys_K)
     opt_state = optimizer.with_learning_rate(opt_state, lr, **hparams)
     updates, new_opt = spec.tx.update(grads, opt_state, params)
     finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))

@@ -79,6 +79,8 @@ class EpochSpec:
     # train.share: "series" (a model per coin, this module's epoch) or "pooled" (one model
     # for every coin: cpbjax/pooled.py's epoch over the same data and state layout).
     share: str = "series"
+    # train.pooled_chunk: coins per gradient chunk of a pooled step; 0 = all K in one.
+    pooled_chunk: int = 0
 
 
 def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
@@ -110,6 +112,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         min_delta_mode=t.get("min_delta_mode", "abs"),  # absent: saved by an earlier cpbjax
         reduce_on_plateau=t.reduce_on_plateau,
         share=t.share,
+        pooled_chunk=t.get("pooled_chunk", 0),  # absent: saved by an earlier cpbjax
     )
 
 

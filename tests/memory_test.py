@@ -105,8 +105,11 @@ def test_the_fix_names_the_fields_of_the_training_mode():
     train = config_lib.base_config().train
     train.batch_size, train.share = 128, "pooled"
     assert memory.remedy(train, 40) == (
-        "lower train.batch_size (128 windows per coin per step), or train one model per "
+        "lower train.batch_size (128 windows per coin per step), take the gradient in "
+        "smaller chunks of coins (train.pooled_chunk, 40 of 40 now), or train one model per "
         "series (train.share='series')"
     )
+    train.pooled_chunk = 8
+    assert "(train.pooled_chunk, 8 of 40 now)" in memory.remedy(train, 40)
     train.share = "series"
     assert "train.group_size (8 coins per program)" in memory.remedy(train, 8)

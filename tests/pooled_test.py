@@ -5,6 +5,7 @@ one gradient, one optax update per step); the driver in launch.py subprocesses t
 share a persistent compilation cache (tests/train_test.py's environment).
 """
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -21,6 +22,7 @@ from cpbjax import (
     checkpoint,
     driver,
     evaluate,
+    memory,
     models,
     optimizer,
     pooled,
@@ -187,16 +189,20 @@ def test_pooled_epoch_equals_a_hand_written_reference(one_epoch):
     np.testing.assert_allclose(metrics["train_loss"], ref_train_K, rtol=1e-5)
 
 
-def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch):
+@pytest.mark.parametrize("chunk", [0, 1, 2], ids=["one_vmap", "chunks_of_1", "chunks_of_2"])
+def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch, chunk):
     """Coins with 4, 12 and 32 windows in the batch: the pooled objective and its gradient
-    are the mean over the 48 windows (a mean of coin means would weigh coin 0's 8x)."""
+    are the mean over the 48 windows (a mean of coin means would weigh coin 0's 8x), also
+    when train.pooled_chunk sums the gradient over chunks of coins (chunks of 2 of 3
+    coins: the last chunk is coins 1-2, coin 1 masked out as the first chunk took it)."""
     config, module, trainer, arrays, state0, _, _ = one_epoch
-    ends_SKB, mask_SKB, step_keys_K = step.train_batches(trainer.spec, state0, arrays)
+    spec = dataclasses.replace(trainer.spec, pooled_chunk=chunk)
+    ends_SKB, mask_SKB, step_keys_K = step.train_batches(spec, state0, arrays)
     mask_KB = mask_SKB[0] & (jnp.arange(mask_SKB.shape[2]) < jnp.array([4, 12, 32])[:, None])
     params = pooled.first(state0.params)
     keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, 0)
-    objective = functools.partial(pooled.pooled_objective, trainer.spec)
-    (loss, err_K), grads = jax.jit(jax.value_and_grad(objective, has_aux=True))(
+    value_and_grad = functools.partial(pooled.pooled_value_and_grad, spec)
+    (loss, err_K), grads = jax.jit(value_and_grad)(
         params, step.coin_data(arrays), ends_SKB[0], mask_KB, keys_K
     )
     batches = _reference_batches(config, *jax.device_get((ends_SKB[0], mask_KB, step_keys_K)), 0)
@@ -206,6 +212,29 @@ def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch):
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     np.testing.assert_allclose(err_K, np.asarray(ref_err_K), rtol=1e-6)
     train_test._assert_trees_close(grads, ref_grads, rtol=1e-4, atol=1e-7)
+
+
+def test_a_chunked_epoch_trains_as_the_one_vmap_in_less_memory(one_epoch):
+    """train.pooled_chunk=1: the same first epoch (up to float summation order) from a
+    program whose step holds one coin's activations, so it needs less memory (XLA's
+    buffer assignment, as the driver's memory check reads it)."""
+    config, module, trainer, arrays, state0, state, metrics = one_epoch
+    chunked_config = config.copy_and_resolve_references()
+    chunked_config.train.pooled_chunk = 1
+    mesh = sharding.coin_mesh(jax.devices()[:1])
+    chunked = GroupTrainer(chunked_config, module, len(NAMES), mesh)
+    chunked_state, chunked_metrics = chunked.run_epoch(jax.device_put(state0), arrays)
+    train_test._assert_trees_close(
+        jax.device_get(chunked_state.params), state.params, **train_test.CROSS_PROGRAM
+    )
+    np.testing.assert_allclose(
+        jax.device_get(chunked_metrics["train_loss"]), metrics["train_loss"], rtol=1e-5
+    )
+    needs = [
+        memory.epoch_need(t.lowered_epoch(jax.device_put(state0), arrays).compile(), 1)
+        for t in (trainer, chunked)
+    ]
+    assert needs[1].per_device < needs[0].per_device
 
 
 # ---------------------------------------------------------------------------------------
@@ -229,6 +258,17 @@ def test_bad_share_and_conflicting_plans_are_config_errors():
     multi_host = mock.patch.object(jax, "process_count", return_value=2)
     with multi_host, pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*multi-host"):
         driver.coin_mesh(t)
+
+
+@pytest.mark.parametrize(
+    "share, chunk, words",
+    [("series", 2, "unless train.share='pooled'"), ("pooled", -1, "integer >= 0")],
+)
+def test_bad_pooled_chunks_are_config_errors(share, chunk, words):
+    c = pooled_config()
+    c.train.share, c.train.pooled_chunk = share, chunk
+    with pytest.raises(config_lib.ConfigError, match=f"train.pooled_chunk={chunk}.*{words}"):
+        config_lib.validate(c)
 
 
 @pytest.mark.parametrize(
