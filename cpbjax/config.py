@@ -185,7 +185,7 @@ def base_config() -> ml_collections.ConfigDict:
     # The GRU's and the transformer's real-data runs are pooled (pool_by_default).
     t.share = "series"
     # With train.share=pooled: coins per chunk of the ONE gradient of a step. The chunks'
-    # gradients are summed, so a step's memory holds C·B windows' activations instead of
+    # gradients are summed, so a step's memory holds Z·B windows' activations instead of
     # K·B (docs/performance.md "Memory of one epoch"); the same gradient up to float
     # summation order. 0 = every coin in one chunk.
     t.pooled_chunk = 0

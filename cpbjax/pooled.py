@@ -19,7 +19,8 @@ leaf, `per_coin`): it is trained only by its coin's windows, every other param b
 It runs on one device (driver.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
 coin axis the gradient and the pooled val loss would need a cross-device sum.
 
-Shape letters (docs/design.md): K coins, S steps, B windows per step, H horizon.
+Shape letters (docs/design.md): K coins, Z coins of one gradient chunk, S steps, B windows
+per step, H horizon.
 """
 
 from __future__ import annotations
@@ -122,36 +123,36 @@ def chunk_of(tree, axes, start, size: int):
 
 
 def chunked_value_and_grad(spec: step.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
-    """pooled_objective's ((mean, err_K), gradient), taken over chunks of C =
+    """pooled_objective's ((mean, err_K), gradient), taken over chunks of Z =
     train.pooled_chunk coins whose gradients are summed: a chunk's activations are freed
     before the next one runs. The last chunk ends at coin K (dynamic_slice clamps its
     start); its coins that an earlier chunk took are masked out."""
-    k, c = mask_KB.shape[0], spec.pooled_chunk
+    k, z = mask_KB.shape[0], spec.pooled_chunk
     axes = (coin_axes(params), step.COIN_DATA_AXES, 0, 0, 0)
 
     def chunk_sums(p, j):
-        first = j * c
-        start = jnp.minimum(first, k - c)
-        fresh_C = start + jnp.arange(c) >= first
-        p_C, data_C, ends_CB, mask_CB, keys_C = chunk_of(
-            (p, data, ends_KB, mask_KB, keys_K), axes, start, c
+        first = j * z
+        start = jnp.minimum(first, k - z)
+        fresh_Z = start + jnp.arange(z) >= first
+        p_Z, data_Z, ends_ZB, mask_ZB, keys_Z = chunk_of(
+            (p, data, ends_KB, mask_KB, keys_K), axes, start, z
         )
-        objective_C, err_C = coin_sums(
-            spec, p_C, data_C, ends_CB, mask_CB & fresh_C[:, None], keys_C
+        objective_Z, err_Z = coin_sums(
+            spec, p_Z, data_Z, ends_ZB, mask_ZB & fresh_Z[:, None], keys_Z
         )
-        return jnp.sum(objective_C), (start, err_C)
+        return jnp.sum(objective_Z), (start, err_Z)
 
     def body(carry, j):
         total, err_K, grads = carry
-        (objective, (start, err_C)), g = jax.value_and_grad(chunk_sums, has_aux=True)(params, j)
+        (objective, (start, err_Z)), g = jax.value_and_grad(chunk_sums, has_aux=True)(params, j)
         err_K = jax.lax.dynamic_update_slice_in_dim(
-            err_K, jax.lax.dynamic_slice_in_dim(err_K, start, c) + err_C, start, 0
+            err_K, jax.lax.dynamic_slice_in_dim(err_K, start, z) + err_Z, start, 0
         )
         return (total + objective, err_K, jax.tree.map(jnp.add, grads, g)), None
 
     zeros = (jnp.zeros((), jnp.float32), jnp.zeros((k,), jnp.float32))
     carry = (*zeros, jax.tree.map(jnp.zeros_like, params))
-    (total, err_K, grads), _ = jax.lax.scan(body, carry, jnp.arange(-(-k // c)))
+    (total, err_K, grads), _ = jax.lax.scan(body, carry, jnp.arange(-(-k // z)))
     n = jnp.maximum(jnp.sum(mask_KB), 1)
     return (total / n, err_K), jax.tree.map(lambda g: g / n, grads)
 
