@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import datetime
 import importlib.metadata
 import os
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from cpbjax import config as config_lib
 from cpbjax import writers
 
 # Packages whose versions every recorded figure carries (absent ones are left out).
@@ -182,3 +184,33 @@ def print_and_record(
     path = write_record(records_dir, script, title, command_line(script, argv), table_md, facts)
     print(f"Record: {path}")
     return path
+
+
+def parse_overrides(text: str) -> dict:
+    """'train.share=series,train.batch_size=64' -> {field: value} (a benchmark's --set);
+    values are Python literals where they parse, strings otherwise."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, value = item.split("=", 1)
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
+
+
+def bench_config(path: str, overrides: dict, base_url: str, num_series: int | None):
+    """A config for a benchmark run: `path`'s, quiet (plain progress, no plots), on the
+    mirror at `base_url` (its config's series) or, without one, on `num_series` made-up
+    1h symbols (synthetic, over one calendar span, so a pooled model keeps them all),
+    then `overrides` (flattened field -> value)."""
+    c = config_lib.load(path)
+    c.logging.progress, c.eval.plots = "plain", False
+    if base_url:
+        c.data.source, c.data.base_url = "binance", base_url
+    else:
+        c.data.source = "synthetic"
+        c.data.symbols = tuple(f"S{i:04d}USDT" for i in range(num_series))
+        c.data.intervals = ("1h",)
+    c.update_from_flattened_dict(overrides)
+    return c

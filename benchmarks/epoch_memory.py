@@ -17,7 +17,6 @@ e.g. --set train.share=series. Writes one record to benchmarks/records/.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import sys
@@ -33,7 +32,6 @@ if __package__ in (None, ""):
 
 import cpbjax  # noqa: E402
 from benchmarks import common  # noqa: E402
-from cpbjax import config as config_lib  # noqa: E402
 from cpbjax import memory  # noqa: E402
 
 GIB = 2**30
@@ -60,22 +58,9 @@ def _stop_at_check(where, need, backend, capacity, remedy):
     raise _Compiled(need, backend)
 
 
-def _config(path: str, overrides: dict, base_url: str, num_series: int | None):
-    c = config_lib.load(path)
-    c.logging.progress, c.eval.plots = "plain", False
-    if base_url:
-        c.data.source, c.data.base_url = "binance", base_url
-    else:
-        c.data.source = "synthetic"
-        c.data.symbols = tuple(f"S{i:04d}USDT" for i in range(num_series))
-        c.data.intervals = ("1h",)
-    c.update_from_flattened_dict(overrides)
-    return c
-
-
 def measure(path: str, overrides: dict, base_url: str, num_series: int | None) -> dict:
     """One row: the config's first epoch program, its need and compile wall seconds."""
-    config = _config(path, overrides, base_url, num_series)
+    config = common.bench_config(path, overrides, base_url, num_series)
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as workdir:
         try:
@@ -98,19 +83,6 @@ def measure(path: str, overrides: dict, base_url: str, num_series: int | None) -
     }
 
 
-def _overrides(text: str) -> dict:
-    """'train.share=series,train.batch_size=64' -> {field: value}; values are Python
-    literals where they parse, strings otherwise."""
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, value = item.split("=", 1)
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="configs/gru.py", help="comma-separated paths")
@@ -125,7 +97,7 @@ def main() -> None:
     rows = []
     for path in args.configs.split(","):
         for n in sizes:
-            rows.append(measure(path, _overrides(args.set), args.base_url, n))
+            rows.append(measure(path, common.parse_overrides(args.set), args.base_url, n))
             print(json.dumps(rows[-1]), flush=True)
     table = common.markdown_table(rows, list(rows[0]))
     common.print_and_record(args.records_dir, "epoch_memory", "Memory of one epoch", table)
