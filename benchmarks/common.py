@@ -187,11 +187,25 @@ def print_and_record(
 
 
 def parse_overrides(text: str) -> dict:
-    """'train.share=series,train.batch_size=64' -> {field: value} (a benchmark's --set);
-    values are Python literals where they parse, strings otherwise."""
+    """'train.share=series,model.quantiles=(0.1,0.5,0.9)' -> {field: value} (a benchmark's
+    --set): items split at the commas outside brackets; values are Python literals where
+    they parse, strings otherwise.
+
+    Raises:
+      ValueError: naming an item that is not field=value.
+    """
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char in "([{") - (char in ")]}")
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
     out = {}
-    for item in filter(None, text.split(",")):
-        key, value = item.split("=", 1)
+    for item in filter(None, items):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set item {item!r} is not field=value")
         try:
             out[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
