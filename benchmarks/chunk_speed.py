@@ -5,9 +5,10 @@ several chunk sizes, alternated in one run, beside the memory each needs.
       --candles 1500 --epochs 4 --rounds 3
 
 Each cell is one `cpbjax.train` of the config (pooled) on N synthetic 1h series, or on
---base-url's series, cut to the newest --candles, for --epochs epochs with early stopping
-off (patience > epochs; data.min_candles at most --candles), at `train.pooled_chunk` = Z. A chunk changes only how the one
-gradient of a step is summed, so every cell does the same work in exact arithmetic. Its
+--base-url's series, cut to the newest --candles (data.min_candles lowered to fit), for
+--epochs epochs with early stopping off (patience > epochs), at `train.pooled_chunk` = Z.
+A chunk changes only how the one gradient of a step is summed, so every cell does the
+same work in exact arithmetic. Its
 epoch seconds are metrics.jsonl's `seconds` of every epoch after the first (the first
 also runs setup the later ones do not). Each round runs every Z once, in order, and
 each Z's ratio to the first Z is taken within the round, so a machine that is slower in
