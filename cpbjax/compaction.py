@@ -108,6 +108,7 @@ class LiveCoins:
             "active": np.zeros_like(full.active),
             "diverged": full.diverged,
             "val_gain_se": nan_K,
+            "stop_val_loss": nan_K,
         }
         logging.info(
             "%d of %d coins still train: moved them to a program of %d", slots.size, k, k_live

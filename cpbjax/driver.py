@@ -222,6 +222,8 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
             record["lr_scale"] = m["lr_scale"][: len(names)]
         if t.get("min_delta_mode") == "se":
             record["val_gain_se"] = m["val_gain_se"][: len(names)]
+        if t.share == "pooled":  # what its early stopping judged (coin 0 is always real)
+            record["pooled_val_loss"] = m["stop_val_loss"][0]
         run.log.epoch(writers.to_jsonable(record), sharding.memory_bytes()[0])
         diverged = _log_divergence(names, m, diverged)
         finished = record["epoch"] >= t.epochs or not m["active"].any()

@@ -236,7 +236,7 @@ def run_epoch(spec: step.EpochSpec, state: step.GroupState, arrays):
 
     step.end_epoch gets the pooled val loss as every coin's, so the real coins improve,
     stop and diverge together; the metrics' val_loss is still each coin's own, and
-    best_val_loss the pooled best.
+    stop_val_loss and best_val_loss the pooled loss and its best.
     """
     trained = train_pass(spec, state, arrays)
     val = step.val_pass(spec, trained.params, arrays)

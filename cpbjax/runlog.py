@@ -174,8 +174,9 @@ class PlainProgress:
         g = self._group
         done = record["epoch"] - g.start_epoch
         eta = (time.monotonic() - g.started) / max(done, 1) * (g.max_epochs - record["epoch"])
+        pooled = record.get("pooled_val_loss")  # the number a pooled run's early stopping judged
         logging.info(
-            "%s epoch %d/%d: active %d/%d, train loss min/median %s, best val min/median %s, "
+            "%s epoch %d/%d: active %d/%d, train loss min/median %s, best val min/median %s%s, "
             "lr %.3g, %.2fs, ETA <= %.0fs, device memory %s",
             g.name,
             record["epoch"],
@@ -184,6 +185,7 @@ class PlainProgress:
             g.num_series,
             _fmt_loss(record["train_loss"]),
             _fmt_loss(record["best_val_loss"]),
+            "" if pooled is None else f", pooled val {pooled:.4g}",
             record["lr"],
             record["seconds"],
             eta,

@@ -44,6 +44,9 @@ EPOCH_METRICS = (
     "active",
     "diverged",
     "val_gain_se",  # the standard error of val_loss - best before it; 0 unless mode "se"
+    # The val loss early stopping compared with the best: val_loss per series; a pooled
+    # model's window mean over every coin's (purged) val windows, the same on every coin.
+    "stop_val_loss",
 )
 
 
@@ -574,5 +577,6 @@ def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, v
         "active": active_K,
         "diverged": new_state.diverged,
         "val_gain_se": jnp.where(ran_K, gain_se_K, jnp.nan),
+        "stop_val_loss": jnp.where(ran_K, val_K, jnp.nan),
     }
     return new_state, metrics

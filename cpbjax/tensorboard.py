@@ -115,6 +115,8 @@ def _scalars(record: dict) -> list[tuple[str, float]]:
         ("active_series", sum(record["active"])),
         ("epoch_seconds", record["seconds"]),
     ]
+    if record.get("pooled_val_loss") is not None:  # train.share=pooled
+        pairs.append(("pooled_val_loss", record["pooled_val_loss"]))
     optional = tuple(f for f in ("lr_scale", "val_gain_se") if f in record)
     for field in ("train_loss", "val_loss", "best_val_loss", *optional):
         values = record.get(field)
@@ -143,8 +145,9 @@ class TensorBoardLog:
     """Writes each group's epoch scalars as one TensorBoard run under `<workdir>/tb/<group>/`.
 
     Tags: `train_loss/<series>`, `val_loss/<series>`, `best_val_loss/<series>`,
-    `lr_scale/<series>` and `val_gain_se/<series>` (when present), `lr`, `active_series`, `epoch_seconds`; the step is
-    the epoch. Every `append` is flushed and fsynced, so a SIGKILL loses nothing appended.
+    `lr_scale/<series>` and `val_gain_se/<series>` (when present), `lr`, `active_series`,
+    `epoch_seconds`, `pooled_val_loss` (train.share=pooled); the step is the epoch. Every
+    `append` is flushed and fsynced, so a SIGKILL loses nothing appended.
     Call `close()` in a `finally`.
     """
 
@@ -193,7 +196,8 @@ class TensorBoardLog:
 
         Args:
           record: {"group", "epoch", "series", "train_loss", "val_loss", "best_val_loss",
-            "lr", "active", "seconds"} and optionally "lr_scale" and "val_gain_se", as train.py writes it.
+            "lr", "active", "seconds"} and optionally "lr_scale", "val_gain_se" and
+            "pooled_val_loss", as the driver writes it.
 
         Raises:
           ValueError: the record's group is not the one opened by `start_group`, or a

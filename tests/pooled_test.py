@@ -32,7 +32,7 @@ from cpbjax import (
 )
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
-from cpbjax.data import stacking
+from cpbjax.data import pooling, stacking
 from cpbjax.group import GroupTrainer, coin_keys
 from tests import train_test
 
@@ -368,13 +368,17 @@ def test_launch_scores_every_series_with_one_saved_model(pooled_run):
 
 
 def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
-    """best_epoch, epochs_run and the status follow the window-weighted mean of the
-    per-series val losses in metrics.jsonl, not any series' own."""
+    """metrics.jsonl's pooled_val_loss is the window-weighted mean of the per-series val
+    losses over the val windows the purge keeps, and best_epoch, epochs_run and the
+    status follow it, not any series' own."""
     results = writers.read_json(os.path.join(pooled_run, "results.json"))
     records = writers.MetricsLog(str(pooled_run)).records()
-    n_val = np.array([len(p.ends["val"]) for p in train_test.preps()])
+    data = train_test.make_config().data
+    kept, _ = pooling.pool_ends(train_test.preps(), data.lookback, data.horizon)
+    n_val = np.array([len(kept[name]["val"]) for name in records[0]["series"]])
     per_series = np.array([r["val_loss"] for r in records])  # [epochs, series]
-    pooled = per_series @ n_val / n_val.sum()
+    pooled = np.array([r["pooled_val_loss"] for r in records])
+    np.testing.assert_allclose(pooled, per_series @ n_val / n_val.sum(), rtol=1e-5)
     best, best_epoch, active, _, _ = train_test._reference_early_stopping(
         pooled, PATIENCE, min_delta=MIN_DELTA, mode="rel"
     )

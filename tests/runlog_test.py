@@ -33,6 +33,15 @@ def test_plain_progress_logs_one_line_per_epoch(caplog):
     assert "active 1/2" in lines[0]
     assert "0.25/0.375" in lines[0]  # best val min/median
     assert "3 MiB" in lines[0]
+    assert "pooled val" not in lines[0]  # only a pooled run's records carry one
+
+
+def test_plain_progress_shows_what_a_pooled_run_stops_on(caplog):
+    progress = runlog.PlainProgress()
+    with caplog.at_level(logging.INFO):
+        progress.start_group("group-000", 2, 10, 0)
+        progress.update({**RECORD, "pooled_val_loss": 0.28125}, None)
+    assert any("pooled val 0.2812" in r.getMessage() for r in caplog.records)
 
 
 def test_auto_is_plain_off_a_terminal_and_rich_runs():

@@ -35,7 +35,13 @@ def _record(epoch, train, val, best, **extra):
 # Epoch 1: ETH's val loss is None (non-finite in metrics.jsonl), lr_scale and val_gain_se
 # (train.min_delta_mode=se) present.
 RECORD_1 = _record(
-    1, [0.5, 0.25], [0.1, None], [0.1, None], lr_scale=[1.0, 0.5], val_gain_se=[0.002, None]
+    1,
+    [0.5, 0.25],
+    [0.1, None],
+    [0.1, None],
+    lr_scale=[1.0, 0.5],
+    val_gain_se=[0.002, None],
+    pooled_val_loss=0.125,
 )
 # Every scalar TensorBoard must hold for RECORD_1 (float32, as simple_value stores it).
 EXPECTED_1 = {
@@ -49,6 +55,7 @@ EXPECTED_1 = {
     "lr": 0.001,
     "active_series": 1.0,
     "epoch_seconds": 1.5,
+    "pooled_val_loss": 0.125,
 }
 
 
