@@ -357,7 +357,10 @@ np.savez(sys.argv[1], *jax.device_get(jax.tree.leaves(state.params)),
 
 def _env(**extra):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
-    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    # One device unless `extra` names a count; tests/conftest.py's -O0 is already there.
+    if "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
+        flags = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=1"
+        env["XLA_FLAGS"] = flags.strip()
     return env
 
 
