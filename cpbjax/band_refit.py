@@ -15,7 +15,8 @@ splits before the scored one,
 i.e. a sigma-weighted median of (r - p) / sigma, r = log(high[t+h] / close[t]) and p the
 model's forecast of it. Forecasts are linear in k, so the refit model is the trained one
 with k + d: val is scored by the model refit on train, test by the one refit on
-train+val, which is also the model that is saved.
+train+val, which is also the model that is saved. Being linear, the refit also moves
+the trained model's forecasts without another forward pass (`shifted_forecast`).
 Shapes (docs/design.md): N windows, H steps, C OHLC columns.
 """
 
@@ -60,16 +61,35 @@ def shifted(params, shift_H2) -> dict:
     return common.with_band(params, (k_H2 + shift_H2).astype(np.float32))
 
 
-def refit_per_split(module, params, prep, lookback: int, horizon: int):
-    """({"val": params refit on train, "test": params refit on train+val},
-    {"val": d, "test": d} with d the JSON-ready {"high": [H], "low": [H]} shifts)."""
-    fcs = {
-        s: forecast.split_forecast(module, params, prep, s, lookback, horizon)
-        for s in ("train", "val")
-    }
-    fitted, shifts = {}, {}
-    for split in ("val", "test"):
-        shift = fit_shift(prep, fcs, baselines.SPLITS_BEFORE[split], lookback, horizon)
-        fitted[split] = shifted(params, shift)
-        shifts[split] = {"high": shift[:, 0].tolist(), "low": shift[:, 1].tolist()}
-    return fitted, shifts
+def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int):
+    """fc as the model with its band factors moved by shift_H2 [H, 2] forecasts it.
+
+    The band enters each forecast additively in the log space (ForecastOutput: high +
+    k_h * sigma, low - k'_h * sigma, every quantile level alike), so moving k by d moves
+    the log forecast by d * sigma, with sigma the window's EWMA log range. One forward
+    pass of the trained model thus serves every refit. It equals a forward pass of
+    `shifted(params, shift_H2)` to float32 rounding (sigma here is float64 from prices).
+    """
+    sigma_N = baselines.ewma_range(prep.ohlc, fc.ends_N, lookback)
+    log_move_NHC = np.zeros(fc.norm_NHC.shape)
+    log_move_NHC[:, :, common.HIGH] = shift_H2[None, :, 0] * sigma_N[:, None]
+    log_move_NHC[:, :, common.LOW] = -shift_H2[None, :, 1] * sigma_N[:, None]
+    factor_NHC = np.exp(log_move_NHC)
+    return forecast.SplitForecast(
+        fc.ends_N,
+        fc.prices_NHC * factor_NHC,
+        (fc.norm_NHC + log_move_NHC).astype(fc.norm_NHC.dtype),
+        None if fc.quantiles_NHCJ is None else fc.quantiles_NHCJ * factor_NHC[..., None],
+    )
+
+
+def shift_json(shift_H2) -> dict:
+    """results.json's band_refit entry of a split: {"high": [H], "low": [H]} shifts."""
+    return {"high": shift_H2[:, 0].tolist(), "low": shift_H2[:, 1].tolist()}
+
+
+def refit_for(split: str, prep, fcs: dict, lookback: int, horizon: int):
+    """(split -> the forecasts of `fcs` refit for scoring `split`, shift [H, 2]): the
+    shift is fitted on the splits before `split` (train for val, train+val for test)."""
+    shift_H2 = fit_shift(prep, fcs, baselines.SPLITS_BEFORE[split], lookback, horizon)
+    return {s: shifted_forecast(prep, fc, shift_H2, lookback) for s, fc in fcs.items()}, shift_H2

@@ -89,17 +89,6 @@ def evaluate_split(
     return out
 
 
-def _cached_forecasts(module, params, prep, splits, lookback, horizon, cache: dict) -> dict:
-    """split -> forecast.SplitForecast of `params` on each of `splits`, each computed once
-    per params object (cache: (id(params), split) -> SplitForecast)."""
-    for s in splits:
-        if (id(params), s) not in cache:
-            cache[(id(params), s)] = forecast.split_forecast(
-                module, params, prep, s, lookback, horizon
-            )
-    return {s: cache[(id(params), s)] for s in splits}
-
-
 def evaluate_model(
     module,
     params,
@@ -128,32 +117,37 @@ def evaluate_model(
         (intervals.vol_settings).
     """
     levels, entry, calibration = forecast.quantile_levels(module), {}, None
-    scored_params, shifts = {"val": params, "test": params}, {}
-    if refit_band and band_refit.applies(module):
-        scored_params, shifts = band_refit.refit_per_split(module, params, prep, lookback, horizon)
-    cache = {}
+    refit = refit_band and band_refit.applies(module)
+    # One forward pass per split serves every refit (band_refit.shifted_forecast); train
+    # is forecast only when a refit or an interval is fitted on it.
+    forecast_splits = ("train", "val", "test") if refit or interval_levels else ("val", "test")
+    trained = {
+        s: forecast.split_forecast(module, params, prep, s, lookback, horizon)
+        for s in forecast_splits
+    }
+    scored_params = params
     for split in ("val", "test"):
-        needed = (*baselines.SPLITS_BEFORE[split], split) if interval_levels else (split,)
-        fcs = _cached_forecasts(
-            module, scored_params[split], prep, needed, lookback, horizon, cache
-        )
+        fcs = trained
+        if refit:
+            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, lookback, horizon)
+            scored_params = band_refit.shifted(params, shift_H2)
         if interval_levels and fcs[split].prices_NHC is not None:
-            point = {s: fc.prices_NHC for s, fc in fcs.items()}
+            point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
             calibration = intervals.fit_before(
                 prep, split, point, lookback, horizon, interval_levels, interval_vol
             )
         entry[split] = evaluate_split(
             prep, fcs[split], split, lookback, horizon, levels, calibration
         )
-        if split in shifts:
-            entry[split]["band_refit"] = shifts[split]
+        if refit:
+            entry[split]["band_refit"] = band_refit.shift_json(shift_H2)
     test = fcs["test"]
     if test.prices_NHC is None:  # only the test split is plotted and saved
-        return Scored(entry, None, None, scored_params["test"])
+        return Scored(entry, None, None, scored_params)
     record = forecast.forecast_record(prep, test, horizon, levels, calibration, lookback)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
-    return Scored(entry, record, calibration, scored_params["test"])
+    return Scored(entry, record, calibration, scored_params)
 
 
 def run_facts(mode: str, config, workdir: str, started: float) -> dict:

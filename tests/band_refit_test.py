@@ -50,10 +50,10 @@ def _perturbed(params, seed: int) -> dict:
     return jax.tree_util.tree_map_with_path(move, params)
 
 
-def _model(**model):
+def _model(loss="mae", **model):
     """(config, prep, module, untrained params) of the tiny vol_band GRU: its band
     starts at the fit on prep's train windows, as training starts it."""
-    cfg = make_config(**model)
+    cfg = make_config(loss=loss, **model)
     prep = preps()[0]
     module, params = _init_params(cfg, prep, stacking.band_factors(prep, L, H))
     return cfg, prep, module, params
@@ -108,11 +108,35 @@ def test_each_split_is_scored_by_the_refit_on_the_splits_before_it():
             np.abs(
                 prep.ohlc[fc.ends_N[:, None] + np.arange(1, H + 1), 1] - fc.prices_NHC[..., 1]
             ).mean(),
-            rtol=1e-9,
+            rtol=1e-6,  # the scored forecasts are shifted, not forecast again: float32 rounding
         )
-    np.testing.assert_allclose(record["predicted"], fc.prices_NHC, rtol=1e-12)
+    np.testing.assert_allclose(record["predicted"], fc.prices_NHC, rtol=1e-6)
     np.testing.assert_array_equal(test_params["output"]["band_high"], scored["output"]["band_high"])
     assert not np.allclose(want, 0, atol=1e-3)  # the perturbed model had something to refit
+
+
+@pytest.mark.parametrize("quantiles", [(), (0.1, 0.5, 0.9)])
+def test_a_shifted_forecast_is_the_forward_pass_of_the_shifted_model(quantiles):
+    """Evaluation moves the trained model's forecasts by the refit instead of forecasting
+    again; the result is the refit model's own forward pass, to float32 rounding."""
+    _, prep, module, params = _model("pinball" if quantiles else "mae", quantiles=quantiles)
+    params = _perturbed(params, 2)
+    shift_H2 = np.random.default_rng(0).uniform(-0.5, 0.5, (H, 2))
+    for split in ("train", "test"):
+        trained = forecast.split_forecast(module, params, prep, split, L, H)
+        got = band_refit.shifted_forecast(prep, trained, shift_H2, L)
+        want = forecast.split_forecast(
+            module, band_refit.shifted(params, shift_H2), prep, split, L, H
+        )
+        np.testing.assert_array_equal(got.ends_N, want.ends_N)
+        np.testing.assert_allclose(got.prices_NHC, want.prices_NHC, rtol=2e-6)
+        np.testing.assert_allclose(got.norm_NHC, want.norm_NHC, rtol=0, atol=2e-6)
+        if quantiles:
+            np.testing.assert_allclose(got.quantiles_NHCJ, want.quantiles_NHCJ, rtol=2e-6)
+        # The shift moved high and low and nothing else.
+        moved = ~np.isclose(got.prices_NHC, trained.prices_NHC, rtol=1e-4)
+        assert moved[..., 1].any() and moved[..., 2].any()
+        assert not moved[..., 0].any() and not moved[..., 3].any()
 
 
 def test_without_the_option_or_a_band_nothing_is_refit():
