@@ -38,11 +38,15 @@ def pooled_val(config, records: list[dict]) -> np.ndarray:
 
 def gains(records: list[dict], val_E: np.ndarray) -> list[tuple[int, float, float, bool]]:
     """(epoch, pooled val, gain over the best before it in standard errors, kept) per
-    epoch; the gain of epoch 1 is NaN when it was kept (the untrained best is not logged)."""
+    epoch; the gain of epoch 1 is NaN when it was kept (the untrained best is not logged).
+    Kept is the logged `improved`; a run logged before it had one is read as kept where
+    the best after the epoch is its val loss."""
     rows, best_before = [], None
     for r, val in zip(records, val_E, strict=True):
         best_after, se = r["best_val_loss"][0], (r.get("val_gain_se") or [None])[0]
-        kept = bool(np.isclose(best_after, val, rtol=0, atol=1e-7))
+        kept = bool(
+            r["improved"][0] if "improved" in r else np.isclose(best_after, val, rtol=0, atol=1e-7)
+        )
         before = best_before if best_before is not None else (None if kept else best_after)
         gain = (before - val) / se if before is not None and se else float("nan")
         rows.append((r["epoch"], float(val), gain, kept))

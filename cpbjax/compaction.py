@@ -109,6 +109,7 @@ class LiveCoins:
             "diverged": full.diverged,
             "val_gain_se": nan_K,
             "stop_val_loss": nan_K,
+            "improved": np.zeros_like(full.active),
         }
         logging.info(
             "%d of %d coins still train: moved them to a program of %d", slots.size, k, k_live

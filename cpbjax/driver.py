@@ -170,6 +170,7 @@ def _epoch_record(group: str, names: list[str], m: dict, seconds: float, coins: 
         "train_loss": m["train_loss"][:n],
         "val_loss": m["val_loss"][:n],
         "best_val_loss": m["best_val_loss"][:n],
+        "improved": m["improved"][:n],
         "lr": float(m["lr"]),
         "active": m["active"][:n],
         "seconds": seconds,

@@ -47,6 +47,8 @@ EPOCH_METRICS = (
     # The val loss early stopping compared with the best: val_loss per series; a pooled
     # model's window mean over every coin's (purged) val windows, the same on every coin.
     "stop_val_loss",
+    # Whether the epoch cleared the early-stopping bar: its params became the kept ones.
+    "improved",
 )
 
 
@@ -578,5 +580,6 @@ def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, v
         "diverged": new_state.diverged,
         "val_gain_se": jnp.where(ran_K, gain_se_K, jnp.nan),
         "stop_val_loss": jnp.where(ran_K, val_K, jnp.nan),
+        "improved": improved_K,
     }
     return new_state, metrics

@@ -379,9 +379,16 @@ def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
     per_series = np.array([r["val_loss"] for r in records])  # [epochs, series]
     pooled = np.array([r["pooled_val_loss"] for r in records])
     np.testing.assert_allclose(pooled, per_series @ n_val / n_val.sum(), rtol=1e-5)
+    improved_epochs = []
     best, best_epoch, active, _, _ = train_test._reference_early_stopping(
-        pooled, PATIENCE, min_delta=MIN_DELTA, mode="rel"
+        pooled, PATIENCE, min_delta=MIN_DELTA, mode="rel", improved_epochs=improved_epochs
     )
+    improved = np.array([r["improved"] for r in records])  # [epochs, series]
+    assert improved_epochs, "no epoch improved: the flag is not tested"
+    assert (improved == improved[:, :1]).all()  # one model: every series improves together
+    assert [
+        r["epoch"] for r, m in zip(records, improved[:, 0], strict=True) if m
+    ] == improved_epochs
     entries = [results["series"][name] for name in NAMES]
     for entry in entries:
         assert entry["best_epoch"] == best_epoch

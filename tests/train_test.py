@@ -224,12 +224,15 @@ def test_diverging_coin_is_frozen_and_never_poisons_the_others():
         )
 
 
-def _reference_early_stopping(vals, patience, best=np.inf, min_delta=0.0, mode="abs"):
+def _reference_early_stopping(
+    vals, patience, best=np.inf, min_delta=0.0, mode="abs", improved_epochs=None
+):
     """Plain per-coin early stopping: (best, best_epoch, active, diverged, diverged_epoch).
 
     `best` is the val loss to beat before epoch 1: the untrained model's with a baseline;
     an epoch improves on it only by more than `min_delta` (mode "abs"), or by more than
-    that share of it (mode "rel").
+    that share of it (mode "rel"). The epochs that improved are appended to the list
+    `improved_epochs` if one is given.
     """
     best_epoch, bad, active, diverged, diverged_epoch = 0, 0, True, False, 0
     for epoch, val in enumerate(vals, start=1):
@@ -241,6 +244,8 @@ def _reference_early_stopping(vals, patience, best=np.inf, min_delta=0.0, mode="
         bar = best * (1 - min_delta) if mode == "rel" else best - min_delta
         if val < bar:
             best, best_epoch, bad = val, epoch, 0
+            if improved_epochs is not None:
+                improved_epochs.append(epoch)
         else:
             bad += 1
         active = bad < patience
@@ -282,17 +287,23 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(mode, min_delta_sh
     assert np.isfinite(initial_best[:3]).all()  # the baseline's, not inf
     vals = relative * np.where(np.isfinite(initial_best), initial_best, 1.0)[:, None]
     init_params = jax.device_get(state.params)
+    improved_EK = []
     for e in range(vals.shape[1]):
         # The params "of epoch e+1" for coins still training; a frozen coin's stay put.
         trained = jax.tree.map(lambda p, e=e: p + e + 1.0, init_params)
         params = step.select(state.active, trained, state.params)
         val_K = jnp.asarray(vals[:, e])
-        state, _ = _end_epoch(trainer, state, params, val_K)
+        state, metrics = _end_epoch(trainer, state, params, val_K)
+        improved_EK.append(np.asarray(metrics["improved"]))
     state = jax.device_get(state)
+    assert not np.stack(improved_EK)[:, 3].any()  # the padded coin never trains
     for i in range(3):
+        improved_epochs = []
         best, best_epoch, active, diverged, diverged_epoch = _reference_early_stopping(
-            vals[i], patience, initial_best[i], trainer.spec.min_delta, mode
+            vals[i], patience, initial_best[i], trainer.spec.min_delta, mode, improved_epochs
         )
+        # metrics.jsonl's `improved`: exactly the epochs the plain reference improved on.
+        assert [e + 1 for e, m in enumerate(improved_EK) if m[i]] == improved_epochs
         assert (state.best_val[i], state.best_epoch[i]) == (best, best_epoch)
         assert (state.active[i], state.diverged[i]) == (active, diverged)
         assert state.diverged_epoch[i] == diverged_epoch

@@ -34,3 +34,13 @@ def test_a_kept_first_epoch_has_no_gain_and_logged_pooled_losses_are_read_as_the
     rows = val_gains.gains(records, val_E)
     assert math.isnan(rows[0][2]) and rows[0][3]
     assert rows[1][2] == pytest.approx(-1.0) and not rows[1][3]
+
+
+def test_the_logged_improved_flag_says_which_epochs_were_kept():
+    # Epoch 2 repeats the best's val loss exactly without clearing the bar: read from the
+    # losses alone it would look kept; the logged flag says it was not.
+    records = [_record(1, 0.75, 0.01, 0.75), _record(2, 0.75, 0.01, 0.75)]
+    records[0]["improved"], records[1]["improved"] = [True, True], [False, False]
+    rows = val_gains.gains(records, np.array([0.75, 0.75]))
+    assert [k for *_, k in rows] == [True, False]
+    assert rows[1][2] == pytest.approx(0.0)
