@@ -9,8 +9,7 @@ round by round (A B A B ...) so load drifts hit every arm alike, and reports med
 Each arm scores its own copy of the workdir (models/, config.json, results.json), so the
 finished run is never touched; the table also gives the largest relative difference of
 any series' val or test MAE (open, high, low, close) from the first arm's, read from
-each copy's newest eval-<stamp>.json. Writes one
-record to benchmarks/records/.
+each copy's newest eval-<stamp>.json. Writes one record to benchmarks/records/.
 
   python launch.py --config configs/gru.py:demo --workdir /tmp/demo --config.eval.plots=False
   python benchmarks/eval_bench.py --workdir /tmp/demo --config configs/gru.py:demo \
