@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "gru.py"))
     parser.add_argument("--base-url", default="", help="data.base_url (a local mirror)")
     parser.add_argument("--symbols", default="", help="comma-separated; default the config's")
-    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    common.add_records_dir_flag(parser)
     args = parser.parse_args()
     config = config_lib.load(args.config)
     config.data.base_url = args.base_url or config.data.base_url

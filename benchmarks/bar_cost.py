@@ -80,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--candles", type=int, default=5000)
     p.add_argument("--source", choices=("synthetic", "binance"), default="synthetic")
     p.add_argument("--base-url", default="")
-    p.add_argument("--records-dir", default="benchmarks/records")
+    common.add_records_dir_flag(p)
     args = p.parse_args(argv)
     if args.coins < 1 or args.rounds < 1:
         p.error("--coins and --rounds must be >= 1")

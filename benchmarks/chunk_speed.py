@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4, help="epochs per cell (>= 2)")
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds")
     parser.add_argument("--set", default="", help="config overrides: key=value,...")
-    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    common.add_records_dir_flag(parser)
     args = parser.parse_args()
     if args.epochs < 2 or args.rounds < 1:
         parser.error("--epochs must be >= 2 (the first is not timed) and --rounds >= 1")

@@ -111,6 +111,15 @@ def _facts_line(facts: dict) -> str:
 RECORDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
 
 
+def add_records_dir_flag(parser) -> None:
+    """--records-dir: where this run's record goes (a new file per run; "" = none)."""
+    parser.add_argument(
+        "--records-dir",
+        default=RECORDS_DIR,
+        help='write this run\'s record to a new file in this folder ("" = none)',
+    )
+
+
 def _record_stamp(date: str) -> str:
     """'2026-11-23 03:54 UTC' -> '20261123T0354Z' (file-name safe, sorts by time)."""
     try:

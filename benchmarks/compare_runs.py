@@ -3,17 +3,18 @@
   python benchmarks/compare_runs.py runs/gru-autoregressive runs/gru-direct
 
 Prints one markdown row per workdir. What a choice between runs may be based on comes
-first, from the validation split: the median best val loss (OHLC MSE, normalised) and
-the median val close skill. Then the test split, reported but never used to choose:
+first, from the validation split: the median best val loss (in the run's `train.loss`,
+normalised) and the median val close skill. Then the test split, reported but never
+used to choose:
 median close skill against the better naive forecast (and how many series are positive),
 how many beat naive at Diebold-Mariano p < 0.05, median directional accuracy against
 the median up-share. Last, the training seconds of all groups.
 """
 
+import argparse
 import json
 import os
 import statistics
-import sys
 
 COLUMNS = (
     "workdir",
@@ -66,7 +67,15 @@ def summarise(workdir: str) -> dict:
     }
 
 
-def main(workdirs: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("workdirs", nargs="+", help="finished run workdirs")
+    workdirs = parser.parse_args(argv).workdirs
+    for workdir in workdirs:
+        if not os.path.isfile(os.path.join(workdir, "results.json")):
+            parser.error(f"{workdir}: no results.json (not a finished run's workdir)")
     rows = [summarise(w) for w in workdirs]
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
@@ -75,6 +84,4 @@ def main(workdirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    main(sys.argv[1:])
+    main()

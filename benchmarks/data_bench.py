@@ -73,11 +73,7 @@ def _args(argv):
     )
     p.add_argument("--config", default=str(REPO / "configs/transformer.py"))
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument(
-        "--records-dir",
-        default=common.RECORDS_DIR,
-        help='write this run\'s record to a new file in this folder ("" = none)',
-    )
+    common.add_records_dir_flag(p)
     return p.parse_args(argv)
 
 

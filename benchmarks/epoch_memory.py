@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--base-url", default="", help="a kline mirror; default synthetic")
     parser.add_argument("--series", default="40", help="synthetic series per row")
     parser.add_argument("--set", default="", help="config overrides: key=value,...")
-    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    common.add_records_dir_flag(parser)
     args = parser.parse_args()
     memory.check = _stop_at_check  # the driver calls it right after the compile
     memory.remedy = _note_coins

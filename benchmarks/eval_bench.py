@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="OPENBLAS_NUM_THREADS values")
     parser.add_argument("--trees", default=ROOT, help="comma-separated cpbjax source trees")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    common.add_records_dir_flag(parser)
     args, flags = parser.parse_known_args()  # the rest go to launch.py as they are
     arms = _arms(args)
     seconds = {arm: [] for arm in arms}

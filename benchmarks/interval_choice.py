@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--workdir", required=True, help="a finished run's folder")
     parser.add_argument("--config", required=True, help="the run's --config")
     parser.add_argument("--base-url", default="", help="data.base_url of the data to score")
-    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    common.add_records_dir_flag(parser)
     args = parser.parse_args()
     config = config_lib.load(args.config)
     config.data.base_url = args.base_url or config.data.base_url

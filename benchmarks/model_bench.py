@@ -114,11 +114,7 @@ def _args(argv):
         choices=["default", "true", "false"],
         help="set jax_threefry_partitionable (dropout RNG; changes compile time)",
     )
-    p.add_argument(
-        "--records-dir",
-        default=common.RECORDS_DIR,
-        help='write this run\'s record to a new file in this folder ("" = none)',
-    )
+    common.add_records_dir_flag(p)
     return p.parse_args(argv)
 
 

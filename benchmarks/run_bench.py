@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--models", default="gru,transformer,lstm")
     parser.add_argument("--variant", default="demo", help="configs/<model>.py:<variant>; '' = none")
     parser.add_argument("--flags", default="", help="extra launch.py flags, one string")
-    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    common.add_records_dir_flag(parser)
     args = parser.parse_args()
     flags = ["--config.logging.progress=plain", *shlex.split(args.flags)]
     rows = bench(args.models.split(","), args.variant, flags)

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--model", default="gru")
     parser.add_argument("--variant", default="tiny", help="configs/<model>.py:<variant>")
     parser.add_argument("--flags", default="", help="extra launch.py flags, one string")
-    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    common.add_records_dir_flag(parser)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     flags = ["--config.logging.progress=plain", "--config.eval.plots=False"]

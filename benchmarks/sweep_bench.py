@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--rates", default="3e-4,1e-3,3e-3", help="learning rates, comma-separated")
     parser.add_argument("--flags", default="", help="extra launch.py flags, one string")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--records-dir", default=common.RECORDS_DIR, help="'' = write none")
+    common.add_records_dir_flag(parser)
     args = parser.parse_args()
     flags = ["--config.logging.progress=plain", "--config.eval.plots=False"]
     flags += shlex.split(args.flags)

@@ -470,11 +470,7 @@ def _parse_args(argv):
     p.add_argument("--candles", type=int, default=5000, help="candles per synthetic series")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="torch, host random and shuffle seed")
-    p.add_argument(
-        "--records-dir",
-        default=common.RECORDS_DIR,
-        help='write this run\'s record to a new file in this folder ("" = none)',
-    )
+    common.add_records_dir_flag(p)
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.model.split(",") if m.strip()]
     args.decodings = [d.strip() for d in args.decoding.split(",") if d.strip()]

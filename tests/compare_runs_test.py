@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from benchmarks import compare_runs
 
 
@@ -62,3 +64,10 @@ def test_main_prints_a_markdown_table(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| " + " | ".join(compare_runs.COLUMNS) + " |"
     assert len(lines) == 4 and "| autoregressive |" in lines[2] and "| direct |" in lines[3]
+
+
+def test_main_names_a_workdir_without_results_and_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        compare_runs.main([_workdir(tmp_path, "direct"), str(tmp_path / "missing")])
+    assert stop.value.code == 2
+    assert "missing: no results.json" in capsys.readouterr().err
