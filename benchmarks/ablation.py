@@ -56,7 +56,12 @@ def summarise(name: str, workdir: str) -> dict:
     """One row of the table from <workdir>/results.json."""
     with open(os.path.join(workdir, "results.json")) as f:
         results = json.load(f)
-    scored = [e for e in results["series"].values() if e.get("test") and e.get("val")]
+    return summarise_entries(name, results["series"])
+
+
+def summarise_entries(name: str, series: dict) -> dict:
+    """One row of the table from results.json-shaped series entries (name -> entry)."""
+    scored = [e for e in series.values() if e.get("test") and e.get("val")]
     val, test = _skills(scored, "val"), _skills(scored, "test")
     worse = sum((e["test"]["dm"].get("p_value_better") or 0) > 0.95 for e in scored)
     return {
