@@ -54,7 +54,7 @@ def member_forecasts(workdir: str, base_url: str, series: list[str] | None):
             for s in ("train", *SCORED)
         }
         out[name] = {s: _refit(prep, raw, s, model.module, cfg) for s in SCORED}
-    return preps, out, (L, H), cfg.eval.get("refit_band", False)
+    return preps, out, (L, H)
 
 
 def _refit(prep, raw, split, module, cfg):
@@ -104,7 +104,7 @@ def main(argv=None) -> list[dict]:
     series = args.series.split(",") if args.series else None
     members, rows = [], []
     for workdir in args.workdirs:
-        preps, fcs, (L, H), _ = member_forecasts(workdir, args.base_url, series)
+        preps, fcs, (L, H) = member_forecasts(workdir, args.base_url, series)
         entries = score(preps, fcs, L, H)
         drift = check_member(workdir, entries)
         print(

@@ -66,7 +66,7 @@ def test_members_score_as_their_runs_did_and_an_ensemble_of_one_is_that_member(r
     assert [r["lever"] for r in rows] == [*workdirs, "geometric mean"]
     for workdir, row in zip(workdirs, rows[:-1], strict=True):
         assert row == ablation.summarise(workdir, workdir)
-    preps, fcs, (L, H), _ = seed_ensemble.member_forecasts(workdirs[0], mirror, None)
+    preps, fcs, (L, H) = seed_ensemble.member_forecasts(workdirs[0], mirror, None)
     alone = {n: {s: seed_ensemble.geometric_mean([f[s]]) for s in f} for n, f in fcs.items()}
     got, want = seed_ensemble.score(preps, alone, L, H), seed_ensemble.score(preps, fcs, L, H)
     for name, split in itertools.product(want, ("val", "test")):
