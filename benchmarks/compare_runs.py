@@ -5,10 +5,10 @@
 Prints one markdown row per workdir. What a choice between runs may be based on comes
 first, from the validation split: the median best val loss (in the run's `train.loss`,
 normalised) and the median val close skill. Then the test split, reported but never
-used to choose:
-median close skill against the better naive forecast (and how many series are positive),
-how many beat naive at Diebold-Mariano p < 0.05, median directional accuracy against
-the median up-share. Last, the training seconds of all groups.
+used to choose: median close skill against the better naive forecast (and how many
+series are positive), how many beat naive at Diebold-Mariano p < 0.05, median
+directional accuracy against the median up-share. Last, the training seconds of all
+groups.
 """
 
 import argparse
