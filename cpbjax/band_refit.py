@@ -55,9 +55,9 @@ def fit_shift(prep, fcs: dict, fit_splits, lookback: int, horizon: int) -> np.nd
 
 
 def shifted(params, shift_H2) -> dict:
-    """params with the band factors moved by shift_H2 [H, 2] (high, low)."""
-    out = params["output"]
-    k_H2 = np.stack([np.asarray(out["band_high"]), np.asarray(out["band_low"])], axis=-1)
+    """params with the band factors moved by shift_H2 [H, 2] (high, low); an ensemble's
+    members each move theirs by it, so their mean forecast moves as one model's would."""
+    k_H2 = np.asarray(common.band_factors(params))  # [Y, H, 2] for an ensemble
     return common.with_band(params, (k_H2 + shift_H2).astype(np.float32))
 
 

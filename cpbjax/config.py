@@ -149,6 +149,10 @@ def base_config() -> ml_collections.ConfigDict:
     # With train.share=pooled: width E of a learned per-series vector appended to every
     # input candle, so the one model can tell the series apart; 0 = none.
     m.series_embedding = 0
+    # >= 1: train this many independently initialised copies of the model side by side in one
+    # program (each its own init, dropout and optimizer state) and forecast the mean of
+    # their log forecasts; early stopping judges that mean. Costs about that many times one model.
+    m.ensemble = 1
 
     c.train = t = ml_collections.ConfigDict()
     t.optimizer = "adamw"  # adam | adamw.

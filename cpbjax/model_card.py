@@ -97,12 +97,14 @@ def render(meta: dict, entry: dict) -> str:
     model = meta.get("model") or {}
     cfg = meta.get("config") or {}
     d = cfg.get("data") or {}
+    members = model.get("ensemble", 1)
+    ensemble = f", the mean forecast of {members} members trained together" if members > 1 else ""
     lines = [
         f"# {meta['series']}: cpbjax {model.get('name', '?')} forecaster",
         "",
         f"Forecasts the next {d.get('horizon')} {meta['interval']} OHLC candles of "
         f"{meta['symbol']} from the last {d.get('lookback')}, "
-        f"{model.get('decoding', '?')} decoding, {meta.get('num_params')} parameters.",
+        f"{model.get('decoding', '?')} decoding, {meta.get('num_params')} parameters{ensemble}.",
         "",
         "## Data",
         "",

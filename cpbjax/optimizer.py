@@ -10,7 +10,8 @@ before every update from `schedule(global_step) * plateau_scale`, so:
   - reduce-on-plateau is fed the validation loss once per epoch (its patience is
     in epochs), not the training loss of every step.
 A sweep coin (cpbjax/sweep_grid.py) multiplies that rate by its own lr_mult, and with
-`per_coin_decay` its weight decay is injected the same way.
+`per_coin_decay` its weight decay is injected the same way. For model.ensemble the chain
+runs once per member (`per_member`), so clipping and Adam see one member at a time.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def make_schedule(train_cfg, num_steps: int) -> optax.Schedule:
     )
 
 
-def make_optimizer(train_cfg, per_coin_decay: bool = False):
+def make_optimizer(train_cfg, per_coin_decay: bool = False, members: int = 1):
     """clip_by_global_norm(grad_clip) -> adam or adamw, with an injected learning rate.
 
     For `adam`, weight_decay is an L2 term added to the clipped gradients before
@@ -59,6 +60,7 @@ def make_optimizer(train_cfg, per_coin_decay: bool = False):
       per_coin_decay: a sweep over weight decay (cpbjax/sweep_grid.py): the decay is an
         injected hyperparameter too, set per coin each step, and adam always carries its
         L2 term. False (default) keeps train.weight_decay a constant of the chain.
+      members: model.ensemble; above 1 the chain is `per_member`.
     """
     name, clip = train_cfg.optimizer, train_cfg.grad_clip
 
@@ -73,21 +75,38 @@ def make_optimizer(train_cfg, per_coin_decay: bool = False):
 
     if per_coin_decay:
         inject = optax.inject_hyperparams(chain, hyperparam_dtype=jnp.float32)
-        return inject(learning_rate=0.0, weight_decay=float(train_cfg.weight_decay))
+        tx = inject(learning_rate=0.0, weight_decay=float(train_cfg.weight_decay))
+    else:
 
-    def constant_decay(learning_rate):
-        # inject_hyperparams injects every numeric argument: here only the rate.
-        return chain(learning_rate, train_cfg.weight_decay)
+        def constant_decay(learning_rate):
+            # inject_hyperparams injects every numeric argument: here only the rate.
+            return chain(learning_rate, train_cfg.weight_decay)
 
-    return optax.inject_hyperparams(constant_decay, hyperparam_dtype=jnp.float32)(learning_rate=0.0)
+        tx = optax.inject_hyperparams(constant_decay, hyperparam_dtype=jnp.float32)(
+            learning_rate=0.0
+        )
+    return per_member(tx) if members > 1 else tx
+
+
+def per_member(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` applied to each member of an ensemble on its own: every leaf of the params,
+    updates and state carries the member axis Y first (models/ensemble.py), so each
+    member's global-norm clip and Adam moments are the ones it would have alone."""
+    return optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
 
 
 def with_learning_rate(opt_state, learning_rate: jax.Array, **others: jax.Array):
     """Returns `opt_state` (of `make_optimizer`) with its learning rate set, and the other
-    injected hyperparameters given (a coin's weight_decay under per_coin_decay)."""
+    injected hyperparameters given (a coin's weight_decay under per_coin_decay); under
+    `per_member` every member gets the same values."""
     values = {"learning_rate": learning_rate, **others}
+    old = opt_state.hyperparams
     hyperparams = dict(
-        opt_state.hyperparams, **{k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
+        old,
+        **{
+            k: jnp.broadcast_to(jnp.asarray(v, jnp.float32), jnp.shape(old[k]))
+            for k, v in values.items()
+        },
     )
     return opt_state._replace(hyperparams=hyperparams)
 

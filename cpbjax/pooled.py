@@ -55,6 +55,17 @@ def replicate(tree, k: int):
     )
 
 
+def member_major(spec: step.EpochSpec, tree):
+    """An ensemble's per-coin leaves [K, Y, ...] as [Y, K, ...], and back (the same swap):
+    optimizer.per_member maps over a leading member axis, so each member's update sees its
+    own series vectors of every coin, as one pooled model's does. Unchanged for one member."""
+    if spec.members == 1:
+        return tree
+    return jax.tree_util.tree_map_with_path(
+        lambda p, a: jnp.swapaxes(a, 0, 1) if per_coin(p) else a, tree
+    )
+
+
 def coin_axes(params):
     """vmap in_axes of the shared view of params: 0 for per-coin leaves, None for the rest."""
     return jax.tree_util.tree_map_with_path(lambda p, _: 0 if per_coin(p) else None, params)
@@ -175,7 +186,9 @@ def pooled_train_step(
     n_K = jnp.sum(mask_KB, axis=1)
     (objective, err_K), grads = pooled_value_and_grad(spec, params, data, ends_KB, mask_KB, keys_K)
     opt_state = optimizer.with_learning_rate(opt_state, lr, **hparams)
-    updates, new_opt = spec.tx.update(grads, opt_state, params)
+    by_member = functools.partial(member_major, spec)
+    updates, new_opt = spec.tx.update(by_member(grads), by_member(opt_state), by_member(params))
+    updates, new_opt = by_member(updates), by_member(new_opt)
     finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
     trains = jnp.sum(n_K) > 0
     take = trains & finite

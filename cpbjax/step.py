@@ -86,6 +86,8 @@ class EpochSpec:
     share: str = "series"
     # train.pooled_chunk: coins per gradient chunk of a pooled step; 0 = all K in one.
     pooled_chunk: int = 0
+    # model.ensemble: Y members, each trained on its own loss (models/ensemble.py).
+    members: int = 1
 
 
 def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
@@ -96,7 +98,11 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
     train_steps = math.ceil(sizes["train"] / t.batch_size)
     return EpochSpec(
         module=module,
-        tx=optimizer.make_optimizer(t, "weight_decay" in sweep_grid.hparam_names(config)),
+        tx=optimizer.make_optimizer(
+            t,
+            "weight_decay" in sweep_grid.hparam_names(config),
+            members=config.model.get("ensemble", 1),  # absent: saved by an earlier cpbjax
+        ),
         schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
         plateau=optimizer.make_plateau(t),
         lookback=d.lookback,
@@ -118,6 +124,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         reduce_on_plateau=t.reduce_on_plateau,
         share=t.share,
         pooled_chunk=t.get("pooled_chunk", 0),  # absent: saved by an earlier cpbjax
+        members=config.model.get("ensemble", 1),
     )
 
 
@@ -317,10 +324,12 @@ def coin_loss_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key)
     valid windows (float32 scalars, 0 when none is valid).
 
     Per window: train.loss of the OHLC forecast + aux_weight * aux MSE (the aux term
-    only with aux targets).
+    only with aux targets). An ensemble's objective is the sum of its members' (each
+    member's gradient is its own) and its forecast part their mean.
     """
     w = gather_windows(spec, data, ends_B)
     dropout_key, teacher_key = jax.random.split(key)
+    members = {"member_outputs": True} if spec.members > 1 else {}
     y_hat, aux_hat_BA = spec.module.apply(
         {"params": params},
         w.x_BLF,
@@ -330,13 +339,25 @@ def coin_loss_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key)
         return_aux=True,
         rngs={"dropout": dropout_key, "teacher": teacher_key},
         **quantile_kwargs(spec),
+        **members,
     )
-    err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
-    objective_B = err_B
-    if w.aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC MSE
-        aux_err_B = jnp.where(mask_B, window_sq_err(aux_hat_BA, w.aux_BA), 0.0)
-        objective_B = err_B + spec.aux_weight * aux_err_B
+    window_terms = functools.partial(_window_terms, spec, w, data, mask_B)
+    if spec.members == 1:
+        objective_B, err_B = window_terms(y_hat, aux_hat_BA)
+    else:  # [Y, B] per member
+        objective_YB, err_YB = jax.vmap(window_terms)(y_hat, aux_hat_BA)
+        objective_B, err_B = jnp.sum(objective_YB, axis=0), jnp.mean(err_YB, axis=0)
     return jnp.sum(objective_B), jnp.sum(err_B)
+
+
+def _window_terms(spec: EpochSpec, w: Windows, data: CoinData, mask_B, y_hat, aux_hat_BA):
+    """(objective, forecast loss) of each window of one model's forecasts, float32 [B]
+    (0 where mask_B is False)."""
+    err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
+    if not w.aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC loss
+        return err_B, err_B
+    aux_err_B = jnp.where(mask_B, window_sq_err(aux_hat_BA, w.aux_BA), 0.0)
+    return err_B + spec.aux_weight * aux_err_B, err_B
 
 
 def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):

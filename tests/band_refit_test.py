@@ -115,11 +115,15 @@ def test_each_split_is_scored_by_the_refit_on_the_splits_before_it():
     assert not np.allclose(want, 0, atol=1e-3)  # the perturbed model had something to refit
 
 
-@pytest.mark.parametrize("quantiles", [(), (0.1, 0.5, 0.9)])
-def test_a_shifted_forecast_is_the_forward_pass_of_the_shifted_model(quantiles):
+@pytest.mark.parametrize(
+    "quantiles, ensemble", [((), 1), ((0.1, 0.5, 0.9), 1), ((0.1, 0.5, 0.9), 2)]
+)
+def test_a_shifted_forecast_is_the_forward_pass_of_the_shifted_model(quantiles, ensemble):
     """Evaluation moves the trained model's forecasts by the refit instead of forecasting
-    again; the result is the refit model's own forward pass, to float32 rounding."""
-    _, prep, module, params = _model("pinball" if quantiles else "mae", quantiles=quantiles)
+    again; the result is the refit model's own forward pass, to float32 rounding (for an
+    ensemble, the mean forecast of its members each shifted)."""
+    loss = "pinball" if quantiles else "mae"
+    _, prep, module, params = _model(loss, quantiles=quantiles, ensemble=ensemble)
     params = _perturbed(params, 2)
     shift_H2 = np.random.default_rng(0).uniform(-0.5, 0.5, (H, 2))
     for split in ("train", "test"):

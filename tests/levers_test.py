@@ -106,9 +106,12 @@ def _init_params(cfg, prep, band):
     return module, params
 
 
-@pytest.mark.parametrize("name, window_scale", [("gru", "none"), ("transformer", "range")])
-def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_scale):
-    cfg = make_config(name, window_scale=window_scale)
+@pytest.mark.parametrize(
+    "name, window_scale, ensemble",
+    [("gru", "none", 1), ("transformer", "range", 1), ("transformer", "range", 3)],
+)
+def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_scale, ensemble):
+    cfg = make_config(name, window_scale=window_scale, ensemble=ensemble)
     prep, lookback, horizon = preps()[0], cfg.data.lookback, cfg.data.horizon
     band = stacking.band_factors(prep, lookback, horizon)
     module, params = _init_params(cfg, prep, band)

@@ -24,7 +24,7 @@ import numpy as np
 from cpbjax import config_rules as rules
 from cpbjax.data.normalize import price_mask
 from cpbjax.data.windows import NUM_TARGETS
-from cpbjax.models import common, gru, lstm, transformer
+from cpbjax.models import common, ensemble, gru, lstm, transformer
 
 REGISTRY: dict[str, tuple[type[nn.Module], type[common.ModelConfig]]] = {}
 
@@ -118,5 +118,9 @@ _DEFAULTED = _Defaulted()
 
 
 def build(model_cfg: common.ModelConfig) -> nn.Module:
-    """Returns the Linen module registered under model_cfg.name, configured by model_cfg."""
-    return REGISTRY[model_cfg.name][0](model_cfg)
+    """Returns the Linen module registered under model_cfg.name, configured by model_cfg;
+    with model_cfg.ensemble > 1, that many of them as one ensemble.Ensemble."""
+    module_cls = REGISTRY[model_cfg.name][0]
+    if model_cfg.ensemble > 1:
+        return ensemble.Ensemble(model_cfg, module_cls)
+    return module_cls(model_cfg)

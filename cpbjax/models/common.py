@@ -66,6 +66,9 @@ class ModelConfig:
     recurrent_gradient: str = "autodiff"
     # Indices of the input columns that are prices (normalize.price_mask of data.features).
     price_columns: tuple = (0, 1, 2, 3)
+    # Y: independently initialised members trained side by side whose forecasts are
+    # averaged (models/ensemble.py); 1 = one model.
+    ensemble: int = 1
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -83,6 +86,8 @@ class ModelConfig:
         )
     )
     MAX_INT: ClassVar[int] = 65536  # Upper bound of every int field (widths, heads, layers).
+    # Upper bound of model.ensemble: each member multiplies a step's memory and time.
+    MAX_MEMBERS: ClassVar[int] = 64
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -130,6 +135,8 @@ class ModelConfig:
             check_quantiles(value)
         elif field == "series_embedding":
             rules.int_in("model.series_embedding", value, 0, cls.MAX_INT)
+        elif field == "ensemble":
+            rules.int_in("model.ensemble", value, 1, cls.MAX_MEMBERS)
         elif field == "dropout":
             rules.num_in("model.dropout", value, 0, 1, hi_open=True)
         elif kind is bool:
@@ -305,6 +312,8 @@ class ForecastOutput(nn.Module):
 
 # The param name of the per-series vector: pooled.py keeps it per coin, all else shared.
 SERIES_EMBEDDING = "series_embedding"
+# The params key of model.ensemble's members, every leaf under it [Y, ...] (ensemble.py).
+MEMBERS = "members"
 
 
 def series_vector(module: nn.Module, cfg: ModelConfig) -> jax.Array | None:
@@ -353,7 +362,8 @@ def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
                 f"{' and '.join(missing)}; model {cfg.name!r} does not: set "
                 f"--config.model.{field}=none"
             )
-    if module.cfg.series_embedding and SERIES_EMBEDDING not in params:
+    declared = SERIES_EMBEDDING in params.get(MEMBERS, params)
+    if module.cfg.series_embedding and not declared:
         raise rules.ConfigError(
             f"config.model.series_embedding={module.cfg.series_embedding} needs a model that "
             f"declares it (common.series_vector); model {module.cfg.name!r} does not: set "
@@ -362,10 +372,25 @@ def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
     return params
 
 
+def band_factors(params) -> jax.Array:
+    """The vol_band factors of one model's params: [H, 2] (high, low), or [Y, H, 2] for an
+    ensemble's members."""
+    out = params[MEMBERS]["output"] if MEMBERS in params else params["output"]
+    return jnp.stack([out["band_high"], out["band_low"]], axis=-1)
+
+
 def with_band(params, k_H2) -> dict:
-    """params with the vol_band factors set to k_H2 [H, 2] (high, low); others as they are."""
+    """params with the vol_band factors set to k_H2 [H, 2] (high, low), others as they are;
+    an ensemble's members all take k_H2, or each its own row of a k_YH2 [Y, H, 2]."""
+    if MEMBERS in params:
+        members = params[MEMBERS]
+        m = members["output"]["band_high"].shape[0]
+        return {
+            **params,
+            MEMBERS: with_band(members, jnp.broadcast_to(k_H2, (m, *k_H2.shape[-2:]))),
+        }
     out = dict(params)
-    out["output"] = {**params["output"], "band_high": k_H2[:, 0], "band_low": k_H2[:, 1]}
+    out["output"] = {**params["output"], "band_high": k_H2[..., 0], "band_low": k_H2[..., 1]}
     return out
 
 

@@ -1,0 +1,144 @@
+"""Tests of model.ensemble (cpbjax/models/ensemble.py): members trained as one program.
+
+References: each member as a model of its own (its slice of the stacked params, state
+and optimizer state, run through the same trainer with ensemble=1), and the members'
+forecasts averaged by hand. That the untrained ensemble is the band exactly and that the
+band refit moves its forecasts as the shifted model's forward pass: levers_test and
+band_refit_test, parametrized by the ensemble.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cpbjax
+from cpbjax import checkpoint, evaluate, models, sharding
+from cpbjax import config as config_lib
+from cpbjax import workdir as workdir_lib
+from cpbjax.group import GroupTrainer, coin_keys
+from cpbjax.models import common
+from tests import pooled_test, train_test
+from tests.levers_test import _window
+
+SIZE = 3  # members of the ensembles tested
+
+
+def _member(tree, m: int, like=None):
+    """Member m of a stacked [K, Y, ...] pytree (a GroupState's params or Optax state), in
+    the tree structure of `like` (one model's, without the "members" level) when given."""
+    leaves = [np.asarray(a)[:, m] for a in jax.tree.leaves(tree)]
+    return jax.tree.unflatten(jax.tree.structure(tree if like is None else like), leaves)
+
+
+def _members_alone(config):
+    """(ensemble trainer, the same config with ensemble=1's trainer), on train_test's series."""
+    mesh = sharding.coin_mesh(jax.devices()[:1])
+    trainers = []
+    for members in (SIZE, 1):
+        c = config.copy_and_resolve_references()
+        c.model.ensemble = members
+        c = config_lib.validate(c)
+        module = models.build(models.make_config(c))
+        trainers.append(GroupTrainer(c, module, len(pooled_test.NAMES), mesh))
+    return trainers
+
+
+def _config(share: str):
+    """The 3-series test config (pooled: with a series vector of width 2), no dropout (a
+    member's dropout key under nn.vmap is not the one alone), and a gradient clip so small
+    that it binds on every step: members clipped together would not train as alone."""
+    c = pooled_test.pooled_config() if share == "pooled" else train_test.make_config()
+    c.model.dropout, c.train.grad_clip = 0.0, 1e-3
+    if share == "pooled":
+        c.model.series_embedding = 2
+    return config_lib.validate(c)
+
+
+@pytest.mark.parametrize("share", ["series", "pooled"])
+def test_an_epoch_trains_each_member_as_that_member_alone(share):
+    ensemble, alone = _members_alone(_config(share))
+    arrays = ensemble.stack(list(train_test.preps()))
+    keys = coin_keys(0, range(len(pooled_test.NAMES)))
+    state0 = jax.device_get(ensemble.init_state(keys, arrays))
+    state, metrics = jax.device_get(ensemble.run_epoch(jax.device_put(state0), arrays))
+    like = jax.device_get(alone.init_state(keys, arrays))  # one model's tree structure
+    train_losses = []
+    for m in range(SIZE):
+        member0 = state0.replace(
+            params=_member(state0.params, m, like.params),
+            opt_state=_member(state0.opt_state, m, like.opt_state),
+            best_params=_member(state0.best_params, m, like.params),
+        )
+        member, member_metrics = jax.device_get(alone.run_epoch(jax.device_put(member0), arrays))
+        got = _member(state.params, m, like.params)
+        train_test._assert_trees_close(got, member.params, **train_test.CROSS_PROGRAM)
+        train_losses.append(member_metrics["train_loss"])
+    # The members started apart (their own init keys) and trained: not a copy of one model.
+    first, second, untrained = (
+        jax.tree.leaves(_member(tree, m))
+        for tree, m in ((state.params, 0), (state.params, 1), (state0.params, 0))
+    )
+    assert not all(np.allclose(a, b) for a, b in zip(first, second, strict=True))
+    assert not all(np.allclose(a, b) for a, b in zip(first, untrained, strict=True))
+    # The reported train loss is the members' mean.
+    np.testing.assert_allclose(metrics["train_loss"], np.mean(train_losses, axis=0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("quantiles", [(), (0.1, 0.5, 0.9)])
+def test_the_forecast_is_the_mean_of_the_members_forecasts(quantiles):
+    c = train_test.make_config()
+    c.model.ensemble, c.model.quantiles = SIZE, quantiles
+    c.train.loss = "pinball" if quantiles else c.train.loss
+    c.model.aux_targets = ("realized_vol",)
+    cfg = models.make_config(config_lib.validate(c))
+    ensemble, member = models.build(cfg), models.REGISTRY[cfg.name][0](cfg)
+    x = jnp.asarray(_window(np.random.default_rng(0), cfg), jnp.float32)
+    params = ensemble.init(jax.random.key(1), x)["params"]
+    kwargs = {"return_aux": True, "return_quantiles": bool(quantiles)}
+    y_hat, aux_hat = ensemble.apply({"params": params}, x, **kwargs)
+    alone = [
+        member.apply(
+            {"params": jax.tree.map(lambda a, m=m: a[m], params[common.MEMBERS])}, x, **kwargs
+        )
+        for m in range(SIZE)
+    ]
+    np.testing.assert_allclose(y_hat, np.mean([a[0] for a in alone], axis=0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        aux_hat, np.mean([a[1] for a in alone], axis=0), rtol=1e-5, atol=1e-7
+    )
+    assert not np.allclose(alone[0][0], alone[1][0])  # each member its own init
+    if quantiles:
+        assert (np.diff(np.asarray(y_hat), axis=-1) >= 0).all()  # the levels never cross
+
+
+@pytest.mark.parametrize("value", [0, -1, 65])
+def test_a_bad_ensemble_size_is_a_config_error(value):
+    c = train_test.make_config()
+    c.model.ensemble = value
+    with pytest.raises(config_lib.ConfigError, match=r"model\.ensemble"):
+        config_lib.validate(c)
+
+
+def test_a_trained_ensemble_saves_the_members_its_test_split_scored(tmp_path):
+    """A pooled ensemble run end to end: each series' saved model holds the members, and
+    scored again (its band refit on train+val already in it) it scores test as the run did;
+    its exported model card says it is an ensemble."""
+    c = pooled_test.pooled_config()
+    c.model.ensemble, c.train.epochs = 2, 3
+    c = config_lib.validate(c)
+    results = cpbjax.train(c, str(tmp_path))
+    module, (L, H) = models.build(models.make_config(c)), (c.data.lookback, c.data.horizon)
+    assert sorted(results["series"]) == sorted(pooled_test.NAMES)
+    for prep in train_test.preps():
+        saved = workdir_lib.series_model(str(tmp_path), prep.name)
+        params, _ = checkpoint.load_series_model(saved)
+        assert {a.shape[0] for a in jax.tree.leaves(params[common.MEMBERS])} == {2}
+        again = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True).entry
+        for col in ("high", "low", "close"):
+            got = again["test"]["columns"][col]["mae"]
+            want = results["series"][prep.name]["test"]["columns"][col]["mae"]
+            assert got == pytest.approx(want, rel=1e-6)
+    for folder in cpbjax.export(str(tmp_path)).values():
+        with open(f"{folder}/README.md") as f:
+            assert "the mean forecast of 2 members trained together" in f.read()
