@@ -384,10 +384,10 @@ def with_band(params, k_H2) -> dict:
     an ensemble's members all take k_H2, or each its own row of a k_YH2 [Y, H, 2]."""
     if MEMBERS in params:
         members = params[MEMBERS]
-        m = members["output"]["band_high"].shape[0]
+        size = members["output"]["band_high"].shape[0]  # Y
         return {
             **params,
-            MEMBERS: with_band(members, jnp.broadcast_to(k_H2, (m, *k_H2.shape[-2:]))),
+            MEMBERS: with_band(members, jnp.broadcast_to(k_H2, (size, *k_H2.shape[-2:]))),
         }
     out = dict(params)
     out["output"] = {**params["output"], "band_high": k_H2[..., 0], "band_low": k_H2[..., 1]}
