@@ -16,6 +16,7 @@ import cpbjax
 from cpbjax import checkpoint, evaluate, models, sharding
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
+from cpbjax.data import sources, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.models import common
 from tests import pooled_test, train_test
@@ -44,25 +45,39 @@ def _members_alone(config):
     return trainers
 
 
-def _config(share: str):
-    """The 3-series test config (pooled: with a series vector of width 2), no dropout (a
-    member's dropout key under nn.vmap is not the one alone), and a gradient clip so small
-    that it binds on every step: members clipped together would not train as alone."""
-    c = pooled_test.pooled_config() if share == "pooled" else train_test.make_config()
+def _config(kind: str):
+    """The 3-series test config (pooled: with a series vector of width 2; aux: per series
+    with an aux target), no dropout (a member's dropout key under nn.vmap is not the one
+    alone), and a gradient clip so small that it binds on every step: members clipped
+    together would not train as alone."""
+    c = pooled_test.pooled_config() if kind == "pooled" else train_test.make_config()
     c.model.dropout, c.train.grad_clip = 0.0, 1e-3
-    if share == "pooled":
+    if kind == "pooled":
         c.model.series_embedding = 2
+    if kind == "aux":
+        c.model.aux_targets = ("realized_vol",)
     return config_lib.validate(c)
 
 
-@pytest.mark.parametrize("share", ["series", "pooled"])
-def test_an_epoch_trains_each_member_as_that_member_alone(share):
-    ensemble, alone = _members_alone(_config(share))
-    arrays = ensemble.stack(list(train_test.preps()))
+def _preps(config) -> list:
+    """train_test's prepared series, with the config's aux target columns when it has any."""
+    if not config.model.aux_targets:
+        return list(train_test.preps())
+    series, _ = sources.load_all(config.data)
+    aux = config.model.aux_targets
+    return [windows.prepare_series(s, config.data, aux_targets=aux) for s in series]
+
+
+@pytest.mark.parametrize("kind", ["series", "pooled", "aux"])
+def test_an_epoch_trains_each_member_as_that_member_alone(kind):
+    config = _config(kind)
+    ensemble, alone = _members_alone(config)
+    arrays = ensemble.stack(_preps(config))
     keys = coin_keys(0, range(len(pooled_test.NAMES)))
     state0 = jax.device_get(ensemble.init_state(keys, arrays))
     state, metrics = jax.device_get(ensemble.run_epoch(jax.device_put(state0), arrays))
     like = jax.device_get(alone.init_state(keys, arrays))  # one model's tree structure
+    assert ("aux_head" in like.params) == (kind == "aux")  # the aux term is trained
     train_losses = []
     for m in range(SIZE):
         member0 = state0.replace(
