@@ -96,12 +96,11 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
     d, t = config.data, config.train
     sizes = stacking.padded_sizes(d, t_max)
     train_steps = math.ceil(sizes["train"] / t.batch_size)
+    members = config.model.get("ensemble", 1)  # absent: saved by an earlier cpbjax
     return EpochSpec(
         module=module,
         tx=optimizer.make_optimizer(
-            t,
-            "weight_decay" in sweep_grid.hparam_names(config),
-            members=config.model.get("ensemble", 1),  # absent: saved by an earlier cpbjax
+            t, "weight_decay" in sweep_grid.hparam_names(config), members=members
         ),
         schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
         plateau=optimizer.make_plateau(t),
@@ -124,7 +123,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         reduce_on_plateau=t.reduce_on_plateau,
         share=t.share,
         pooled_chunk=t.get("pooled_chunk", 0),  # absent: saved by an earlier cpbjax
-        members=config.model.get("ensemble", 1),
+        members=members,
     )
 
 
