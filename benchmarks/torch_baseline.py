@@ -300,15 +300,12 @@ def prepare_windows(series: list[Series], data_cfg) -> list[dict]:
 
 
 def default_config(model_name: str):
-    """cpbjax's default config for `model_name` (configs/<model>.py) as the replaced system
-    trained it: one model per series at its learning rate of 1e-3 (cpbjax's GRU and
-    transformer default to one pooled model at 3e-4, config.pool_by_default)."""
+    """cpbjax's config for `model_name` as the replaced system trained it
+    (`configs/<model>.py:replaced`: one model per series at its old size and learning
+    rate, unscaled windows, MSE)."""
     if model_name not in MODELS:
         raise ValueError(f"model {model_name!r} is not one of {', '.join(MODELS)}")
-    config = config_lib.load(str(REPO / "configs" / f"{model_name}.py"))
-    config.train.share, config.train.learning_rate = "series", 1e-3
-    config.model.window_scale = "none"  # the old models saw unscaled windows
-    return config
+    return config_lib.load(str(REPO / "configs" / f"{model_name}.py") + ":replaced")
 
 
 def benchmark_windows(model_name: str, n_series: int, n_candles: int) -> list[dict]:

@@ -1,6 +1,7 @@
 """GRU seq2seq with simple attention pooling, as the replaced system trained it.
 
-Variants: `configs/gru.py` (default) and `configs/gru.py:tiny`.
+Variants: `configs/gru.py` (default), `:demo`, `:tiny` and `:replaced` (cpbjax/config.py
+`apply_variant`).
 """
 
 from cpbjax import config as config_lib
@@ -21,6 +22,6 @@ def get_config(arg=None):
     if not arg:  # the real-data run: one model for every series of the run
         config_lib.pool_by_default(c)
     config_lib.apply_variant(c, arg)
-    if arg:  # demo and tiny: a model small enough for a 2-core CPU.
+    if arg in config_lib.SMALL:  # demo and tiny: a model small enough for a 2-core CPU.
         c.model.hidden = 32
     return c

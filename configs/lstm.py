@@ -1,6 +1,7 @@
 """LSTM seq2seq with 4-head attention, as the replaced system trained it.
 
-Variants: `configs/lstm.py` (default) and `configs/lstm.py:tiny`.
+Variants: `configs/lstm.py` (default), `:demo`, `:tiny` and `:replaced` (cpbjax/config.py
+`apply_variant`).
 """
 
 from cpbjax import config as config_lib
@@ -20,6 +21,6 @@ def get_config(arg=None):
     c.train.epochs = 200
     c.train.patience = 20
     config_lib.apply_variant(c, arg)
-    if arg:  # demo and tiny: a model small enough for a 2-core CPU.
+    if arg in config_lib.SMALL:  # demo and tiny: a model small enough for a 2-core CPU.
         c.model.hidden, c.model.attention_heads = 32, 4
     return c

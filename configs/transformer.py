@@ -1,7 +1,9 @@
-"""Transformer encoder-decoder, as the replaced system trained it.
+"""Transformer encoder-decoder: the replaced system's architecture and training in the body,
+today's real-data choices below it.
 
-Variants: `configs/transformer.py` (default) and `configs/transformer.py:tiny`
-(a few synthetic series and a small model, for tests and the offline demo).
+Variants: `configs/transformer.py` (default), `:demo` and `:tiny` (synthetic series and a
+small model, for the offline demo and the tests) and `:replaced` (the replaced system's
+model and objective on the real data).
 """
 
 from cpbjax import config as config_lib
@@ -29,6 +31,6 @@ def get_config(arg=None):
         # the transformer barely left its band) (docs/performance.md "Window scale").
         c.model.window_scale = "range"
     config_lib.apply_variant(c, arg)
-    if arg:  # demo and tiny: a model small enough for a 2-core CPU.
+    if arg in config_lib.SMALL:  # demo and tiny: a model small enough for a 2-core CPU.
         c.model.d_model, c.model.num_heads, c.model.ff_dim = 32, 4, 64
     return c

@@ -603,18 +603,33 @@ def pool_by_default(c: ml_collections.ConfigDict) -> None:
     c.train.learning_rate = 3e-4
 
 
+# The variants that shrink the model and data to run in minutes on a 2-core CPU.
+SMALL = ("demo", "tiny")
+
+
 def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-    """Applies the data and training part of a variant: None (the default run), demo, tiny.
+    """Applies the data and training part of a variant: None (the default run), demo, tiny,
+    replaced.
 
     `demo` is the README's offline run: all 40 default series from the synthetic
     source, 2000 candles and 5 epochs, so every stage runs in a few minutes on a
     2-core CPU. `tiny` is what the tests run: 8 synthetic series, 3 epochs. Both
-    also shrink the model; each configs/*.py file sets its own small widths.
+    also shrink the model; each configs/*.py file sets its own small widths (SMALL).
+    `replaced` is the default real data with the replaced system's model and objective:
+    the configs/*.py body without its real-data choices (one model per series at its
+    size, schedule and learning rate), autoregressive decoding, no baseline, MSE on the
+    raw output, no early-stopping margin: what benchmarks compare like for like with the torch loop.
     """
     if arg in (None, ""):
         return c
-    if arg not in ("demo", "tiny"):
-        raise ConfigError(f"config variant {arg!r} is not allowed: expected '', 'demo' or 'tiny'")
+    if arg not in (*SMALL, "replaced"):
+        raise ConfigError(
+            f"config variant {arg!r} is not allowed: expected '', 'demo', 'tiny' or 'replaced'"
+        )
+    if arg == "replaced":
+        c.model.decoding, c.model.baseline = "autoregressive", "none"
+        c.train.loss, c.train.loss_scale, c.train.min_delta = "mse", "none", 0.0
+        return c
     c.data.source = "synthetic"
     c.data.max_candles = 2000 if arg == "demo" else 1200
     c.data.min_candles = c.data.max_candles // 2

@@ -13,7 +13,7 @@ CONFIGS = ("configs/transformer.py", "configs/gru.py", "configs/lstm.py")
 
 
 @pytest.mark.parametrize("path", CONFIGS)
-@pytest.mark.parametrize("variant", ["", ":demo", ":tiny"])
+@pytest.mark.parametrize("variant", ["", ":demo", ":tiny", ":replaced"])
 def test_configs_load_and_validate(path, variant):
     config = config_lib.load(path + variant)
     assert config_lib.validate(config) is config
@@ -37,12 +37,15 @@ def test_only_the_real_data_transformer_scales_its_windows():
     # Chosen on validation for the reduced transformer on the 40 real series; the GRU and
     # LSTM were not measured with it at default size, demo and tiny keep what they timed.
     assert config_lib.load("configs/transformer.py").model.window_scale == "range"
-    for path in ("configs/transformer.py:demo", "configs/transformer.py:tiny", *CONFIGS[1:]):
+    for variant in (":demo", ":tiny", ":replaced"):
+        path = "configs/transformer.py" + variant
+        assert config_lib.load(path).model.window_scale == "none", path
+    for path in CONFIGS[1:]:
         assert config_lib.load(path).model.window_scale == "none", path
 
 
-def test_defaults_reproduce_the_replaced_system():
-    t, g, m = (config_lib.load(p) for p in CONFIGS)
+def test_the_replaced_variant_reproduces_the_replaced_system():
+    t, g, m = (config_lib.load(p + ":replaced") for p in CONFIGS)
     assert (t.model.d_model, t.model.num_heads, t.model.ff_dim) == (128, 8, 512)
     assert (t.model.num_encoder_layers, t.model.num_decoder_layers) == (2, 2)
     assert (t.train.optimizer, t.train.batch_size, t.train.epochs, t.train.patience) == (
@@ -65,8 +68,23 @@ def test_defaults_reproduce_the_replaced_system():
         assert (c.data.lookback, c.data.horizon, c.data.months) == (30, 10, 12)
         assert (c.data.max_candles, c.train.grad_clip, c.seed) == (5000, 1.0, 0)
         assert c.data.features == ("open", "high", "low", "close")
-    # The replaced system's learning rate; the pooled defaults' 3e-4 is tested above.
-    assert m.train.learning_rate == 1e-3
+        assert (c.data.source, c.train.share, c.train.learning_rate) == ("binance", "series", 1e-3)
+        assert (c.model.decoding, c.model.baseline, c.model.window_scale) == (
+            "autoregressive",
+            "none",
+            "none",
+        )
+        assert (c.train.loss, c.train.loss_scale, c.train.min_delta) == ("mse", "none", 0.0)
+    # The GRU's and the LSTM's architecture and schedule are also their defaults'.
+    for path, replaced in zip(CONFIGS[1:], (g, m), strict=True):
+        default = config_lib.load(path)
+        assert default.model.to_dict() | {"decoding": "autoregressive", "baseline": "none"} == (
+            replaced.model.to_dict()
+        )
+        assert (default.train.epochs, default.train.batch_size) == (
+            replaced.train.epochs,
+            replaced.train.batch_size,
+        )
 
 
 def test_tiny_variant_is_offline_and_small():
@@ -83,7 +101,7 @@ def test_demo_variant_is_offline_and_covers_all_40_series():
 
 
 def test_unknown_variant_is_rejected():
-    with pytest.raises(config_lib.ConfigError, match="huge"):
+    with pytest.raises(config_lib.ConfigError, match="'huge'.*'demo', 'tiny' or 'replaced'"):
         config_lib.load("configs/gru.py:huge")
 
 
@@ -124,7 +142,7 @@ BAD_VALUES = [
     ("data.synthetic_candles", 0, "integer >= 1"),
     ("model.name", "mamba", "one of transformer"),
     ("model.decoding", "beam", "autoregressive"),
-    ("model.d_model", 100, "multiple of model.num_heads"),
+    ("model.d_model", 30, "multiple of model.num_heads"),
     ("model.dropout", 1.0, "< 1"),
     ("model.num_heads", 0, "integer >= 1"),
     ("train.optimizer", "sgd", "one of adam"),
