@@ -44,6 +44,16 @@ def test_only_the_real_data_transformer_scales_its_windows():
         assert config_lib.load(path).model.window_scale == "none", path
 
 
+def test_the_real_data_transformer_is_an_ensemble_of_three_narrow_members():
+    # Chosen on validation on the 40 real series (docs/performance.md "Ensembles as one
+    # program"); every variant keeps one model, and `replaced` the replaced system's width.
+    t = config_lib.load("configs/transformer.py")
+    assert (t.model.d_model, t.model.num_heads, t.model.ff_dim) == (32, 4, 64)
+    assert (t.model.ensemble, t.train.epochs) == (3, 6)
+    for variant in (":demo", ":tiny", ":replaced"):
+        assert config_lib.load("configs/transformer.py" + variant).model.ensemble == 1
+
+
 def test_the_replaced_variant_reproduces_the_replaced_system():
     t, g, m = (config_lib.load(p + ":replaced") for p in CONFIGS)
     assert (t.model.d_model, t.model.num_heads, t.model.ff_dim) == (128, 8, 512)
