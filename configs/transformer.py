@@ -33,8 +33,8 @@ def get_config(arg=None):
         # Three members of a quarter of the width, trained as one program for 6 epochs:
         # on the 40 real series their mean forecast beat one model of the body's width on
         # validation (val mean skill over seeds 0-2: 2.76 against 2.71), every seed
-        # trained past its band, and it costs less (docs/performance.md "Ensembles as
-        # one program").
+        # trained past its band, and it took a quarter of the time on a 2-core CPU
+        # (docs/performance.md "The default transformer").
         c.model.d_model, c.model.num_heads, c.model.ff_dim = 32, 4, 64
         c.model.ensemble = 3
         c.train.epochs = 6

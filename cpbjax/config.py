@@ -618,7 +618,8 @@ def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collectio
     `replaced` is the default real data with the replaced system's model and objective:
     the configs/*.py body without its real-data choices (one model per series at its
     size, schedule and learning rate), autoregressive decoding, no baseline, MSE on the
-    raw output, no early-stopping margin: what benchmarks compare like for like with the torch loop.
+    raw output, no early-stopping margin: what benchmarks compare like for like with the
+    torch loop.
     """
     if arg in (None, ""):
         return c
