@@ -256,8 +256,7 @@ def _aux_model(name, decoding="autoregressive"):
 class AuxHeadTest(parameterized.TestCase):
     @parameterized.parameters(("transformer", 926_852), ("gru", 334_597), ("lstm", 1_984_772))
     def test_head_adds_one_linear_layer_to_the_reference_count(self, name, reference):
-        c = config_lib.load(f"configs/{name}.py")
-        c.model.decoding = "autoregressive"  # the reference counts are the replaced system's
+        c = config_lib.load(f"configs/{name}.py:replaced")  # the reference counts' model
         x, y = jnp.zeros((2, 30, 4)), jnp.zeros((2, 10, 4))
         counts = {}
         for aux in ((), AUX):

@@ -26,10 +26,11 @@ SHIFT_INVARIANT = ("key/bias", "score/bias")
 def _run_config(
     name, decoding="autoregressive", dropout=0.0, dtype="float32", tiny=True, transformer_layers=2
 ):
-    c = config_lib.load(os.path.join(CONFIGS, f"{name}.py") + (":tiny" if tiny else ""))
+    c = config_lib.load(os.path.join(CONFIGS, f"{name}.py") + (":tiny" if tiny else ":replaced"))
     c.model.decoding = decoding
-    # The network alone, as the replaced system had it: these tests check its equations,
-    # shapes and parameter counts; the baselines and window scale are levers_test's.
+    # The network alone, as the replaced system had it (`replaced`: its width too): these
+    # tests check its equations, shapes and parameter counts; the baselines and window
+    # scale are levers_test's.
     c.model.baseline, c.model.window_scale = "none", "none"
     if tiny:
         c.data.lookback, c.data.horizon = L, H
@@ -104,7 +105,7 @@ def _paths(tree):
 
 class ParamCountTest(parameterized.TestCase):
     @parameterized.parameters(("transformer", 926_852), ("gru", 334_597), ("lstm", 1_984_772))
-    def test_default_models_match_the_torch_reference(self, name, expected):
+    def test_replaced_models_match_the_torch_reference(self, name, expected):
         module = models.build(models.make_config(_run_config(name, tiny=False)))
         shapes = _init_shapes(module, jnp.zeros((2, 30, 4)), jnp.zeros((2, 10, 4)))["params"]
         self.assertEqual(sum(leaf.size for leaf in jax.tree_util.tree_leaves(shapes)), expected)
