@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import socket
 
 import numpy as np
 import pytest
@@ -213,6 +215,39 @@ def test_top_up_extends_a_history_series(exchange):
     ex.faults = [_status(200, body=b"<html>")]
     loaded, skipped = klines_api.top_up({history.name: history}, {}, d, NOW)
     assert loaded == {} and skipped["BTCUSDT-1h"].startswith("fresh candles: got an HTML page")
+
+
+def _two_histories(d):
+    return {
+        s.name: s
+        for s in (
+            parsing.build_series(symbol, "1h", [_hist(0, 2000)], d, {})
+            for symbol in ("BTCUSDT", "ETHUSDT")
+        )
+    }
+
+
+def test_top_up_goes_on_after_a_series_the_api_refuses(exchange):
+    api_url, ex = exchange
+    d = _data_cfg(api_url)
+    ex.faults = [_status(400, body=b'{"code": -1121, "msg": "Invalid symbol."}')]
+    loaded, skipped = klines_api.top_up(_two_histories(d), {}, d, NOW)
+    assert list(loaded) == ["ETHUSDT-1h"] and len(loaded["ETHUSDT-1h"].open_time_ms) == 2500
+    assert skipped["BTCUSDT-1h"].startswith("fresh candles: HTTP 400")
+
+
+def test_top_up_asks_no_more_once_the_api_does_not_connect():
+    with socket.socket() as sock:  # A port nothing listens on once this closes.
+        sock.bind(("127.0.0.1", 0))
+        api_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    d = _data_cfg(api_url)
+    loaded, skipped = klines_api.top_up(_two_histories(d), {"A-1h": "why"}, d, NOW)
+    assert loaded == {}
+    assert re.match(r"fresh candles: request failed for .*ConnectionError", skipped["BTCUSDT-1h"])
+    assert skipped["ETHUSDT-1h"] == (
+        f"fresh candles: not requested: {api_url} did not connect for BTCUSDT-1h"
+    )
+    assert skipped["A-1h"] == "why"
 
 
 def test_rows_are_sorted_and_exact_duplicates_dropped(exchange):

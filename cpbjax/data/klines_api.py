@@ -363,14 +363,22 @@ def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
       now_ms: the clock (epoch ms); None = the real one.
     Returns:
       (name -> extended Series, name -> reason). A series whose fetch fails is
-      skipped with the reason: stale candles are never passed off as fresh.
+      skipped with the reason: stale candles are never passed off as fresh. Once the
+      API does not connect (after the session's retries), the series after it are
+      skipped unasked: each would wait out the same retries (minutes offline).
     """
     api_url = data_cfg.api_url
     session = binance.make_session(1, data_cfg.retries)
     extended, skipped = {}, dict(skipped)
+    unreachable = ""  # why the API is taken to be down, once a connection has failed
     for name, s in loaded.items():
+        if unreachable:
+            skipped[name] = f"fresh candles: not requested: {unreachable}"
+            continue
         try:
             extended[name] = _top_up_one(s, data_cfg, api_url, session, now_ms)
         except (SeriesSkipped, parsing.KlineError) as e:
             skipped[name] = f"fresh candles: {e}"
+            if isinstance(e.__cause__, requests.ConnectionError):
+                unreachable = f"{api_url} did not connect for {name}"
     return extended, skipped
