@@ -111,11 +111,14 @@ def _facts_line(facts: dict) -> str:
 RECORDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
 
 
-def add_records_dir_flag(parser) -> None:
-    """--records-dir: where this run's record goes (a new file per run; "" = none)."""
+def add_records_dir_flag(parser, default: str = RECORDS_DIR) -> None:
+    """--records-dir: where this run's record goes (a new file per run; "" = none).
+
+    Experiments (experiments/<name>/) pass their own records folder as the default.
+    """
     parser.add_argument(
         "--records-dir",
-        default=RECORDS_DIR,
+        default=default,
         help='write this run\'s record to a new file in this folder ("" = none)',
     )
 

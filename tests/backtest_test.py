@@ -321,7 +321,7 @@ def test_backtest_html_shows_the_fold_and_pooled_tables_and_the_fold_chart(full,
 
 
 def test_fold_choice_chooses_on_earlier_folds_and_reports_the_last(full):
-    from benchmarks import fold_choice
+    from experiments import fold_choice
 
     out = _read(full)
     (row,) = fold_choice.rows({"gru": str(full)})

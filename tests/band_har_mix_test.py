@@ -1,11 +1,11 @@
-"""benchmarks/band_har_mix.py scores the band and HAR exactly as results.json does
+"""experiments/baseline_choice/band_har_mix.py scores the band and HAR exactly as results.json does
 (evaluate's fitted baselines, on the same splits), and their geometric mean between them."""
 
 import numpy as np
 import pytest
 
-from benchmarks import band_har_mix
 from cpbjax import baselines, metrics
+from experiments.baseline_choice import band_har_mix
 from tests.levers_test import preps
 
 L, H = 30, 10

@@ -1,10 +1,10 @@
-"""Tests for benchmarks/compare_runs.py: one row per workdir, medians computed by hand."""
+"""Tests for experiments/decoding_modes/compare_runs.py: one row per workdir, medians computed by hand."""
 
 import json
 
 import pytest
 
-from benchmarks import compare_runs
+from experiments.decoding_modes import compare_runs
 
 
 def _series(val_loss, val_skill, skill, p_better, accuracy, up_share, group, seconds):

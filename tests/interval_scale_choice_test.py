@@ -1,11 +1,11 @@
-"""benchmarks/interval_scale_choice.py: its weight-0 interval IS the volatility band's
+"""experiments/interval_scale/interval_scale_choice.py: its weight-0 interval IS the volatility band's
 quantiles (so its skills are against the band results.json scores), and its rolling
 origins never score a window before, or whose targets were, fitted."""
 
 import numpy as np
 
-from benchmarks import interval_scale_choice as choice
 from cpbjax import intervals
+from experiments.interval_scale import interval_scale_choice as choice
 from tests.levers_test import preps
 
 L, H = 30, 10

@@ -1,4 +1,4 @@
-"""benchmarks/seed_ensemble.py: members scored as their runs were, and their geometric mean."""
+"""experiments/ensemble_default/seed_ensemble.py: members scored as their runs were, and their geometric mean."""
 
 import datetime
 import itertools
@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import cpbjax
-from benchmarks import ablation, seed_ensemble
 from cpbjax import config as config_lib
 from cpbjax import forecast
 from cpbjax.data import synthetic
+from experiments import ablation
+from experiments.ensemble_default import seed_ensemble
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

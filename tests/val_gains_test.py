@@ -1,11 +1,11 @@
-"""benchmarks/val_gains.py: each epoch's pooled val gain over the best before it."""
+"""experiments/ensemble_default/val_gains.py: each epoch's pooled val gain over the best before it."""
 
 import math
 
 import numpy as np
 import pytest
 
-from benchmarks import val_gains
+from experiments.ensemble_default import val_gains
 
 
 def _record(epoch, best, se, pooled=None):

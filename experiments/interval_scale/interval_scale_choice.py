@@ -12,7 +12,7 @@ the volatility band's quantiles, so every candidate's pinball skill is against t
 The choice is the highest median (over series) of the mean skill over the blocks,
 averaged over high, low and close. Test (fitted on train+val) is reported only.
 
-  python benchmarks/interval_scale_choice.py --config configs/gru.py \
+  python experiments/interval_scale/interval_scale_choice.py --config configs/gru.py \
       --base-url ../shared/data/binance-vision
 """
 
@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
@@ -87,7 +87,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "gru.py"))
     parser.add_argument("--base-url", default="", help="data.base_url (a local mirror)")
-    common.add_records_dir_flag(parser)
+    common.add_records_dir_flag(
+        parser, os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
+    )
     args = parser.parse_args()
     config = config_lib.load(args.config)
     config.data.base_url = args.base_url or config.data.base_url

@@ -7,7 +7,7 @@ never saw its test block, which lies before the last fold's, and with the defaul
 the last fold is the train run's split. So, for `--mode backtest` workdirs of the same
 series and folds (one per candidate):
 
-  python benchmarks/fold_choice.py series=/runs/bt/series pooled=/runs/bt/pooled
+  python experiments/fold_choice.py series=runs/bt/series pooled=runs/bt/pooled
 
 prints per candidate
   - choice: per earlier fold, the median over the series every candidate scored in that
@@ -17,7 +17,7 @@ prints per candidate
     column, the series significantly worse / better than persistence on close
     (Diebold-Mariano, one-sided p < 0.05), and the band's and HAR's median skill on
     high and low on the same windows.
-A record of the table goes to benchmarks/records/fold_choice-<UTC time>.md (-2, -3, ... when one of that minute exists).
+A record of the table goes to experiments/records/fold_choice-<UTC time>.md (-2, -3, ... when one of that minute exists).
 """
 
 from __future__ import annotations

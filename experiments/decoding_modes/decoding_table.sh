@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Trains and evaluates all three models in both decoding modes on one data source, then
-# prints the comparison of docs/performance.md "Decoding modes" (benchmarks/compare_runs.py).
+# prints the comparison of experiments/decoding_modes/README.md (experiments/decoding_modes/compare_runs.py).
 #
-#   bash benchmarks/decoding_table.sh BASE_URL RUNS_DIR [launch.py flags ...]
+#   bash experiments/decoding_modes/decoding_table.sh BASE_URL RUNS_DIR [launch.py flags ...]
 #
-# e.g. bash benchmarks/decoding_table.sh ../shared/data/binance-vision runs/decoding \
+# e.g. bash experiments/decoding_modes/decoding_table.sh "$MIRROR" runs/decoding \
 #          --config.platform=gpu --config.eval.plots=False
 # MODELS="gru lstm" or DECODINGS=direct run a subset. Each run is a normal workdir,
 # RUNS_DIR/<model>-<decoding>, that launch.py resumes if the table is re-run after a kill.
@@ -24,4 +24,4 @@ for model in ${MODELS:-gru transformer lstm}; do
       --config.model.decoding="$decoding" --workdir "$runs/$model-$decoding" "$@"
   done
 done
-"$python" benchmarks/compare_runs.py "$runs"/*-*
+"$python" experiments/decoding_modes/compare_runs.py "$runs"/*-*

@@ -9,7 +9,7 @@ before it (val: train; test: train+val), as results.json's are. It prints the me
 over series of the skill (%) against the better naive forecast; choose on val, test is
 reported only.
 
-  python benchmarks/band_har_mix.py --config configs/gru.py \
+  python experiments/baseline_choice/band_har_mix.py --config configs/gru.py \
       --base-url ../shared/data/binance-vision --symbols BTCUSDT,ETHUSDT
 """
 
@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
@@ -63,7 +63,9 @@ def main() -> None:
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "gru.py"))
     parser.add_argument("--base-url", default="", help="data.base_url (a local mirror)")
     parser.add_argument("--symbols", default="", help="comma-separated; default the config's")
-    common.add_records_dir_flag(parser)
+    common.add_records_dir_flag(
+        parser, os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
+    )
     args = parser.parse_args()
     config = config_lib.load(args.config)
     config.data.base_url = args.base_url or config.data.base_url

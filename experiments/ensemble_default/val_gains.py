@@ -10,7 +10,7 @@ A run logged before metrics.jsonl carried `pooled_val_loss` gets it rebuilt: the
 window-weighted mean of the per-series val losses over the val windows the purge across
 series keeps (cpbjax/data/pooling.py), recomputed from the run's own config and data.
 
-  python benchmarks/val_gains.py runs/tf_default_cpu runs/tf_default_cpu_seed2
+  python experiments/ensemble_default/val_gains.py runs/tf_default_cpu runs/tf_default_cpu_seed2
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def gains(records: list[dict], val_E: np.ndarray) -> list[tuple[int, float, floa
 
 def main(argv):
     if len(argv) < 2:
-        sys.exit("usage: python benchmarks/val_gains.py WORKDIR [WORKDIR ...]")
+        sys.exit("usage: python experiments/ensemble_default/val_gains.py WORKDIR [WORKDIR ...]")
     for workdir in argv[1:]:
         config = config_lib.load(f"configs/workdir.py:{workdir}")
         records = writers.MetricsLog(workdir).records()

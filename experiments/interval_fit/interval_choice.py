@@ -11,7 +11,7 @@ gives, per column, the median over series of the central interval's coverage and
 pinball skill against the band. Then, reported only, the test scores of the fit the
 product uses (on all of val, or on train+val), as `--mode evaluate` writes them.
 
-  python benchmarks/interval_choice.py --workdir runs/abl40/band_mae --config configs/gru.py \
+  python experiments/interval_fit/interval_choice.py --workdir runs/abl40/band_mae --config configs/gru.py \
       --base-url ../shared/data/binance-vision
 """
 
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
@@ -93,7 +93,9 @@ def main() -> None:
     parser.add_argument("--workdir", required=True, help="a finished run's folder")
     parser.add_argument("--config", required=True, help="the run's --config")
     parser.add_argument("--base-url", default="", help="data.base_url of the data to score")
-    common.add_records_dir_flag(parser)
+    common.add_records_dir_flag(
+        parser, os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
+    )
     args = parser.parse_args()
     config = config_lib.load(args.config)
     config.data.base_url = args.base_url or config.data.base_url

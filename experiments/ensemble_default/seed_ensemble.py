@@ -1,6 +1,6 @@
 """Would averaging finished runs (e.g. the same config at seeds 0-2) forecast better?
 
-  python benchmarks/seed_ensemble.py runs/gru_default_cpu runs/gru_default_cpu_seed1 \
+  python experiments/ensemble_default/seed_ensemble.py runs/gru_default_cpu runs/gru_default_cpu_seed1 \
       runs/gru_default_cpu_seed2 --base-url ../shared/data/binance-vision
 
 Every run's saved models forecast every split of every series, each refit as evaluation
@@ -8,27 +8,29 @@ refits it (eval.refit_band: val by the band refit on train, test on train+val). 
 ensemble's forecast is the geometric mean of the members' prices (the mean of their
 log forecasts: the models forecast log ratios to the last close).
 Members and ensemble are then scored by `evaluate.evaluate_split` on the same windows,
-and summarised as benchmarks/ablation.py does: median val skill per column and their
+and summarised as experiments/ablation.py does: median val skill per column and their
 mean (the number a choice is made by), then test (reported only). A member's row must
 equal its own results.json; the script checks this, so the comparison is like for like.
-Writes one record to benchmarks/records/.
+Writes one record to experiments/ensemble_default/records/.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import ablation, common  # noqa: E402
+from benchmarks import common  # noqa: E402
 from configs import workdir as workdir_config  # noqa: E402
 from cpbjax import band_refit, evaluate, forecast, saved, writers  # noqa: E402
 from cpbjax import workdir as workdir_lib  # noqa: E402
+from experiments import ablation  # noqa: E402
 
 SCORED = ("val", "test")
 # Rescoring the saved float32 models moves an MAE by rounding only (<= 6e-9 seen).
@@ -99,7 +101,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("workdirs", nargs="+", help="finished runs of the same series")
     parser.add_argument("--base-url", default="", help="data.base_url (default: the run's)")
     parser.add_argument("--series", default="", help="comma-separated names (default: all)")
-    common.add_records_dir_flag(parser)
+    common.add_records_dir_flag(
+        parser, os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
+    )
     args = parser.parse_args(argv)
     series = args.series.split(",") if args.series else None
     members, rows = [], []

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Backtests each model per series and pooled over seeds, then chooses between them on the
-# earlier folds (benchmarks/fold_choice.py, one record per model and seed): the table of
-# docs/performance.md "Pooled or per series at default size".
+# earlier folds (experiments/fold_choice.py, one record per model and seed): the table of
+# experiments/pooled_or_series/README.md.
 #
-#   bash benchmarks/share_table.sh BASE_URL RUNS_DIR [launch.py flags ...]
+#   bash experiments/pooled_or_series/share_table.sh BASE_URL RUNS_DIR [launch.py flags ...]
 #
-# e.g. bash benchmarks/share_table.sh .mirror runs/share --config.platform=gpu \
+# e.g. bash experiments/pooled_or_series/share_table.sh "$MIRROR" runs/share --config.platform=gpu \
 #          --config.eval.plots=False --config.logging.progress=plain
 # MODELS="gru", SEEDS="0" or FOLDS=2 run less. Each backtest is a normal workdir,
 # RUNS_DIR/<model>_<share>_s<seed>, that launch.py resumes if the script is re-run after a
@@ -31,7 +31,7 @@ for model in ${MODELS:-gru transformer}; do
         --config.data.base_url="$base_url" ${share_flags[$share]} \
         --workdir "$runs/${model}_${share}_s$seed" "$@"
     done
-    "$python" benchmarks/fold_choice.py "series=$runs/${model}_series_s$seed" \
+    "$python" experiments/fold_choice.py "series=$runs/${model}_series_s$seed" \
       "pooled=$runs/${model}_pooled_s$seed"
   done
 done

@@ -8,9 +8,9 @@ timed alternately, A B A B, so that the machine's load falls on both alike, and
   ratio = median se epoch seconds / median rel epoch seconds.
 
 Usage:
-  python benchmarks/bar_cost.py [--model gru] [--coins 8] [--rounds 5] [--candles 5000]
-      [--source synthetic|binance --base-url DIR] [--records-dir benchmarks/records]
-  The table also goes to a new record, benchmarks/records/bar_cost-<UTC time>.md.
+  python experiments/early_stopping_margin/bar_cost.py [--model gru] [--coins 8] [--rounds 5] [--candles 5000]
+      [--source synthetic|binance --base-url DIR] [--records-dir experiments/early_stopping_margin/records]
+  The table also goes to a new record, experiments/early_stopping_margin/records/bar_cost-<UTC time>.md.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import common, train_bench  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
@@ -80,7 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--candles", type=int, default=5000)
     p.add_argument("--source", choices=("synthetic", "binance"), default="synthetic")
     p.add_argument("--base-url", default="")
-    common.add_records_dir_flag(p)
+    common.add_records_dir_flag(
+        p, os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
+    )
     args = p.parse_args(argv)
     if args.coins < 1 or args.rounds < 1:
         p.error("--coins and --rounds must be >= 1")

@@ -1,8 +1,8 @@
 """The accuracy levers of issue #13, each on and off, chosen on validation, test only reported.
 
-  python benchmarks/ablation.py RUNS_DIR --config configs/gru.py \
+  python experiments/ablation.py RUNS_DIR --config configs/gru.py \
       --lever base= --lever mae="--config.train.loss=mae --config.train.loss_scale=persistence" \
-      -- --config.data.base_url=../shared/data/binance-vision --config.eval.plots=False
+      -- --config.data.base_url=$MIRROR --config.eval.plots=False
 
 Each `--lever NAME=FLAGS` is one launch.py run in RUNS_DIR/NAME (resumed if it is there
 already), with the flags after `--` shared by all. Then one markdown row per lever:
@@ -12,7 +12,7 @@ already), with the flags after `--` shared by all. Then one markdown row per lev
     many series are significantly worse than naive on close (Diebold-Mariano, one-sided
     p < 0.05), and the fitted baselines' median test skill on high and low on the same
     windows (volatility band, and HAR where the run reports it).
-A record of the table goes to benchmarks/records/ablation-<UTC time>.md (-2, -3, ... when
+A record of the table goes to experiments/records/ablation-<UTC time>.md (-2, -3, ... when
 one of that minute exists: two ablations finishing in one minute keep both records).
 """
 
@@ -32,6 +32,8 @@ if __package__ in (None, ""):
 
 from benchmarks import common  # noqa: E402
 
+# New records go to experiments/records/; file each under the experiment it answers.
+RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
 COLUMNS = ("close", "high", "low")
 
 
@@ -104,7 +106,7 @@ def main() -> None:
         cmd = [sys.executable, "launch.py", "--config", args.config, "--workdir", workdir]
         subprocess.run(cmd + shlex.split(flags) + shared, check=True)
         rows.append(summarise(name, workdir))
-    common.print_and_record(common.RECORDS_DIR, "ablation", "Accuracy levers", table(rows))
+    common.print_and_record(RECORDS, "ablation", "Accuracy levers", table(rows))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Compares finished run workdirs on their test-split results (e.g. decoding modes).
 
-  python benchmarks/compare_runs.py runs/gru-autoregressive runs/gru-direct
+  python experiments/decoding_modes/compare_runs.py runs/gru-autoregressive runs/gru-direct
 
 Prints one markdown row per workdir. What a choice between runs may be based on comes
 first, from the validation split: the median best val loss (in the run's `train.loss`,
