@@ -8,7 +8,7 @@ every loaded series, with the default OHLC features and with every feature.
 Also times the synthetic source for the same series.
 
 Usage:
-  python benchmarks/data_bench.py --mirror ../shared/data/binance-vision --repeats 5
+  python benchmarks/data_bench.py --mirror $MIRROR --repeats 5
   Each run also writes its table to a new file benchmarks/records/data_bench-<UTC time>.md
   (--records-dir DIR elsewhere, --records-dir "" none).
 """

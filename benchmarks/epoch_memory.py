@@ -1,7 +1,7 @@
 """Memory one training epoch needs, from XLA's buffer assignment, without training.
 
   python benchmarks/epoch_memory.py --configs configs/gru.py,configs/transformer.py,configs/lstm.py \
-      --base-url ../shared/data/binance-vision
+      --base-url $MIRROR
   python benchmarks/epoch_memory.py --configs configs/gru.py --series 40,200,1000
 
 Each row is one `cpbjax.train` of a config that stops as soon as its first group's epoch

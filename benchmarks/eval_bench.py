@@ -11,12 +11,12 @@ finished run is never touched; the table also gives the largest relative differe
 any series' val or test MAE (open, high, low, close) from the first arm's, read from
 each copy's newest eval-<stamp>.json. Writes one record to benchmarks/records/.
 
-  python launch.py --config configs/gru.py:demo --workdir /tmp/demo --config.eval.plots=False
-  python benchmarks/eval_bench.py --workdir /tmp/demo --config configs/gru.py:demo \
+  python launch.py --config configs/gru.py:demo --workdir runs/demo --config.eval.plots=False
+  python benchmarks/eval_bench.py --workdir runs/demo --config configs/gru.py:demo \
       --threads 1,2 --rounds 3
-  git worktree add /tmp/before <commit>   # then the same run scored by both versions:
-  python benchmarks/eval_bench.py --workdir runs/X --trees /tmp/before,. --threads 1 \
-      --config.data.base_url=$PWD/../shared/data/binance-vision
+  git worktree add ../before <commit>   # then the same run scored by both versions:
+  python benchmarks/eval_bench.py --workdir runs/X --trees ../before,. --threads 1 \
+      --config.data.base_url=$MIRROR
 
 Flags the script does not know (as that base_url) go to launch.py unchanged.
 """

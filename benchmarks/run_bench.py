@@ -11,7 +11,7 @@ invocation to benchmarks/records/.
 
   python benchmarks/run_bench.py --models gru,transformer,lstm --variant demo
   python benchmarks/run_bench.py --models gru --variant "" \
-      --flags="--config.data.base_url=../shared/data/binance-vision --config.platform=gpu"
+      --flags="--config.data.base_url=$MIRROR --config.platform=gpu"
 """
 
 from __future__ import annotations

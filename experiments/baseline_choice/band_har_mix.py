@@ -10,7 +10,7 @@ over series of the skill (%) against the better naive forecast; choose on val, t
 reported only.
 
   python experiments/baseline_choice/band_har_mix.py --config configs/gru.py \
-      --base-url ../shared/data/binance-vision --symbols BTCUSDT,ETHUSDT
+      --base-url $MIRROR --symbols BTCUSDT,ETHUSDT
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Would averaging finished runs (e.g. the same config at seeds 0-2) forecast better?
 
   python experiments/ensemble_default/seed_ensemble.py runs/gru_default_cpu runs/gru_default_cpu_seed1 \
-      runs/gru_default_cpu_seed2 --base-url ../shared/data/binance-vision
+      runs/gru_default_cpu_seed2 --base-url $MIRROR
 
 Every run's saved models forecast every split of every series, each refit as evaluation
 refits it (eval.refit_band: val by the band refit on train, test on train+val). The

@@ -12,7 +12,7 @@ pinball skill against the band. Then, reported only, the test scores of the fit 
 product uses (on all of val, or on train+val), as `--mode evaluate` writes them.
 
   python experiments/interval_fit/interval_choice.py --workdir runs/abl40/band_mae --config configs/gru.py \
-      --base-url ../shared/data/binance-vision
+      --base-url $MIRROR
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The choice is the highest median (over series) of the mean skill over the blocks
 averaged over high, low and close. Test (fitted on train+val) is reported only.
 
   python experiments/interval_scale/interval_scale_choice.py --config configs/gru.py \
-      --base-url ../shared/data/binance-vision
+      --base-url $MIRROR
 """
 
 from __future__ import annotations
