@@ -1,0 +1,191 @@
+"""The REST klines source against a hostile local exchange (tests/fake_exchange.py's modes).
+
+Every case must end quickly with one clear reason (a SeriesSkipped naming the URL or the
+candle), never hang, never hold more than the body cap, and never pass bad candles on.
+Deadlines are made small through the client's arguments; every server reply is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from cpbjax import config as config_lib
+from cpbjax.data import binance, klines_api, parsing, rest_http
+from cpbjax.data.series import SeriesSkipped
+from tests.fake_exchange import FakeExchange, rows, running
+
+STEP = 3_600_000  # 1h in ms.
+T0 = 1_735_689_600_000  # 2025-01-01T00:00:00Z.
+NOW = T0 + 2500 * STEP + STEP // 2  # half way through the candle opened at T0 + 2500 h
+DEADLINE_S = 0.6  # one request's total deadline in these tests
+BUDGET_S = 3.0  # one fetch's wall clock in these tests
+
+
+def _ohlcv(times):
+    base = 100.0 + (np.asarray(times) - T0) / STEP * 0.01
+    return np.stack([base, base + 1, base - 1, base + 0.5, base * 10], axis=1)
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch):
+    monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
+    monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
+    monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
+
+
+@pytest.fixture
+def exchange():
+    ex = FakeExchange(T0 + np.arange(2501, dtype=np.int64) * STEP, _ohlcv)
+    with running(ex) as api_url:
+        yield api_url, ex
+
+
+def _client(api_url, **kw):
+    kw = dict(dict(budget_s=BUDGET_S), **kw)
+    return rest_http.Client(api_url, rest_http.make_session(), DEADLINE_S, 2, **kw)
+
+
+def _fetch(api_url, start=T0, now=NOW, **kw):
+    return klines_api.fetch_recent("BTCUSDT", "1h", start, _client(api_url, **kw), now)
+
+
+def _timed_failure(api_url, match, **kw):
+    """The SeriesSkipped of a fetch that must fail within the budget, and its seconds."""
+    started = time.monotonic()
+    with pytest.raises(SeriesSkipped, match=match) as caught:
+        _fetch(api_url, **kw)
+    return caught.value, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "mode, got", [("slow_body", r"\d+ bytes of the body"), ("tarpit", "no headers")]
+)
+def test_a_slow_body_or_a_tarpit_ends_at_the_request_deadline(exchange, mode, got):
+    api_url, ex = exchange
+    ex.mode = mode
+    error, seconds = _timed_failure(api_url, f"no complete answer from {api_url}.*{got}")
+    assert isinstance(error, rest_http.Unreachable) and error.why == "did not answer within 0.6 s"
+    assert seconds < DEADLINE_S + 1.0 and len(ex.requests) == 1  # not retried
+
+
+def test_a_tarpit_skips_the_other_series_unasked(exchange):
+    api_url, ex = exchange
+    ex.mode = "tarpit"
+    d = config_lib.base_config().data
+    d.update(dict(min_candles=100, retries=2, timeout_seconds=DEADLINE_S, api_url=api_url))
+    t = T0 + np.arange(2000, dtype=np.int64) * STEP
+    history = {
+        f"{sym}-1h": parsing.build_series(sym, "1h", [(t, _ohlcv(t))], d)
+        for sym in ("BTCUSDT", "ETHUSDT", "SOLUSDT")
+    }
+    started = time.monotonic()
+    loaded, skipped = klines_api.top_up(history, {}, d, NOW)
+    assert time.monotonic() - started < DEADLINE_S + 1.5 and loaded == {}
+    assert skipped["BTCUSDT-1h"].startswith("fresh candles: no complete answer")
+    assert skipped["SOLUSDT-1h"] == (
+        f"fresh candles: not requested: {api_url} did not answer within 0.6 s for BTCUSDT-1h"
+    )
+
+
+def test_the_fetch_budget_bounds_a_slow_but_answering_exchange(exchange):
+    api_url, ex = exchange
+    ex.faults = [(503, {}, b"")] * 100  # retried with backoff until the budget ends
+    error, seconds = _timed_failure(api_url, r"HTTP 503 .*after 2 retries", budget_s=0.5)
+    assert seconds < 1.5 and len(ex.requests) == 3
+    ex.faults = [(429, {"Retry-After": "0"}, b"")] * 10_000  # waited out, within the budget
+    error, seconds = _timed_failure(api_url, "gave up after|budget of this fetch ran out")
+    assert seconds < BUDGET_S + 1.0
+
+
+def test_a_huge_retry_after_fails_at_once_saying_what_was_waited(exchange):
+    api_url, ex = exchange
+    ex.faults = [(429, {"Retry-After": "100000"}, b"")]
+    error, seconds = _timed_failure(api_url, r"HTTP 429 .*Retry-After 100000 s would exceed")
+    assert "waited 0.0 s so far" in str(error) and seconds < 1.0
+    ex.faults = [(429, {"Retry-After": "1"}, b""), (429, {"Retry-After": "100000"}, b"")]
+    error, seconds = _timed_failure(api_url, r"Retry-After 100000 s would exceed")
+    assert "waited 1.0 s so far" in str(error) and 1.0 <= seconds < 2.0
+
+
+def test_a_huge_body_stops_at_the_cap(exchange):
+    api_url, ex = exchange
+    ex.mode = "huge_body"  # never ends; the fake stops at 256 MiB
+    error, seconds = _timed_failure(
+        api_url, r"body from .* passed the 1048576 byte cap", max_body_bytes=1 << 20
+    )
+    assert seconds < 2.0
+    ex.mode = "normal"  # a page of 1000 rows announced at about 140 KB
+    _timed_failure(api_url, r"announced \d+ bytes, over the 65536 byte cap", max_body_bytes=1 << 16)
+
+
+def test_rows_beyond_the_limit_are_refused(exchange):
+    api_url, ex = exchange
+    ex.mode = "beyond_limit"
+    _timed_failure(api_url, r"2501 kline rows from .*beyond its limit=1000")
+
+
+def test_a_gap_deep_in_the_past_does_not_end_the_paging(exchange, caplog):
+    """A page made short by a gap (by time, as `time_pages` pages) is not the last one."""
+    api_url, ex = exchange
+    ex.mode = "time_pages"
+    ex.times = np.delete(ex.times, [100, 1500, 1501])
+    with caplog.at_level(logging.WARNING):
+        times, _, report = _fetch(api_url)
+    np.testing.assert_array_equal(times, ex.times[:-1])  # up to the newest closed candle
+    assert report == {
+        "gaps": [(T0 + 99 * STEP, T0 + 101 * STEP, 1), (T0 + 1499 * STEP, T0 + 1502 * STEP, 2)],
+        "nothing_after_ms": None,
+    }
+    assert len(ex.requests) == 3  # the short first page did not end it
+    for before, after, n in report["gaps"]:
+        span = f"between {parsing.iso(before)} and {parsing.iso(after)} ({n} missing)"
+        assert span in caplog.text
+
+
+def test_an_exchange_that_stops_early_says_why_the_data_is_stale(exchange, caplog):
+    api_url, ex = exchange
+    ex.times = ex.times[:2000]  # nothing after T0 + 1999 h
+    d = config_lib.base_config().data
+    d.update(dict(min_candles=100, retries=2, timeout_seconds=DEADLINE_S, api_url=api_url))
+    t = T0 + np.arange(1500, dtype=np.int64) * STEP
+    history = parsing.build_series("BTCUSDT", "1h", [(t, _ohlcv(t))], d)
+    with caplog.at_level(logging.WARNING):
+        loaded, _ = klines_api.top_up({history.name: history}, {}, d, NOW)
+    assert loaded["BTCUSDT-1h"].notes["fresh_nothing_after_ms"] == T0 + 2000 * STEP
+    assert (
+        f"BTCUSDT-1h: the newest candle after the top-up ({parsing.iso(T0 + 1999 * STEP)}) is "
+        f"501 intervals old: the exchange returned nothing after {parsing.iso(T0 + 2000 * STEP)}"
+    ) in caplog.text
+    assert f"data.api_url {api_url} is plain http://" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "mode, rule, at",
+    [
+        ("future_open", "opens after now", T0 + 2501 * STEP),
+        ("wrong_interval", r"closes at the wrong time for BTCUSDT-1h .*another interval", T0),
+        ("wrong_spacing", "open_time off the interval grid", T0 + STEP // 2),
+    ],
+)
+def test_impossible_candles_are_refused_naming_the_candle(exchange, mode, rule, at):
+    api_url, ex = exchange
+    ex.mode = mode
+    _timed_failure(
+        api_url, f"BTCUSDT-1h from {api_url}: the candle opening {parsing.iso(at)}.*{rule}"
+    )
+
+
+def test_inconsistent_prices_are_refused_naming_the_candle(exchange):
+    api_url, ex = exchange
+    times = T0 + np.arange(3, dtype=np.int64) * STEP
+    bad = _ohlcv(times)
+    bad[1, 2] = bad[1, 3] + 1  # low above the close
+    body = str(rows(times, bad, STEP)).replace("'", '"').encode()
+    ex.faults = [(200, {}, body)]
+    _timed_failure(
+        api_url, f"candle opening {parsing.iso(T0 + STEP)}.*low above min", now=T0 + 3 * STEP
+    )
