@@ -72,8 +72,11 @@ def load(path: str) -> Model:
     """A trained series model: <workdir>/models/<SERIES>/ or an --mode export folder."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a model folder")
-    loaded = portable.load_export(path) if portable.is_export(path) else saved.load_model(path)
-    symbol, interval = saved.parse_series(os.path.basename(os.path.normpath(path)))
+    if portable.is_export(path):  # verified against its manifest, which names the series
+        loaded, name = portable.load_export(path), portable.exported_series(path)
+    else:
+        loaded, name = saved.load_model(path), os.path.basename(os.path.normpath(path))
+    symbol, interval = saved.parse_series(name)
     if interval not in INTERVAL_MS:
         raise ValueError(f"{path}: the folder name is not <SYMBOL>-<INTERVAL>, e.g. BTCUSDT-1h")
     return Model(loaded, symbol, interval)
