@@ -7,17 +7,24 @@ Deadlines are made small through the client's arguments; every server reply is b
 
 from __future__ import annotations
 
+import datetime
 import logging
+import os
+import re
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
+import cpbjax
 from cpbjax import config as config_lib
-from cpbjax.data import binance, klines_api, parsing, rest_http
+from cpbjax.data import binance, klines_api, parsing, rest_http, sources, synthetic
 from cpbjax.data.series import SeriesSkipped
 from tests.fake_exchange import FakeExchange, rows, running
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP = 3_600_000  # 1h in ms.
 T0 = 1_735_689_600_000  # 2025-01-01T00:00:00Z.
 NOW = T0 + 2500 * STEP + STEP // 2  # half way through the candle opened at T0 + 2500 h
@@ -189,3 +196,84 @@ def test_inconsistent_prices_are_refused_naming_the_candle(exchange):
     _timed_failure(
         api_url, f"candle opening {parsing.iso(T0 + STEP)}.*low above min", now=T0 + 3 * STEP
     )
+
+
+# -- --mode predict end to end: each case ends within 60 s, one clear line, no traceback --
+
+
+def _last_complete_months(n: int) -> list[str]:
+    first = datetime.date.today().replace(day=1)
+    months = []
+    for _ in range(n):
+        first = (first - datetime.timedelta(days=1)).replace(day=1)
+        months.append(first.strftime("%Y-%m"))
+    return sorted(months)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(workdir, newest history open time, its close): a tiny GRU on a 2-month mirror."""
+    root = tmp_path_factory.mktemp("hostile")
+    mirror, workdir = str(root / "mirror"), str(root / "run")
+    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), _last_complete_months(2))
+    c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
+    c.data.source, c.data.base_url, c.data.months = "binance", mirror, 2
+    c.data.symbols, c.data.intervals = ("BTCUSDT",), ("1h",)
+    c.train.epochs, c.eval.plots = 1, False
+    cpbjax.train(c, workdir)
+    (series,), _ = sources.load_all(config_lib.validate(c).data)
+    return workdir, int(series.open_time_ms[-1]), float(series.ohlcv[-1, 3])
+
+
+def _live_exchange(last_ms: int, last_close: float) -> FakeExchange:
+    """The fresh candles after the history up to now (+ the open one), flat at its close."""
+    now_ms = int(time.time() * 1000)
+    times = np.arange(last_ms + STEP, now_ms // STEP * STEP + STEP, STEP, dtype=np.int64)
+    return FakeExchange(times, lambda t: np.tile([last_close] * 4 + [1.0], (len(t), 1)))
+
+
+def _predict(workdir, api_url, *flags):
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "launch.py", "--mode=predict", f"--workdir={workdir}"]
+        + [f"--config.data.api_url={api_url}", *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "mode, fault, flags, reason",
+    [
+        ("tarpit", None, (), r"no complete answer from .* within its deadline of 30 s"),
+        ("slow_body", None, ("--config.data.timeout_seconds=3",), r"bytes of the body by then"),
+        ("future_open", None, (), r"the candle opening .* opens after now"),
+        ("normal", (429, {"Retry-After": "100000"}, b""), (), r"HTTP 429 .*waited 0\.0 s"),
+    ],
+)
+def test_predict_against_a_hostile_exchange_ends_with_one_line(trained, mode, fault, flags, reason):
+    workdir, last_ms, last_close = trained
+    ex = _live_exchange(last_ms, last_close)
+    ex.mode, ex.faults = mode, [fault] if fault else []
+    with running(ex) as api_url:
+        proc, seconds = _predict(workdir, api_url, *flags)
+    assert proc.returncode == 2 and seconds < 60, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no series could be forecast") and re.search(reason, last)
+    assert "Traceback" not in proc.stderr
+
+
+def test_predict_pages_past_a_gap_in_the_exchange_and_names_it(trained):
+    workdir, last_ms, last_close = trained
+    ex = _live_exchange(last_ms, last_close)
+    ex.mode, ex.times = "time_pages", np.delete(ex.times, 3)  # one candle never traded
+    with running(ex) as api_url:
+        proc, seconds = _predict(workdir, api_url)
+    assert proc.returncode == 0 and seconds < 60, proc.stderr[-3000:]
+    span = (
+        f"between {parsing.iso(int(ex.times[2]))} and {parsing.iso(int(ex.times[3]))} (1 missing)"
+    )
+    assert span in proc.stderr and "(up to date)" in proc.stdout
