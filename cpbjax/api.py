@@ -86,6 +86,10 @@ def _check_frame(candles, interval: str) -> pd.DataFrame:
     """The OHLCV columns of `candles`, lower-cased, after the checks that name a problem."""
     if not isinstance(candles, pd.DataFrame):
         raise TypeError(f"candles must be a pandas DataFrame, not {type(candles).__name__}")
+    twice = parsing.columns_twice(candles.columns, OHLCV)
+    if twice:
+        both = " and ".join(repr(c) for c in sum(twice.values(), []))
+        raise ValueError(f"candles have {both}: one column each, please (names ignore case)")
     frame = candles.rename(columns=str.lower)
     missing = [c for c in OHLCV if c not in frame.columns]
     if missing:
@@ -116,7 +120,7 @@ def candles_to_series(candles: pd.DataFrame, symbol: str, interval: str) -> Seri
     """
     frame = _check_frame(candles, interval)
     times = frame.index.tz_convert("UTC").as_unit("ms").asi8
-    ohlcv = frame[list(OHLCV)].to_numpy(np.float64)
+    ohlcv = parsing.ohlcv_floats(frame, "candles")  # a KlineError is a ValueError
     for rule, bad in parsing.invalid_rows(times, ohlcv, INTERVAL_MS[interval]).items():
         if bad.any():
             raise ValueError(f"invalid candle ({rule}) at {parsing.iso(times[bad][0])}")
