@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cpbjax import api
+from cpbjax import api, sweep_grid
+from cpbjax import config as config_lib
 from cpbjax.data import parsing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,3 +71,21 @@ def test_a_word_in_a_local_files_close_column_is_named(tmp_path):
     frame.to_csv(tmp_path / "BTCUSDT-1h.csv", index=False)
     with pytest.raises(parsing.KlineError, match=r"BTCUSDT-1h.csv: column 'close' holds 'abc'"):
         parsing.read_local_file(str(tmp_path / "BTCUSDT-1h.csv"))
+
+
+def test_a_sweep_grid_over_the_cap_gives_its_projected_cost():
+    c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
+    c.sweep.learning_rate = tuple(float(v) for v in np.geomspace(1e-5, 1e-2, 2000))
+    c.sweep.weight_decay = (0.0, 0.1)
+    c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
+    config_lib.validate(c)
+    with pytest.raises(config_lib.ConfigError) as caught:
+        sweep_grid.settings(c)
+    assert str(caught.value).startswith(
+        "config.sweep: the grid is 2000 sweep.learning_rate x 2 sweep.weight_decay = 4000 "
+        f"settings, over the cap of {sweep_grid.MAX_SETTINGS}; with 2 series that is 8000 "
+        f"models of {c.train.epochs} epochs, about 4000 times the training"
+    )
+    sweep_grid.check_size(c, max_settings=4000)  # another cap lets it through
+    c.sweep.learning_rate = c.sweep.learning_rate[:3]
+    assert len(sweep_grid.settings(c)) == 6
