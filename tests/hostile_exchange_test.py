@@ -8,6 +8,8 @@ Deadlines are made small through the client's arguments; every server reply is b
 from __future__ import annotations
 
 import datetime
+import gzip
+import json
 import logging
 import os
 import re
@@ -277,3 +279,16 @@ def test_predict_pages_past_a_gap_in_the_exchange_and_names_it(trained):
         f"between {parsing.iso(int(ex.times[2]))} and {parsing.iso(int(ex.times[3]))} (1 missing)"
     )
     assert span in proc.stderr and "(up to date)" in proc.stdout
+
+
+def test_a_gzipped_page_is_decoded_and_a_gzip_bomb_stops_at_the_cap(exchange):
+    api_url, ex = exchange
+    times = T0 + np.arange(3, dtype=np.int64) * STEP
+    page = json.dumps(rows(times, _ohlcv(times), STEP)).encode()
+    ex.faults = [(200, {"Content-Encoding": "gzip"}, gzip.compress(page))]
+    got, ohlcv, _ = _fetch(api_url, now=T0 + 3 * STEP)
+    np.testing.assert_array_equal(got, times)
+    np.testing.assert_allclose(ohlcv, _ohlcv(times), rtol=0, atol=1e-8)
+    bomb = gzip.compress(b"[" + b" " * (64 << 20) + b"]")  # 64 MiB of JSON in about 64 KB
+    ex.faults = [(200, {"Content-Encoding": "gzip"}, bomb)]
+    _timed_failure(api_url, r"passed the 1048576 byte cap", max_body_bytes=1 << 20)

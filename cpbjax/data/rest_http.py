@@ -182,7 +182,7 @@ class Client:
             if sock is not None:
                 sock.settimeout(left)  # each read waits at most until the deadline
             try:
-                chunk = resp.raw.read1(CHUNK_BYTES)
+                chunk = resp.raw.read1(CHUNK_BYTES, decode_content=True)
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 if isinstance(e, urllib3.exceptions.ReadTimeoutError | TimeoutError):
                     raise self._too_slow(url, "body", size) from e
