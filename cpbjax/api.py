@@ -72,8 +72,11 @@ def load(path: str) -> Model:
     """A trained series model: <workdir>/models/<SERIES>/ or an --mode export folder."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a model folder")
-    loaded = portable.load_export(path) if portable.is_export(path) else saved.load_model(path)
-    symbol, interval = saved.parse_series(os.path.basename(os.path.normpath(path)))
+    if portable.is_export(path):  # verified against its manifest, which names the series
+        loaded, name = portable.load_export(path), portable.exported_series(path)
+    else:
+        loaded, name = saved.load_model(path), os.path.basename(os.path.normpath(path))
+    symbol, interval = saved.parse_series(name)
     if interval not in INTERVAL_MS:
         raise ValueError(f"{path}: the folder name is not <SYMBOL>-<INTERVAL>, e.g. BTCUSDT-1h")
     return Model(loaded, symbol, interval)
@@ -83,6 +86,10 @@ def _check_frame(candles, interval: str) -> pd.DataFrame:
     """The OHLCV columns of `candles`, lower-cased, after the checks that name a problem."""
     if not isinstance(candles, pd.DataFrame):
         raise TypeError(f"candles must be a pandas DataFrame, not {type(candles).__name__}")
+    twice = parsing.columns_twice(candles.columns, OHLCV)
+    if twice:
+        both = " and ".join(repr(c) for c in sum(twice.values(), []))
+        raise ValueError(f"candles have {both}: one column each, please (names ignore case)")
     frame = candles.rename(columns=str.lower)
     missing = [c for c in OHLCV if c not in frame.columns]
     if missing:
@@ -113,7 +120,7 @@ def candles_to_series(candles: pd.DataFrame, symbol: str, interval: str) -> Seri
     """
     frame = _check_frame(candles, interval)
     times = frame.index.tz_convert("UTC").as_unit("ms").asi8
-    ohlcv = frame[list(OHLCV)].to_numpy(np.float64)
+    ohlcv = parsing.ohlcv_floats(frame, "candles")  # a KlineError is a ValueError
     for rule, bad in parsing.invalid_rows(times, ohlcv, INTERVAL_MS[interval]).items():
         if bad.any():
             raise ValueError(f"invalid candle ({rule}) at {parsing.iso(times[bad][0])}")

@@ -1,7 +1,7 @@
 """--mode serve: the run's report.html and a JSON forecast API over HTTP (Starlette + uvicorn).
 
 GET /                   <workdir>/report.html
-GET /health             {"status": "ok", "model", "series": n, "workdir"}
+GET /health             {"status": "ok", "model", "series": n, "workdir": its folder name}
 GET /series             the series with a loaded model, with their training facts
 GET /forecast/{series}  a fresh forecast of the next H candles (forecast.json's entry, with
                         age_intervals: 1 = from the newest closed candle, more = stale)
@@ -10,15 +10,26 @@ The models are loaded once at start (cpbjax/saved.py, as --mode predict loads th
 forecast loads the newest data of its series from the config's data location and runs
 the same `forecast.next_candles` as --mode predict. Only the names of loaded models are
 accepted: anything else is a 404 (a well-formed name) or a 400 (a malformed one), always
-with a JSON message, never a traceback. It binds to serve.host (127.0.0.1 by default)
-and stops cleanly on SIGTERM or Ctrl-C.
+with a JSON message, never a traceback (a name is echoed back cut to NAME_ECHO_CHARS).
+It binds to serve.host (127.0.0.1 by default) and stops cleanly on SIGTERM or Ctrl-C.
+
+Forecasts never hold up the cheap endpoints or shutdown: each runs in its own daemon
+thread, at most MAX_FORECASTS at a time (more get 503 at once), apart from the thread
+pool of /series and the event loop of /health; the data load under the forecast lock
+is bounded by the data sources' own deadlines. On SIGTERM every forecast still waiting
+is answered 503 within POLL_S and the server exits (uvicorn's graceful shutdown is
+capped at SHUTDOWN_GRACE_S); the abandoned daemon threads do not keep the process alive.
+A connection that has not sent a whole request head within HEADER_TIMEOUT_S is closed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import signal
+import sys
 import threading
 import time
 
@@ -30,6 +41,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cpbjax import forecast, predict, saved, writers
 from cpbjax import workdir as workdir_lib
@@ -42,6 +54,17 @@ _SERIES_RE = re.compile(r"^[A-Z0-9]{2,20}-[0-9]{1,2}[mhdwM]$")
 
 
 PATHS = ("/", "/health", "/series", "/forecast/{series}")
+MAX_FORECASTS = 4  # forecasts in flight (running or waiting for the lock); more get 503
+POLL_S = 0.2  # how often a waiting forecast request looks for a shutdown
+SHUTDOWN_GRACE_S = 5  # uvicorn's cap on waiting for requests after SIGTERM
+HEADER_TIMEOUT_S = 10.0  # a request head must arrive whole within this
+NAME_ECHO_CHARS = 64  # of a requested name echoed in an error message
+
+
+def _echo(name: str) -> str:
+    """`name` for an error message: repr, cut to NAME_ECHO_CHARS characters."""
+    cut = name[:NAME_ECHO_CHARS]
+    return repr(cut) + (f"... ({len(name)} characters)" if len(name) > NAME_ECHO_CHARS else "")
 
 
 class ServeError(RuntimeError):
@@ -120,8 +143,13 @@ def _error(status: int, message: str, **extra) -> JSONResponse:
 
 
 def build_app(forecaster: Forecaster) -> Starlette:
-    """The Starlette app over one Forecaster (see the module docstring for the routes)."""
+    """The Starlette app over one Forecaster (see the module docstring for the routes).
+
+    app.state.stopping (a threading.Event), once set, answers waiting forecasts 503.
+    """
     report = workdir_lib.report_html(forecaster.workdir)
+    slots = threading.BoundedSemaphore(MAX_FORECASTS)  # released by the forecast's thread
+    stopping = threading.Event()
 
     async def index(request: Request):
         if not os.path.exists(report):
@@ -134,7 +162,7 @@ def build_app(forecaster: Forecaster) -> Starlette:
                 "status": "ok",
                 "model": forecaster.config.model.name,
                 "series": len(forecaster.models),
-                "workdir": os.path.abspath(forecaster.workdir),
+                "workdir": os.path.basename(os.path.abspath(forecaster.workdir)),
             }
         )
 
@@ -145,15 +173,19 @@ def build_app(forecaster: Forecaster) -> Starlette:
     async def forecast_one(request: Request):
         name = request.path_params["series"]
         if not _SERIES_RE.match(name):
-            return _error(400, f"malformed series name {name!r}: expected e.g. BTCUSDT-1h")
+            return _error(400, f"malformed series name {_echo(name)}: expected e.g. BTCUSDT-1h")
         if name not in forecaster.models:
-            return _error(404, f"unknown series {name!r}", series=sorted(forecaster.models))
+            return _error(404, f"unknown series {_echo(name)}", series=sorted(forecaster.models))
+        if not slots.acquire(blocking=False):
+            return _error(503, f"{name}: {MAX_FORECASTS} forecasts in progress; retry later")
         try:
-            return JSONResponse(await run_in_threadpool(forecaster.forecast, name))
+            return JSONResponse(await _in_daemon_thread(forecaster.forecast, name, slots, stopping))
         except SeriesSkipped as e:
             return _error(422, f"{name}: cannot forecast: {e}")
         except (OSError, ConfigError) as e:  # the data location is unreachable or unusable
             return _error(503, f"{name}: cannot load its data: {e}")
+        except _ShuttingDown:
+            return _error(503, f"{name}: the server is shutting down; the forecast was dropped")
 
     async def http_error(request: Request, exc: HTTPException):
         if exc.status_code == 404:  # no route matched
@@ -172,7 +204,88 @@ def build_app(forecaster: Forecaster) -> Starlette:
         Route("/forecast/{series:str}", forecast_one, methods=["GET"]),
     ]
     handlers = {HTTPException: http_error, Exception: server_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.state.stopping = stopping
+    return app
+
+
+class _ShuttingDown(Exception):
+    """The server is stopping; a waiting forecast is answered 503."""
+
+
+async def _in_daemon_thread(fn, name: str, slots: threading.BoundedSemaphore, stopping):
+    """fn(name) in a new daemon thread that releases `slots` when done; its result.
+
+    Raises:
+      _ShuttingDown: `stopping` was set first (the thread is left to finish alone).
+    """
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def settle(result, error):
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def work():
+        try:
+            result, error = fn(name), None
+        except Exception as e:  # handed to the request's coroutine
+            result, error = None, e
+        finally:
+            slots.release()
+        with contextlib.suppress(RuntimeError):  # the server stopped and closed its loop
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=work, name=f"forecast {name}", daemon=True).start()
+    while not stopping.is_set():
+        finished, _ = await asyncio.wait({done}, timeout=POLL_S)
+        if finished:
+            return done.result()
+    raise _ShuttingDown
+
+
+class _HeadTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request head is not whole in time.
+
+    uvicorn's own timeouts start after a response (keep-alive), so a client that opens
+    connections and sends half a request head would hold them forever.
+    """
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._head_too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None and self._head_timer is not None:  # a whole head came
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self.cycle is None:
+            self.transport.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server that also tells waiting forecasts to give up on SIGTERM/SIGINT."""
+
+    def __init__(self, config: uvicorn.Config, stopping: threading.Event):
+        super().__init__(config)
+        self.stopping = stopping
+
+    def handle_exit(self, sig, frame) -> None:
+        self.stopping.set()
+        super().handle_exit(sig, frame)
 
 
 def _serve(app: Starlette, host: str, port: int) -> None:
@@ -182,8 +295,16 @@ def _serve(app: Starlette, host: str, port: int) -> None:
     handlers installed underneath its own, that ends here instead of killing the
     process, so the exit status is 0.
     """
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=True)
-    server = uvicorn.Server(config)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=True,
+        http=_HeadTimeoutH11,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
+    server = _Server(config, app.state.stopping)
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.run()
@@ -215,3 +336,19 @@ def run_serve(config, workdir: str) -> None:
     )
     _serve(build_app(forecaster), host, port)
     logging.info("server on %s:%d stopped", host, port)
+    _leave_waiting_forecasts()
+
+
+def _leave_waiting_forecasts() -> None:
+    """Ends the process now if forecasts still wait on their data after the server stopped.
+
+    Their threads are daemons, but the data sources' download pools are not, and the
+    interpreter would join those at exit: minutes behind an unanswering data location.
+    """
+    waiting = [t.name for t in threading.enumerate() if t.name.startswith("forecast ")]
+    if waiting:
+        logging.warning("leaving %d forecasts that still wait on their data", len(waiting))
+        logging.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

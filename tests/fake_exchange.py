@@ -3,6 +3,20 @@
 `FakeExchange` holds the candles it knows (open times, and a function giving their
 OHLCV), one-shot faults to answer first, a mode, and the requests it saw; `running`
 serves it on 127.0.0.1 at a free port for the duration of a `with` block.
+
+The hostile modes play what a broken or malicious exchange does; every one is bounded
+(it stops at HOSTILE_LIMIT_S, at a byte limit, or when the client hangs up), so a test
+never hangs on its own server:
+  slow_body      the right body, one byte every SLOW_BYTE_S
+  huge_body      a body that never ends (no Content-Length), until HUGE_BODY_BYTES
+  tarpit         accepts and reads the request, never answers
+  beyond_limit   every candle from startTime on, ignoring `limit`
+  future_open    adds a candle opening one interval after endTime, claiming to be closed
+  wrong_spacing  candles half an interval apart
+  wrong_interval 1m candles (close time 1 min after the open) whatever was asked
+  endless        one candle a page, so paging never reaches now
+  ignore_start   the first page always
+  time_pages     pages of `limit` intervals of time: a gap in the history makes one short
 """
 
 from __future__ import annotations
@@ -13,16 +27,26 @@ import functools
 import http.server
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 
 import numpy as np
 
+SLOW_BYTE_S = 0.05
+HUGE_BODY_BYTES = 256 << 20
+HOSTILE_LIMIT_S = 30.0  # the longest any hostile reply lasts
+MINUTE_MS = 60_000
 
-def rows(times, ohlcv, step_ms: int):
-    """Binance's 12-column kline rows: numbers as strings, times as integers."""
+
+def rows(times, ohlcv, step_ms: int, close_after_ms: int | None = None):
+    """Binance's 12-column kline rows: numbers as strings, times as integers.
+
+    close_after_ms: the close time's offset from the open (default step_ms - 1).
+    """
+    close = step_ms - 1 if close_after_ms is None else close_after_ms
     return [
-        [int(t), *(f"{v:.8f}" for v in row), int(t) + step_ms - 1, "0", 1, "0", "0", "0"]
+        [int(t), *(f"{v:.8f}" for v in row), int(t) + close, "0", 1, "0", "0", "0"]
         for t, row in zip(times, ohlcv, strict=True)
     ]
 
@@ -39,20 +63,35 @@ class FakeExchange:
     requests: list = dataclasses.field(default_factory=list)  # query dicts
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
+    stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
+
     def reply(self, query: dict) -> tuple[int, dict, bytes]:
         with self.lock:
             self.requests.append(query)
             if self.faults:
                 return self.faults.pop(0)
         start, end, limit = (int(query[k]) for k in ("startTime", "endTime", "limit"))
-        if self.mode == "endless":  # Full pages on the grid, ten per hour of span.
-            times = start + np.arange(limit, dtype=np.int64) * (self.step_ms // 10)
-        elif self.mode == "ignore_start":
-            times = self.times[:limit]
-        else:
-            times = self.times[(self.times >= start) & (self.times <= end)][:limit]
-        body = json.dumps(rows(times, self.ohlcv(times), self.step_ms)).encode()
+        close_after = MINUTE_MS - 1 if self.mode == "wrong_interval" else None
+        times = self._times(start, end, limit)
+        body = json.dumps(rows(times, self.ohlcv(times), self.step_ms, close_after)).encode()
         return 200, {"Content-Type": "application/json"}, body
+
+    def _times(self, start: int, end: int, limit: int) -> np.ndarray:
+        """The open times of the candles a page holds, per the mode."""
+        if self.mode == "endless":
+            return np.array([start], np.int64)
+        if self.mode == "ignore_start":
+            return self.times[:limit]
+        if self.mode == "wrong_spacing":
+            return start + np.arange(limit, dtype=np.int64) * (self.step_ms // 2)
+        if self.mode == "time_pages":
+            end = min(end, start + limit * self.step_ms - 1)
+        within = self.times[(self.times >= start) & (self.times <= end)]
+        if self.mode == "beyond_limit":
+            return within
+        if self.mode == "future_open":
+            return np.append(within[: limit - 1], end // self.step_ms * self.step_ms + self.step_ms)
+        return within[:limit]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -68,11 +107,41 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         assert url.path == "/api/v3/klines", url.path
         query = dict(urllib.parse.parse_qsl(url.query))
         status, headers, body = self.exchange.reply(query)
+        mode, stopping = self.exchange.mode, self.exchange.stopping
+        if mode == "tarpit":
+            stopping.wait(HOSTILE_LIMIT_S)
+            return
+        if mode == "huge_body":
+            self._send_huge(body)
+            return
         self.send_response(status)
         for key, value in {**headers, "Content-Length": str(len(body))}.items():
             self.send_header(key, value)
         self.end_headers()
-        self.wfile.write(body)
+        if mode != "slow_body":
+            self.wfile.write(body)
+            return
+        deadline = time.monotonic() + HOSTILE_LIMIT_S
+        with contextlib.suppress(OSError):  # the client hung up at its deadline
+            for i in range(len(body)):
+                if stopping.wait(SLOW_BYTE_S) or time.monotonic() > deadline:
+                    return
+                self.wfile.write(body[i : i + 1])
+                self.wfile.flush()
+
+    def _send_huge(self, body: bytes) -> None:
+        """A JSON array that never closes, with no Content-Length, until the cap or hang-up."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        row = body[1:-1] + b","  # the page's rows, repeated
+        chunk = row * max(1, (1 << 20) // len(row))
+        self.close_connection = True
+        with contextlib.suppress(OSError):  # the client hung up at its cap
+            sent = self.wfile.write(b"[")
+            while sent < HUGE_BODY_BYTES and not self.exchange.stopping.is_set():
+                sent += self.wfile.write(chunk)
 
 
 @contextlib.contextmanager
@@ -86,6 +155,7 @@ def running(exchange: FakeExchange):
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
     finally:
+        exchange.stopping.set()
         httpd.shutdown()
         httpd.server_close()
         thread.join(5)

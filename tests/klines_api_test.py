@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cpbjax import config as config_lib
-from cpbjax.data import binance, klines_api, parsing
+from cpbjax.data import binance, klines_api, parsing, rest_http
 from cpbjax.data.series import SeriesSkipped
 from tests.fake_exchange import FakeExchange, rows, running
 
@@ -44,9 +44,13 @@ def exchange():
 NOW = T0 + 2500 * STEP + HALF  # Half way through the candle that opened at T0 + 2500 h.
 
 
-def _fetch(api_url, start=T0, now=NOW, **limits):
-    session = binance.make_session(1, 2)
-    return klines_api.fetch_recent("BTCUSDT", "1h", start, api_url, session, 2.0, now, **limits)
+def _fetch(api_url, start=T0, now=NOW, max_requests=None):
+    """(times, ohlcv) of fetch_recent through a client with a 2 s deadline and 2 retries."""
+    client = rest_http.Client(api_url, rest_http.make_session(), 2.0, 2)
+    times, ohlcv, _ = klines_api.fetch_recent(
+        "BTCUSDT", "1h", start, client, now, max_requests=max_requests
+    )
+    return times, ohlcv
 
 
 def _status(code, retry_after=None, body=b""):
@@ -78,8 +82,8 @@ def test_429_with_retry_after_0_then_success(exchange):
     api_url, ex = exchange
     ex.faults = [_status(429, 0)]
     times, _ = _fetch(api_url, start=T0 + 2000 * STEP)
-    assert len(times) == 500 and len(ex.requests) == 2  # urllib3 retried it.
-    ex.faults = [_status(429, 0)]  # urllib3's retries count against the request limit.
+    assert len(times) == 500 and len(ex.requests) == 2  # waited out and retried
+    ex.faults = [_status(429, 0)]  # the retries count against the request limit
     with pytest.raises(SeriesSkipped, match=r"gave up after 2 requests"):
         _fetch(api_url, max_requests=2)
 
@@ -109,7 +113,7 @@ def test_endless_bans_end_at_the_request_limit(exchange):
 
 def test_endless_full_pages_end_at_the_request_limit(exchange):
     api_url, ex = exchange
-    ex.mode = "endless"  # Always 1000 rows, never reaching now.
+    ex.mode = "endless"  # One candle a page: paging by time would need 2500 requests.
     with pytest.raises(SeriesSkipped, match=r"gave up after 14 requests \(limit 14\)"):
         _fetch(api_url)  # 2500.5 h: 3 pages, + 1 short one, + EXTRA_REQUESTS = 14.
     assert len(ex.requests) == 14
@@ -130,7 +134,10 @@ def test_a_gap_in_the_exchange_is_reported_never_filled(exchange, caplog):
         times, _ = _fetch(api_url)
     assert len(times) == 2495
     assert parsing.gap_stats(times, STEP) == (5, 5)
-    assert "5 candles missing (longest run 5), not filled" in caplog.text
+    assert (
+        f"the exchange has no candles between {parsing.iso(T0 + 1199 * STEP)} and "
+        f"{parsing.iso(T0 + 1205 * STEP)} (5 missing), not filled"
+    ) in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -254,6 +261,6 @@ def test_rows_are_sorted_and_exact_duplicates_dropped(exchange):
     api_url, ex = exchange
     times = T0 + np.array([2, 0, 1, 1], dtype=np.int64) * STEP
     ex.faults = [_status(200, body=json.dumps(rows(times, _ohlcv(times), STEP)).encode())]
-    got, ohlcv = _fetch(api_url)
+    got, ohlcv = _fetch(api_url, now=T0 + 3 * STEP + HALF)  # one page reaches now
     np.testing.assert_array_equal(got, T0 + np.arange(3) * STEP)
     np.testing.assert_allclose(ohlcv, _ohlcv(got), rtol=0, atol=1e-8)

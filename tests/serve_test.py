@@ -5,8 +5,10 @@ A module fixture trains one tiny series once (launch.py, 1 epoch) and starts
 it with urllib and the last one stops it with SIGTERM. Every wait is bounded.
 """
 
+import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -41,10 +43,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(workdir, port: int, log):
+def _serve(workdir, port: int, log, flags=()):
     """`python launch.py --mode serve --workdir W --config.serve.port=P` (the run's config)."""
     cmd = [sys.executable, "launch.py", "--mode", "serve", "--workdir", workdir]
-    cmd.append(f"--config.serve.port={port}")
+    cmd += [f"--config.serve.port={port}", *flags]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -115,7 +117,7 @@ def test_health_and_series(server, trained):
     status, body, _ = _get(port, "/health")
     assert status == 200
     assert body["status"] == "ok" and body["model"] == "gru" and body["series"] == 1
-    assert body["workdir"] == os.path.abspath(trained)
+    assert body["workdir"] == os.path.basename(trained)  # its name, never an absolute path
     status, body, _ = _get(port, "/series")
     assert status == 200
     (entry,) = body["series"]
@@ -166,6 +168,7 @@ def test_forecast_is_fresh_and_in_prices(server, trained):
         ("/forecast/", "GET", 404, "no such path"),
         ("/nothing-here", "GET", 404, "no such path"),
         ("/health", "POST", 405, "Method Not Allowed"),
+        ("/forecast/" + "A" * 5000, "GET", 400, "'" + "A" * 64 + "'... (5000 characters)"),
     ],
 )
 def test_bad_requests_get_a_json_message(server, path, method, code, words):
@@ -174,7 +177,7 @@ def test_bad_requests_get_a_json_message(server, path, method, code, words):
     assert status == code
     assert ctype.startswith("application/json"), body
     assert words in body["error"] and body["status"] == code
-    assert "Traceback" not in json.dumps(body)
+    assert "Traceback" not in json.dumps(body) and len(body["error"]) < 300
 
 
 def test_unknown_series_lists_the_known_ones(server):
@@ -210,6 +213,45 @@ def test_sigterm_stops_cleanly(server):
     assert "Traceback" not in log and "stopped" in log
     with pytest.raises(OSError):
         _get(port, "/health")
+
+
+def test_a_forecast_hung_on_the_network_blocks_neither_health_nor_sigterm(trained, tmp_path):
+    """The data location accepts connections and never answers (a tarpit): /health and
+    /series still answer, and SIGTERM ends the server within 10 s, the forecast 503."""
+    with socket.socket() as tarpit:
+        tarpit.bind(("127.0.0.1", 0))
+        tarpit.listen(8)  # never accepted: the kernel completes the handshake, nothing more
+        port, log_path = _free_port(), str(tmp_path / "serve.log")
+        hostile = [
+            "--config.data.source=binance",
+            f"--config.data.base_url=http://127.0.0.1:{tarpit.getsockname()[1]}",
+            "--config.data.timeout_seconds=300",
+            "--config.data.retries=0",
+        ]
+        with open(log_path, "wb") as log:
+            proc = _serve(trained, port, log, hostile)
+        try:
+            _wait_healthy(proc, port, log_path)
+            answers = {}
+            asking = threading.Thread(
+                target=lambda: answers.update(forecast=_get(port, f"/forecast/{SERIES}")),
+                daemon=True,
+            )
+            asking.start()
+            assert select.select([tarpit], [], [], 60)[0], "the forecast never reached the tarpit"
+            started = time.monotonic()
+            assert _get(port, "/health")[0] == 200 and _get(port, "/series")[0] == 200
+            assert time.monotonic() - started < 5 and asking.is_alive()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+            asking.join(10)
+            status, body, _ = answers["forecast"]
+            assert status == 503 and "shutting down" in body["error"]
+            assert "Traceback" not in _read(log_path)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
 
 
 def test_port_in_use_exits_2(trained, tmp_path):
@@ -300,3 +342,77 @@ def test_a_failing_handler_answers_json_500_without_traceback():
         server.should_exit = True
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+@contextlib.contextmanager
+def _in_process(app, **config):
+    """Serves `app` with uvicorn on a free loopback port in a thread; yields the port."""
+    port = _free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", **config)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.started
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+class _HangingForecaster(_FailingForecaster):
+    """A stand-in whose forecasts wait on `release` (at most 30 s)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def series(self):
+        return []
+
+    def forecast(self, name):
+        self.release.wait(30)
+        return {"series": name}
+
+
+def test_hung_forecasts_are_bounded_and_never_block_the_cheap_endpoints():
+    forecaster = _HangingForecaster()
+    app = serve.build_app(forecaster)
+    with _in_process(app) as port:
+        answers = []
+        askers = [
+            threading.Thread(target=lambda: answers.append(_get(port, f"/forecast/{SERIES}")))
+            for _ in range(serve.MAX_FORECASTS)
+        ]
+        for t in askers:
+            t.start()
+        deadline = time.monotonic() + 10  # until each asker's forecast thread is running
+        while time.monotonic() < deadline:
+            if sum(t.name.startswith("forecast") for t in threading.enumerate()) == len(askers):
+                break
+            time.sleep(0.05)
+        status, body, _ = _get(port, f"/forecast/{SERIES}")  # one more than the bound
+        assert status == 503 and "forecasts in progress" in body["error"]
+        started = time.monotonic()
+        assert _get(port, "/health")[0] == 200 and _get(port, "/series")[0] == 200
+        assert time.monotonic() - started < 2
+        app.state.stopping.set()  # what SIGTERM does: the waiting forecasts give up
+        for t in askers:
+            t.join(10)
+        assert [a[0] for a in answers] == [503] * serve.MAX_FORECASTS
+        assert all("shutting down" in a[1]["error"] for a in answers)
+        forecaster.release.set()
+
+
+def test_a_request_head_that_never_completes_is_cut_off(monkeypatch):
+    monkeypatch.setattr(serve, "HEADER_TIMEOUT_S", 0.5)
+    with _in_process(serve.build_app(_HangingForecaster()), http=serve._HeadTimeoutH11) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            started = time.monotonic()
+            assert s.recv(4096) == b""  # closed by the server
+            assert time.monotonic() - started < 3
+        assert _get(port, "/health")[0] == 200  # whole heads are served as before

@@ -6,11 +6,10 @@
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags
 from ml_collections import config_flags
 
+from cpbjax import cli_errors
 from cpbjax import config as config_lib
 from cpbjax.data import sources
 
@@ -62,16 +61,19 @@ def format_table(rows) -> str:
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
+    try:
+        config = _CONFIG.value
+        config.to_dict()  # a config file that failed to load raises only when read
+    except (OSError, ValueError) as e:
+        cli_errors.fail(cli_errors.load_error(e))
     try:
         config_lib.validate(config)
         series, skipped = sources.load_all(config.data)
     except config_lib.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        cli_errors.fail(str(e))
     print(format_table(table_rows(config.data, series, skipped)))
     print(f"\n{len(series)} of {len(series) + len(skipped)} series loaded.")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli_errors.parse_flags)

@@ -2,17 +2,21 @@
 
 Binance Vision's monthly files end at the last complete month; this module tops a
 series up to now from `GET {api_url}/api/v3/klines`, paging forward by startTime
-(PAGE_LIMIT candles a page) until a page comes back short or reaches now. The
-candle still open at `now_ms` is never returned.
+(PAGE_LIMIT candles a page) until the pages reach now: by time, not by page length,
+so a gap deep in the exchange's history (real history has outage holes) makes a page
+short without ending the paging. Every gap is logged with its span; an empty page
+ends the paging and is named ("the exchange returned nothing after ...") when the
+newest candle is then stale. The candle still open at `now_ms` is never returned.
 
-Rate limits: requests go through `binance.make_session`, the downloader's urllib3
-`Retry` (429 and 5xx retried with capped backoff, Retry-After honoured). Binance
-answers 418 (an IP ban after ignored 429s) and, once urllib3's retries are spent,
-429 with a Retry-After in seconds; `_get` waits that out itself, within a per-call
-budget of requests (the pages the span needs + EXTRA_REQUESTS) and of waiting
-(MAX_WAIT_S). A longer wait, a spent budget, an HTML page, malformed JSON, a
-non-list body or short rows raise `SeriesSkipped` naming the URL, so one bad
-series is skipped and the run goes on.
+Every candle is checked before use (`_check_page`): close time = open time + the
+interval - 1 ms, opening no later than now, on the interval's grid, prices positive
+and low <= open, close <= high. A page with more rows than its limit, or a body over
+rest_http.MAX_BODY_BYTES, is refused. One bad page skips the series with a message
+naming the URL or the candle (`SeriesSkipped`); the run goes on.
+
+Requests go through `rest_http.Client`: each has a total deadline (data.timeout_seconds,
+body included), each series' fetch a wall-clock budget (rest_http.SERIES_BUDGET_S),
+retries and Retry-After waits are bounded by it and reported as waited.
 
 Consider ccxt (the exchange library freqtrade uses) as the backend? We decided
 against it. ccxt 4.5.90 is a 6.8 MB wheel (726 files, 40 MB unpacked) that
@@ -36,46 +40,27 @@ import time
 import urllib.parse
 
 import numpy as np
-import requests
 from absl import logging
 
-from cpbjax.data import binance, parsing
+from cpbjax.data import parsing, rest_http
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 KLINES_PATH = "/api/v3/klines"
 PAGE_LIMIT = 1000  # Binance's maximum klines per request.
 MIN_COLUMNS = 7  # open_time, open, high, low, close, volume, close_time (Binance sends 12).
-WAIT_STATUSES = (418, 429)  # Statuses whose Retry-After this module waits out itself.
 EXTRA_REQUESTS = 10  # Requests allowed beyond the pages the span needs (retries, waits).
 MAX_PAGES = 200  # 200k candles: 1m back about 4.6 months; older history is Vision's job.
-MAX_WAIT_S = 120.0  # Total Retry-After waiting one fetch_recent call may do.
-
-
-@dataclasses.dataclass
-class _Budget:
-    """Requests made (urllib3's own retries included) and seconds waited, with limits."""
-
-    max_requests: int
-    max_wait_s: float
-    requests: int = 0
-    waited_s: float = 0.0
-
-    def spend_request(self, url: str) -> None:
-        if self.requests >= self.max_requests:
-            raise SeriesSkipped(
-                f"gave up after {self.requests} requests (limit {self.max_requests}); "
-                f"the next would have been {url}"
-            )
-        self.requests += 1
-
-    def wait(self, seconds: float, status: int, url: str) -> None:
-        if self.waited_s + seconds > self.max_wait_s:
-            raise SeriesSkipped(
-                f"HTTP {status} for {url}: Retry-After {seconds:g} s would exceed the "
-                f"{self.max_wait_s:g} s wait budget ({self.waited_s:g} s already waited)"
-            )
-        time.sleep(seconds)
-        self.waited_s += seconds
+GAPS_LOGGED = 10  # Gaps in the exchange's history logged one by one; the rest counted.
+# Rules of parsing.invalid_rows a REST candle must pass; the price-jump rule is left to
+# data.bad_rows on the whole series (a page is too short a neighbourhood to judge it).
+PAGE_RULES = (
+    "non-positive or non-finite price",
+    "negative or non-finite volume",
+    "high below max(open, close)",
+    "low above min(open, close)",
+    "open_time off the interval grid",
+)
+_warned_plain_http: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,46 +88,6 @@ def clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _retry_after_s(resp: requests.Response) -> float:
-    """Retry-After in seconds; a missing or date-form value waits the backoff cap."""
-    value = resp.headers.get("Retry-After", "").strip()
-    return float(value) if value.isdigit() else binance.BACKOFF_MAX_S
-
-
-def _error_detail(resp: requests.Response) -> str:
-    """Binance's {"code", "msg"} error body as ": msg (code c)", else ""."""
-    try:
-        body = resp.json()
-    except ValueError:
-        return ""
-    if isinstance(body, dict) and "msg" in body:
-        return f": {str(body['msg'])[:200]} (code {body.get('code')})"
-    return ""
-
-
-def _get(session, url: str, timeout: float, budget: _Budget) -> bytes:
-    """The body of a 200 reply to GET url; 418/429 waited out within the budget.
-
-    Raises:
-      SeriesSkipped: a connection failure, another status, or a spent budget.
-    """
-    while True:
-        budget.spend_request(url)
-        try:
-            resp = session.get(url, timeout=timeout)
-        except requests.RequestException as e:
-            raise SeriesSkipped(
-                f"request failed for {url} ({type(e).__name__}: {str(e)[:200]})"
-            ) from e
-        retries = getattr(resp.raw, "retries", None)  # urllib3's Retry after its retries
-        budget.requests += len(retries.history) if retries is not None else 0
-        if resp.status_code == 200:
-            return resp.content
-        if resp.status_code not in WAIT_STATUSES:
-            raise SeriesSkipped(f"HTTP {resp.status_code} for {url}{_error_detail(resp)}")
-        budget.wait(_retry_after_s(resp), resp.status_code, url)
-
-
 def _json_rows(body: bytes, url: str) -> list:
     """The JSON array of kline rows in `body`; anything else raises SeriesSkipped."""
     if body.lstrip()[:1] == b"<":
@@ -155,6 +100,11 @@ def _json_rows(body: bytes, url: str) -> list:
         raise SeriesSkipped(
             f"expected a JSON list of klines from {url}, got {type(rows).__name__}: "
             f"{str(rows)[:200]}"
+        )
+    if len(rows) > PAGE_LIMIT:
+        raise SeriesSkipped(
+            f"{len(rows)} kline rows from {url}, beyond its limit={PAGE_LIMIT}: the server "
+            "ignores the request's limit"
         )
     short = [i for i, row in enumerate(rows) if not isinstance(row, list) or len(row) < MIN_COLUMNS]
     if short:
@@ -180,6 +130,31 @@ def _parse_page(body: bytes, url: str):
     return open_ms, ohlcv, close_ms
 
 
+def _check_page(page, name: str, step: int, now: int, url: str) -> None:
+    """Raises SeriesSkipped naming the first candle of `page` that breaks a rule.
+
+    Binance's close time is the open time + the interval - 1 ms (as in Vision's files);
+    another close time means another interval (or a made-up candle). A candle opening
+    after `now` cannot exist yet, whatever close time it claims.
+    """
+    open_ms, ohlcv, close_ms = page
+    checks = {
+        "opens after now": open_ms > now,
+        f"closes at the wrong time for {name.split()[0]} (close_time is not open_time + "
+        f"{step} ms - 1; candles of another interval?)": close_ms != open_ms + step - 1,
+    }
+    invalid = parsing.invalid_rows(open_ms, ohlcv, step)
+    checks.update({rule: invalid[rule] for rule in PAGE_RULES})
+    for rule, bad in checks.items():
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SeriesSkipped(
+                f"{name}: the candle opening {parsing.iso(int(open_ms[i]))} "
+                f"(close_time {parsing.iso(int(close_ms[i]) + 1)} - 1 ms) {rule}; "
+                f"{int(bad.sum())} such in the page from {url}"
+            )
+
+
 def _page_url(api_url: str, symbol: str, interval: str, start_ms: int, end_ms: int) -> str:
     query = urllib.parse.urlencode(
         dict(symbol=symbol, interval=interval, startTime=start_ms, endTime=end_ms, limit=PAGE_LIMIT)
@@ -199,24 +174,56 @@ def _request_limit(start_ms: int, now: int, step: int) -> int:
 
 
 def _pages(get_page, start_ms: int, now: int, step: int):
-    """Yields (open_ms [N], ohlcv [N, 5], close_ms [N]) pages from start_ms towards now.
+    """Pages (open_ms [N], ohlcv [N, 5], close_ms [N]) from start_ms until one reaches now.
 
-    Stops after a short page or one that reaches now; a page that does not move
-    the cursor forward (a server ignoring startTime) raises SeriesSkipped.
+    Pages by time, not by page length: a gap in the exchange's history makes a page
+    short without ending the history. Stops early only at an empty page.
+
+    Returns:
+      (pages, nothing_after_ms): the open time from which the exchange returned
+      nothing, or None when the pages reached now.
+    Raises:
+      SeriesSkipped: a page that does not move the cursor forward (a server ignoring
+        startTime).
     """
-    cursor = start_ms
+    pages, cursor = [], start_ms
     while cursor + step <= now:  # A candle opening at `cursor` could have closed by now.
         open_ms, ohlcv, close_ms, url = get_page(cursor)
-        yield open_ms, ohlcv, close_ms
-        if len(open_ms) < PAGE_LIMIT:
-            return
-        following = int(open_ms[-1]) + step
+        if not len(open_ms):
+            return pages, cursor
+        pages.append((open_ms, ohlcv, close_ms))
+        following = int(open_ms.max()) + step
         if following <= cursor:
             raise SeriesSkipped(
-                f"{url} returned a full page ending at {parsing.iso(int(open_ms[-1]))}, "
+                f"{url} returned a page ending at {parsing.iso(int(open_ms.max()))}, "
                 f"not after startTime {parsing.iso(cursor)}: paging would not advance"
             )
         cursor = following
+    return pages, None
+
+
+def gap_spans(times: np.ndarray, step_ms: int) -> list[tuple[int, int, int]]:
+    """(last open time before, first after, candles missing) of each gap in sorted times."""
+    d = np.diff(times)
+    return [
+        (int(times[i]), int(times[i + 1]), int(d[i] // step_ms - 1))
+        for i in np.nonzero(d > step_ms)[0]
+    ]
+
+
+def _log_gaps(name: str, gaps: list) -> None:
+    for before, after, missing in gaps[:GAPS_LOGGED]:
+        logging.warning(
+            "%s: the exchange has no candles between %s and %s (%d missing), not filled",
+            name,
+            parsing.iso(before),
+            parsing.iso(after),
+            missing,
+        )
+    if len(gaps) > GAPS_LOGGED:
+        logging.warning(
+            "%s: and %d more gaps in the exchange's history", name, len(gaps) - GAPS_LOGGED
+        )
 
 
 def _closed_rows(pages: list, start_ms: int, now: int, name: str):
@@ -231,55 +238,43 @@ def _closed_rows(pages: list, start_ms: int, now: int, name: str):
         raise SeriesSkipped(str(e)) from e
 
 
-def fetch_recent(
-    symbol,
-    interval,
-    start_ms,
-    api_url,
-    session,
-    timeout,
-    now_ms=None,
-    *,
-    max_requests=None,
-    max_wait_s=MAX_WAIT_S,
-):
+def fetch_recent(symbol, interval, start_ms, client, now_ms=None, *, max_requests=None):
     """The closed candles of one series from `start_ms` to now, from the REST API.
 
     Args:
       symbol, interval: e.g. "BTCUSDT", "1h" (a key of config.INTERVAL_MS).
       start_ms: the first open time wanted (epoch ms), e.g. history's last + step.
-      api_url: the host (config data.api_url); the path /api/v3/klines is appended.
-      session: a requests Session from `binance.make_session(workers, retries)`.
-      timeout: seconds per request.
+      client: a `rest_http.Client` of the API (data.api_url; the path /api/v3/klines is
+        appended), with its per-request deadline, retries and this fetch's budget.
       now_ms: the clock (epoch ms); None = the real one. Candles whose
         close_time_ms >= now_ms are still open and dropped.
-      max_requests: the most HTTP requests, urllib3's retries included; None = the
-        pages the span needs + EXTRA_REQUESTS.
-      max_wait_s: the most seconds of Retry-After waiting.
+      max_requests: the most HTTP requests; None = the pages the span needs +
+        EXTRA_REQUESTS.
     Returns:
-      (open_time_ms int64 [N], ohlcv float64 [N, 5]), sorted, deduplicated, gaps
-      left as they are (logged): one part for `parsing.build_series`.
+      (open_time_ms int64 [N], ohlcv float64 [N, 5], report), sorted, deduplicated, gaps
+      left as they are: the first two are one part for `parsing.build_series`; report
+      is {"gaps": [(before_ms, after_ms, missing), ...], "nothing_after_ms": int | None}.
     Raises:
-      SeriesSkipped: the API failed, sent something that is not klines, or the
-        request or wait budget ran out; the message names the URL.
+      SeriesSkipped: the API failed, sent something that is not valid klines, or the
+        request, wait or time budget ran out; the message names the URL or the candle.
+      rest_http.Unreachable: (a SeriesSkipped) no connection, or no answer in time.
     """
     step = INTERVAL_MS[interval]
     now = clock_ms() if now_ms is None else int(now_ms)
-    budget = _Budget(max_requests or _request_limit(start_ms, now, step), max_wait_s)
+    budget = client.budget(max_requests or _request_limit(start_ms, now, step))
+    name = f"{symbol}-{interval} from {client.api_url}"
 
     def get_page(cursor: int):
-        url = _page_url(api_url, symbol, interval, cursor, now)
-        return (*_parse_page(_get(session, url, timeout, budget), url), url)
+        url = _page_url(client.api_url, symbol, interval, cursor, now)
+        page = _parse_page(client.get(url, budget), url)
+        _check_page(page, name, step, now, url)
+        return (*page, url)
 
-    name = f"{symbol}-{interval} from {api_url}"
-    pages = list(_pages(get_page, start_ms, now, step))
+    pages, nothing_after = _pages(get_page, start_ms, now, step)
     times, ohlcv = _closed_rows(pages, start_ms, now, name)
-    missing, longest = parsing.gap_stats(times, step) if len(times) else (0, 0)
-    if missing:
-        logging.warning(
-            "%s: %d candles missing (longest run %d), not filled", name, missing, longest
-        )
-    return times, ohlcv
+    gaps = gap_spans(times, step)
+    _log_gaps(name, gaps)
+    return times, ohlcv, {"gaps": gaps, "nothing_after_ms": nothing_after}
 
 
 def merge_with_history(history_times, history_ohlcv, recent_times, recent_ohlcv, step_ms):
@@ -331,13 +326,30 @@ def newest_closed_age(times_ms, step_ms: int, now_ms: int) -> int:
     return int((now_ms - closed.max()) // step_ms)
 
 
-def _top_up_one(s: Series, data_cfg, api_url: str, session, now: int | None) -> Series:
+def _why_stale(name: str, times, report: dict, step: int, now: int | None) -> None:
+    """Logs why the newest candle after a top-up is older than one interval, if it is."""
+    now = clock_ms() if now is None else now
+    age = newest_closed_age(times, step, now) if len(times) else 0
+    if age <= 1:
+        return
+    why = [f"the exchange returned nothing after {parsing.iso(report['nothing_after_ms'])}"]
+    if report["nothing_after_ms"] is None:
+        why = ["the exchange's newest closed candle is that one"]
+    why += [f"a gap from {parsing.iso(b)} to {parsing.iso(a)}" for b, a, _ in report["gaps"][-1:]]
+    logging.warning(
+        "%s: the newest candle after the top-up (%s) is %d intervals old: %s",
+        name,
+        parsing.iso(int(times[-1])),
+        age,
+        "; ".join(why),
+    )
+
+
+def _top_up_one(s: Series, data_cfg, client, now: int | None) -> Series:
     """One history Series extended with the fresh closed candles after its last one."""
     step = INTERVAL_MS[s.interval]
     start = int(s.open_time_ms[-1]) + step
-    fresh = fetch_recent(
-        s.symbol, s.interval, start, api_url, session, data_cfg.timeout_seconds, now
-    )
+    *fresh, report = fetch_recent(s.symbol, s.interval, start, client, now)
     times, ohlcv, seam = merge_with_history(s.open_time_ms, s.ohlcv, *fresh, step)
     if seam.missing:
         logging.warning(
@@ -348,9 +360,22 @@ def _top_up_one(s: Series, data_cfg, api_url: str, session, now: int | None) -> 
             parsing.iso(seam.history_last_ms),
             parsing.iso(seam.fresh_first_ms),
         )
-    notes = dict(s.notes, fresh_source=api_url, fresh_candles=len(fresh[0]))
+    _why_stale(s.name, times, report, step, now)
+    notes = dict(s.notes, fresh_source=client.api_url, fresh_candles=len(fresh[0]))
     notes.update(seam_missing=seam.missing, seam_differing=seam.differing)
+    notes.update(fresh_gaps=len(report["gaps"]), fresh_nothing_after_ms=report["nothing_after_ms"])
     return parsing.build_series(s.symbol, s.interval, [(times, ohlcv)], data_cfg, notes)
+
+
+def _warn_plain_http(api_url: str) -> None:
+    """Warns once per URL: over plain http:// anyone on the path can change the candles."""
+    if api_url.startswith("http://") and api_url not in _warned_plain_http:
+        _warned_plain_http.add(api_url)
+        logging.warning(
+            "data.api_url %s is plain http://: the fresh candles come unencrypted and "
+            "unauthenticated, so anyone on the path can change them; use https://",
+            api_url,
+        )
 
 
 def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
@@ -358,27 +383,30 @@ def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
 
     Args:
       loaded, skipped: a source's (name -> Series, name -> reason), e.g. binance.load's.
-      data_cfg: the `data` group (api_url, retries, timeout_seconds, bad_rows,
-        min_candles).
+      data_cfg: the `data` group (api_url, retries, timeout_seconds: one request's
+        deadline, body included; bad_rows, min_candles).
       now_ms: the clock (epoch ms); None = the real one.
     Returns:
       (name -> extended Series, name -> reason). A series whose fetch fails is
-      skipped with the reason: stale candles are never passed off as fresh. Once the
-      API does not connect (after the session's retries), the series after it are
-      skipped unasked: each would wait out the same retries (minutes offline).
+      skipped with the reason: stale candles are never passed off as fresh. Each
+      series' fetch has rest_http.SERIES_BUDGET_S of wall clock. Once the API does not
+      connect or does not answer in time, the series after it are skipped unasked:
+      each would wait out the same deadline.
     """
     api_url = data_cfg.api_url
-    session = binance.make_session(1, data_cfg.retries)
+    _warn_plain_http(api_url)
+    session = rest_http.make_session()
+    client = rest_http.Client(api_url, session, data_cfg.timeout_seconds, data_cfg.retries)
     extended, skipped = {}, dict(skipped)
-    unreachable = ""  # why the API is taken to be down, once a connection has failed
+    unreachable = ""  # why the API is taken to be down, once it failed that way
     for name, s in loaded.items():
         if unreachable:
             skipped[name] = f"fresh candles: not requested: {unreachable}"
             continue
         try:
-            extended[name] = _top_up_one(s, data_cfg, api_url, session, now_ms)
+            extended[name] = _top_up_one(s, data_cfg, client, now_ms)
         except (SeriesSkipped, parsing.KlineError) as e:
             skipped[name] = f"fresh candles: {e}"
-            if isinstance(e.__cause__, requests.ConnectionError):
-                unreachable = f"{api_url} did not connect for {name}"
+            if isinstance(e, rest_http.Unreachable):
+                unreachable = f"{api_url} {e.why} for {name}"
     return extended, skipped

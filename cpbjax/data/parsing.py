@@ -206,25 +206,56 @@ def read_local_file(path: str) -> tuple[np.ndarray, np.ndarray]:
         frame = pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path)
     except (OSError, ValueError) as e:
         raise KlineError(f"{name}: cannot read ({e})") from e
+    original = list(frame.columns)
     frame.columns = [str(c).strip().lower() for c in frame.columns]
     time_col = next((c for c in TIME_COLUMNS if c in frame.columns), None)
-    # "Open" and "open" both match: picking one would be a guess, and taking both
-    # would give six OHLCV columns.
-    names = list(frame.columns)
-    twice = sorted({c for c in (*OHLCV, time_col) if names.count(c) > 1})
+    twice = columns_twice(original, (*OHLCV, time_col))
     if twice:
-        raise KlineError(f"{name}: columns {twice} appear more than once (case-insensitive)")
+        raise KlineError(
+            f"{name}: columns {sorted(twice)} appear more than once (case-insensitive: "
+            f"{', '.join(repr(c) for c in sum(twice.values(), []))})"
+        )
     missing = [c for c in OHLCV if c not in frame.columns]
     if time_col is None or missing:
         raise KlineError(
             f"{name}: needs a time column (one of {', '.join(TIME_COLUMNS)}) and "
             f"{', '.join(OHLCV)}; missing {missing or 'the time column'}"
         )
+    return sort_dedupe(_times_to_ms(frame[time_col], name), ohlcv_floats(frame, name), name)
+
+
+def columns_twice(columns, wanted) -> dict[str, list]:
+    """{lower-case name: the columns it matches} of each wanted name matched twice or more.
+
+    "Open" and "open" both match "open": picking one would be a guess, and taking both
+    would give six OHLCV columns.
+    """
+    matches = {}
+    for c in columns:
+        matches.setdefault(str(c).strip().lower(), []).append(c)
+    return {w: matches[w] for w in wanted if w is not None and len(matches.get(w, [])) > 1}
+
+
+def ohlcv_floats(frame: pd.DataFrame, name: str) -> np.ndarray:
+    """The open..volume columns of `frame` (lower-case names) as float64 [N, 5].
+
+    Raises:
+      KlineError: naming the column, the first value that is not a number, and its row.
+    """
     try:
-        ohlcv = frame[list(OHLCV)].to_numpy(np.float64)
-    except ValueError as e:
-        raise KlineError(f"{name}: non-numeric OHLCV values ({e})") from e
-    return sort_dedupe(_times_to_ms(frame[time_col], name), ohlcv, name)
+        return frame[list(OHLCV)].to_numpy(np.float64)
+    except (TypeError, ValueError):
+        pass  # find the value to name
+    for col in OHLCV:
+        values = frame[col]
+        bad = (pd.to_numeric(values, errors="coerce").isna() & values.notna()).to_numpy()
+        if bad.any():
+            row = int(bad.argmax())
+            raise KlineError(
+                f"{name}: column {col!r} holds {values.iloc[row]!r} (row {row}, index "
+                f"{values.index[row]}), which is not a number"
+            )
+    raise KlineError(f"{name}: the OHLCV columns do not convert to numbers")
 
 
 def _times_to_ms(column: pd.Series, name: str) -> np.ndarray:

@@ -1,0 +1,247 @@
+"""GET with one wall-clock deadline, a body cap and truthful waits, for the REST klines source.
+
+A `Client` makes every request of one operation (the top-up of one series) against
+one `Budget`: a deadline on the monotonic clock, a number of requests and a number
+of seconds of waiting. Each request has its own total deadline as well (the client's
+`timeout`, or what is left of the budget if less): connect, headers and the whole
+body, which is streamed and read with the socket's timeout set to the time left, so
+a server sending one byte a second cannot stretch it. A body over `max_body_bytes`
+(announced or streamed) is refused at the cap, so memory stays bounded.
+
+Retries are made here, not by urllib3 (whose waits this module could not see or
+bound): connection errors and 5xx are retried at most `retries` times with the
+downloader's capped backoff (binance.BACKOFF_*); 418 and 429 are waited out for their
+Retry-After, within the budget. A request that gets no complete answer within its
+deadline is not retried: the server is taken to be unreachable (`Unreachable`), so
+the caller can skip the other series instead of waiting again for each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+
+from cpbjax import __version__
+from cpbjax.data import binance
+from cpbjax.data.series import SeriesSkipped
+
+WAIT_STATUSES = (418, 429)  # Statuses whose Retry-After is waited out.
+RETRY_STATUSES = (500, 502, 503, 504)  # Retried with backoff, at most `retries` times.
+MAX_BODY_BYTES = 8 << 20  # A full page of 1000 klines is about 200 KB.
+ERROR_BODY_BYTES = 64 << 10  # Read of an error reply, for Binance's {"code", "msg"}.
+CHUNK_BYTES = 64 << 10
+SERIES_BUDGET_S = 45.0  # Wall clock for one operation (the top-up of one series).
+MAX_WAIT_S = 30.0  # Retry-After and backoff waiting within it.
+
+
+class Unreachable(SeriesSkipped):
+    """The server did not connect, or sent no complete answer within the deadline.
+
+    Attributes:
+      why: e.g. "did not connect", "did not answer within 30 s".
+    """
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
+
+
+@dataclasses.dataclass
+class Budget:
+    """One operation's limits: requests, seconds of waiting, and a wall-clock deadline."""
+
+    max_requests: int
+    max_wait_s: float
+    seconds: float  # the whole operation's wall-clock budget
+    deadline: float = 0.0  # time.monotonic() by which it must end; set from `seconds`
+    requests: int = 0
+    waited_s: float = 0.0
+
+    def __post_init__(self):
+        self.deadline = self.deadline or time.monotonic() + self.seconds
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def spend_request(self, url: str) -> None:
+        if self.requests >= self.max_requests:
+            raise SeriesSkipped(
+                f"gave up after {self.requests} requests (limit {self.max_requests}); "
+                f"the next would have been {url}"
+            )
+        if self.left_s() <= 0:
+            raise Unreachable(
+                f"the {self.seconds:g} s budget of this fetch ran out after {self.requests} "
+                f"requests (waited {self.waited_s:.1f} s); the next would have been {url}",
+                f"did not finish within {self.seconds:g} s",
+            )
+        self.requests += 1
+
+    def wait(self, seconds: float, reason: str) -> None:
+        """Sleeps `seconds` for `reason` (e.g. "HTTP 429 for <url>: Retry-After 5 s").
+
+        Raises:
+          SeriesSkipped: the wait would pass max_wait_s or the deadline; nothing is slept.
+        """
+        cap = min(self.max_wait_s - self.waited_s, self.left_s())
+        if seconds > cap:
+            raise SeriesSkipped(
+                f"{reason} would exceed the wait budget: {max(cap, 0):.0f} s left of "
+                f"{self.max_wait_s:g} s of waiting and of the {self.seconds:g} s budget "
+                f"of this fetch (waited {self.waited_s:.1f} s so far)"
+            )
+        started = time.monotonic()
+        time.sleep(seconds)
+        self.waited_s += time.monotonic() - started
+
+
+def make_session() -> requests.Session:
+    """A Session without urllib3 retries (`Client` retries itself, within its budget)."""
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=urllib3.Retry(0, read=False, redirect=3))
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.headers["User-Agent"] = f"cpbjax/{__version__}"
+    return session
+
+
+@dataclasses.dataclass
+class Client:
+    """GETs of one REST API: a session, a per-request deadline, retries, a body cap."""
+
+    api_url: str
+    session: requests.Session
+    timeout: float  # seconds for one request, body included
+    retries: int  # of connection errors and 5xx
+    budget_s: float = SERIES_BUDGET_S  # wall clock of one operation (see `budget`)
+    max_wait_s: float = MAX_WAIT_S
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    def budget(self, max_requests: int) -> Budget:
+        """A fresh Budget for one operation, its deadline starting now."""
+        return Budget(max_requests, self.max_wait_s, self.budget_s)
+
+    def get(self, url: str, budget: Budget) -> bytes:
+        """The body of a 200 reply to GET url.
+
+        Raises:
+          Unreachable: no connection after the retries, or no complete answer in time.
+          SeriesSkipped: another status, a body over the cap, or a spent budget.
+        """
+        failures = 0
+        while True:
+            budget.spend_request(url)
+            try:
+                return self._once(url, budget)
+            except _Retry as e:
+                failures += e.wait_s is None
+                if e.wait_s is None and failures > self.retries:
+                    raise e.final(self.retries) from e.__cause__
+                wait = e.wait_s if e.wait_s is not None else _backoff_s(failures)
+                budget.wait(wait, e.reason(wait))
+
+    def _once(self, url: str, budget: Budget) -> bytes:
+        deadline = min(time.monotonic() + self.timeout, budget.deadline)
+        left = max(deadline - time.monotonic(), 0.001)
+        try:
+            resp = self.session.get(url, timeout=(left, left), stream=True)
+        except requests.ConnectionError as e:  # ConnectTimeout included
+            raise _Retry(f"request failed for {url} ({type(e).__name__}: {str(e)[:200]})") from e
+        except requests.Timeout as e:
+            raise self._too_slow(url, "headers", 0) from e
+        except requests.RequestException as e:
+            raise SeriesSkipped(f"request failed for {url} ({type(e).__name__})") from e
+        with resp:
+            status = resp.status_code
+            if status == 200:
+                return self._body(resp, url, deadline, self.max_body_bytes)
+            detail = _error_detail(self._body(resp, url, deadline, ERROR_BODY_BYTES, cut=True))
+            if status in WAIT_STATUSES:
+                raise _Retry(f"HTTP {status} for {url}{detail}", _retry_after_s(resp))
+            if status in RETRY_STATUSES:
+                raise _Retry(f"HTTP {status} for {url}{detail}")
+            raise SeriesSkipped(f"HTTP {status} for {url}{detail}")
+
+    def _body(self, resp, url: str, deadline: float, cap: int, cut: bool = False) -> bytes:
+        """The body, streamed until EOF, the deadline or `cap` bytes (`cut`: keep those)."""
+        declared = resp.headers.get("Content-Length", "")
+        if not cut and declared.isdigit() and int(declared) > cap:
+            raise SeriesSkipped(f"{url} announced {int(declared)} bytes, over the {cap} byte cap")
+        sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+        chunks, size = [], 0
+        while size <= cap:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._too_slow(url, "body", size)
+            if sock is not None:
+                sock.settimeout(left)  # each read waits at most until the deadline
+            try:
+                chunk = resp.raw.read1(CHUNK_BYTES, decode_content=True)
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                if isinstance(e, urllib3.exceptions.ReadTimeoutError | TimeoutError):
+                    raise self._too_slow(url, "body", size) from e
+                raise SeriesSkipped(f"the reply from {url} broke off ({type(e).__name__})") from e
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        if cut:
+            return b"".join(chunks)[:cap]
+        raise SeriesSkipped(f"the body from {url} passed the {cap} byte cap; stopped reading")
+
+    def _too_slow(self, url: str, part: str, size: int) -> Unreachable:
+        got = f" ({size} bytes of the body by then)" if part == "body" else " (no headers)"
+        return Unreachable(
+            f"no complete answer from {url} within its deadline of {self.timeout:g} s or "
+            f"the fetch's budget{got}",
+            f"did not answer within {self.timeout:g} s",
+        )
+
+
+class _Retry(Exception):
+    """A failure worth another request: a connection error, a 5xx, or a 418/429 wait."""
+
+    def __init__(self, message: str, wait_s: float | None = None):
+        super().__init__(message)
+        self.message, self.wait_s = message, wait_s
+
+    def reason(self, wait: float) -> str:
+        return (
+            f"{self.message}: Retry-After {wait:g} s"
+            if self.wait_s is not None
+            else (f"{self.message}: retrying in {wait:.1f} s")
+        )
+
+    def final(self, retries: int) -> SeriesSkipped:
+        if isinstance(self.__cause__, requests.ConnectionError):
+            return Unreachable(f"{self.message} (after {retries} retries)", "did not connect")
+        return SeriesSkipped(f"{self.message} (after {retries} retries)")
+
+
+def _backoff_s(failures: int) -> float:
+    """The downloader's backoff before retry n: capped exponential plus jitter."""
+    delay = binance.BACKOFF_FACTOR * 2 ** (failures - 1)
+    return min(delay + random.uniform(0, binance.BACKOFF_JITTER_S), binance.BACKOFF_MAX_S)
+
+
+def _retry_after_s(resp: requests.Response) -> float:
+    """Retry-After in seconds; a missing or date-form value waits the backoff cap."""
+    value = resp.headers.get("Retry-After", "").strip()
+    return float(value) if value.isdigit() else binance.BACKOFF_MAX_S
+
+
+def _error_detail(body: bytes) -> str:
+    """Binance's {"code", "msg"} error body as ": msg (code c)", else ""."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return ""
+    if isinstance(parsed, dict) and "msg" in parsed:
+        return f": {str(parsed['msg'])[:200]} (code {parsed.get('code')})"
+    return ""
