@@ -32,7 +32,7 @@ EXECUTION_FIELDS = ("compact_groups",)
 
 def training_fields(config) -> dict:
     """The config fields that decide what a run trains (JSON types)."""
-    keys = ("seed", "dtype", "matmul_precision", "recurrent_gradient", "data", "model", "train")
+    keys = ("seed", "dtype", "matmul_precision", "data", "model", "train")
     fields = writers.to_jsonable({k: config[k] for k in keys})
     for name in FETCH_FIELDS:
         del fields["data"][name]

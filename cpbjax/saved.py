@@ -32,8 +32,6 @@ MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
 # models behave as.
 LATER_MODEL_FIELDS = {
     "baseline": "none",
-    "quantiles": (),
-    "series_embedding": 0,
     "window_scale": "none",
 }
 
@@ -220,8 +218,7 @@ def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
     """
     c = run_config(config, trained, names)
     c.data.min_candles = min(c.data.min_candles, c.data.lookback)
-    days, weight = intervals.vol_settings(trained.eval)  # the saved intervals' span
-    months = history_months(c.data, days if weight > 0 else 0.0)
+    months = history_months(c.data, intervals.VOL_DAYS)  # the interval scale's span
     if c.data.source == "binance" and c.data.months < months:
         logging.info(
             "loading %d months, not data.months=%d: the warm-up of data.features plus "
@@ -270,11 +267,7 @@ def prepare(config, loaded: dict, latest: bool = False) -> tuple[dict, dict]:
     names = list(loaded)
     norms = {n: m.norm for n, m in loaded.items() if m.norm is not None}
     z_scored = [f for f in config.data.features if f not in features_lib.PRICE_FEATURES]
-    if (
-        not latest
-        and (config.data.normalization == "zscore" or z_scored)
-        and len(norms) < len(names)
-    ):
+    if not latest and z_scored and len(norms) < len(names):
         logging.warning(
             "models %s were saved without their normalisation statistics: those are "
             "re-fitted on the train split of the data loaded now",

@@ -38,7 +38,7 @@ _REFUSED = {
     **dict.fromkeys(
         ("hidden", "num_layers", "d_model", "num_heads", "d_ff", "lookback", "horizon"), _SHAPES
     ),
-    **dict.fromkeys(("batch_size", "features", "max_candles", "quantiles"), _SHAPES),
+    **dict.fromkeys(("batch_size", "features", "max_candles"), _SHAPES),
     **dict.fromkeys(("dropout", "loss", "loss_scale", "optimizer", "teacher_forcing"), _TRACED),
     **dict.fromkeys(("decoding", "aux_targets", "aux_weight", "grad_clip", "baseline"), _TRACED),
 }

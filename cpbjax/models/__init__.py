@@ -90,8 +90,6 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
         "num_aux": len(config.model.get("aux_targets", ())),
         "dtype": config.dtype,
         "matmul_precision": config.matmul_precision,
-        # .get: a model saved before the option existed was trained with autodiff.
-        "recurrent_gradient": config.get("recurrent_gradient", "autodiff"),
         "price_columns": tuple(int(j) for j in np.flatnonzero(price_mask(config.data.features))),
     }
     own = {}
