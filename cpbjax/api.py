@@ -62,7 +62,7 @@ def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) 
       series name -> export folder.
     """
     if config is None:
-        config = saved.as_config(writers.read_json(workdir_lib.config_json(workdir)))
+        config = config_lib.upgrade(writers.read_json(workdir_lib.config_json(workdir)))
     elif isinstance(config, str):
         config = config_lib.load(config)
     return portable.run_export(config, workdir)

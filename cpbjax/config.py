@@ -18,8 +18,8 @@ import re
 
 import ml_collections
 
+from cpbjax import config_history, sweep_grid
 from cpbjax import config_rules as rules
-from cpbjax import sweep_grid
 from cpbjax.config_rules import ConfigError as ConfigError  # config_lib.ConfigError, as before
 from cpbjax.data.series import INTERVAL_MS
 
@@ -251,6 +251,39 @@ def load(path_and_arg: str) -> ml_collections.ConfigDict:
     return module.get_config(arg or None)
 
 
+def upgrade(saved) -> ml_collections.ConfigDict:
+    """Today's schema of a config saved by an earlier cpbjax (a workdir's or an export's
+    config.json, a saved model's meta.json config, a run ledger's fingerprint).
+
+    JSON lists come back as the tuples the schema uses; retired fields that hold their
+    default are dropped, and one set to anything else is a ConfigError naming it and what
+    to use instead (config_history.RETIRED); fields added since take the value that
+    reproduces what the saved config did (config_history.ADDED), every other missing
+    field today's default. Does not validate.
+    """
+    plain = saved.to_dict() if isinstance(saved, ml_collections.ConfigDict) else saved
+
+    def tuples(v):
+        if isinstance(v, dict):
+            return {k: tuples(x) for k, x in v.items()}
+        return tuple(tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+    d = tuples(plain)
+    config_history.drop_retired(d)
+    config_history.fill_added(d)
+    return _merge(base_config(), d)
+
+
+def _merge(c: ml_collections.ConfigDict, saved: dict) -> ml_collections.ConfigDict:
+    """`c` with the values of `saved`, group by group."""
+    for key, value in saved.items():
+        if isinstance(value, dict) and isinstance(c.get(key), ml_collections.ConfigDict):
+            _merge(c[key], value)
+        else:
+            c[key] = value
+    return c
+
+
 def _int_range(c, field: str, lo: int, hi: int | None = None) -> None:
     rules.int_in(field, _get(c, field), lo, hi)
 
@@ -457,8 +490,7 @@ def _validate_train(c) -> None:
     _int_range(c, "train.plateau_patience", 1)
     _num_range(c, "train.teacher_forcing", 0, 1)
     _int_range(c, "train.group_size", 0)
-    if "share" in c.train:  # absent from a config saved by an earlier cpbjax
-        _choice(c, "train.share", SHARES)
+    _choice(c, "train.share", SHARES)
     _bool(c, "train.reduce_on_plateau")
     _bool(c, "train.compact_groups")
 
@@ -474,17 +506,14 @@ def _validate_rest(c) -> None:
     _int_range(c, "ckpt.every_epochs", 1)
     _int_range(c, "ckpt.keep", 1)
     _bool(c, "eval.save_forecasts")
-    if "interval_levels" in c.eval:  # absent from a config saved by an earlier cpbjax
-        _check_interval_levels(c.eval.interval_levels)
-    if "refit_band" in c.eval:  # absent from a config saved by an earlier cpbjax
-        _bool(c, "eval.refit_band")
+    _check_interval_levels(c.eval.interval_levels)
+    _bool(c, "eval.refit_band")
     _int_range(c, "eval.plot_windows", 0, 100)
     _int_range(c, "eval.plot_workers", 0, 64)
     _bool(c, "predict.fresh")
-    if "backtest" in c:  # absent from a config saved by an earlier cpbjax
-        _int_range(c, "backtest.folds", 1, 1000)
-        for field in ("step", "window", "min_train_windows"):
-            _int_range(c, f"backtest.{field}", 0, 10_000_000)
+    _int_range(c, "backtest.folds", 1, 1000)
+    for field in ("step", "window", "min_train_windows"):
+        _int_range(c, f"backtest.{field}", 0, 10_000_000)
     for name in c.predict.symbols:
         rules.check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
     for name in c.predict.intervals:
@@ -508,8 +537,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def _validate_sweep(c) -> None:
     """sweep.<field>: only per-coin hyperparameters (sweep_grid.FIELDS), each a tuple of
     distinct allowed values of its train field; anything else is refused with the reason."""
-    if "sweep" not in c:  # a config saved by an earlier cpbjax
-        return
     for field in c.sweep:
         if field != "select" and field not in sweep_grid.FIELDS:
             raise ConfigError(sweep_grid.refusal(field))
@@ -522,10 +549,10 @@ def _validate_sweep(c) -> None:
         for v in values:
             rules.num_in(name, v, *_SWEEPABLE_RANGES[field])
     _choice(c, "sweep.select", sweep_grid.SELECT)
-    if c.train.get("pooled_chunk", 0):  # absent from a config saved by an earlier cpbjax
+    if c.train.pooled_chunk:
         _int_range(c, "train.pooled_chunk", 0, 1_000_000)
         rules.check(
-            c.train.get("share") == "pooled",
+            c.train.share == "pooled",
             "train.pooled_chunk",
             c.train.pooled_chunk,
             "0 unless train.share='pooled' (a per-series step has one coin per gradient)",
@@ -533,8 +560,6 @@ def _validate_sweep(c) -> None:
 
 
 def _validate_serve(c) -> None:
-    if "serve" not in c:  # a config saved by an earlier cpbjax (a model's meta.json)
-        return
     host = c.serve.host
     rules.check(
         isinstance(host, str) and bool(host.strip()), "serve.host", host, "a host name or IP"

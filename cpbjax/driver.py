@@ -372,7 +372,7 @@ def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict |
         c.data.horizon,
         forecasts_dir,
         c.eval.interval_levels,
-        c.eval.get("refit_band", False),  # absent from a config saved before it
+        c.eval.refit_band,
         intervals.VOL_BLEND,
     )
     entry.update(scored.entry)

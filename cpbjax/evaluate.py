@@ -177,7 +177,7 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
             d.horizon,
             forecasts_dir,
             cfg.eval.interval_levels,
-            cfg.eval.get("refit_band", False),  # absent from a config saved before it
+            cfg.eval.refit_band,
             intervals.VOL_BLEND,
         )
         facts = trained_results.get("series", {}).get(name, {})

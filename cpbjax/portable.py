@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpbjax import checkpoint, intervals, model_card, models, saved, writers
+from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 
 PARAMS_FILE = "params.msgpack"
@@ -62,7 +63,7 @@ def export_series(model_dir: str, entry: dict, out_dir: str) -> str:
     """
     params, meta = checkpoint.load_series_model(model_dir)
     params = jax.tree.map(np.asarray, params)
-    trained = saved.as_config(meta["config"])
+    trained = config_lib.upgrade(meta["config"])
     module = models.build(models.make_config(trained))
     d = trained.data
     files = {
@@ -85,7 +86,7 @@ def load_export(path: str) -> saved.LoadedModel:
     """Reads an export folder back into the LoadedModel a workdir model gives."""
     with open(os.path.join(path, PARAMS_FILE), "rb") as f:
         params = flax.serialization.msgpack_restore(f.read())
-    trained = saved.as_config(writers.read_json(os.path.join(path, CONFIG_FILE)))
+    trained = config_lib.upgrade(writers.read_json(os.path.join(path, CONFIG_FILE)))
     norm = writers.read_json(os.path.join(path, NORM_FILE))["norm"]
     module = models.build(models.make_config(trained))
     interval_path = os.path.join(path, INTERVAL_FILE)

@@ -94,7 +94,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
     d, t = config.data, config.train
     sizes = stacking.padded_sizes(d, t_max)
     train_steps = math.ceil(sizes["train"] / t.batch_size)
-    members = config.model.get("ensemble", 1)  # absent: saved by an earlier cpbjax
+    members = config.model.ensemble
     return EpochSpec(
         module=module,
         tx=optimizer.make_optimizer(
@@ -118,7 +118,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         min_delta=t.min_delta,
         reduce_on_plateau=t.reduce_on_plateau,
         share=t.share,
-        pooled_chunk=t.get("pooled_chunk", 0),  # absent: saved by an earlier cpbjax
+        pooled_chunk=t.pooled_chunk,
         members=members,
     )
 

@@ -55,8 +55,7 @@ def refusal(field: str) -> str:
 
 def swept(config) -> tuple[str, ...]:
     """The swept fields of FIELDS (non-empty sweep.<field>), in FIELDS order."""
-    sweep = config.get("sweep")  # absent from a config saved by an earlier cpbjax
-    return tuple(f for f in FIELDS if sweep is not None and len(sweep[f]))
+    return tuple(f for f in FIELDS if len(config.sweep[f]))
 
 
 def is_sweep(config) -> bool:

@@ -9,7 +9,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -292,5 +291,5 @@ def test_a_model_saved_before_the_levers_existed_builds_as_before():
     c = make_config(baseline="none")
     saved = c.to_dict()
     del saved["model"]["baseline"], saved["model"]["window_scale"]
-    cfg = models.make_config(ml_collections.ConfigDict(saved))
+    cfg = models.make_config(config_lib.upgrade(saved))
     assert (cfg.baseline, cfg.window_scale) == ("none", "none")
