@@ -39,7 +39,7 @@ _MARGIN = (
 )
 # field -> (its value that behaves as cpbjax does now, what to use instead)
 RETIRED: dict[str, tuple[Any, str]] = {
-    "train.min_delta_mode": ("se", _MARGIN),
+    "train.min_delta_mode": ("se", _MARGIN),  # see _margin_mode
     "model.quantiles": (
         (),
         "eval.interval_levels, the calibrated interval around the point forecast "
@@ -95,16 +95,27 @@ def _retired(field: str, value, instead: str) -> ConfigError:
     )
 
 
+def _margin_mode(d: dict) -> str | None:
+    """The units of the saved train.min_delta: train.min_delta_mode, "abs" (the loss's
+    units) for a config saved before that field existed, None for one saved after it
+    was retired (standard errors). Both lack the field; only the earlier one also lacks
+    model.window_scale, added after it (a model field: a run ledger's fingerprint, which
+    has no eval group, holds it too)."""
+    mode = _get(d, "train.min_delta_mode")
+    if mode is None and _get(d, "model.window_scale") is None:
+        return "abs"
+    return mode
+
+
 def drop_retired(d: dict) -> None:
     """Removes the retired fields of the saved config `d` (nested dicts, tuples for lists)
     that hold their default; raises ConfigError naming the first that holds another."""
-    # Before train.min_delta_mode existed the margin was in the loss's units ("abs"), and
-    # any margin of 0 keeps every lower val loss in every mode.
-    if _get(d, "train.min_delta", 0) == 0 and _get(d, "train.min_delta_mode") is not None:
-        d["train"]["min_delta_mode"] = "se"
-    if _get(d, "train.min_delta", 0) != 0 and _get(d, "train.min_delta_mode", "abs") != "se":
-        mode = _get(d, "train.min_delta_mode", "abs")
+    mode = _margin_mode(d)
+    # A margin of 0 keeps every lower val loss in any units.
+    if mode not in (None, "se") and _get(d, "train.min_delta", 0) != 0:
         raise _retired("train.min_delta_mode", mode, _MARGIN)
+    if _get(d, "train.min_delta_mode") is not None:
+        d["train"]["min_delta_mode"] = "se"
     for field, (keep, instead) in RETIRED.items():
         value = _get(d, field, keep)
         if value != keep:

@@ -46,6 +46,15 @@ def test_the_previous_release_config_loads_as_todays_tiny_config():
     }
 
 
+@pytest.mark.parametrize("path", ["configs/gru.py", "configs/transformer.py:tiny"])
+def test_a_config_saved_today_upgrades_to_itself(path):
+    # Without train.min_delta_mode, as a config saved before it existed: the margin is
+    # in standard errors (today's), not the loss's units (then).
+    today = config_lib.load(os.path.join(ROOT, path))
+    saved = json.loads(json.dumps(today.to_dict()))  # as config.json holds it
+    assert config_lib.upgrade(saved).to_dict() == today.to_dict()
+
+
 @pytest.mark.parametrize(
     "field, value",
     [

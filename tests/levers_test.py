@@ -291,5 +291,6 @@ def test_a_model_saved_before_the_levers_existed_builds_as_before():
     c = make_config(baseline="none")
     saved = c.to_dict()
     del saved["model"]["baseline"], saved["model"]["window_scale"]
+    saved["train"]["min_delta"] = 0.0  # then the margin was 0, in the loss's units
     cfg = models.make_config(config_lib.upgrade(saved))
     assert (cfg.baseline, cfg.window_scale) == ("none", "none")
