@@ -34,42 +34,46 @@ ADDED: dict[str, Any] = {
 }
 
 _MARGIN = (
-    "the early-stopping margin is train.min_delta standard errors of the val gain "
-    '(docs/performance.md "One margin for both modes")'
+    'train.min_delta is in standard errors of the val gain now (docs/performance.md "One '
+    'margin for both modes"): retrain with train.min_delta, e.g. 1.0'
 )
-# field -> (its value that behaves as cpbjax does now, what to use instead)
+_INTERVAL_SCALE = (
+    "the interval scale is the constants intervals.VOL_DAYS=7, VOL_WEIGHT=0.25 now "
+    '(docs/performance.md "Interval scale"): drop the field'
+)
+# field -> (its value that behaves as cpbjax does now, what to do instead)
 RETIRED: dict[str, tuple[Any, str]] = {
     "train.min_delta_mode": ("se", _MARGIN),  # see _margin_mode
     "model.quantiles": (
         (),
-        "eval.interval_levels, the calibrated interval around the point forecast "
+        "use eval.interval_levels, the calibrated interval around the point forecast "
         '(quantile heads lost on validation, docs/performance.md "Accuracy levers")',
     ),
     "model.series_embedding": (
         0,
-        'nothing: a pooled model has no per-series vector (docs/performance.md "Pooled model")',
+        "retrain without it: a pooled model has no per-series vector (it stayed 0, "
+        'docs/performance.md "Pooled model")',
     ),
     "recurrent_gradient": (
         "autodiff",
-        'nothing: autodiff is the one gradient (docs/performance.md "Fused recurrent gradient")',
+        'retrain with autodiff, the one gradient now (docs/performance.md "Fused recurrent '
+        'gradient")',
     ),
-    "eval.interval_vol_days": (
-        7.0,
-        'nothing: the constant intervals.VOL_DAYS (docs/performance.md "Interval scale")',
-    ),
-    "eval.interval_vol_weight": (
-        0.25,
-        'nothing: the constant intervals.VOL_WEIGHT (docs/performance.md "Interval scale")',
-    ),
+    # A config saved before these existed (its interval scale the window's range alone)
+    # is scored with today's blend: the calibration it saved keeps its own scale.
+    "eval.interval_vol_days": (7.0, _INTERVAL_SCALE),
+    "eval.interval_vol_weight": (0.25, _INTERVAL_SCALE),
 }
-# (field, retired value) -> what to use instead
+# (field, retired value) -> what to do instead
 RETIRED_VALUES: dict[tuple[str, Any], str] = {
-    ("train.loss", "huber"): "train.loss='mae' or 'mse'",
-    ("train.loss", "pinball"): "train.loss='mae' and eval.interval_levels for an interval",
-    ("model.baseline", "persistence"): (
-        "model.baseline='vol_band' (docs/performance.md \"Accuracy levers\") or 'none'"
+    ("train.loss", "huber"): "retrain with train.loss='mae' or 'mse'",
+    ("train.loss", "pinball"): (
+        "retrain with train.loss='mae'; eval.interval_levels gives the calibrated interval"
     ),
-    ("data.normalization", "zscore"): "data.normalization='last_close'",
+    ("model.baseline", "persistence"): (
+        "retrain with model.baseline='vol_band' (docs/performance.md \"Accuracy levers\") or 'none'"
+    ),
+    ("data.normalization", "zscore"): "retrain with data.normalization='last_close'",
 }
 
 
@@ -90,8 +94,7 @@ def _pop(d: dict, field: str) -> None:
 
 def _retired(field: str, value, instead: str) -> ConfigError:
     return ConfigError(
-        f"config.{field}={value!r} was retired and a saved config that sets it cannot be "
-        f"loaded: use {instead}"
+        f"config.{field}={value!r} was retired, so this saved config cannot be loaded: {instead}"
     )
 
 

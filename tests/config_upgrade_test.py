@@ -76,7 +76,7 @@ def test_a_retired_option_set_in_a_saved_config_is_refused_by_name(field, value)
     for part in groups:
         group = group[part]
     group[leaf] = value
-    with pytest.raises(config_lib.ConfigError, match=rf"config\.{field}=.*retired.*: use "):
+    with pytest.raises(config_lib.ConfigError, match=rf"config\.{field}=.* was retired, so "):
         config_lib.upgrade(saved)
 
 
