@@ -62,7 +62,7 @@ def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) 
       series name -> export folder.
     """
     if config is None:
-        config = saved.as_config(writers.read_json(workdir_lib.config_json(workdir)))
+        config = config_lib.upgrade(writers.read_json(workdir_lib.config_json(workdir)))
     elif isinstance(config, str):
         config = config_lib.load(config)
     return portable.run_export(config, workdir)
@@ -152,7 +152,7 @@ class Model:
         Returns:
           A DataFrame indexed by the forecast candles' UTC open times, with columns
           step (1..H), open, high, low, close (prices); a model with a calibrated
-          interval adds open_lower ... close_upper, a quantile model close_q0.1 etc.
+          interval adds open_lower ... close_upper.
           The interval's width averages the range of the last week of candles (the
           saved calibration's `scale`); from fewer it is logged as not the interval
           that test scored.

@@ -151,7 +151,7 @@ def _check(config) -> None:
     if config.data.normalization == "candle_minmax":
         raise ConfigError(
             "data.normalization='candle_minmax' keeps no price level, so a backtest has no "
-            "price-space errors to pool: use last_close or zscore"
+            "price-space errors to pool: use last_close"
         )
 
 

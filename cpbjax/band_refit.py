@@ -65,7 +65,7 @@ def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int):
     """fc as the model with its band factors moved by shift_H2 [H, 2] forecasts it.
 
     The band enters each forecast additively in the log space (ForecastOutput: high +
-    k_h * sigma, low - k'_h * sigma, every quantile level alike), so moving k by d moves
+    k_h * sigma, low - k'_h * sigma), so moving k by d moves
     the log forecast by d * sigma, with sigma the window's EWMA log range. One forward
     pass of the trained model thus serves every refit. It equals a forward pass of
     `shifted(params, shift_H2)` to float32 rounding (sigma here is float64 from prices).
@@ -79,7 +79,6 @@ def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int):
         fc.ends_N,
         fc.prices_NHC * factor_NHC,
         (fc.norm_NHC + log_move_NHC).astype(fc.norm_NHC.dtype),
-        None if fc.quantiles_NHCJ is None else fc.quantiles_NHCJ * factor_NHC[..., None],
     )
 
 

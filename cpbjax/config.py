@@ -18,8 +18,8 @@ import re
 
 import ml_collections
 
+from cpbjax import config_history, sweep_grid
 from cpbjax import config_rules as rules
-from cpbjax import sweep_grid
 from cpbjax.config_rules import ConfigError as ConfigError  # config_lib.ConfigError, as before
 from cpbjax.data.series import INTERVAL_MS
 
@@ -58,7 +58,6 @@ _OWNED_NAMES = {
     "AUX_TARGETS": ("cpbjax.data.auxiliary", lambda m: tuple(m.FUNCTIONS)),
     "LOSSES": ("cpbjax.losses", lambda m: m.LOSSES),
     "LOSS_SCALES": ("cpbjax.losses", lambda m: m.LOSS_SCALES),
-    "MIN_DELTA_MODES": ("cpbjax.improvement", lambda m: m.MODES),
 }
 # config.model entries that the run reads (windows, the loss), not the model; every
 # other config.model entry is a field of the model's config dataclass (cpbjax.models).
@@ -88,12 +87,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.platform = "auto"  # cpu | gpu | tpu | auto. `gpu` without a usable GPU is an error.
     c.matmul_precision = "default"  # highest | high | default (JAX's counterpart of TF32).
     c.dtype = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
-    # autodiff | fused: how the GRU and LSTM encoders are differentiated. fused: a
-    # hand-written backward pass with each weight gradient one matmul after the loop
-    # (cpbjax/models/recurrence.py); same forecasts, gradients differ in the last bits;
-    # LSTM epochs 1.14-1.27x faster on the CPU, GRU none (docs/performance.md "Fused
-    # recurrent gradient"). No effect on the transformer.
-    c.recurrent_gradient = "autodiff"
 
     # Multi-host training (docs/design.md "Multi-host runs"); all processes run the same command.
     c.distributed = h = ml_collections.ConfigDict()
@@ -122,7 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
     d.lookback = 30  # Input candles per window (L).
     d.horizon = 10  # Forecast candles per window (H); targets are OHLC.
     d.splits = (0.70, 0.15, 0.15)  # Chronological train / val / test fractions.
-    d.normalization = "last_close"  # last_close | zscore | candle_minmax (lossy, legacy).
+    d.normalization = "last_close"  # last_close | candle_minmax (lossy, legacy).
     d.download_workers = 8  # Parallel downloads.
     d.timeout_seconds = 30.0  # Per-request timeout.
     d.retries = 5  # Retries per request (connection errors, 429, 5xx).
@@ -136,19 +129,15 @@ def base_config() -> ml_collections.ConfigDict:
     m.decoding = "direct"
     m.aux_targets = ()  # Multi-task head's extra targets: bb_position, realized_vol; () = none.
     m.aux_weight = 0.1  # Weight of the auxiliary MSE in the training loss (not in val loss).
-    # none | persistence | vol_band: the network outputs a correction added to this forecast
-    # computed from the window (persistence for open/close; vol_band adds a range band for
-    # high/low). Its output layer starts at zero, so an untrained model IS the baseline.
-    # vol_band + train.loss=mae + loss_scale=persistence won on validation on 40 real
-    # series (docs/performance.md "Accuracy levers"). autoregressive decoding needs none.
+    # none | vol_band: the network outputs a correction added to this forecast computed
+    # from the window (the last close for open/close, plus a range band for high/low). Its
+    # output layer starts at zero, so an untrained model IS the baseline. vol_band +
+    # train.loss=mae + loss_scale=persistence won on validation on 40 real series
+    # (docs/performance.md "Accuracy levers"). autoregressive decoding needs none.
     m.baseline = "vol_band"
     # none | range: the network sees price inputs in units of the window's EWMA log range,
     # and its output is multiplied back by it (per-window scaling, as RevIN); needs direct.
     m.window_scale = "none"
-    m.quantiles = ()  # Quantile levels, e.g. (0.1, 0.5, 0.9); the median is the forecast.
-    # With train.share=pooled: width E of a learned per-series vector appended to every
-    # input candle, so the one model can tell the series apart; 0 = none.
-    m.series_embedding = 0
     # >= 1: train this many independently initialised copies of the model side by side in one
     # program (each its own init, dropout and optimizer state) and forecast the mean of
     # their log forecasts; early stopping judges that mean. Costs about that many times one model.
@@ -162,13 +151,11 @@ def base_config() -> ml_collections.ConfigDict:
     t.epochs = 50  # Maximum epochs.
     t.patience = 10  # Early stopping: epochs without val improvement.
     # An epoch counts as an improvement (resets patience, becomes the kept model) only if
-    # its val loss beats the best by more than min_delta: rel, a share of the best val
-    # loss (the loss's units differ between objectives); abs, in the val loss's units;
-    # se, standard errors of the paired val gain (cpbjax/improvement.py). One standard
-    # error won out of sample for both train.share modes (docs/performance.md "One
-    # margin for both modes"), where a share had to differ: 0.5% per series, 0.1% pooled.
+    # its val loss beats the best by more than min_delta standard errors of the paired val
+    # gain (cpbjax/improvement.py); 0 = any lower val loss. One standard error won out of
+    # sample for both train.share modes (docs/performance.md "One margin for both modes"),
+    # where a share of the best val loss had to differ: 0.5% per series, 0.1% pooled.
     t.min_delta = 1.0
-    t.min_delta_mode = "se"
     t.grad_clip = 1.0  # Global-norm gradient clipping.
     t.warmup_fraction = 0.05  # Share of all steps spent in linear warmup.
     t.warmup_init_factor = 0.01  # Warmup starts at this x learning_rate.
@@ -177,7 +164,7 @@ def base_config() -> ml_collections.ConfigDict:
     t.plateau_factor = 0.5  # Reduce-on-plateau multiplier.
     t.plateau_patience = 8  # Reduce-on-plateau patience, in epochs.
     t.teacher_forcing = 0.5  # Per-step probability of feeding the true candle.
-    # mse | mae | huber | pinball (with model.quantiles): what the step minimises AND what
+    # mse | mae: what the step minimises AND what
     # the val loss, early stopping and the kept model use (cpbjax/losses.py).
     t.loss = "mae"
     # none | persistence: divide each OHLC column's error by its persistence MAE on the
@@ -207,11 +194,6 @@ def base_config() -> ml_collections.ConfigDict:
     # (lower, upper) levels of the calibrated interval fitted on val around every price
     # forecast (cpbjax/intervals.py); () = none.
     e.interval_levels = (0.1, 0.9)
-    # The interval's volatility scale: the window's EWMA log range ^ (1 - weight) times the
-    # mean log range of the last interval_vol_days days ^ weight (cpbjax/intervals.py).
-    # Chosen on the windows before test, 40 real series (docs/performance.md "Interval scale").
-    e.interval_vol_days = 7.0
-    e.interval_vol_weight = 0.25
     # With model.baseline=vol_band (ignored without a band): refit the band factors of the
     # trained model on its own errors over the splits before each scored one (train+val
     # for test, as the fitted baselines are); the saved model carries the train+val refit
@@ -269,6 +251,39 @@ def load(path_and_arg: str) -> ml_collections.ConfigDict:
     return module.get_config(arg or None)
 
 
+def upgrade(saved) -> ml_collections.ConfigDict:
+    """Today's schema of a config saved by an earlier cpbjax (a workdir's or an export's
+    config.json, a saved model's meta.json config, a run ledger's fingerprint).
+
+    JSON lists come back as the tuples the schema uses; retired fields that hold their
+    default are dropped, and one set to anything else is a ConfigError naming it and what
+    to use instead (config_history.RETIRED); fields added since take the value that
+    reproduces what the saved config did (config_history.ADDED), every other missing
+    field today's default. Does not validate.
+    """
+    plain = saved.to_dict() if isinstance(saved, ml_collections.ConfigDict) else saved
+
+    def tuples(v):
+        if isinstance(v, dict):
+            return {k: tuples(x) for k, x in v.items()}
+        return tuple(tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+    d = tuples(plain)
+    config_history.drop_retired(d)
+    config_history.fill_added(d)
+    return _merge(base_config(), d)
+
+
+def _merge(c: ml_collections.ConfigDict, saved: dict) -> ml_collections.ConfigDict:
+    """`c` with the values of `saved`, group by group."""
+    for key, value in saved.items():
+        if isinstance(value, dict) and isinstance(c.get(key), ml_collections.ConfigDict):
+            _merge(c[key], value)
+        else:
+            c[key] = value
+    return c
+
+
 def _int_range(c, field: str, lo: int, hi: int | None = None) -> None:
     rules.int_in(field, _get(c, field), lo, hi)
 
@@ -296,7 +311,6 @@ def _validate_top(c) -> None:
     _choice(c, "platform", ("cpu", "gpu", "tpu", "auto"))
     _choice(c, "matmul_precision", ("highest", "high", "default"))
     _choice(c, "dtype", ("float32", "bfloat16"))
-    _choice(c, "recurrent_gradient", ("autodiff", "fused"))
     _validate_distributed(c)
 
 
@@ -401,7 +415,7 @@ def _validate_windows(c) -> None:
         f"<= data.max_candles ({d.max_candles})",
     )
     _choice(c, "data.bad_rows", ("skip_series", "drop_rows"))
-    _choice(c, "data.normalization", ("last_close", "zscore", "candle_minmax"))
+    _choice(c, "data.normalization", ("last_close", "candle_minmax"))
     splits = d.splits
     ok = (
         isinstance(splits, (tuple, list))
@@ -447,23 +461,16 @@ def _validate_aux(c) -> None:
 
 
 def _validate_outputs(c) -> None:
-    """Rules between the loss, the quantile outputs, the baseline and the normalisation."""
-    m, t = c.model, c.train
+    """Rules between the loss, the baseline and the normalisation."""
+    m = c.model
     _choice(c, "train.loss", _names("LOSSES"))
     _choice(c, "train.loss_scale", _names("LOSS_SCALES"))
-    rules.check(
-        (t.loss == "pinball") == bool(m.quantiles),
-        "train.loss",
-        t.loss,
-        "'pinball' exactly when model.quantiles is set (quantiles are trained by it)",
-    )
-    if m.baseline != "none" or m.quantiles or m.window_scale != "none":
+    if m.baseline != "none" or m.window_scale != "none":
         rules.check(
             c.data.normalization == "last_close",
             "data.normalization",
             c.data.normalization,
-            "'last_close' with model.baseline, model.quantiles or model.window_scale (they"
-            " read log ranges)",
+            "'last_close' with model.baseline or model.window_scale (they read log ranges)",
         )
 
 
@@ -474,10 +481,7 @@ def _validate_train(c) -> None:
     _int_range(c, "train.batch_size", 1, 65536)
     _int_range(c, "train.epochs", 1, 100_000)
     _int_range(c, "train.patience", 1)
-    if "min_delta_mode" in c.train:  # absent from a config saved by an earlier cpbjax
-        _choice(c, "train.min_delta_mode", _names("MIN_DELTA_MODES"))
-    relative = c.train.get("min_delta_mode", "abs") == "rel"
-    _num_range(c, "train.min_delta", 0, 1 if relative else 1e6, hi_open=relative)
+    _num_range(c, "train.min_delta", 0, 1e6)
     _num_range(c, "train.grad_clip", 0, 1e6, lo_open=True)
     _num_range(c, "train.warmup_fraction", 0, 1, hi_open=True)
     _num_range(c, "train.warmup_init_factor", 0, 1)
@@ -486,8 +490,7 @@ def _validate_train(c) -> None:
     _int_range(c, "train.plateau_patience", 1)
     _num_range(c, "train.teacher_forcing", 0, 1)
     _int_range(c, "train.group_size", 0)
-    if "share" in c.train:  # absent from a config saved by an earlier cpbjax
-        _choice(c, "train.share", SHARES)
+    _choice(c, "train.share", SHARES)
     _bool(c, "train.reduce_on_plateau")
     _bool(c, "train.compact_groups")
 
@@ -499,32 +502,18 @@ def _check_interval_levels(levels) -> None:
     rules.check(ok, "eval.interval_levels", levels, allowed)
 
 
-def _check_interval_vol(e) -> None:
-    days, weight = e.interval_vol_days, e.interval_vol_weight
-    rules.check(
-        rules.is_num(days) and 0 < days <= 366, "eval.interval_vol_days", days, "in (0, 366]"
-    )
-    ok = rules.is_num(weight) and 0 <= weight < 1
-    rules.check(ok, "eval.interval_vol_weight", weight, "a number in [0, 1)")
-
-
 def _validate_rest(c) -> None:
     _int_range(c, "ckpt.every_epochs", 1)
     _int_range(c, "ckpt.keep", 1)
     _bool(c, "eval.save_forecasts")
-    if "interval_levels" in c.eval:  # absent from a config saved by an earlier cpbjax
-        _check_interval_levels(c.eval.interval_levels)
-    if "refit_band" in c.eval:  # absent from a config saved by an earlier cpbjax
-        _bool(c, "eval.refit_band")
-    if "interval_vol_weight" in c.eval:  # absent from a config saved by an earlier cpbjax
-        _check_interval_vol(c.eval)
+    _check_interval_levels(c.eval.interval_levels)
+    _bool(c, "eval.refit_band")
     _int_range(c, "eval.plot_windows", 0, 100)
     _int_range(c, "eval.plot_workers", 0, 64)
     _bool(c, "predict.fresh")
-    if "backtest" in c:  # absent from a config saved by an earlier cpbjax
-        _int_range(c, "backtest.folds", 1, 1000)
-        for field in ("step", "window", "min_train_windows"):
-            _int_range(c, f"backtest.{field}", 0, 10_000_000)
+    _int_range(c, "backtest.folds", 1, 1000)
+    for field in ("step", "window", "min_train_windows"):
+        _int_range(c, f"backtest.{field}", 0, 10_000_000)
     for name in c.predict.symbols:
         rules.check(bool(_SYMBOL_RE.match(name)), "predict.symbols", name, "Binance symbols")
     for name in c.predict.intervals:
@@ -548,8 +537,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def _validate_sweep(c) -> None:
     """sweep.<field>: only per-coin hyperparameters (sweep_grid.FIELDS), each a tuple of
     distinct allowed values of its train field; anything else is refused with the reason."""
-    if "sweep" not in c:  # a config saved by an earlier cpbjax
-        return
     for field in c.sweep:
         if field != "select" and field not in sweep_grid.FIELDS:
             raise ConfigError(sweep_grid.refusal(field))
@@ -562,26 +549,17 @@ def _validate_sweep(c) -> None:
         for v in values:
             rules.num_in(name, v, *_SWEEPABLE_RANGES[field])
     _choice(c, "sweep.select", sweep_grid.SELECT)
-    if c.train.get("pooled_chunk", 0):  # absent from a config saved by an earlier cpbjax
+    if c.train.pooled_chunk:
         _int_range(c, "train.pooled_chunk", 0, 1_000_000)
         rules.check(
-            c.train.get("share") == "pooled",
+            c.train.share == "pooled",
             "train.pooled_chunk",
             c.train.pooled_chunk,
             "0 unless train.share='pooled' (a per-series step has one coin per gradient)",
         )
-    if c.model.get("series_embedding", 0):
-        rules.check(
-            c.train.get("share") == "pooled",
-            "model.series_embedding",
-            c.model.series_embedding,
-            "0 unless train.share='pooled' (a per-series model has one series to tell apart)",
-        )
 
 
 def _validate_serve(c) -> None:
-    if "serve" not in c:  # a config saved by an earlier cpbjax (a model's meta.json)
-        return
     host = c.serve.host
     rules.check(
         isinstance(host, str) and bool(host.strip()), "serve.host", host, "a host name or IP"

@@ -221,8 +221,7 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
         record = _epoch_record(group, names, m, live.epoch_seconds[-1], computed)
         if t.reduce_on_plateau:
             record["lr_scale"] = m["lr_scale"][: len(names)]
-        if t.get("min_delta_mode") == "se":
-            record["val_gain_se"] = m["val_gain_se"][: len(names)]
+        record["val_gain_se"] = m["val_gain_se"][: len(names)]
         if t.share == "pooled":  # what its early stopping judged (coin 0 is always real)
             record["pooled_val_loss"] = m["stop_val_loss"][0]
         run.log.epoch(writers.to_jsonable(record), sharding.memory_bytes()[0])
@@ -373,8 +372,8 @@ def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict |
         c.data.horizon,
         forecasts_dir,
         c.eval.interval_levels,
-        c.eval.get("refit_band", False),  # absent from a config saved before it
-        intervals.vol_settings(c.eval),
+        c.eval.refit_band,
+        intervals.VOL_BLEND,
     )
     entry.update(scored.entry)
     _flag_worse_than_untrained(run, prep, entry, last_params)
@@ -441,10 +440,8 @@ def _reload_forecasts(run: _Run, preps: list) -> dict:
         fc = forecast.split_forecast(run.module, params, prep, "test", d.lookback, d.horizon)
         if fc.prices_NHC is None:
             continue
-        levels, calibration = forecast.quantile_levels(run.module), meta.get("interval_calibration")
-        records[prep.name] = forecast.forecast_record(
-            prep, fc, d.horizon, levels, calibration, d.lookback
-        )
+        calibration = meta.get("interval_calibration")
+        records[prep.name] = forecast.forecast_record(prep, fc, d.horizon, calibration, d.lookback)
         if c.eval.save_forecasts:
             forecast.save_forecasts(run.workdir, records[prep.name])
     return records

@@ -43,21 +43,19 @@ class Scored(NamedTuple):
 
 
 def evaluate_split(
-    prep, fc: forecast.SplitForecast, split, lookback, horizon, levels=(), calibration=None
+    prep, fc: forecast.SplitForecast, split, lookback, horizon, calibration=None
 ) -> dict:
     """All metrics of one series on one split: the results.json series[name][split].
 
     Args:
       prep: windows.PreparedSeries. fc: `forecast.split_forecast` of that split.
       split: "val" or "test". lookback, horizon: L and H.
-      levels: the model's quantile levels (fc.quantiles_NHCJ's), () for point forecasts.
       calibration: an interval calibration fitted on the splits before, or None.
 
     Returns:
       The JSON-ready metrics dict (schema: README, "results.json"): windows,
       normalized_mse, and with a price-preserving normalisation also columns,
-      direction, dm, ridge and vol_band; a quantile model adds intervals, a
-      calibration adds calibrated_interval.
+      direction, dm, ridge and vol_band; a calibration adds calibrated_interval.
     """
     ends = fc.ends_N
     out = {
@@ -78,10 +76,6 @@ def evaluate_split(
     actual = metrics.next_candles(prep.ohlc, ends, horizon)
     out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
     out.update(baselines.fitted_baselines(prep, split, ends, lookback, horizon, out["columns"]))
-    if fc.quantiles_NHCJ is not None:
-        out["intervals"] = intervals.score_intervals(
-            prep, split, ends, lookback, horizon, fc.quantiles_NHCJ, levels
-        )
     if calibration is not None:
         out["calibrated_interval"] = intervals.score_calibrated(
             prep, split, ends, lookback, horizon, fc.prices_NHC, calibration
@@ -114,9 +108,9 @@ def evaluate_model(
         band refit on the splits before it (cpbjax/band_refit.py; a model without
         model.baseline=vol_band has no band and is scored as it is).
       interval_vol: (days, weight) of the interval scale's long-run blend
-        (intervals.vol_settings).
+        (intervals.VOL_BLEND in a run).
     """
-    levels, entry, calibration = forecast.quantile_levels(module), {}, None
+    entry, calibration = {}, None
     refit = refit_band and band_refit.applies(module)
     # One forward pass per split serves every refit (band_refit.shifted_forecast); train
     # is forecast only when a refit or an interval is fitted on it.
@@ -136,15 +130,13 @@ def evaluate_model(
             calibration = intervals.fit_before(
                 prep, split, point, lookback, horizon, interval_levels, interval_vol
             )
-        entry[split] = evaluate_split(
-            prep, fcs[split], split, lookback, horizon, levels, calibration
-        )
+        entry[split] = evaluate_split(prep, fcs[split], split, lookback, horizon, calibration)
         if refit:
             entry[split]["band_refit"] = band_refit.shift_json(shift_H2)
     test = fcs["test"]
     if test.prices_NHC is None:  # only the test split is plotted and saved
         return Scored(entry, None, None, scored_params)
-    record = forecast.forecast_record(prep, test, horizon, levels, calibration, lookback)
+    record = forecast.forecast_record(prep, test, horizon, calibration, lookback)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
     return Scored(entry, record, calibration, scored_params)
@@ -185,8 +177,8 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
             d.horizon,
             forecasts_dir,
             cfg.eval.interval_levels,
-            cfg.eval.get("refit_band", False),  # absent from a config saved before it
-            intervals.vol_settings(cfg.eval),
+            cfg.eval.refit_band,
+            intervals.VOL_BLEND,
         )
         facts = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}

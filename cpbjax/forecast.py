@@ -31,28 +31,17 @@ class SplitForecast(NamedTuple):
     ends_N: np.ndarray  # int64 window end indices into the series
     prices_NHC: np.ndarray | None  # float64 prices; None under candle_minmax (no price level)
     norm_NHC: np.ndarray  # float32 forecasts in the normalised space
-    # float64 [N, H, C, J] prices of every quantile level (model.quantiles), else None
-    quantiles_NHCJ: np.ndarray | None = None
 
 
-def quantile_levels(module) -> tuple:
-    """The quantile levels a model forecasts (config.model.quantiles); () for point ones."""
-    return tuple(getattr(getattr(module, "cfg", None), "quantiles", ()))
-
-
-@functools.partial(jax.jit, static_argnames=("module", "lookback", "horizon", "quantiles"))
+@functools.partial(jax.jit, static_argnames=("module", "lookback", "horizon"))
 def _forecast_batch(
-    module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon, quantiles
+    module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon
 ):
     x_BLF, _ = stacking.gather(inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon)
-    # Only quantile models take return_quantiles (a user-registered model need not).
-    extra = {"return_quantiles": True} if quantiles else {}
-    return module.apply({"params": params}, x_BLF, None, train=False, **extra)
+    return module.apply({"params": params}, x_BLF, None, train=False)
 
 
-def predict_windows(
-    module, params, prep, ends_N, lookback, horizon, batch_size=1024, quantiles=False
-):
+def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=1024):
     """Deterministic normalised forecasts of the windows ending at `ends_N`.
 
     Batches are padded to a power of two (capped at batch_size), so series of
@@ -62,25 +51,19 @@ def predict_windows(
       module, params: the model, applied with train=False.
       prep: windows.PreparedSeries. ends_N: int [N] window end indices.
       lookback, horizon: L and H. batch_size: the largest batch per call.
-      quantiles: every quantile level of a model with model.quantiles.
 
     Returns:
-      float32 [N, H, C] normalised forecasts, or [N, H, C, J] with quantiles.
+      float32 [N, H, C] normalised forecasts.
     """
     ends_N = np.asarray(ends_N, np.int32)
     n = len(ends_N)
     if n == 0:
-        levels = (len(quantile_levels(module)),) if quantiles else ()
-        return np.zeros((0, horizon, windows.NUM_TARGETS, *levels), np.float32)
+        return np.zeros((0, horizon, windows.NUM_TARGETS), np.float32)
     b = min(batch_size, 1 << max(n - 1, 0).bit_length())
     padded = np.concatenate([ends_N, np.full(-n % b, ends_N[-1], np.int32)])
     arrays = [jax.device_put(a) for a in (prep.inputs, prep.targets, prep.anchor, prep.price_mask)]
     outs = [
-        np.asarray(
-            _forecast_batch(
-                module, params, *arrays, padded[i : i + b], lookback, horizon, quantiles
-            )
-        )
+        np.asarray(_forecast_batch(module, params, *arrays, padded[i : i + b], lookback, horizon))
         for i in range(0, len(padded), b)
     ]
     return np.concatenate(outs)[:n].astype(np.float32)
@@ -94,24 +77,15 @@ def split_forecast(module, params, prep, split, lookback, horizon) -> SplitForec
 def forecast_ends(module, params, prep, ends_N, lookback, horizon) -> SplitForecast:
     """Forecasts the windows of one series that end at ends_N, in prices where there are."""
     ends_N = np.asarray(ends_N, np.int64)
-    levels = quantile_levels(module)
-    if not levels:
-        pred_norm = predict_windows(module, params, prep, ends_N, lookback, horizon)
-        if prep.norm["kind"] == "candle_minmax":
-            return SplitForecast(ends_N, None, pred_norm)
-        return SplitForecast(ends_N, windows.to_prices(prep, ends_N, pred_norm), pred_norm)
-    # Quantiles need last_close (config rule), so there is always a price level.
-    q_norm = predict_windows(module, params, prep, ends_N, lookback, horizon, quantiles=True)
-    pred_norm = q_norm[..., levels.index(0.5)]  # the median is the point forecast
-    q_prices = [windows.to_prices(prep, ends_N, q_norm[..., j]) for j in range(len(levels))]
-    prices = windows.to_prices(prep, ends_N, pred_norm)
-    return SplitForecast(ends_N, prices, pred_norm, np.stack(q_prices, axis=-1))
+    pred_norm = predict_windows(module, params, prep, ends_N, lookback, horizon)
+    if prep.norm["kind"] == "candle_minmax":
+        return SplitForecast(ends_N, None, pred_norm)
+    return SplitForecast(ends_N, windows.to_prices(prep, ends_N, pred_norm), pred_norm)
 
 
-def forecast_record(prep, fc: SplitForecast, horizon, levels=(), calibration=None, lookback=0):
-    """The arrays of a forecasts file (see save_forecasts); `levels`: the quantile levels
-    of fc.quantiles_NHCJ; `calibration` (intervals.fit_calibration, with the model's
-    lookback L) adds the calibrated interval."""
+def forecast_record(prep, fc: SplitForecast, horizon, calibration=None, lookback=0):
+    """The arrays of a forecasts file (see save_forecasts); `calibration`
+    (intervals.fit_calibration, with the model's lookback L) adds the calibrated interval."""
     if fc.prices_NHC is None:
         raise ValueError(
             f"{prep.name}: no price forecasts to save: data.normalization="
@@ -130,9 +104,6 @@ def forecast_record(prep, fc: SplitForecast, horizon, levels=(), calibration=Non
         "actual": prep.ohlc[idx_NH].astype(np.float64),
         "predicted": np.asarray(fc.prices_NHC, np.float64),
     }
-    if fc.quantiles_NHCJ is not None:
-        record["quantile_levels"] = np.asarray(levels, np.float64)
-        record["predicted_quantiles"] = np.asarray(fc.quantiles_NHCJ, np.float64)
     if calibration is not None:
         record["interval_levels"] = np.asarray(calibration["levels"], np.float64)
         record["interval_bounds"] = intervals.calibrated_bounds(
@@ -146,8 +117,7 @@ def save_forecasts(workdir, record: dict) -> str:
 
     Keys: series, symbol, interval, columns (open, high, low, close),
     last_open_time_ms [N], last_candle [N, C], target_open_time_ms [N, H],
-    actual [N, H, C], predicted [N, H, C] (prices); a quantile model adds
-    quantile_levels [J] and predicted_quantiles [N, H, C, J]; a calibrated interval adds
+    actual [N, H, C], predicted [N, H, C] (prices); a calibrated interval adds
     interval_levels [2] and interval_bounds [N, H, C, 2]. `metrics.score_prices(
     last_candle, actual, predicted)` recomputes every price-space metric from them.
     """
@@ -182,9 +152,8 @@ def consistent_ohlc(pred_HC: np.ndarray) -> np.ndarray:
 def next_candles(module, params, prep, lookback: int, horizon: int, calibration=None) -> dict:
     """The next H candles after the newest one of `prep`, in prices (a forecast.json entry).
 
-    The candles are made consistent (`consistent_ohlc`). A quantile model adds each
-    candle's `quantiles` (level -> OHLC prices; levels are not made consistent). A model
-    saved with its interval calibration (LoadedModel.calibration) adds each candle's
+    The candles are made consistent (`consistent_ohlc`). A model saved with its interval
+    calibration (LoadedModel.calibration) adds each candle's
     `interval`: {"lower", "upper"} OHLC prices, and the entry's `interval_levels`.
 
     Raises:
@@ -211,11 +180,6 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
         }
         for h, ms in enumerate(times)
     ]
-    if fc.quantiles_NHCJ is not None:  # {"0.1": candle, ...}: each level's prices per step
-        levels = quantile_levels(module)
-        for h, candle in enumerate(candles):
-            q_CJ = fc.quantiles_NHCJ[0, h]
-            candle["quantiles"] = {str(q): _candle(q_CJ[:, j]) for j, q in enumerate(levels)}
     entry = {
         "symbol": prep.symbol,
         "interval": prep.interval,
@@ -251,11 +215,9 @@ def _warn_short_history(prep, calibration: dict) -> None:
 
 
 def flat_candle(candle: dict) -> dict:
-    """One forecast candle as flat columns: step, times, OHLC, then each quantile level's
-    `<column>_q<level>` and the interval's `<column>_lower` / `<column>_upper`."""
-    flat = {k: v for k, v in candle.items() if k not in ("quantiles", "interval")}
-    for q, values in candle.get("quantiles", {}).items():
-        flat.update({f"{col}_q{q}": v for col, v in values.items()})
+    """One forecast candle as flat columns: step, times, OHLC, then the interval's
+    `<column>_lower` / `<column>_upper`."""
+    flat = {k: v for k, v in candle.items() if k != "interval"}
     for side, values in candle.get("interval", {}).items():
         flat.update({f"{col}_{side}": v for col, v in values.items()})
     return flat

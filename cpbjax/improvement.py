@@ -1,17 +1,15 @@
 """When an epoch's val loss counts as an improvement: early stopping's bar.
 
-`train.min_delta` sets a margin the val loss must beat the best by; `train.min_delta_mode`
-says in what units:
-- "abs": val loss units;
-- "rel": a share of the best val loss;
-- "se": standard errors of the val gain. The gain is the mean over val windows of the
-  paired difference (candidate's loss - best model's loss, window by window), and its
-  standard error is Newey-West's with Bartlett weights over H - 1 lags, since windows
-  n and n + l share H - l target candles (the Diebold-Mariano convention,
-  cpbjax/metrics.py). So the bar shrinks where the val loss is measured on more
-  windows: a pooled model, judged on every series' windows, needs a smaller gain
-  than a per-series model to leave its best (docs/performance.md "One margin for both
-  modes").
+`train.min_delta` sets a margin the val loss must beat the best by, in standard errors
+of the val gain. The gain is the mean over val windows of the paired difference
+(candidate's loss - best model's loss, window by window), and its standard error is
+Newey-West's with Bartlett weights over H - 1 lags, since windows n and n + l share
+H - l target candles (the Diebold-Mariano convention, cpbjax/metrics.py). So the bar
+shrinks where the val loss is measured on more windows: a pooled model, judged on every
+series' windows, needs a smaller gain than a per-series model to leave its best. It won
+out of sample for both train.share modes over a share of the best val loss and a margin
+in the loss's units (docs/performance.md "One margin for both modes"). min_delta=0 (the
+replaced system's, no margin): any lower val loss improves.
 
 Shape letters (docs/design.md): K coins, N windows of a split (padded to S x B).
 """
@@ -20,10 +18,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-MODES = ("rel", "abs", "se")
 
-
-def bar(mode: str, min_delta: float, best_K: jnp.ndarray, gain_se_K: jnp.ndarray) -> jnp.ndarray:
+def bar(min_delta: float, best_K: jnp.ndarray, gain_se_K: jnp.ndarray) -> jnp.ndarray:
     """The val loss an epoch must go below to improve on `best_K` (float32 [K]).
 
     A margin keeps a model from leaving its best (the untrained baseline, first) on a
@@ -31,11 +27,7 @@ def bar(mode: str, min_delta: float, best_K: jnp.ndarray, gain_se_K: jnp.ndarray
     (docs/performance.md "Choosing on an earlier fold"). inf stays inf, whatever the
     standard error.
     """
-    if mode == "rel":
-        return best_K * (1.0 - min_delta)
-    if mode == "se":
-        return jnp.where(jnp.isinf(best_K), best_K, best_K - min_delta * gain_se_K)
-    return best_K - min_delta
+    return jnp.where(jnp.isinf(best_K), best_K, best_K - min_delta * gain_se_K)
 
 
 def newey_west_se(sum_KN: jnp.ndarray, count_KN: jnp.ndarray, lag: int) -> jnp.ndarray:

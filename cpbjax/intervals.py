@@ -5,13 +5,11 @@ Every model with price forecasts gets a calibrated interval (config.eval.interva
 bounds point * exp(k * s) around its point forecast, k fitted on the model's own errors
 on the splits before the scored one (`fit_before`), as every fitted baseline is, and s
 the window's volatility scale (`interval_scale`): the band's EWMA log range blended with
-the mean log range of the last config.eval.interval_vol_days days, which volatility
-reverts to (the HAR idea; the blend weight was chosen before the test split,
-benchmarks/interval_scale_choice.py).
+the mean log range of the last VOL_DAYS days, which volatility reverts to (the HAR
+idea; the blend was chosen before the test split, benchmarks/interval_scale_choice.py).
 The interval fitted on train+val is stored with the saved model, so --mode predict, the
 Python API and serve give the interval the test split scored. (How it is fitted was
 chosen on validation: benchmarks/interval_choice.py, docs/performance.md.)
-A model with config.model.quantiles also forecasts J levels of every column and step.
 This module scores intervals in price units (numpy only), next to the volatility band's
 own quantiles: level q of column c at step h is close * exp(k_{h,c,q} * sigma), sigma the
 window's EWMA log range (baselines.ewma_range), with k the pinball-loss minimiser on the
@@ -34,16 +32,14 @@ from cpbjax.metrics import COLUMNS, json_float, json_floats, next_candles
 
 # The scale of a calibration saved before the long-run blend: the band's sigma alone.
 WINDOW_ONLY = {"long_candles": 1, "long_weight": 0.0}
-# (days, weight) of no long-run blend: what a config saved before the blend gets.
+# The interval's volatility scale: the window's EWMA log range ^ (1 - VOL_WEIGHT) times the
+# mean log range of the last VOL_DAYS days ^ VOL_WEIGHT. Chosen on the windows before test,
+# 40 real series (docs/performance.md "Interval scale", benchmarks/interval_scale_choice.py).
+VOL_DAYS = 7.0
+VOL_WEIGHT = 0.25
+VOL_BLEND = (VOL_DAYS, VOL_WEIGHT)  # (days, weight), as fit_before takes it
+# (days, weight) of no long-run blend: the window's sigma alone.
 NO_BLEND = (1.0, 0.0)
-
-
-def vol_settings(eval_cfg) -> tuple[float, float]:
-    """(days, weight) of the interval's long-run volatility blend from config.eval; (1, 0),
-    the window's sigma alone, for a config saved before the blend."""
-    if "interval_vol_weight" not in eval_cfg:
-        return NO_BLEND
-    return float(eval_cfg.interval_vol_days), float(eval_cfg.interval_vol_weight)
 
 
 def scale_settings(interval: str, days: float, weight: float) -> dict:
@@ -156,7 +152,7 @@ def score_intervals(
 
     Args:
       prep: windows.PreparedSeries. split: the scored split ("val" or "test").
-      ends_N: its window ends. pred_NHCJ: the model's quantile forecasts in prices.
+      ends_N: its window ends. pred_NHCJ: the interval's bounds (levels) in prices.
       levels_J: their levels, increasing; the central interval is the first to the last.
       scale: the interval's `interval_scale`; with a blend it is also scored against the
         band with that scale (`scaled_band`), the strongest simple competitor: how much
@@ -233,7 +229,7 @@ def fit_before(prep, split, point_by_split, lookback, horizon, levels_J, vol=NO_
 
     Args:
       point_by_split: split -> the model's point forecasts of its windows, [N, H, C].
-      vol: (days, weight) of the scale's long-run blend (`vol_settings`).
+      vol: (days, weight) of the scale's long-run blend (VOL_BLEND in a run).
     """
     point_NHC = np.concatenate([point_by_split[s] for s in baselines.SPLITS_BEFORE[split]])
     ends_N = baselines.fit_ends(prep, split)

@@ -32,7 +32,7 @@ EXECUTION_FIELDS = ("compact_groups",)
 
 def training_fields(config) -> dict:
     """The config fields that decide what a run trains (JSON types)."""
-    keys = ("seed", "dtype", "matmul_precision", "recurrent_gradient", "data", "model", "train")
+    keys = ("seed", "dtype", "matmul_precision", "data", "model", "train")
     fields = writers.to_jsonable({k: config[k] for k in keys})
     for name in FETCH_FIELDS:
         del fields["data"][name]
@@ -47,21 +47,6 @@ def fingerprint(config, plan: list[list[str]], padded_candles: int | None = None
     data.max_candles, what every run padded to before T followed the data)."""
     t = config.data.max_candles if padded_candles is None else padded_candles
     return {"config": training_fields(config), "groups": plan, "padded_candles": t}
-
-
-def _with_defaults(old: dict, defaults: dict) -> dict:
-    """`old` plus the fields it lacks, from `defaults` (nested dicts merged).
-
-    A config field added to cpbjax after a run was started is absent from that run's
-    ledger; left at its default it changes nothing, so it must not block the resume.
-    """
-    merged = dict(old)
-    for key, value in defaults.items():
-        if key not in merged:
-            merged[key] = value
-        elif isinstance(merged[key], dict) and isinstance(value, dict):
-            merged[key] = _with_defaults(merged[key], value)
-    return merged
 
 
 def _differences(old, new, prefix="") -> list[str]:
@@ -100,8 +85,9 @@ class Ledger:
         self.data = {"fingerprint": run_fingerprint, "finished": {}}
         if os.path.exists(self.path):
             old = _read(self.path)
-            defaults = training_fields(config_lib.base_config())
-            old_config = _with_defaults(old["fingerprint"]["config"], defaults)
+            # Written by an earlier cpbjax: in today's schema (a field added since at the
+            # value that reproduces the run, a retired one refused unless at its default).
+            old_config = training_fields(config_lib.upgrade(old["fingerprint"]["config"]))
             # A ledger from before T followed the data padded to data.max_candles.
             old_t = old["fingerprint"].get("padded_candles", old_config["data"]["max_candles"])
             old_print = {**old["fingerprint"], "config": old_config, "padded_candles": old_t}

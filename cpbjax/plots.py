@@ -118,16 +118,12 @@ def _pick_windows(times, n: int, num_windows: int, context: int):
 
 def _close_band(record: dict, i: int):
     """(lower [H], upper [H], label) of close's shaded band in window i: the calibrated
-    interval (as scored), else a quantile model's outer levels; None without either."""
-    for levels_key, bounds_key, name in (
-        ("interval_levels", "interval_bounds", "calibrated interval"),
-        ("quantile_levels", "predicted_quantiles", "predicted"),
-    ):
-        if bounds_key in record:  # [N, H, C, J], J levels ascending
-            levels, q_HJ = record[levels_key], record[bounds_key][i, :, 3]
-            label = f"{name} q{100 * levels[0]:.0f}-q{100 * levels[-1]:.0f} of close"
-            return q_HJ[:, 0], q_HJ[:, -1], label
-    return None
+    interval (as scored); None without one."""
+    if "interval_bounds" not in record:
+        return None
+    levels, q_H2 = record["interval_levels"], record["interval_bounds"][i, :, 3]  # [N, H, C, 2]
+    label = f"calibrated interval q{100 * levels[0]:.0f}-q{100 * levels[-1]:.0f} of close"
+    return q_H2[:, 0], q_H2[:, -1], label
 
 
 def _forecast_panel(ax, record: dict, i: int, context: int, step: int) -> None:
@@ -162,8 +158,7 @@ def plot_forecasts(path: str, record: dict, num_windows: int, context: int) -> s
     predicted closes, the persistence forecast (the last close repeated) and the
     predicted low-high range of each candle (a candle's range, not an uncertainty
     band). A record with `interval_bounds` (the calibrated interval) gets close's
-    interval shaded; without one, a record with `predicted_quantiles` gets the outer
-    quantiles of close shaded instead.
+    interval shaded.
     """
     n = record["actual"].shape[0]
     step = INTERVAL_MS[str(record["interval"])]

@@ -13,9 +13,6 @@ Both means weigh windows, not coins: the pooled model is fitted to all windows, 
 data.normalization=last_close and train.loss_scale=persistence a window's loss is comparable
 across series; a coin with fewer windows (a shorter series) counts for fewer of them.
 
-With model.series_embedding each coin also keeps its own series vector (the one per-coin
-leaf, `per_coin`): it is trained only by its coin's windows, every other param by all.
-
 It runs on one device (driver.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
 coin axis the gradient and the pooled val loss would need a cross-device sum.
 
@@ -33,42 +30,17 @@ import optax
 
 from cpbjax import improvement, optimizer, step
 from cpbjax.data import stacking
-from cpbjax.models import common
-
-
-def per_coin(path) -> bool:
-    """Whether the leaf at `path` (of params, or of an optimizer state that mirrors them)
-    is the series vector of model.series_embedding: the one leaf each coin keeps its own."""
-    return any(getattr(key, "key", None) == common.SERIES_EMBEDDING for key in path)
 
 
 def first(tree):
     """The shared view of a [K, ...] pytree: coin 0's copy of every replicated leaf (coin 0
-    is always a real series); the per-coin leaves keep their coin axis."""
-    return jax.tree_util.tree_map_with_path(lambda p, a: a if per_coin(p) else a[0], tree)
+    is always a real series)."""
+    return jax.tree.map(lambda a: a[0], tree)
 
 
 def replicate(tree, k: int):
-    """Back to [K, ...]: K copies of every shared leaf; per-coin leaves are already [K, ...]."""
-    return jax.tree_util.tree_map_with_path(
-        lambda p, a: a if per_coin(p) else jnp.broadcast_to(a, (k,) + a.shape), tree
-    )
-
-
-def member_major(spec: step.EpochSpec, tree):
-    """An ensemble's per-coin leaves [K, Y, ...] as [Y, K, ...], and back (the same swap):
-    optimizer.per_member maps over a leading member axis, so each member's update sees its
-    own series vectors of every coin, as one pooled model's does. Unchanged for one member."""
-    if spec.members == 1:
-        return tree
-    return jax.tree_util.tree_map_with_path(
-        lambda p, a: jnp.swapaxes(a, 0, 1) if per_coin(p) else a, tree
-    )
-
-
-def coin_axes(params):
-    """vmap in_axes of the shared view of params: 0 for per-coin leaves, None for the rest."""
-    return jax.tree_util.tree_map_with_path(lambda p, _: 0 if per_coin(p) else None, params)
+    """Back to [K, ...]: K copies of every shared leaf."""
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (k,) + a.shape), tree)
 
 
 def real_coins(arrays: stacking.GroupArrays) -> jax.Array:
@@ -110,7 +82,7 @@ def coin_sums(spec: step.EpochSpec, params, data: step.CoinData, ends_KB, mask_K
     shared `params`, summed over its valid windows (step.coin_loss_sums, vmapped)."""
     sums = jax.vmap(
         functools.partial(step.coin_loss_sums, spec),
-        in_axes=(coin_axes(params), step.COIN_DATA_AXES, 0, 0, 0),
+        in_axes=(None, step.COIN_DATA_AXES, 0, 0, 0),
     )
     return sums(params, data, ends_KB, mask_KB, keys_K)
 
@@ -124,7 +96,7 @@ def pooled_objective(spec: step.EpochSpec, params, data: step.CoinData, ends_KB,
 
 def chunk_of(tree, axes, start, size: int):
     """Coins start..start+size of every leaf with a coin axis (`axes`: 0, or None for a
-    leaf without one, as coin_axes and step.COIN_DATA_AXES give them)."""
+    leaf without one, as step.COIN_DATA_AXES gives them)."""
     return jax.tree.map(
         lambda ax, a: a if ax is None else jax.lax.dynamic_slice_in_dim(a, start, size, 0),
         axes,
@@ -139,7 +111,7 @@ def chunked_value_and_grad(spec: step.EpochSpec, params, data, ends_KB, mask_KB,
     before the next one runs. The last chunk ends at coin K (dynamic_slice clamps its
     start); its coins that an earlier chunk took are masked out."""
     k, z = mask_KB.shape[0], spec.pooled_chunk
-    axes = (coin_axes(params), step.COIN_DATA_AXES, 0, 0, 0)
+    axes = (None, step.COIN_DATA_AXES, 0, 0, 0)  # the shared params: no coin axis
 
     def chunk_sums(p, j):
         first = j * z
@@ -186,9 +158,7 @@ def pooled_train_step(
     n_K = jnp.sum(mask_KB, axis=1)
     (objective, err_K), grads = pooled_value_and_grad(spec, params, data, ends_KB, mask_KB, keys_K)
     opt_state = optimizer.with_learning_rate(opt_state, lr, **hparams)
-    by_member = functools.partial(member_major, spec)
-    updates, new_opt = spec.tx.update(by_member(grads), by_member(opt_state), by_member(params))
-    updates, new_opt = by_member(updates), by_member(new_opt)
+    updates, new_opt = spec.tx.update(grads, opt_state, params)
     finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
     trains = jnp.sum(n_K) > 0
     take = trains & finite
@@ -263,10 +233,8 @@ def run_epoch(spec: step.EpochSpec, state: step.GroupState, arrays):
 
 
 def pooled_gain_se(spec: step.EpochSpec, candidate: step.ValPass, state, arrays) -> jax.Array:
-    """The standard error of the pooled val gain over the best, float32 []; 0 unless
-    train.min_delta_mode is "se" (as step.gain_se, over every training coin's windows)."""
-    if spec.min_delta_mode != "se":
-        return jnp.zeros((), jnp.float32)
+    """The standard error of the pooled val gain over the best, float32 [] (as
+    step.gain_se, over every training coin's windows)."""
     best = step.val_pass(spec, state.best_params, arrays)
     return improvement.pooled_gain_se(
         candidate.loss_KN, best.loss_KN, candidate.mask_KN, state.active, spec.horizon - 1

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpbjax import checkpoint, intervals, model_card, models, saved, writers
+from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import windows
@@ -105,7 +106,7 @@ def export_series(model_dir: str, entry: dict, out_dir: str) -> str:
     """
     params, meta = checkpoint.load_series_model(model_dir)
     params = jax.tree.map(np.asarray, params)
-    trained = saved.as_config(meta["config"])
+    trained = config_lib.upgrade(meta["config"])
     module = models.build(models.make_config(trained))
     d = trained.data
     files = {
@@ -142,7 +143,7 @@ def load_export(path: str) -> saved.LoadedModel:
         manifest, or the manifest is missing (an export made before manifests).
     """
     manifest = _read_manifest(path)
-    trained = saved.as_config(writers.read_json(os.path.join(path, CONFIG_FILE)))
+    trained = config_lib.upgrade(writers.read_json(os.path.join(path, CONFIG_FILE)))
     _verify_files(path, manifest, trained)
     params_path = os.path.join(path, PARAMS_FILE)
     with open(params_path, "rb") as f:

@@ -21,6 +21,7 @@ import ml_collections
 from absl import logging
 
 from cpbjax import checkpoint, intervals, models
+from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import features as features_lib
 from cpbjax.data import sources, windows
@@ -28,14 +29,6 @@ from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 
 # data fields that define a model's windows: always taken from the model's saved config.
 MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
-# config.model fields added after models were first saved, with the value that earlier
-# models behave as.
-LATER_MODEL_FIELDS = {
-    "baseline": "none",
-    "quantiles": (),
-    "series_embedding": 0,
-    "window_scale": "none",
-}
 
 
 class ModelNotFound(ValueError):
@@ -103,17 +96,6 @@ def select_series(available, symbols, intervals, excused=None) -> tuple[list[str
     return [n for n in wanted if n in pairs], skipped
 
 
-def as_config(d: dict) -> ml_collections.ConfigDict:
-    """A ConfigDict from a JSON config, with lists back as the tuples the schema uses."""
-
-    def fix(v):
-        if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
-        return tuple(v) if isinstance(v, list) else v
-
-    return ml_collections.ConfigDict(fix(d))
-
-
 class LoadedModel(NamedTuple):
     """One saved best model, as `load_model` returns it."""
 
@@ -133,7 +115,7 @@ def load_model(path: str) -> LoadedModel:
         raise ValueError(
             f"{path}/{workdir_lib.MODEL_META_FILE} has no 'config': cannot rebuild the model"
         )
-    trained = as_config(meta["config"])
+    trained = config_lib.upgrade(meta["config"])
     norm = meta.get("norm") if "feature_mean" in meta.get("norm", {}) else None
     module = models.build(models.make_config(trained))
     where = f"{path}/{workdir_lib.MODEL_META_FILE}"
@@ -155,8 +137,7 @@ def run_config(config, trained, names) -> ml_collections.ConfigDict:
                 c.data[field],
             )
             c.data[field] = trained.data[field]
-    # A model saved before the LATER_MODEL_FIELDS existed behaves as their defaults.
-    c.model = ml_collections.ConfigDict({**LATER_MODEL_FIELDS, **trained.model.to_dict()})
+    c.model = ml_collections.ConfigDict(trained.model.to_dict())
     c.data.symbols = tuple(dict.fromkeys(parse_series(n)[0] for n in names))
     c.data.intervals = tuple(dict.fromkeys(parse_series(n)[1] for n in names))
     return c
@@ -220,8 +201,7 @@ def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
     """
     c = run_config(config, trained, names)
     c.data.min_candles = min(c.data.min_candles, c.data.lookback)
-    days, weight = intervals.vol_settings(trained.eval)  # the saved intervals' span
-    months = history_months(c.data, days if weight > 0 else 0.0)
+    months = history_months(c.data, intervals.VOL_DAYS)  # the interval scale's span
     if c.data.source == "binance" and c.data.months < months:
         logging.info(
             "loading %d months, not data.months=%d: the warm-up of data.features plus "
@@ -230,7 +210,7 @@ def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
             c.data.months,
         )
         c.data.months = months
-    if c.predict.get("fresh", True) and c.data.source == "binance":
+    if c.predict.fresh and c.data.source == "binance":
         c.data.source = "binance_rest"
     return c
 
@@ -270,11 +250,7 @@ def prepare(config, loaded: dict, latest: bool = False) -> tuple[dict, dict]:
     names = list(loaded)
     norms = {n: m.norm for n, m in loaded.items() if m.norm is not None}
     z_scored = [f for f in config.data.features if f not in features_lib.PRICE_FEATURES]
-    if (
-        not latest
-        and (config.data.normalization == "zscore" or z_scored)
-        and len(norms) < len(names)
-    ):
+    if not latest and z_scored and len(norms) < len(names):
         logging.warning(
             "models %s were saved without their normalisation statistics: those are "
             "re-fitted on the train split of the data loaded now",

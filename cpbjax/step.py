@@ -43,7 +43,7 @@ EPOCH_METRICS = (
     "lr_scale",
     "active",
     "diverged",
-    "val_gain_se",  # the standard error of val_loss - best before it; 0 unless mode "se"
+    "val_gain_se",  # the standard error of val_loss - best before it (improvement.bar)
     # The val loss early stopping compared with the best: val_loss per series; a pooled
     # model's window mean over every coin's (purged) val windows, the same on every coin.
     "stop_val_loss",
@@ -76,10 +76,8 @@ class EpochSpec:
     patience: int  # early stopping: epochs without val improvement
     loss: str  # losses.LOSSES: minimised, and what the val loss measures
     scale_loss: bool  # train.loss_scale == "persistence": errors over target_scale
-    quantiles: tuple  # model.quantiles' levels J (pinball); () for point forecasts
     baseline: str  # model.baseline: "vol_band" starts params at the fitted band
     min_delta: float  # an epoch improves only if it beats the best by more (`improvement.bar`)
-    min_delta_mode: str  # train.min_delta_mode: improvement.MODES
     reduce_on_plateau: bool
     # train.share: "series" (a model per coin, this module's epoch) or "pooled" (one model
     # for every coin: cpbjax/pooled.py's epoch over the same data and state layout).
@@ -96,7 +94,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
     d, t = config.data, config.train
     sizes = stacking.padded_sizes(d, t_max)
     train_steps = math.ceil(sizes["train"] / t.batch_size)
-    members = config.model.get("ensemble", 1)  # absent: saved by an earlier cpbjax
+    members = config.model.ensemble
     return EpochSpec(
         module=module,
         tx=optimizer.make_optimizer(
@@ -116,13 +114,11 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         patience=t.patience,
         loss=t.loss,
         scale_loss=t.loss_scale == "persistence",
-        quantiles=tuple(config.model.quantiles),
         baseline=config.model.baseline,
         min_delta=t.min_delta,
-        min_delta_mode=t.get("min_delta_mode", "abs"),  # absent: saved by an earlier cpbjax
         reduce_on_plateau=t.reduce_on_plateau,
         share=t.share,
-        pooled_chunk=t.get("pooled_chunk", 0),  # absent: saved by an earlier cpbjax
+        pooled_chunk=t.pooled_chunk,
         members=members,
     )
 
@@ -306,16 +302,10 @@ def init_state(spec: EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupS
 # -- one coin ---------------------------------------------------------------------------
 
 
-def quantile_kwargs(spec: EpochSpec) -> dict:
-    """return_quantiles=True for a quantile model; nothing for others, so a user-registered
-    model without quantiles need not take the argument."""
-    return {"return_quantiles": True} if spec.quantiles else {}
-
-
-def forecast_loss(spec: EpochSpec, y_hat, y_BHC: jax.Array, data: CoinData) -> jax.Array:
-    """train.loss of each window's forecast ([B, H, C], or [B, H, C, J] quantiles), [B]."""
+def forecast_loss(spec: EpochSpec, y_hat_BHC, y_BHC: jax.Array, data: CoinData) -> jax.Array:
+    """train.loss of each window's forecast, [B]."""
     scale_C = data.target_scale_C if spec.scale_loss else None
-    return losses.window_loss(spec.loss, y_hat, y_BHC, scale_C, spec.quantiles)
+    return losses.window_loss(spec.loss, y_hat_BHC, y_BHC, scale_C)
 
 
 def coin_loss_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
@@ -337,7 +327,6 @@ def coin_loss_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key)
         teacher_forcing=spec.teacher_forcing,
         return_aux=True,
         rngs={"dropout": dropout_key, "teacher": teacher_key},
-        **quantile_kwargs(spec),
         **members,
     )
     window_terms = functools.partial(_window_terms, spec, w, data, mask_B)
@@ -409,10 +398,8 @@ def coin_val_losses(spec: EpochSpec, params, data: CoinData, ends_B, mask_B):
     is for, and the val loss stays comparable across runs with any aux targets.
     """
     w = gather_windows(spec, data, ends_B)
-    y_hat = spec.module.apply(
-        {"params": params}, w.x_BLF, None, train=False, **quantile_kwargs(spec)
-    )
-    return jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
+    y_hat_BHC = spec.module.apply({"params": params}, w.x_BLF, None, train=False)
+    return jnp.where(mask_B, forecast_loss(spec, y_hat_BHC, w.y_BHC, data), 0.0)
 
 
 # -- the epoch --------------------------------------------------------------------------
@@ -536,15 +523,12 @@ def val_pass(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> ValPass:
 
 
 def gain_se(spec: EpochSpec, candidate: ValPass, state: GroupState, arrays) -> jax.Array:
-    """The standard error of each coin's val gain over its best, float32 [K]; zeros
-    unless train.min_delta_mode is "se", which alone needs it (cpbjax/improvement.py).
+    """The standard error of each coin's val gain over its best, float32 [K]
+    (cpbjax/improvement.py).
 
     The best model's window losses are recomputed from best_params rather than kept in
-    the state: one more val pass in "se" mode, and a checkpoint layout that does not
-    depend on the mode.
+    the state: one more val pass per epoch, and a smaller checkpoint.
     """
-    if spec.min_delta_mode != "se":
-        return jnp.zeros(candidate.sum_K.shape, jnp.float32)
     best = val_pass(spec, state.best_params, arrays)
     return improvement.gain_se(candidate.loss_KN, best.loss_KN, candidate.mask_KN, spec.horizon - 1)
 
@@ -566,7 +550,7 @@ def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, v
     epoch = state.epoch + 1
     ran_K = state.active
     diverged_K = ran_K & (trained.nonfinite_K | ~jnp.isfinite(val_K))
-    bar_K = improvement.bar(spec.min_delta_mode, spec.min_delta, state.best_val, gain_se_K)
+    bar_K = improvement.bar(spec.min_delta, state.best_val, gain_se_K)
     improved_K = ran_K & ~diverged_K & (val_K < bar_K)
     best_params = select(improved_K, trained.params, state.best_params)
     bad_K = jnp.where(improved_K, 0, state.bad_epochs + ran_K.astype(jnp.int32))

@@ -48,7 +48,7 @@ _REFUSED = {
     **dict.fromkeys(
         ("hidden", "num_layers", "d_model", "num_heads", "d_ff", "lookback", "horizon"), _SHAPES
     ),
-    **dict.fromkeys(("batch_size", "features", "max_candles", "quantiles"), _SHAPES),
+    **dict.fromkeys(("batch_size", "features", "max_candles"), _SHAPES),
     **dict.fromkeys(("dropout", "loss", "loss_scale", "optimizer", "teacher_forcing"), _TRACED),
     **dict.fromkeys(("decoding", "aux_targets", "aux_weight", "grad_clip", "baseline"), _TRACED),
 }
@@ -65,8 +65,7 @@ def refusal(field: str) -> str:
 
 def swept(config) -> tuple[str, ...]:
     """The swept fields of FIELDS (non-empty sweep.<field>), in FIELDS order."""
-    sweep = config.get("sweep")  # absent from a config saved by an earlier cpbjax
-    return tuple(f for f in FIELDS if sweep is not None and len(sweep[f]))
+    return tuple(f for f in FIELDS if len(config.sweep[f]))
 
 
 def is_sweep(config) -> bool:

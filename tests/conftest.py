@@ -4,8 +4,7 @@ In-process programs compile at XLA optimisation level 0, as the driver subproces
 already do (tests/train_test.py `driver_env`): it about halves CPU compile time, which
 is most of the suite's time, and what the tests check (equalities between programs,
 against plain references, within float tolerances) does not depend on code generation.
-A test that needs other flags runs its own subprocess with its own XLA_FLAGS, or compiles
-its programs with their own compiler options (tests/recurrence_test.py `_forecast`).
+A test that needs other flags runs its own subprocess with its own XLA_FLAGS.
 """
 
 import os

@@ -37,7 +37,6 @@ def test_forecast_batches_and_maps_to_prices():
     norm = forecast.predict_windows(Probe(), params, prep, prep.ends["val"], L, H, batch_size=4)
     fc = forecast.split_forecast(Probe(), params, prep, "val", L, H)
     ends, prices, norm_big = fc.ends_N, fc.prices_NHC, fc.norm_NHC
-    assert fc.quantiles_NHCJ is None  # a point model
     np.testing.assert_array_equal(ends, prep.ends["val"])
     chex.assert_shape(norm, (len(ends), H, 4))
     np.testing.assert_allclose(norm, norm_big, rtol=1e-6, atol=1e-7)

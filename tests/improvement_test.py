@@ -1,5 +1,5 @@
 """Tests of cpbjax/improvement.py: early stopping's bar in standard errors of the val gain
-(train.min_delta_mode=se), per series and pooled, against plain loops."""
+(train.min_delta), per series and pooled, against plain loops."""
 
 import jax
 import jax.numpy as jnp
@@ -61,12 +61,12 @@ def test_newey_west_se_matches_a_double_loop_per_coin_and_pooled():
 def test_the_bar_in_standard_errors():
     best = jnp.array([1.0, jnp.inf, 2.0])
     se = jnp.array([0.1, 0.5, jnp.nan])
-    bar = improvement.bar("se", 2.0, best, se)
+    bar = improvement.bar(2.0, best, se)
     assert float(bar[0]) == pytest.approx(0.8)
     assert float(bar[1]) == np.inf  # before any best, anything finite improves
     assert np.isnan(float(bar[2]))  # a NaN gain never counts as an improvement
-    assert float(improvement.bar("rel", 0.1, best, se)[0]) == pytest.approx(0.9)
-    assert float(improvement.bar("abs", 0.1, best, se)[2]) == pytest.approx(1.9)
+    # min_delta 0 (the replaced system's): the bar is the best itself.
+    assert np.asarray(improvement.bar(0.0, best[:2], se[:2])).tolist() == [1.0, np.inf]
 
 
 def _trainer(share: str) -> GroupTrainer:
@@ -75,7 +75,7 @@ def _trainer(share: str) -> GroupTrainer:
     scratch, so some epochs clear the bar and some gains fall short of it."""
     c = train_test.make_config()
     c.train.loss, c.train.loss_scale = "mae", "persistence"
-    c.train.share, c.train.min_delta_mode, c.train.min_delta = share, "se", Z
+    c.train.share, c.train.min_delta = share, Z
     c.train.epochs = c.train.patience = EPOCHS
     c = config_lib.validate(c)
     module = models.build(models.make_config(c))

@@ -152,21 +152,20 @@ def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_pat
     assert "interval_bounds" not in record
 
 
-def test_forecast_csv_flattens_quantiles_and_intervals():
-    """A quantile model's forecast.json candles once broke forecast.csv (extra keys)."""
+def test_forecast_csv_flattens_intervals():
+    """Candles with an interval get its columns; those without leave them empty."""
     base = {"step": 1, "open_time": "T", "open_time_ms": 1, **dict.fromkeys(COLUMNS, 2.0)}
-    with_q = {**base, "quantiles": {"0.1": dict.fromkeys(COLUMNS, 1.0)}}
     with_iv = {
         **base,
         "interval": {"lower": dict.fromkeys(COLUMNS, 1.5), "upper": dict.fromkeys(COLUMNS, 2.5)},
     }
     series = {
-        "A-1h": {"symbol": "A", "interval": "1h", "forecast": [with_q]},
+        "A-1h": {"symbol": "A", "interval": "1h", "forecast": [base]},
         "B-1h": {"symbol": "B", "interval": "1h", "forecast": [with_iv, base]},
     }
     rows = list(csv.DictReader(io.StringIO(forecast.forecast_csv(series))))
     assert [r["series"] for r in rows] == ["A-1h", "B-1h", "B-1h"]
-    assert rows[0]["close_q0.1"] == "1.0" and rows[0]["close_lower"] == ""
+    assert rows[0]["close"] == "2.0" and rows[0]["close_lower"] == ""
     assert rows[1]["low_lower"] == "1.5" and rows[1]["high_upper"] == "2.5"
     assert rows[2]["close"] == "2.0" and rows[2]["close_upper"] == ""
     assert forecast.flat_candle(base) == base
@@ -269,32 +268,17 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
     )
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("interval_vol_days", 0),
-        ("interval_vol_days", 400.0),
-        ("interval_vol_weight", 1.0),
-        ("interval_vol_weight", -0.1),
-    ],
-)
-def test_bad_interval_vol_settings_are_refused(field, value):
+def test_predict_loads_the_days_the_interval_scale_averages():
     c = config_lib.load("configs/gru.py:tiny")
-    c.eval[field] = value
-    with pytest.raises(config_lib.ConfigError, match=f"eval.{field}"):
-        config_lib.validate(c)
-
-
-def test_a_config_saved_before_the_blend_keeps_the_window_sigma_and_predict_loads_its_days():
-    c = config_lib.load("configs/gru.py:tiny")
-    assert intervals.vol_settings(c.eval) == (7.0, 0.25)
-    del c.eval["interval_vol_days"], c.eval["interval_vol_weight"]
-    config_lib.validate(c)
-    assert intervals.vol_settings(c.eval) == (1.0, 0.0)
-    c = config_lib.load("configs/gru.py:tiny")
-    c.data.intervals, c.eval.interval_vol_days = ("1h",), 60.0
-    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months >= 3  # 60 days of 28-day files
+    c.data.intervals = ("1h",)
     assert saved.history_months(c.data) == 1
+    assert saved.history_months(c.data, 60.0) == 3  # 60 days of 28-day files
+    c.data.source, c.data.months = "binance", 1
+    c.data.lookback = 24 * 40  # 40 days of 1h candles: more than VOL_DAYS
+    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 2
+    c.data.lookback = 24
+    months = saved.history_months(c.data, intervals.VOL_DAYS)
+    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == months == 1
 
 
 def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():

@@ -1,25 +1,22 @@
-"""Tests of the accuracy levers: train.loss and loss_scale, model.baseline, model.quantiles.
+"""Tests of the accuracy levers: train.loss and loss_scale, model.baseline, intervals.
 
 References are independent: numpy loops for the losses, baselines.py (float64 numpy) for
 the volatility band, and a separate forward pass for the untrained val loss.
 """
 
-import dataclasses
 import functools
 import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
-from cpbjax import baselines, evaluate, forecast, intervals, losses, models, sharding, step
+from cpbjax import baselines, intervals, losses, models, sharding, step
 from cpbjax import config as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import sources, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
-from cpbjax.models import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVELS = (0.1, 0.5, 0.9)
@@ -50,23 +47,17 @@ def preps():
 # -- losses against numpy loops ----------------------------------------------------------
 
 
-def _loop_loss(kind, y_hat, y, scale, levels):
+def _loop_loss(kind, y_hat, y, scale):
     b, h, c = y.shape
     out = np.zeros(b)
     for i in range(b):
         total = 0.0
         for j in range(h):
             for k in range(c):
-                if kind == "pinball":
-                    for q, level in enumerate(levels):
-                        r = (y_hat[i, j, k, q] - y[i, j, k]) / scale[k]
-                        total += max(-r * level, r * (1 - level))
-                    continue
                 r = (y_hat[i, j, k] - y[i, j, k]) / scale[k]
                 total += {
                     "mse": r * r,
                     "mae": abs(r),
-                    "huber": 0.5 * r * r if abs(r) <= 1 else abs(r) - 0.5,
                 }[kind]
         out[i] = total / (h * c)
     return out
@@ -77,11 +68,10 @@ def _loop_loss(kind, y_hat, y, scale, levels):
 def test_window_loss_matches_a_loop(kind, scaled):
     rng = np.random.default_rng(0)
     y = rng.normal(size=(5, 3, 4)).astype(np.float32)
-    shape = (5, 3, 4, len(LEVELS)) if kind == "pinball" else (5, 3, 4)
-    y_hat = (rng.normal(size=shape) * 2).astype(np.float32)
+    y_hat = (rng.normal(size=(5, 3, 4)) * 2).astype(np.float32)
     scale = np.array([0.5, 2.0, 1.5, 0.25], np.float32) if scaled else np.ones(4, np.float32)
-    got = losses.window_loss(kind, y_hat, y, jnp.asarray(scale) if scaled else None, LEVELS)
-    want = _loop_loss(kind, y_hat, y, scale, LEVELS)
+    got = losses.window_loss(kind, y_hat, y, jnp.asarray(scale) if scaled else None)
+    want = _loop_loss(kind, y_hat, y, scale)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
 
 
@@ -149,10 +139,10 @@ def _moved_params(module, x):
 @pytest.mark.parametrize("name", ["gru", "lstm", "transformer"])
 @pytest.mark.parametrize("window_scale", ["range", "none"])
 def test_window_scale_range_makes_forecasts_scale_equivariant(name, window_scale):
-    """Windows whose price moves are 3x larger get forecasts 3x larger, every level, with
-    window_scale=range (prices in range units in, the median times the range out), and not
+    """Windows whose price moves are 3x larger get forecasts 3x larger with
+    window_scale=range (prices in range units in, the output times the range out), and not
     without it. The non-price column (rsi) stays as it is; bb_upper, a price, is column 5."""
-    run = make_config(name, loss="pinball", quantiles=LEVELS, window_scale=window_scale)
+    run = make_config(name, window_scale=window_scale)
     run.data.features = ("open", "high", "low", "close", "rsi", "bb_upper")
     cfg = models.make_config(run)
     assert cfg.price_columns == (0, 1, 2, 3, 5)
@@ -163,44 +153,12 @@ def test_window_scale_range_makes_forecasts_scale_equivariant(name, window_scale
     x3 = x.copy()
     x3[..., cfg.price_columns] *= 3.0
     y, y3 = (
-        np.asarray(
-            module.apply({"params": params}, jnp.asarray(v, jnp.float32), return_quantiles=True),
-            np.float64,
-        )
+        np.asarray(module.apply({"params": params}, jnp.asarray(v, jnp.float32)), np.float64)
         for v in (x, x3)
     )
     assert np.abs(y).max() > 1e-3
     equivariant = np.allclose(y3, 3.0 * y, rtol=1e-3, atol=1e-6)
     assert equivariant == (window_scale == "range")
-
-
-def test_persistence_baseline_forecasts_the_last_close_for_every_column():
-    cfg = make_config(baseline="persistence")
-    prep = preps()[0]
-    module, params = _init_params(cfg, prep, np.zeros((cfg.data.horizon, 2), np.float32))
-    x = jnp.asarray(np.random.default_rng(1).normal(size=(6, cfg.data.lookback, 4)), jnp.float32)
-    np.testing.assert_array_equal(module.apply({"params": params}, x, None), 0.0)
-
-
-def test_quantiles_never_cross_and_the_median_is_the_point_forecast():
-    cfg = models.make_config(make_config(loss="pinball", quantiles=LEVELS, baseline="none"))
-    cfg = dataclasses.replace(cfg, quantiles=(0.05, 0.25, 0.5, 0.75, 0.95))
-    out = common.ForecastOutput(cfg)
-    rng = np.random.default_rng(2)
-    raw = jnp.asarray(rng.normal(size=(7, cfg.horizon, 4 * 5)) * 5, jnp.float32)
-    x = jnp.asarray(rng.normal(size=(7, cfg.lookback, 4)), jnp.float32)
-    x = x.at[..., 1].set(jnp.abs(x[..., 1]) + 0.01).at[..., 2].set(-jnp.abs(x[..., 2]))
-    params = out.init(jax.random.PRNGKey(0), raw, x)
-    q = np.asarray(out.apply(params, raw, x, quantiles=True))
-    assert q.shape == (7, cfg.horizon, 4, 5)
-    assert (np.diff(q, axis=-1) > 0).all()
-    np.testing.assert_array_equal(out.apply(params, raw, x), q[..., 2])
-    # Untrained (raw 0), the levels sit 0.5 * sqrt(h) * sigma * normal quantiles apart.
-    q0 = np.asarray(out.apply(params, jnp.zeros_like(raw), x, quantiles=True))
-    sigma = np.asarray(common.window_range(x))
-    z = np.array([-1.6449, -0.6745, 0, 0.6745, 1.6449])
-    want = 0.5 * np.sqrt(np.arange(1, cfg.horizon + 1))[None, :, None] * sigma[:, None, None] * z
-    np.testing.assert_allclose(q0[:, :, 3], want, rtol=1e-3, atol=1e-6)
 
 
 # -- intervals against loops -----------------------------------------------------------------
@@ -251,23 +209,6 @@ def test_interval_scores_match_a_loop():
     assert got["width"] == pytest.approx(np.mean(pred[..., 2] - pred[..., 0]))
 
 
-def test_forecasts_of_a_quantile_model_carry_every_level():
-    cfg = make_config(loss="pinball", quantiles=LEVELS)
-    prep = preps()[0]
-    module, params = _init_params(cfg, prep, stacking.band_factors(prep, 30, 10))
-    fc = forecast.split_forecast(module, params, prep, "test", 30, 10)
-    assert fc.quantiles_NHCJ.shape == (*fc.prices_NHC.shape, 3)
-    np.testing.assert_array_equal(fc.quantiles_NHCJ[..., 1], fc.prices_NHC)
-    record = forecast.forecast_record(prep, fc, 10, LEVELS)
-    np.testing.assert_array_equal(record["quantile_levels"], LEVELS)
-    scores = evaluate.evaluate_split(prep, fc, "test", 30, 10, LEVELS)
-    assert set(scores["intervals"]["columns"]) == {"open", "high", "low", "close"}
-    entry = forecast.next_candles(module, params, prep, 30, 10)
-    first = entry["forecast"][0]
-    assert list(first["quantiles"]) == ["0.1", "0.5", "0.9"]
-    assert first["quantiles"]["0.1"]["close"] < first["quantiles"]["0.9"]["close"]
-
-
 # -- training starts from the baseline -------------------------------------------------------
 
 
@@ -286,7 +227,7 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
         )
         y_hat = module.apply({"params": params}, x, None)
         scale = stacking.persistence_scale(prep, 10)
-        want = np.mean(_loop_loss("mae", np.asarray(y_hat), np.asarray(y), scale, ()))
+        want = np.mean(_loop_loss("mae", np.asarray(y_hat), np.asarray(y), scale))
         np.testing.assert_allclose(float(state.best_val[i]), want, rtol=1e-5)
         band = stacking.band_factors(prep, 30, 10)
         np.testing.assert_array_equal(params["output"]["band_high"], band[:, 0])
@@ -314,11 +255,8 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
     "change, field",
     [
         ({"train.loss": "pinball"}, "train.loss"),
-        ({"model.quantiles": (0.1, 0.9), "train.loss": "pinball"}, "model.quantiles"),
-        ({"model.quantiles": (0.9, 0.5, 0.1), "train.loss": "pinball"}, "model.quantiles"),
-        ({"model.quantiles": LEVELS}, "train.loss"),
         ({"model.decoding": "autoregressive"}, "model.baseline"),
-        ({"data.normalization": "zscore"}, "data.normalization"),
+        ({"data.normalization": "candle_minmax"}, "data.normalization"),
         ({"train.loss": "l1"}, "train.loss"),
         ({"model.baseline": "ewma"}, "model.baseline"),
         ({"model.window_scale": "zscore"}, "model.window_scale"),
@@ -326,7 +264,7 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
             {
                 "model.window_scale": "range",
                 "model.baseline": "none",
-                "data.normalization": "zscore",
+                "data.normalization": "candle_minmax",
             },
             "data.normalization",
         ),
@@ -352,6 +290,7 @@ def test_bad_lever_settings_name_the_field(change, field):
 def test_a_model_saved_before_the_levers_existed_builds_as_before():
     c = make_config(baseline="none")
     saved = c.to_dict()
-    del saved["model"]["baseline"], saved["model"]["quantiles"], saved["model"]["window_scale"]
-    cfg = models.make_config(ml_collections.ConfigDict(saved))
-    assert (cfg.baseline, cfg.quantiles, cfg.window_scale) == ("none", (), "none")
+    del saved["model"]["baseline"], saved["model"]["window_scale"]
+    saved["train"]["min_delta"] = 0.0  # then the margin was 0, in the loss's units
+    cfg = models.make_config(config_lib.upgrade(saved))
+    assert (cfg.baseline, cfg.window_scale) == ("none", "none")

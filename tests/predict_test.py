@@ -139,26 +139,27 @@ def test_predict_continues_the_grid_and_matches_the_model(workdir):
 
 
 def test_models_saved_with_their_norm_are_scaled_with_it(workdir):
-    """zscore: the training run's price statistics map the new data, not re-fitted ones."""
+    """A non-price feature: the training run's statistics map the new data, not re-fitted
+    ones."""
     config = _config()
-    config.data.normalization = "zscore"
+    config.data.features = ("open", "high", "low", "close", "volume")
     name = "BTCUSDT-1h"
     module, params, *_ = saved.load_model(os.path.join(workdir, "models", name))
     trained = config_lib.load("configs/gru.py:tiny")
-    trained.data.normalization = "zscore"
+    trained.data.features = config.data.features
     fitted = {
-        "kind": "zscore",
-        "mean": [10.0, 11.0, 9.0, 10.0],
-        "std": [2.0, 2.0, 2.0, 2.0],
-        "feature_mean": [10.0, 11.0, 9.0, 10.0],
-        "feature_std": [2.0, 2.0, 2.0, 2.0],
+        "kind": "last_close",
+        "feature_mean": [10.0, 11.0, 9.0, 10.0, 5.0],
+        "feature_std": [2.0, 2.0, 2.0, 2.0, 4.0],
     }
     loaded = {name: saved.LoadedModel(module, params, trained, fitted)}
     preps, skipped = saved.prepare(config, loaded)
     assert not skipped
     prep = preps[name]
-    np.testing.assert_allclose(prep.targets, (prep.ohlc - 10.0 - [0, 1, -1, 0]) / 2.0, rtol=1e-5)
-    assert prep.norm["mean"].tolist() == fitted["mean"]
+    raw = {s.name: s for s in sources.load_all(config.data)[0]}[name].ohlcv
+    volume = raw[len(raw) - len(prep.ohlc) :, 4]  # the kept candles are the newest
+    np.testing.assert_allclose(prep.inputs[:, 4], (volume - 5.0) / 4.0, rtol=1e-5)
+    assert prep.norm["feature_mean"].tolist() == fitted["feature_mean"]
 
 
 def test_predict_unknown_interval_is_a_clear_error(workdir):

@@ -148,13 +148,3 @@ def test_a_model_without_the_price_scale_refuses_a_window_scale(
         config_lib.ConfigError, match=f"model.window_scale=.range. needs.*{missing}; model .mlp."
     ):
         driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))
-
-
-def test_a_model_that_declares_no_series_vector_refuses_a_series_embedding(registered, tmp_path):
-    c = _config()
-    del c.model["num_layers"]
-    c.train.share, c.model.series_embedding = "pooled", 4
-    with pytest.raises(
-        config_lib.ConfigError, match="model.series_embedding=4 needs.*series_vector.*.mlp."
-    ):
-        driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))

@@ -33,7 +33,7 @@ def _record(epoch, train, val, best, **extra):
 
 
 # Epoch 1: ETH's val loss is None (non-finite in metrics.jsonl), lr_scale and val_gain_se
-# (train.min_delta_mode=se) present.
+# present.
 RECORD_1 = _record(
     1,
     [0.5, 0.25],

@@ -49,7 +49,7 @@ def make_config():
     # tested by levers_test, launch_test and the golden runs. No early-stopping margin
     # either (train.min_delta=0, as before #13): the kept epoch is the lowest val loss.
     c.model.baseline, c.train.loss, c.train.loss_scale = "none", "mse", "none"
-    c.train.min_delta, c.train.min_delta_mode = 0.0, "abs"
+    c.train.min_delta = 0.0
     c.eval.plots = False
     return config_lib.validate(c)
 
@@ -225,14 +225,14 @@ def test_diverging_coin_is_frozen_and_never_poisons_the_others():
 
 
 def _reference_early_stopping(
-    vals, patience, best=np.inf, min_delta=0.0, mode="abs", improved_epochs=None
+    vals, patience, best=np.inf, min_delta=0.0, gain_se=None, improved_epochs=None
 ):
     """Plain per-coin early stopping: (best, best_epoch, active, diverged, diverged_epoch).
 
     `best` is the val loss to beat before epoch 1: the untrained model's with a baseline;
-    an epoch improves on it only by more than `min_delta` (mode "abs"), or by more than
-    that share of it (mode "rel"). The epochs that improved are appended to the list
-    `improved_epochs` if one is given.
+    an epoch improves on it only by more than `min_delta` times that epoch's standard error
+    of the gain, `gain_se[epoch - 1]` (0 without it), in float32 as the step computes it.
+    The epochs that improved are appended to the list `improved_epochs` if one is given.
     """
     best_epoch, bad, active, diverged, diverged_epoch = 0, 0, True, False, 0
     for epoch, val in enumerate(vals, start=1):
@@ -241,7 +241,8 @@ def _reference_early_stopping(
         if not np.isfinite(val):
             active, diverged, diverged_epoch = False, True, epoch
             continue
-        bar = best * (1 - min_delta) if mode == "rel" else best - min_delta
+        se = np.float32(0.0 if gain_se is None else gain_se[epoch - 1])
+        bar = best if np.isinf(best) else np.float32(best) - np.float32(min_delta) * se
         if val < bar:
             best, best_epoch, bad = val, epoch, 0
             if improved_epochs is not None:
@@ -252,25 +253,22 @@ def _reference_early_stopping(
     return best, best_epoch, active, diverged, diverged_epoch
 
 
-def _baseline_trainer(min_delta: float, mode: str = "abs") -> GroupTrainer:
+def _baseline_trainer(min_delta: float) -> GroupTrainer:
     config = make_config()
     config.model.baseline = "vol_band"
-    config.train.min_delta, config.train.min_delta_mode = min_delta, mode
+    config.train.min_delta = min_delta
     config = config_lib.validate(config)
     module = models.build(models.make_config(config))
     return GroupTrainer(config, module, NUM_COINS, sharding.coin_mesh(jax.devices()[:1]))
 
 
-@pytest.mark.parametrize("mode, min_delta_share", [("rel", 0.0), ("rel", 0.15), ("abs", 0.15)])
-def test_early_stopping_bookkeeping_matches_a_plain_reference(mode, min_delta_share):
+@pytest.mark.parametrize("min_delta", [0.0, 0.15])
+def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
     # With a baseline, the untrained model's val loss is the one to beat before epoch 1.
-    # With 0.15 coin 0's 10% gain at epoch 2 no longer counts as an improvement: as a
-    # share of each coin's best (rel), or as that share of coin 0's untrained loss (abs).
-    plain = _baseline_trainer(0.0)
-    arrays = plain.stack(list(preps()))
-    untrained = plain.init_state(coin_keys(0, range(NUM_COINS)), arrays)
-    scale = float(untrained.best_val[0]) if mode == "abs" else 1.0
-    trainer = _baseline_trainer(min_delta_share * scale, mode)
+    # Each epoch's gain has a standard error of its coin's untrained val loss, so with
+    # min_delta 0.15 coin 0's 10% gain at epoch 2 no longer counts as an improvement.
+    trainer = _baseline_trainer(min_delta)
+    arrays = trainer.stack(list(preps()))
     patience = trainer.spec.patience
     # In units of the untrained model's val loss (the baseline's, which is the best to beat).
     relative = np.array(
@@ -285,7 +283,8 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(mode, min_delta_sh
     state = trainer.init_state(coin_keys(0, range(NUM_COINS)), arrays)
     initial_best = np.asarray(state.best_val)
     assert np.isfinite(initial_best[:3]).all()  # the baseline's, not inf
-    vals = relative * np.where(np.isfinite(initial_best), initial_best, 1.0)[:, None]
+    se_K = np.where(np.isfinite(initial_best), initial_best, 1.0).astype(np.float32)
+    vals = relative * se_K[:, None]
     init_params = jax.device_get(state.params)
     improved_EK = []
     for e in range(vals.shape[1]):
@@ -293,14 +292,14 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(mode, min_delta_sh
         trained = jax.tree.map(lambda p, e=e: p + e + 1.0, init_params)
         params = step.select(state.active, trained, state.params)
         val_K = jnp.asarray(vals[:, e])
-        state, metrics = _end_epoch(trainer, state, params, val_K)
+        state, metrics = _end_epoch(trainer, state, params, val_K, jnp.asarray(se_K))
         improved_EK.append(np.asarray(metrics["improved"]))
     state = jax.device_get(state)
     assert not np.stack(improved_EK)[:, 3].any()  # the padded coin never trains
     for i in range(3):
         improved_epochs = []
         best, best_epoch, active, diverged, diverged_epoch = _reference_early_stopping(
-            vals[i], patience, initial_best[i], trainer.spec.min_delta, mode, improved_epochs
+            vals[i], patience, initial_best[i], min_delta, [se_K[i]] * len(vals[i]), improved_epochs
         )
         # metrics.jsonl's `improved`: exactly the epochs the plain reference improved on.
         assert [e + 1 for e, m in enumerate(improved_EK) if m[i]] == improved_epochs
@@ -311,17 +310,19 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(mode, min_delta_sh
         expected = jax.tree.map(lambda p, i=i, b=best_epoch: p[i] + b, init_params)
         _assert_trees_close(_coin(state.best_params, i), expected, rtol=1e-6, atol=1e-6)
     # min_delta is what decides coin 0: its epoch-2 gain of 10% only counts without it.
-    assert state.best_epoch[0] == (2 if min_delta_share == 0.0 else 0)
+    assert state.best_epoch[0] == (2 if min_delta == 0.0 else 0)
     # The diverged coin is reset to its best params; the padded coin never changes.
     _assert_trees_close(_coin(state.params, 1), _coin(state.best_params, 1), rtol=0, atol=0)
     assert state.epochs_run[3] == 0 and not state.active[3]
 
 
-def _end_epoch(trainer, state, params, val_K):
-    """step.end_epoch after a train pass that left `params` and no non-finite loss."""
+def _end_epoch(trainer, state, params, val_K, gain_se_K=None):
+    """step.end_epoch after a train pass that left `params` and no non-finite loss; the
+    gain's standard error is gain_se_K (float32 [K], default 0)."""
     zeros_K = jnp.zeros(val_K.shape, jnp.int32)
     trained = step.TrainPass(params, state.opt_state, val_K, zeros_K, zeros_K.astype(bool))
-    return step.end_epoch(trainer.spec, state, trained, val_K, val_K, jnp.zeros_like(val_K))
+    gain_se_K = jnp.zeros_like(val_K) if gain_se_K is None else gain_se_K
+    return step.end_epoch(trainer.spec, state, trained, val_K, val_K, gain_se_K)
 
 
 def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():

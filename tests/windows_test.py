@@ -29,7 +29,7 @@ INDICATORS = (
     "bb_width",
     "log_return",
 )
-NORMALIZATIONS = ("last_close", "zscore", "candle_minmax")
+NORMALIZATIONS = ("last_close", "candle_minmax")
 
 
 def _series(n=420, seed=0, missing=()):
@@ -61,14 +61,13 @@ def _reference_windows(series, prep, names, kind, ends):
     feats, ohlc = feats[offset:], series.ohlcv[offset:, :4]
     n_train = prep.ends["train"][-1] + H + 1
     mu, sd = feats[:n_train].mean(axis=0), feats[:n_train].std(axis=0)
-    o_mu, o_sd = ohlc[:n_train].mean(axis=0), ohlc[:n_train].std(axis=0)
     xs, ys = [], []
     for t in ends:
         x = np.empty((L, len(names)))
         for i, row in enumerate(range(t - L + 1, t + 1)):
             for j, name in enumerate(names):
                 value = feats[row, j]
-                if name not in features.PRICE_FEATURES or kind == "zscore":
+                if name not in features.PRICE_FEATURES:
                     x[i, j] = (value - mu[j]) / sd[j]
                 elif kind == "last_close":
                     x[i, j] = math.log(value / ohlc[t, 3])
@@ -77,8 +76,6 @@ def _reference_windows(series, prep, names, kind, ends):
         y = ohlc[t + 1 : t + H + 1]
         if kind == "last_close":
             y = np.log(y / ohlc[t, 3])
-        elif kind == "zscore":
-            y = (y - o_mu) / o_sd
         else:
             y = (y - y[:, 2:3]) / (y[:, 1:2] - y[:, 2:3])
         xs.append(x)
@@ -144,17 +141,6 @@ def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
     np.testing.assert_allclose(windows.to_prices(prep, ends, y_device), actual, rtol=2e-6)
 
 
-def test_zscore_round_trip_on_device():
-    prep = windows.prepare_series(_series(), _data_cfg(normalization="zscore"))
-    ends = prep.ends["val"]
-    _, y_device = stacking.gather(
-        prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H
-    )
-    np.testing.assert_allclose(
-        windows.to_prices(prep, ends, y_device), metrics.next_candles(prep.ohlc, ends, H), rtol=1e-5
-    )
-
-
 def test_candle_minmax_has_no_prices():
     prep = windows.prepare_series(_series(), _data_cfg(normalization="candle_minmax"))
     with pytest.raises(ValueError, match="candle_minmax"):
@@ -178,7 +164,7 @@ def _perturbed(series, first_row, seed=1):
     return Series(series.symbol, series.interval, series.open_time_ms, ohlcv)
 
 
-@pytest.mark.parametrize("kind", ["last_close", "zscore"])
+@pytest.mark.parametrize("kind", ["last_close"])
 def test_later_candles_do_not_leak_into_training(kind):
     cfg = _data_cfg(features=INDICATORS, normalization=kind)
     series = _series(missing=(150, 300))
@@ -197,7 +183,7 @@ def test_later_candles_do_not_leak_into_training(kind):
     assert not np.array_equal(_train_view(prep)[4], _train_view(touched)[4])
 
 
-@pytest.mark.parametrize("kind", ["last_close", "zscore"])
+@pytest.mark.parametrize("kind", ["last_close"])
 def test_a_saved_norm_scales_new_data_as_training_did(kind):
     """evaluate/predict on new data: the training run's statistics, never re-fitted ones."""
     cfg = _data_cfg(features=INDICATORS, normalization=kind)
@@ -215,15 +201,6 @@ def test_a_saved_norm_scales_new_data_as_training_did(kind):
     np.testing.assert_allclose(prep.inputs[:, other], expected[:, other], rtol=1e-5, atol=1e-5)
     refitted = windows.prepare_series(new, cfg)
     assert not np.allclose(refitted.inputs[:, other], prep.inputs[:, other], atol=1e-3)
-    if kind == "zscore":
-        ohlc = trained_on.ohlcv[first:][:n_train, :4]
-        targets = (new.ohlcv[first:, :4] - ohlc.mean(axis=0)) / ohlc.std(axis=0)
-        np.testing.assert_allclose(prep.targets, targets, rtol=1e-5, atol=1e-5)
-        ends = prep.ends["test"]
-        _, y = stacking.gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H)
-        np.testing.assert_allclose(
-            windows.to_prices(prep, ends, y), metrics.next_candles(prep.ohlc, ends, H), rtol=1e-5
-        )
     with pytest.raises(ValueError, match="feature_mean/feature_std do not fit 4 columns"):
         windows.prepare_series(new, _data_cfg(normalization=kind), fitted_norm=saved)
 

@@ -6,8 +6,6 @@ Normalisation is arranged so that the device only ever subtracts an anchor:
   - last_close: inputs/targets of price columns hold log(p / p0) and
     anchor[t] = log(close[t] / p0), so windows are log ratios to the window's own
     last close. Nothing is fitted, and predictions map back exactly.
-  - zscore: each column is standardised with mean/std of the TRAIN candles only;
-    anchor = 0.
   - candle_minmax: the replaced system's per-candle (x - low) / (high - low);
     anchor = 0. Lossy: the price level is gone, so no price-space metric exists.
 Non-price features (volume, RSI, ...) are z-scored with train-split statistics in
@@ -60,7 +58,7 @@ def normalise(ohlc_TC, feats_TF, names, n_train: int, kind: str, fitted: dict | 
         mu, sd = train_stats(feats_TF[:n_train])
     else:
         mu, sd = fitted_stats(fitted, "feature_mean", "feature_std", len(names))
-    # Non-price columns keep this z-score in every mode; zscore keeps it for all columns.
+    # Non-price columns keep this z-score in every mode.
     inputs_TF = (feats_TF - mu) / sd
     norm = {"kind": kind, "feature_mean": mu, "feature_std": sd}
     if kind == "last_close":
@@ -69,21 +67,13 @@ def normalise(ohlc_TC, feats_TF, names, n_train: int, kind: str, fitted: dict | 
             inputs_TF[:, price] = np.log(feats_TF[:, price]) - log_p0
         targets_TC = np.log(ohlc_TC) - log_p0
         return inputs_TF, targets_TC, targets_TC[:, 3].copy(), {**norm, "log_p0": log_p0}
-    anchor_T = np.zeros(len(ohlc_TC))
-    if kind == "zscore":
-        if fitted is None:
-            t_mu, t_sd = train_stats(ohlc_TC[:n_train])
-        else:
-            t_mu, t_sd = fitted_stats(fitted, "mean", "std", ohlc_TC.shape[1])
-        targets_TC = (ohlc_TC - t_mu) / t_sd
-        return inputs_TF, targets_TC, anchor_T, {**norm, "mean": t_mu, "std": t_sd}
     if kind == "candle_minmax":
         low_T1, high_T1 = ohlc_TC[:, 2:3], ohlc_TC[:, 1:2]
         range_T1 = np.where(high_T1 - low_T1 > 0, high_T1 - low_T1, 1.0)
         inputs_TF[:, price] = (feats_TF[:, price] - low_T1) / range_T1
-        return inputs_TF, (ohlc_TC - low_T1) / range_T1, anchor_T, norm
+        return inputs_TF, (ohlc_TC - low_T1) / range_T1, np.zeros(len(ohlc_TC)), norm
     raise ValueError(
-        f"data.normalization={kind!r} is not allowed: expected last_close, zscore or candle_minmax"
+        f"data.normalization={kind!r} is not allowed: expected last_close or candle_minmax"
     )
 
 

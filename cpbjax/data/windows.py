@@ -21,8 +21,9 @@ a window of one split is kept only if its last target candle comes before the
 last input candle of the next split's first window, so the target candles of
 the splits are disjoint however the gaps fall (without gaps this is exactly
 "drop the H windows before each boundary"). "Train candles" are the candles
-some training window reads (inputs or targets); zscore statistics are fitted on
-them alone, so changing any later candle changes nothing in training.
+some training window reads (inputs or targets); the non-price features' z-score
+statistics are fitted on them alone, so changing any later candle changes nothing in
+training.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ class PreparedSeries:
         without aux targets; rows that end no window are 0).
       ends: split name -> int64 [N] window end indices t (gap-free, purged).
       norm: the fitted statistics and how to map back: {"kind", "feature_mean",
-        "feature_std" (float64 [F], the train split's), and "log_p0" (last_close) or
-        "mean", "std" (zscore, float64 [4]); with aux targets also "aux_targets" (their
+        "feature_std" (float64 [F], the train split's), and "log_p0" (last_close); with
+        aux targets also "aux_targets" (their
         names), "aux_mean", "aux_std" (float64 [A])}; saved with a model's meta.json.
       price_mask: float32 [F], 1 on price-valued feature columns.
       notes: the Series notes plus "used_candles" (T) and "windows" (split -> count).
@@ -373,11 +374,9 @@ def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) ->
     kind = prep.norm["kind"]
     if kind == "last_close":
         return prep.ohlc[np.asarray(ends_N), 3][:, None, None] * np.exp(pred)
-    if kind == "zscore":
-        return pred * prep.norm["std"] + prep.norm["mean"]
     raise ValueError(
         f"{prep.name}: data.normalization='candle_minmax' keeps no price level, so "
-        "forecasts cannot be mapped to prices; use last_close or zscore"
+        "forecasts cannot be mapped to prices; use last_close"
     )
 
 

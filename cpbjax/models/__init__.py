@@ -15,8 +15,6 @@ subclass) whose own fields are named like its config.model entries, then
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import ml_collections
 import numpy as np
@@ -86,35 +84,18 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
         "horizon": config.data.horizon,
         "num_features": len(config.data.features),
         "num_targets": NUM_TARGETS,
-        # .get: the config of a model saved before aux targets existed has no such field.
-        "num_aux": len(config.model.get("aux_targets", ())),
+        "num_aux": len(config.model.aux_targets),
         "dtype": config.dtype,
         "matmul_precision": config.matmul_precision,
-        # .get: a model saved before the option existed was trained with autodiff.
-        "recurrent_gradient": config.get("recurrent_gradient", "autodiff"),
         "price_columns": tuple(int(j) for j in np.flatnonzero(price_mask(config.data.features))),
     }
     own = {}
     for field in config_cls.group_fields():
-        if field in config.model:  # JSON (a saved model's config) turns tuples into lists
-            value = config.model[field]
-            own[field] = tuple(value) if isinstance(value, list) else value
-        elif field not in _DEFAULTED[config_cls]:
+        if field in config.model:
+            own[field] = config.model[field]
+        else:
             raise ValueError(f"config.model.{field} is missing: model {name!r} needs it")
     return config_cls(**shared, **own)
-
-
-class _Defaulted(dict):
-    """config class -> its fields with defaults, which a model saved before they existed
-    may lack (they then take the default, the behaviour of that earlier cpbjax)."""
-
-    def __missing__(self, cls):
-        fields = dataclasses.fields(cls)
-        self[cls] = frozenset(f.name for f in fields if f.default is not dataclasses.MISSING)
-        return self[cls]
-
-
-_DEFAULTED = _Defaulted()
 
 
 def build(model_cfg: common.ModelConfig) -> nn.Module:

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpbjax import config_rules as rules
-from cpbjax.models import recurrence
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -30,7 +29,7 @@ PRECISIONS = {
 }
 DECODINGS = ("autoregressive", "direct")
 # What the network's output is added to (model.baseline); see ForecastOutput.
-BASELINES = ("none", "persistence", "vol_band")
+BASELINES = ("none", "vol_band")
 # model.window_scale: none | range (price inputs in units of the window's EWMA log range,
 # and the head's median output multiplied back by it); see PriceScale.
 WINDOW_SCALES = ("none", "range")
@@ -39,9 +38,6 @@ WINDOW_SCALES = ("none", "range")
 RANGE_FLOOR = 1e-6
 HIGH, LOW = 1, 2  # columns of high and low in the targets and in the input features
 BAND_DECAY = 0.9  # EWMA weight ratio of the band's range, baselines.EWMA_DECAY's value
-# One-step standard deviation of log price moves per unit of the window's EWMA log range:
-# about 0.5 on the synthetic and real series; only the untrained quantiles' spread uses it.
-SPREAD_PER_RANGE = 0.5
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,12 +54,8 @@ class ModelConfig:
     dropout: float = 0.0  # Dropout rate; only active with train=True.
     dtype: str = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
     matmul_precision: str = "default"  # highest | high | default.
-    baseline: str = "none"  # none | persistence | vol_band: what the output corrects.
-    quantiles: tuple = ()  # Quantile levels of the outputs, 0.5 among them; () = point.
-    series_embedding: int = 0  # V, width of the learned per-series input vector; 0 = none.
+    baseline: str = "none"  # none | vol_band: what the output corrects.
     window_scale: str = "none"  # none | range: see PriceScale.
-    # autodiff | fused: how a GRU/LSTM encoder is differentiated (models/recurrence.py).
-    recurrent_gradient: str = "autodiff"
     # Indices of the input columns that are prices (normalize.price_mask of data.features).
     price_columns: tuple = (0, 1, 2, 3)
     # Y: independently initialised members trained side by side whose forecasts are
@@ -81,7 +73,6 @@ class ModelConfig:
             "num_aux",
             "dtype",
             "matmul_precision",
-            "recurrent_gradient",
             "price_columns",
         )
     )
@@ -131,10 +122,6 @@ class ModelConfig:
             rules.one_of("model.baseline", value, BASELINES)
         elif field == "window_scale":
             rules.one_of("model.window_scale", value, WINDOW_SCALES)
-        elif field == "quantiles":
-            check_quantiles(value)
-        elif field == "series_embedding":
-            rules.int_in("model.series_embedding", value, 0, cls.MAX_INT)
         elif field == "ensemble":
             rules.int_in("model.ensemble", value, 1, cls.MAX_MEMBERS)
         elif field == "dropout":
@@ -151,24 +138,13 @@ class ModelConfig:
     @classmethod
     def check_rules(cls, group: Mapping) -> None:
         """Rules between fields (e.g. a width that its heads divide); subclasses call super."""
-        for field in ("baseline", "quantiles", "window_scale"):
+        for field in ("baseline", "window_scale"):
             rules.check(
-                not group[field] or group[field] == "none" or group["decoding"] == "direct",
+                group[field] == "none" or group["decoding"] == "direct",
                 f"model.{field}",
                 group[field],
-                "none / () with model.decoding='autoregressive' (it needs direct decoding)",
+                "none with model.decoding='autoregressive' (it needs direct decoding)",
             )
-        rules.check(
-            not group.get("series_embedding") or group["decoding"] == "direct",
-            "model.series_embedding",
-            group.get("series_embedding"),
-            "0 with model.decoding='autoregressive' (its decoder reads candles, not the vector)",
-        )
-
-    @property
-    def num_quantiles(self) -> int:
-        """Outputs per target and step: len(quantiles), or 1 for a point forecast."""
-        return max(len(self.quantiles), 1)
 
 
 @functools.cache
@@ -185,13 +161,6 @@ def check_divides(group: Mapping, width: str, heads: str) -> None:
         group[width],
         f"a multiple of model.{heads} ({group[heads]})",
     )
-
-
-def check_quantiles(levels) -> None:
-    """config.model.quantiles: () or increasing levels in (0, 1) that include 0.5."""
-    ok = isinstance(levels, (tuple, list)) and all(rules.is_num(q) and 0 < q < 1 for q in levels)
-    ok = ok and list(levels) == sorted(set(levels)) and (not levels or 0.5 in levels)
-    rules.check(ok, "model.quantiles", levels, "() or increasing levels in (0, 1) including 0.5")
 
 
 def window_range(x_BLF: jax.Array, decay: float = BAND_DECAY) -> jax.Array:
@@ -240,102 +209,41 @@ def head_init(cfg: ModelConfig):
     return nn.initializers.zeros if cfg.baseline != "none" else nn.linear.default_kernel_init
 
 
-def head_outputs(cfg: ModelConfig) -> int:
-    """Raw outputs per horizon step of a direct head: C targets x the quantile count."""
-    return cfg.num_targets * cfg.num_quantiles
-
-
 class ForecastOutput(nn.Module):
-    """Turns a head's raw outputs [B, H, C·J] into forecasts: quantiles, then the baseline.
-
-    Quantiles (cfg.quantiles, J levels with 0.5 at index m) never cross by construction:
-    the median is raw[..., m] and each other level lies a softplus step further out,
-    scaled by the window's range (window_range), so the widths follow volatility.
-    The baseline (cfg.baseline) is added to every level:
-      persistence: the last close for every column (0 in the last_close space);
-      vol_band: additionally high = +k_h·sigma and low = -k'_h·sigma, sigma the
-        window's EWMA log range and k, k' learned per step ("band_high", "band_low" [H];
-        group training starts them at the coin's train-split fit, `with_band`).
-    Returns [B, H, C] (the median / point forecast), or [B, H, C, J] with quantiles=True.
+    """Turns a head's raw outputs [B, H, C] into forecasts [B, H, C]: the raw output (times
+    the window's range under window_scale=range) plus the baseline (cfg.baseline):
+      vol_band: the last close for every column (0 in the last_close space), and
+        high = +k_h·sigma and low = -k'_h·sigma, sigma the window's EWMA log range and
+        k, k' learned per step ("band_high", "band_low" [H]; group training starts them
+        at the coin's train-split fit, `with_band`).
     """
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, raw: jax.Array, x_BLF: jax.Array, quantiles: bool = False):
+    def __call__(self, raw: jax.Array, x_BLF: jax.Array):
         cfg = self.cfg
-        raw_BHCJ = raw.astype(jnp.float32).reshape(
-            *raw.shape[:2], cfg.num_targets, cfg.num_quantiles
-        )
+        y_BHC = raw.astype(jnp.float32).reshape(*raw.shape[:2], cfg.num_targets)
         sigma_B = window_range(x_BLF)
-        if cfg.window_scale == "range":  # the median is in range units; the spreads already are
-            m = cfg.quantiles.index(0.5) if cfg.quantiles else 0
-            raw_BHCJ = raw_BHCJ.at[..., m].multiply(floored_range(sigma_B)[:, None, None])
-        y_BHCJ = self._quantiles(raw_BHCJ, sigma_B) if cfg.quantiles else raw_BHCJ
+        if cfg.window_scale == "range":  # the output is in range units
+            y_BHC = y_BHC * floored_range(sigma_B)[:, None, None]
         if cfg.baseline == "vol_band":
             steps_H = jnp.sqrt(jnp.arange(1, cfg.horizon + 1, dtype=jnp.float32))
             k_high_H = self.param("band_high", lambda _: 0.5 * steps_H)
             k_low_H = self.param("band_low", lambda _: 0.5 * steps_H)
             band_BH = sigma_B[:, None]
-            y_BHCJ = y_BHCJ.at[:, :, HIGH].add((k_high_H * band_BH)[..., None])
-            y_BHCJ = y_BHCJ.at[:, :, LOW].add((-k_low_H * band_BH)[..., None])
-        if quantiles and cfg.quantiles:
-            return y_BHCJ
-        return y_BHCJ[..., cfg.quantiles.index(0.5) if cfg.quantiles else 0]
-
-    def _quantiles(self, raw_BHCJ, sigma_B):
-        m = self.cfg.quantiles.index(0.5)
-        median_BHC = raw_BHCJ[..., m]
-        spread_HCJ = self.param("spread", self._spread_init)
-        step_BHCJ = jax.nn.softplus(raw_BHCJ + spread_HCJ) * sigma_B[:, None, None, None]
-        below = jnp.flip(jnp.cumsum(jnp.flip(step_BHCJ[..., :m], -1), -1), -1)
-        above = jnp.cumsum(step_BHCJ[..., m + 1 :], -1)
-        med = median_BHC[..., None]
-        return jnp.concatenate([med - below, med, med + above], axis=-1)
-
-    def _spread_init(self, _) -> jax.Array:
-        """[H, C, J] so that an untrained model's levels are SPREAD_PER_RANGE * sqrt(h) *
-        sigma times the normal distribution's gaps between them: roughly calibrated
-        from the first step, as a random walk's spread grows with sqrt(h)."""
-        cfg = self.cfg
-        z_J = jax.scipy.special.ndtri(jnp.asarray(cfg.quantiles, jnp.float32))
-        m = cfg.quantiles.index(0.5)
-        # The gap from each level to its neighbour nearer the median (0 at the median).
-        gap_J = jnp.abs(z_J - jnp.concatenate([z_J[1 : m + 1], z_J[m : m + 1], z_J[m:-1]]))
-        steps_H = jnp.sqrt(jnp.arange(1, cfg.horizon + 1, dtype=jnp.float32))
-        gap_HJ = SPREAD_PER_RANGE * steps_H[:, None] * gap_J[None]
-        inverse_softplus_HJ = jnp.log(jnp.expm1(jnp.maximum(gap_HJ, 1e-6)))
-        return jnp.broadcast_to(
-            inverse_softplus_HJ[:, None], (cfg.horizon, cfg.num_targets, len(z_J))
-        )
+            y_BHC = y_BHC.at[:, :, HIGH].add(k_high_H * band_BH)
+            y_BHC = y_BHC.at[:, :, LOW].add(-k_low_H * band_BH)
+        return y_BHC
 
 
-# The param name of the per-series vector: pooled.py keeps it per coin, all else shared.
-SERIES_EMBEDDING = "series_embedding"
 # The params key of model.ensemble's members, every leaf under it [Y, ...] (ensemble.py).
 MEMBERS = "members"
 
 
-def series_vector(module: nn.Module, cfg: ModelConfig) -> jax.Array | None:
-    """Declares (in `module.setup`) the learned per-series vector [V], zero at init, or None
-    without cfg.series_embedding."""
-    if not cfg.series_embedding:
-        return None
-    return module.param(SERIES_EMBEDDING, nn.initializers.zeros, (cfg.series_embedding,))
-
-
-def with_series_vector(x_BLF: jax.Array, v_V: jax.Array | None) -> jax.Array:
-    """[B, L, F] -> [B, L, F + V]: the series vector as V more columns of every candle
-    (appended, so the OHLC columns that ForecastOutput reads keep their places)."""
-    if v_V is None:
-        return x_BLF
-    v_BLV = jnp.broadcast_to(v_V.astype(x_BLF.dtype), (*x_BLF.shape[:2], v_V.shape[0]))
-    return jnp.concatenate([x_BLF, v_BLV], axis=-1)
-
-
 def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
-    """module.init's params, refusing a baseline (cfg.baseline), a window scale
-    (cfg.window_scale) or a series vector (cfg.series_embedding) the module would ignore.
+    """module.init's params, refusing a baseline (cfg.baseline) or a window scale
+    (cfg.window_scale) the module would ignore.
 
     A registered user model whose forecasts do not go through ForecastOutput would
     silently forecast without its baseline (and, for vol_band, have no band to start);
@@ -362,13 +270,6 @@ def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
                 f"{' and '.join(missing)}; model {cfg.name!r} does not: set "
                 f"--config.model.{field}=none"
             )
-    declared = SERIES_EMBEDDING in params.get(MEMBERS, params)
-    if module.cfg.series_embedding and not declared:
-        raise rules.ConfigError(
-            f"config.model.series_embedding={module.cfg.series_embedding} needs a model that "
-            f"declares it (common.series_vector); model {module.cfg.name!r} does not: set "
-            "--config.model.series_embedding=0"
-        )
     return params
 
 
@@ -522,9 +423,8 @@ class Attention(nn.Module):
 class RNNSeq2Seq(nn.Module):
     """Stacked-RNN encoder, attention over its outputs, and a stacked-RNN decoder.
 
-    Subclasses name a `cell_type` (an nn.RNNCellBase built as cell_type(hidden, cfg)),
-    its `recurrence_kind` (gru | lstm: the cell `recurrence.EncoderLayer` stands in for
-    under recurrent_gradient=fused) and an `attention_type` (built as
+    Subclasses name a `cell_type` (an nn.RNNCellBase built as cell_type(hidden, cfg))
+    and an `attention_type` (built as
     attention_type(cfg), with `prepare(enc_BLD) -> memory` computed once and
     `__call__(memory, q_BD) -> ctx_BD`).
     Dropout sits between stacked layers, as in torch's nn.GRU / nn.LSTM.
@@ -538,7 +438,6 @@ class RNNSeq2Seq(nn.Module):
 
     cfg: RNNConfig
     cell_type: ClassVar[Any]
-    recurrence_kind: ClassVar[str]
     attention_type: ClassVar[Any]
 
     def setup(self):
@@ -549,13 +448,12 @@ class RNNSeq2Seq(nn.Module):
             self.decoder = [self.cell_type(cfg.hidden, cfg) for _ in range(cfg.num_layers)]
         self.attention = self.attention_type(cfg)
         self.head_hidden = dense(cfg, cfg.hidden)
-        out = cfg.num_targets if autoregressive else cfg.horizon * head_outputs(cfg)
+        out = cfg.num_targets if autoregressive else cfg.horizon * cfg.num_targets
         self.head_out = dense(cfg, out, kernel_init=head_init(cfg))
         self.price_scale = PriceScale(cfg)
         self.output = ForecastOutput(cfg)
         self.aux_head = aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
-        self.series_vector = series_vector(self, cfg)
 
     def __call__(
         self,
@@ -564,7 +462,6 @@ class RNNSeq2Seq(nn.Module):
         train: bool = False,
         teacher_forcing=0.0,
         return_aux: bool = False,
-        return_quantiles: bool = False,
     ):
         """Forecasts H candles from windows.
 
@@ -576,11 +473,9 @@ class RNNSeq2Seq(nn.Module):
           teacher_forcing: per-step probability (float or traced scalar) of feeding
             the true previous candle instead of the forecast.
           return_aux: also return the aux head's forecasts.
-          return_quantiles: with model.quantiles, forecasts of every level [B, H, C, J]
-            instead of the median.
 
         Returns:
-          Forecasts [B, H, C] float32 (or [B, H, C, J], see return_quantiles), in the
+          Forecasts [B, H, C] float32, in the
           normalised space of the targets; with return_aux, (forecasts, aux forecasts
           [B, A] float32).
 
@@ -593,22 +488,18 @@ class RNNSeq2Seq(nn.Module):
         memory = self.attention.prepare(enc_BLD)
         last_BD = enc_BLD[:, -1]
         if cfg.decoding == "direct":
-            y_flat = self._head(last_BD, self.attention(memory, last_BD))  # [B, H * C * J]
-            raw = y_flat.reshape(-1, cfg.horizon, head_outputs(cfg))
-            y_hat_BHC = self.output(raw, x_BLF, return_quantiles)
+            y_flat = self._head(last_BD, self.attention(memory, last_BD))  # [B, H * C]
+            raw = y_flat.reshape(-1, cfg.horizon, cfg.num_targets)
+            y_hat_BHC = self.output(raw, x_BLF)
         else:
             y_hat_BHC = self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
         return outputs(self.aux_head, y_hat_BHC, last_BD, return_aux)
 
     def _encoder_layer(self) -> nn.Module:
-        cfg = self.cfg
-        if cfg.recurrent_gradient == "fused":
-            spec = recurrence.Spec(self.recurrence_kind, cfg.compute_dtype, cfg.precision)
-            return recurrence.EncoderLayer(cfg.hidden, spec)
-        return nn.RNN(self.cell_type(cfg.hidden, cfg), return_carry=True)
+        return nn.RNN(self.cell_type(self.cfg.hidden, self.cfg), return_carry=True)
 
     def _encode(self, x_BLF, train):
-        h_BLD = with_series_vector(self.price_scale(x_BLF), self.series_vector)
+        h_BLD = self.price_scale(x_BLF)
         states = []
         for i, rnn in enumerate(self.encoder):
             state, h_BLD = rnn(h_BLD)

@@ -13,7 +13,7 @@ and optimizer.make_optimizer vmaps the Optax chain over the member axis, so each
 takes exactly the update it would take alone on the same batch: its own gradient
 clipping and Adam moments. The forecast (member_outputs=False) is the mean over the
 members of their log forecasts (under last_close normalisation, the geometric mean of
-their prices); for quantiles, the mean of each level, which keeps the levels sorted.
+their prices).
 Early stopping judges that mean forecast, so the members are kept (or not) together.
 
 Shape letters (docs/design.md): Y members, B batch, L lookback, H horizon, C targets.
@@ -44,7 +44,6 @@ class Ensemble(nn.Module):
         train: bool = False,
         teacher_forcing=0.0,
         return_aux: bool = False,
-        return_quantiles: bool = False,
         member_outputs: bool = False,
     ):
         """The architecture's outputs averaged over the members (its __call__ contract), or
@@ -57,9 +56,8 @@ class Ensemble(nn.Module):
             out_axes=0,
             axis_size=self.cfg.ensemble,
         )
-        # Positional (nn.vmap broadcasts them); return_quantiles only when asked, as
-        # step.quantile_kwargs passes it, so a registered model need not take it.
-        args = (x_BLF, y_BHC, train, teacher_forcing, return_aux) + (True,) * return_quantiles
+        # Positional: nn.vmap broadcasts them.
+        args = (x_BLF, y_BHC, train, teacher_forcing, return_aux)
         out = stack(self.cfg, name=common.MEMBERS)(*args)
         if member_outputs:
             return out

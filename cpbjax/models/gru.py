@@ -78,6 +78,5 @@ class PoolingAttention(nn.Module):
 class GRUSeq2Seq(common.RNNSeq2Seq):
     """2-layer GRU encoder and decoder, hidden 128, simple attention; see RNNSeq2Seq."""
 
-    recurrence_kind = "gru"
     cell_type = GRUCell
     attention_type = PoolingAttention

@@ -85,6 +85,5 @@ class DecoderAttention(nn.Module):
 class LSTMSeq2Seq(common.RNNSeq2Seq):
     """2-layer LSTM encoder and decoder, hidden 256, 4-head attention; see RNNSeq2Seq."""
 
-    recurrence_kind = "lstm"
     cell_type = LSTMCell
     attention_type = DecoderAttention

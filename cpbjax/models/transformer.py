@@ -142,14 +142,11 @@ class Transformer(nn.Module):
             self.target_proj = common.dense(cfg, cfg.d_model)
         self.encoder = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
         self.decoder = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
-        direct = cfg.decoding == "direct"
-        out = common.head_outputs(cfg) if direct else cfg.num_targets
-        self.output_proj = common.dense(cfg, out, kernel_init=common.head_init(cfg))
+        self.output_proj = common.dense(cfg, cfg.num_targets, kernel_init=common.head_init(cfg))
         self.price_scale = common.PriceScale(cfg)
         self.output = common.ForecastOutput(cfg)
         self.aux_head = common.aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
-        self.series_vector = common.series_vector(self, cfg)
         if cfg.decoding == "direct":
             init = nn.initializers.normal(0.02)
             self.queries = self.param("queries", init, (cfg.horizon, cfg.d_model))
@@ -161,7 +158,6 @@ class Transformer(nn.Module):
         train: bool = False,
         teacher_forcing=0.0,
         return_aux: bool = False,
-        return_quantiles: bool = False,
     ):
         """Forecasts H candles from windows: the model interface of every cpbjax model, with
         the arguments and returns documented on `common.RNNSeq2Seq.__call__`."""
@@ -174,7 +170,7 @@ class Transformer(nn.Module):
             h_BHD = h_BHD.astype(cfg.compute_dtype)
             for layer, kv in zip(self.decoder, cross_kv, strict=True):
                 h_BHD = layer(h_BHD, kv, train)
-            y_hat_BHC = self.output(self.output_proj(h_BHD), x_BLF, return_quantiles)
+            y_hat_BHC = self.output(self.output_proj(h_BHD), x_BLF)
         else:
             y_hat_BHC = self._autoregressive(
                 cross_kv, x_BLF.shape[0], y_BHC, train, teacher_forcing
@@ -184,8 +180,7 @@ class Transformer(nn.Module):
 
     def _encode(self, x_BLF, train):
         cfg = self.cfg
-        # [B, L, F + V]: prices in range units (model.window_scale), then the series vector.
-        x_BLF = common.with_series_vector(self.price_scale(x_BLF), self.series_vector)
+        x_BLF = self.price_scale(x_BLF)  # prices in range units (model.window_scale)
         h_BLD = self.input_proj(x_BLF) + sinusoid(x_BLF.shape[1], cfg.d_model)
         h_BLD = self.drop(h_BLD.astype(cfg.compute_dtype), deterministic=not train)
         for layer in self.encoder:

@@ -1,0 +1,103 @@
+"""config.upgrade: a config saved by an earlier cpbjax, read into today's schema."""
+
+import json
+import os
+
+import pytest
+
+from cpbjax import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The config.json that `launch.py --config configs/gru.py:tiny --config.train.epochs=1`
+# wrote at commit 2c4dd27, the release before the knobs of issue #41 were retired.
+PREVIOUS_TINY = os.path.join(ROOT, "tests", "data", "config_gru_tiny_2c4dd27.json")
+
+
+def _saved() -> dict:
+    with open(PREVIOUS_TINY) as f:
+        return json.load(f)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_the_previous_release_config_loads_as_todays_tiny_config():
+    saved = _saved()
+    upgraded = config_lib.validate(config_lib.upgrade(saved))
+    today = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
+    today.train.epochs = 1  # as the saved run was launched
+    got, want = _flat(upgraded.to_dict()), _flat(today.to_dict())
+    assert got == want  # every field that still exists, and no retired one
+    retired = set(_flat(saved)) - set(want)
+    assert retired == {
+        "recurrent_gradient",
+        "model.quantiles",
+        "model.series_embedding",
+        "train.min_delta_mode",
+        "eval.interval_vol_days",
+        "eval.interval_vol_weight",
+    }
+
+
+@pytest.mark.parametrize("path", ["configs/gru.py", "configs/transformer.py:tiny"])
+def test_a_config_saved_today_upgrades_to_itself(path):
+    # Without train.min_delta_mode, as a config saved before it existed: the margin is
+    # in standard errors (today's), not the loss's units (then).
+    today = config_lib.load(os.path.join(ROOT, path))
+    saved = json.loads(json.dumps(today.to_dict()))  # as config.json holds it
+    assert config_lib.upgrade(saved).to_dict() == today.to_dict()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("model.quantiles", [0.1, 0.5, 0.9]),
+        ("model.series_embedding", 4),
+        ("recurrent_gradient", "fused"),
+        ("train.min_delta_mode", "rel"),
+        ("eval.interval_vol_days", 3.0),
+        ("eval.interval_vol_weight", 0.5),
+        ("train.loss", "huber"),
+        ("train.loss", "pinball"),
+        ("model.baseline", "persistence"),
+        ("data.normalization", "zscore"),
+    ],
+)
+def test_a_retired_option_set_in_a_saved_config_is_refused_by_name(field, value):
+    saved, (*groups, leaf) = _saved(), field.split(".")
+    group = saved
+    for part in groups:
+        group = group[part]
+    group[leaf] = value
+    with pytest.raises(config_lib.ConfigError, match=rf"config\.{field}=.* was retired, so "):
+        config_lib.upgrade(saved)
+
+
+def test_fields_added_since_take_the_value_of_the_earlier_behaviour():
+    # A config from before the levers, the pooled model, intervals and the band refit,
+    # with the margin in the loss's units (train.min_delta_mode did not exist).
+    saved = _saved()
+    for field in ("baseline", "window_scale", "ensemble", "aux_targets", "quantiles"):
+        del saved["model"][field]
+    for field in ("loss", "loss_scale", "share", "pooled_chunk", "min_delta_mode"):
+        del saved["train"][field]
+    for field in ("interval_levels", "refit_band", "interval_vol_days", "interval_vol_weight"):
+        del saved["eval"][field]
+    del saved["backtest"], saved["sweep"], saved["serve"], saved["recurrent_gradient"]
+    saved["train"]["min_delta"] = 0.0
+    c = config_lib.validate(config_lib.upgrade(saved))
+    assert (c.model.baseline, c.model.window_scale, c.model.ensemble) == ("none", "none", 1)
+    assert (c.train.loss, c.train.loss_scale, c.train.share) == ("mse", "none", "series")
+    assert (c.eval.interval_levels, c.eval.refit_band) == ((), False)
+    assert c.train.min_delta == 0.0 and c.sweep.learning_rate == ()
+    # A margin in the loss's units has no counterpart now.
+    saved["train"]["min_delta"] = 0.005
+    with pytest.raises(config_lib.ConfigError, match=r"config\.train\.min_delta_mode='abs'"):
+        config_lib.upgrade(saved)
