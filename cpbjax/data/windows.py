@@ -16,13 +16,21 @@ across a gap as if the candles were consecutive; windows never span a gap.
 Auxiliary targets (config.model.aux_targets, `auxiliary`) are one row per window,
 indexed by its end t.
 
-Splits are chronological over the gap-free windows. Purging is by candle index:
+Splits are chronological over the gap-free windows, by fractions of each series'
+windows (data.splits) or by calendar dates shared by every series (data.split_dates,
+`calendar_split_ends`). Fractional purging is by candle index:
 a window of one split is kept only if its last target candle comes before the
 last input candle of the next split's first window, so the target candles of
 the splits are disjoint however the gaps fall (without gaps this is exactly
 "drop the H windows before each boundary"). "Train candles" are the candles
 some training window reads (inputs or targets); zscore statistics are fitted on
 them alone, so changing any later candle changes nothing in training.
+
+Calendar splits purge by time: a window belongs to the split in which its whole target
+span lies, and a train window's inputs and targets all lie before the val span, so no
+train window of any series overlaps any series' val or test span; windows straddling a
+date are dropped. A series whose windows all end before the val span is training data
+only, and is skipped with that reason (it has no val or test windows to score).
 """
 
 from __future__ import annotations
@@ -32,9 +40,10 @@ import dataclasses
 import numpy as np
 from absl import logging
 
+from cpbjax import config_rules
 from cpbjax.data import auxiliary, normalize
 from cpbjax.data import features as features_lib
-from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped, split_date_ms
 
 SPLITS = ("train", "val", "test")
 EPOCH_SPLITS = ("train", "val")  # the splits a training epoch reads (GroupArrays)
@@ -128,6 +137,46 @@ def split_ends(ends: np.ndarray, splits, horizon: int) -> dict:
     return parts
 
 
+def calendar_split_ends(ends, open_time_ms, step_ms: int, horizon: int, bounds_ms) -> dict:
+    """Calendar train/val/test split of window ends, each window wholly inside its split.
+
+    Args:
+      ends: int [N] window end indices (gap-free windows) into open_time_ms.
+      open_time_ms: int64 [T] candle open times. step_ms: the interval's length.
+      horizon: H, the number of target candles after each end.
+      bounds_ms: (val_start, test_start), epoch ms (data.split_dates).
+
+    Returns:
+      split name -> int64 [N_split] ends: train windows whose last target closes by
+      val_start (their inputs come earlier still); val windows whose targets open at or
+      after val_start and close by test_start; test windows whose targets open at or after
+      test_start. Windows straddling a date belong to no split.
+    """
+    ends = np.asarray(ends, np.int64)
+    if not len(ends):
+        return {split: ends for split in SPLITS}
+    first_open_N = open_time_ms[ends + 1]
+    last_close_N = open_time_ms[ends + horizon] + step_ms
+    val_start, test_start = bounds_ms
+    return {
+        "train": ends[last_close_N <= val_start],
+        "val": ends[(first_open_N >= val_start) & (last_close_N <= test_start)],
+        "test": ends[first_open_N >= test_start],
+    }
+
+
+def split_bounds_ms(data_cfg) -> tuple[int, int] | None:
+    """data.split_dates as (val_start, test_start) epoch ms; None for fractional splits
+    (also for a config saved before the field existed)."""
+    dates = tuple(data_cfg.get("split_dates", ()))
+    return tuple(split_date_ms(d) for d in dates) if dates else None
+
+
+def newest_start(num_candles: int, first_valid: int, max_candles: int) -> int:
+    """The first row kept: past the warm-up, the newest max_candles (0 = no cap)."""
+    return max(first_valid, num_candles - max_candles) if max_candles else first_valid
+
+
 def series_features(series: Series, names) -> tuple[np.ndarray, int]:
     """`features.compute` on the whole loaded history of `series`: (float64 [T, F], first_valid).
 
@@ -144,7 +193,7 @@ def _kept_rows(series: Series, data_cfg, names):
       SeriesSkipped: if fewer than data.min_candles candles remain.
     """
     feats_TF, first_valid = series_features(series, names)
-    start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
+    start = newest_start(len(series.ohlcv), first_valid, data_cfg.max_candles)
     times_T, ohlcv_T5 = series.open_time_ms[start:], series.ohlcv[start:]
     if len(ohlcv_T5) < data_cfg.min_candles:
         raise SeriesSkipped(
@@ -160,8 +209,17 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
     Raises:
       SeriesSkipped: if a split has no window.
     """
-    L, H = data_cfg.lookback, data_cfg.horizon
-    ends = split_ends(contiguous_ends(times_T, INTERVAL_MS[interval], L, H), data_cfg.splits, H)
+    L, H, step = data_cfg.lookback, data_cfg.horizon, INTERVAL_MS[interval]
+    bounds = split_bounds_ms(data_cfg)
+    if bounds is None:
+        ends = split_ends(contiguous_ends(times_T, step, L, H), data_cfg.splits, H)
+    else:
+        ends = calendar_split_ends(contiguous_ends(times_T, step, L, H), times_T, step, H, bounds)
+        if len(ends["train"]) and int(times_T[-1]) + step <= bounds[0]:
+            raise SeriesSkipped(
+                "training data only: ends before data.split_dates[0] "
+                f"({data_cfg.split_dates[0]}), so it has no val or test windows to score"
+            )
     for split in SPLITS:
         if len(ends[split]) == 0:
             raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
@@ -300,7 +358,7 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
     if fitted_norm is not None and "feature_mean" not in fitted_norm:
         fitted_norm = None  # an earlier cpbjax's norm without the fitted statistics
     feats_TF, first_valid = series_features(series, names)
-    start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
+    start = newest_start(len(series.ohlcv), first_valid, data_cfg.max_candles)
     if len(series.ohlcv) - start < lookback:
         warmup = features_lib.warmup_candles(names, series.interval)
         raise SeriesSkipped(
@@ -343,6 +401,10 @@ def prepare_all(
 
     Returns:
       (prepared series in input order, series name -> reason it was skipped).
+
+    Raises:
+      ConfigError: with data.split_dates, when one of its splits holds no window of any
+        series (see `check_calendar_windows`).
     """
     preps, skipped = [], {}
     for series in series_list:
@@ -352,7 +414,32 @@ def prepare_all(
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)
+    if not preps and split_bounds_ms(data_cfg) is not None:
+        check_calendar_windows(series_list, data_cfg)
     return preps, skipped
+
+
+def check_calendar_windows(series_list: list[Series], data_cfg) -> None:
+    """Raises ConfigError naming data.split_dates when one of its splits gets no window
+    from any series (of the candles kept: past the warm-up, the newest max_candles)."""
+    L, H, bounds = data_cfg.lookback, data_cfg.horizon, split_bounds_ms(data_cfg)
+    counts = dict.fromkeys(SPLITS, 0)
+    for series in series_list:
+        try:
+            times_T = kept_rows(series, data_cfg).open_time_ms
+        except SeriesSkipped:
+            continue
+        step = INTERVAL_MS[series.interval]
+        ends = calendar_split_ends(contiguous_ends(times_T, step, L, H), times_T, step, H, bounds)
+        for split in SPLITS:
+            counts[split] += len(ends[split])
+    empty = [split for split in SPLITS if not counts[split]]
+    if empty:
+        raise config_rules.ConfigError(
+            f"data.split_dates={tuple(data_cfg.split_dates)}: no series has a {empty[0]} "
+            f"window of {L}+{H} candles wholly inside the {empty[0]} span (windows per split: "
+            f"{counts}); choose dates inside the data"
+        )
 
 
 def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) -> np.ndarray:
