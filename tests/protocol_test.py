@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cpbjax import config as config_lib
-from cpbjax.data import pairs, pooling, stacking, windows
+from cpbjax.data import pairs, pooling, sources, stacking, windows
 from cpbjax.data.series import INTERVAL_MS, Series, split_date_ms
 from tests import binance_test, launch_test
 
@@ -124,16 +124,16 @@ def _data_cfg(**overrides):
     return d
 
 
-def _reference_split(series, t, bounds):
+def _reference_split(series, t, bounds, lookback=L, horizon=H):
     """The split of the window ending at t by a loop over its candles, or None."""
     step, times = INTERVAL_MS[series.interval], series.open_time_ms
-    if t - L + 1 < 0 or t + H >= len(times):
+    if t - lookback + 1 < 0 or t + horizon >= len(times):
         return None
-    rows = range(t - L + 1, t + H + 1)
+    rows = range(t - lookback + 1, t + horizon + 1)
     if any(times[i + 1] - times[i] != step for i in rows[:-1]):
         return None  # the window would span a gap
     val_start, test_start = bounds
-    targets = range(t + 1, t + H + 1)
+    targets = range(t + 1, t + horizon + 1)
     if all(times[i] + step <= val_start for i in rows):
         return "train"
     if all(val_start <= times[i] and times[i] + step <= test_start for i in targets):
@@ -264,6 +264,40 @@ def test_launch_refuses_unordered_split_dates_with_exit_2():
     )
     assert proc.returncode == 2
     assert "data.split_dates" in proc.stderr
+
+
+def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tmp_path):
+    """End to end through launch.py: a pooled tiny run of a 15m and a 1h series."""
+    workdir, dates = str(tmp_path / "run"), ("2025-06-20", "2025-06-25")
+    overrides = {
+        "data.symbols": ("BTCUSDT",),
+        "data.split_dates": dates,
+        "train.share": "pooled",
+        "train.epochs": 1,
+        "eval.plots": False,
+    }
+    flags = [f"--config.{k}={v!r}" for k, v in overrides.items()]
+    proc = launch_test._launch(
+        "--config", "configs/gru.py:tiny", "--workdir", workdir, *flags, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(os.path.join(workdir, "config.json")) as f:
+        assert tuple(json.load(f)["data"]["split_dates"]) == dates
+    with open(os.path.join(workdir, "results.json")) as f:
+        results = json.load(f)
+    assert results["skipped"] == {} and len(results["series"]) == 2
+    c = config_lib.load("configs/gru.py:tiny")
+    c.update_from_flattened_dict(overrides)
+    series, _ = sources.load_all(config_lib.validate(c).data)
+    bounds = (split_date_ms(dates[0]), split_date_ms(dates[1]))
+    for s in series:  # the newest max_candles candles (OHLC inputs have no warm-up)
+        n = c.data.max_candles
+        kept = Series(s.symbol, s.interval, s.open_time_ms[-n:], s.ohlcv[-n:])
+        window = (c.data.lookback, c.data.horizon)
+        found = [_reference_split(kept, t, bounds, *window) for t in range(n)]
+        entry = results["series"][s.name]
+        for split in ("val", "test"):
+            assert entry[split]["windows"] == found.count(split) > 0, (s.name, split)
 
 
 # ---------------------------------------------------------------------------------------

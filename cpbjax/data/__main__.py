@@ -50,7 +50,7 @@ def table_rows(data_cfg, series, skipped, preps=()) -> list[tuple[str, ...]]:
         failed = n.get("failed_months", {})
         status = "ok" if not failed else "partly loaded: " + sources.format_failed(failed)
         if name in skipped:  # loaded, but it has no windows to train or score
-            status = f"no windows: {skipped[name]}" if status == "ok" else status
+            status = f"no windows: {skipped[name]}" + ("" if status == "ok" else f"; {status}")
         if n.get("dropped_rows"):
             status += f" ({n['dropped_rows']} invalid candles dropped)"
         rows.append(
@@ -101,7 +101,8 @@ def main(argv) -> None:
     totals = {split: sum(len(p.ends[split]) for p in preps) for split in windows.SPLITS}
     print(
         f"{len(preps)} series have windows in every split, {sum(len(p.ohlc) for p in preps)} "
-        f"candles; windows: " + ", ".join(f"{k} {v}" for k, v in totals.items()) + "."
+        f"candles; windows: " + ", ".join(f"{k} {v}" for k, v in totals.items()) + f"; "
+        f"{len(unusable)} loaded series have none to score (their status says why)."
     )
     print(
         f"Loading took {loaded - started:.1f} s, preparing the windows {prepared - loaded:.1f} s."

@@ -218,7 +218,8 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
         if len(ends["train"]) and int(times_T[-1]) + step <= bounds[0]:
             raise SeriesSkipped(
                 "training data only: ends before data.split_dates[0] "
-                f"({data_cfg.split_dates[0]}), so it has no val or test windows to score"
+                f"({data_cfg.split_dates[0]}), so it has no val or test windows to score "
+                f"({len(ends['train'])} train windows)"
             )
     for split in SPLITS:
         if len(ends[split]) == 0:
