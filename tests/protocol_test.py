@@ -276,7 +276,7 @@ def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tm
         "train.epochs": 1,
         "eval.plots": False,
     }
-    flags = [f"--config.{k}={v!r}" for k, v in overrides.items()]
+    flags = [f"--config.{k}={v if isinstance(v, str) else repr(v)}" for k, v in overrides.items()]
     proc = launch_test._launch(
         "--config", "configs/gru.py:tiny", "--workdir", workdir, *flags, timeout=600
     )
