@@ -12,10 +12,12 @@ import json
 import os
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from cpbjax import config as config_lib
-from cpbjax.data import pairs, pooling, sources, stacking, windows
+from cpbjax import workdir as workdir_lib
+from cpbjax.data import pairs, pooling, sources, stacking, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS, Series, split_date_ms
 from tests import binance_test, launch_test
 
@@ -24,6 +26,7 @@ HOUR = INTERVAL_MS["1h"]
 DAY = 24 * HOUR
 JAN_1 = split_date_ms("2025-01-01")
 DATES = ("2025-01-15", "2025-01-20")  # val from Jan 15, test from Jan 20 (UTC)
+BOUNDS = (split_date_ms(DATES[0]), split_date_ms(DATES[1]))
 server = binance_test.server  # the fixture: a mirror served on 127.0.0.1
 
 
@@ -155,8 +158,7 @@ SERIES = (
 
 @pytest.mark.parametrize("series", SERIES, ids=lambda s: s.name)
 def test_calendar_splits_match_a_loop_over_the_candles(series):
-    cfg = _data_cfg()
-    bounds = (split_date_ms(DATES[0]), split_date_ms(DATES[1]))
+    cfg, bounds = _data_cfg(), BOUNDS
     prep = windows.prepare_series(series, cfg)
     assert len(prep.inputs) == len(series.ohlcv)  # max_candles=0 keeps every candle
     expected = {split: [] for split in windows.SPLITS}
@@ -183,10 +185,15 @@ def _span(prep, split):
     return min(a for a, _ in spans), max(b for _, b in spans)
 
 
+EARLY = _series("EEEUSDT", "1h", JAN_1, 13 * 24, seed=4)  # ends Jan 14, before the val span
+
+
 def test_no_training_window_of_any_series_overlaps_another_series_val_or_test_span():
     cfg = _data_cfg()
-    preps, skipped = windows.prepare_all(list(SERIES), cfg)
-    assert skipped == {} and len(preps) == len(SERIES)
+    series = [*SERIES, EARLY]
+    preps, skipped = windows.prepare_all(series, cfg, keep_train_only=True)  # a pooled run's
+    assert skipped == {} and len(preps) == len(series)
+    assert [windows.is_train_only(p) for p in preps] == [False] * len(SERIES) + [True]
     kept, ends, emptied = pooling.pooled_series(preps, cfg)  # the pooled run's windows
     assert emptied == {} and [p.name for p in kept] == [p.name for p in preps]
     val_start, test_start = split_date_ms(DATES[0]), split_date_ms(DATES[1])
@@ -194,12 +201,16 @@ def test_no_training_window_of_any_series_overlaps_another_series_val_or_test_sp
         # By construction the pooled purge has nothing left to remove.
         for split in ("train", "val"):
             np.testing.assert_array_equal(ends[p.name][split], p.ends[split])
+        assert len(ends[p.name]["train"]) > 0
+        if windows.is_train_only(p):
+            assert not len(p.ends["val"]) and not len(p.ends["test"])
+            continue
         lo, hi = _span(p, "val")
         assert val_start <= lo and hi <= test_start  # every series' val span is the same
         assert _span(p, "test")[0] >= test_start
     for p in preps:
         for other in preps:
-            if other is p:
+            if other is p or windows.is_train_only(other):  # it has no val or test span
                 continue
             scored = {split: _span(other, split) for split in ("val", "test")}
             for split, against in (("train", ("val", "test")), ("val", ("test",))):
@@ -211,12 +222,16 @@ def test_no_training_window_of_any_series_overlaps_another_series_val_or_test_sp
 
 
 def test_a_series_ending_before_the_val_span_is_training_data_only():
-    early = _series("EEEUSDT", "1h", JAN_1, 13 * 24)  # ends Jan 14, before Jan 15
-    preps, skipped = windows.prepare_all([early, SERIES[0]], _data_cfg())
+    preps, skipped = windows.prepare_all([EARLY, SERIES[0]], _data_cfg())
     assert [p.name for p in preps] == ["AAAUSDT-1h"]
-    assert skipped["EEEUSDT-1h"].startswith(
-        "training data only: ends before data.split_dates[0] (2025-01-15)"
+    expected = [t for t in range(len(EARLY.ohlcv)) if _reference_split(EARLY, t, BOUNDS)]
+    assert skipped["EEEUSDT-1h"] == (
+        f"training data only: ends before data.split_dates[0] (2025-01-15): {len(expected)} "
+        "train windows, no val or test window to score"
     )
+    kept = windows.prepare_series(EARLY, _data_cfg(), keep_train_only=True)
+    assert kept.ends["train"].tolist() == expected
+    assert kept.notes[windows.TRAIN_ONLY] == skipped["EEEUSDT-1h"]
 
 
 def test_fractional_splits_stay_the_default():
@@ -251,11 +266,14 @@ def test_bad_split_dates_are_config_errors(dates, message):
 @pytest.mark.parametrize(
     "dates,empty", [(("2025-02", "2025-03"), "val"), (("2024-12-01", "2024-12-20"), "train")]
 )
-def test_a_split_without_any_window_is_a_config_error(dates, empty):
+@pytest.mark.parametrize("keep_train_only", [False, True])
+def test_a_split_without_any_window_is_a_config_error(dates, empty, keep_train_only):
     with pytest.raises(
         config_lib.ConfigError, match=rf"data\.split_dates.*no series has a {empty}"
     ):
-        windows.prepare_all(list(SERIES), _data_cfg(split_dates=dates))
+        windows.prepare_all(
+            list(SERIES), _data_cfg(split_dates=dates), keep_train_only=keep_train_only
+        )
 
 
 def test_launch_refuses_unordered_split_dates_with_exit_2():
@@ -264,6 +282,13 @@ def test_launch_refuses_unordered_split_dates_with_exit_2():
     )
     assert proc.returncode == 2
     assert "data.split_dates" in proc.stderr
+
+
+def _launch_tiny(workdir, overrides):
+    flags = [f"--config.{k}={v if isinstance(v, str) else repr(v)}" for k, v in overrides.items()]
+    return launch_test._launch(
+        "--config", "configs/gru.py:tiny", "--workdir", workdir, *flags, timeout=600
+    )
 
 
 def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tmp_path):
@@ -276,10 +301,7 @@ def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tm
         "train.epochs": 1,
         "eval.plots": False,
     }
-    flags = [f"--config.{k}={v if isinstance(v, str) else repr(v)}" for k, v in overrides.items()]
-    proc = launch_test._launch(
-        "--config", "configs/gru.py:tiny", "--workdir", workdir, *flags, timeout=600
-    )
+    proc = _launch_tiny(workdir, overrides)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(os.path.join(workdir, "config.json")) as f:
         assert tuple(json.load(f)["data"]["split_dates"]) == dates
@@ -289,15 +311,67 @@ def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tm
     c = config_lib.load("configs/gru.py:tiny")
     c.update_from_flattened_dict(overrides)
     series, _ = sources.load_all(config_lib.validate(c).data)
+    n, window = c.data.max_candles, (c.data.lookback, c.data.horizon)
     bounds = (split_date_ms(dates[0]), split_date_ms(dates[1]))
     for s in series:  # the newest max_candles candles (OHLC inputs have no warm-up)
-        n = c.data.max_candles
         kept = Series(s.symbol, s.interval, s.open_time_ms[-n:], s.ohlcv[-n:])
-        window = (c.data.lookback, c.data.horizon)
         found = [_reference_split(kept, t, bounds, *window) for t in range(n)]
         entry = results["series"][s.name]
         for split in ("val", "test"):
             assert entry[split]["windows"] == found.count(split) > 0, (s.name, split)
+
+
+def _write_csv(folder, symbol, last_open_ms, n):
+    """A <symbol>-1h.csv of n synthetic candles for the `local` source; the last opens at
+    last_open_ms."""
+    s = synthetic.generate(symbol, "1h", n, end_ms=last_open_ms + HOUR - 1)
+    frame = pd.DataFrame(s.ohlcv, columns=["open", "high", "low", "close", "volume"])
+    frame.insert(0, "open_time", s.open_time_ms)
+    frame.to_csv(os.path.join(folder, f"{symbol}-1h.csv"), index=False)
+    return Series(symbol, "1h", s.open_time_ms, s.ohlcv)
+
+
+def test_a_pooled_run_trains_on_a_train_only_series_and_scores_the_others(tmp_path):
+    """End to end through launch.py: one series ends before the val span; the pooled
+    model trains on its windows, and results.json scores only the other one."""
+    folder, dates = tmp_path / "csv", ("2025-06-15", "2025-06-22")
+    folder.mkdir()
+    full = _write_csv(folder, "AAAUSDT", split_date_ms("2025-06-30"), 1400)
+    early = _write_csv(folder, "BBBUSDT", split_date_ms("2025-06-10"), 1400)
+    workdir = str(tmp_path / "run")
+    overrides = {
+        "data.source": "local",
+        "data.local_dir": str(folder),
+        "data.symbols": ("AAAUSDT", "BBBUSDT"),
+        "data.intervals": ("1h",),
+        "data.split_dates": dates,
+        "train.share": "pooled",
+        "train.epochs": 1,
+        "eval.plots": False,
+    }
+    proc = _launch_tiny(workdir, overrides)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(os.path.join(workdir, "results.json")) as f:
+        results = json.load(f)
+    assert list(results["series"]) == ["AAAUSDT-1h"]
+    assert results["skipped"]["BBBUSDT-1h"].startswith("training data only")
+    assert not os.path.exists(os.path.join(workdir, "models", "BBBUSDT-1h"))
+    c = config_lib.load("configs/gru.py:tiny")
+    n, window = c.data.max_candles, (c.data.lookback, c.data.horizon)
+    bounds = (split_date_ms(dates[0]), split_date_ms(dates[1]))
+    found = {}
+    for s in (full, early):  # the newest max_candles candles (OHLC inputs have no warm-up)
+        kept = Series(s.symbol, "1h", s.open_time_ms[-n:], s.ohlcv[-n:])
+        found[s.name] = [_reference_split(kept, t, bounds, *window) for t in range(n)]
+    for split in ("val", "test"):
+        assert results["series"]["AAAUSDT-1h"][split]["windows"] == found["AAAUSDT-1h"].count(split)
+    with open(workdir_lib.ledger(workdir)) as f:  # the windows the pooled model trained on
+        trained = json.load(f)["fingerprint"]["pool_windows"]
+    assert trained == {
+        name: [windows_of.count("train"), windows_of.count("val")]
+        for name, windows_of in found.items()
+    }
+    assert trained["BBBUSDT-1h"][0] > 0 and trained["BBBUSDT-1h"][1] == 0
 
 
 # ---------------------------------------------------------------------------------------

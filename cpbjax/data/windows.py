@@ -30,7 +30,9 @@ Calendar splits purge by time: a window belongs to the split in which its whole 
 span lies, and a train window's inputs and targets all lie before the val span, so no
 train window of any series overlaps any series' val or test span; windows straddling a
 date are dropped. A series whose windows all end before the val span is training data
-only, and is skipped with that reason (it has no val or test windows to score).
+only: it has no val or test windows to score, so it is skipped with that reason, except
+where a pooled model may learn from it (`prepare_all(keep_train_only=True)`; its notes
+then hold the reason under TRAIN_ONLY).
 """
 
 from __future__ import annotations
@@ -48,6 +50,20 @@ from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped, split_date_ms
 SPLITS = ("train", "val", "test")
 EPOCH_SPLITS = ("train", "val")  # the splits a training epoch reads (GroupArrays)
 NUM_TARGETS = 4  # OHLC.
+TRAIN_ONLY = "train_only"  # the notes key of a training-data-only series: why it is not scored
+
+
+class TrainOnly(SeriesSkipped):
+    """A series whose windows all end before data.split_dates[0]; `ends` are its splits'."""
+
+    def __init__(self, reason: str, ends: dict):
+        super().__init__(reason)
+        self.ends = ends
+
+
+def is_train_only(prep) -> bool:
+    """Whether a prepared series is training data only (no val or test windows)."""
+    return TRAIN_ONLY in prep.notes
 
 
 @dataclasses.dataclass
@@ -216,10 +232,11 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
     else:
         ends = calendar_split_ends(contiguous_ends(times_T, step, L, H), times_T, step, H, bounds)
         if len(ends["train"]) and int(times_T[-1]) + step <= bounds[0]:
-            raise SeriesSkipped(
+            raise TrainOnly(
                 "training data only: ends before data.split_dates[0] "
-                f"({data_cfg.split_dates[0]}), so it has no val or test windows to score "
-                f"({len(ends['train'])} train windows)"
+                f"({data_cfg.split_dates[0]}): {len(ends['train'])} train windows, no val or "
+                "test window to score",
+                ends,
             )
     for split in SPLITS:
         if len(ends[split]) == 0:
@@ -256,7 +273,7 @@ def _normalised(ohlc_TC, feats_TF, names, aux_names, ends: dict, data_cfg, fitte
 
 
 def prepare_series(
-    series: Series, data_cfg, fitted_norm: dict | None = None, aux_targets=()
+    series: Series, data_cfg, fitted_norm: dict | None = None, aux_targets=(), keep_train_only=False
 ) -> PreparedSeries:
     """Features, gap-free windows, split and normalisation for one series.
 
@@ -266,17 +283,27 @@ def prepare_series(
       fitted_norm: a saved model's `norm` (its training statistics) to normalise with;
         None fits them on this series' train split.
       aux_targets: config.model.aux_targets, the aux targets to compute (`aux`).
+      keep_train_only: return a training-data-only series (data.split_dates) with empty
+        val and test ends and its reason in notes[TRAIN_ONLY], instead of skipping it.
 
     Returns:
       The PreparedSeries (host arrays; see the module docstring).
 
     Raises:
       SeriesSkipped: if fewer than data.min_candles candles remain after the warm-up,
-        if a split has no gap-free window, or if a normalised value is not finite.
+        if a split has no gap-free window (TrainOnly: only train has, and not
+        keep_train_only), or if a normalised value is not finite.
       ValueError: an unknown aux target, or a fitted_norm that does not fit.
     """
     rows = kept_rows(series, data_cfg, aux_targets)
-    ends = _split_windows(rows.open_time_ms, series.interval, data_cfg)
+    try:
+        ends = _split_windows(rows.open_time_ms, series.interval, data_cfg)
+    except TrainOnly as e:
+        if not keep_train_only:
+            raise
+        prep = with_ends(series, rows, e.ends, data_cfg, fitted_norm)
+        prep.notes[TRAIN_ONLY] = str(e)
+        return prep
     return with_ends(series, rows, ends, data_cfg, fitted_norm)
 
 
@@ -390,7 +417,11 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
 
 
 def prepare_all(
-    series_list: list[Series], data_cfg, fitted_norms: dict | None = None, aux_targets=()
+    series_list: list[Series],
+    data_cfg,
+    fitted_norms: dict | None = None,
+    aux_targets=(),
+    keep_train_only=False,
 ) -> tuple[list[PreparedSeries], dict]:
     """`prepare_series` for each series; one that cannot be used is skipped, not fatal.
 
@@ -399,6 +430,7 @@ def prepare_all(
       data_cfg: the `config.data` group.
       fitted_norms: optional series name -> saved `norm` (see `prepare_series`).
       aux_targets: config.model.aux_targets (see `prepare_series`).
+      keep_train_only: keep training-data-only series (see `prepare_series`).
 
     Returns:
       (prepared series in input order, series name -> reason it was skipped).
@@ -411,11 +443,12 @@ def prepare_all(
     for series in series_list:
         try:
             fitted = (fitted_norms or {}).get(series.name)
-            preps.append(prepare_series(series, data_cfg, fitted, aux_targets))
+            preps.append(prepare_series(series, data_cfg, fitted, aux_targets, keep_train_only))
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)
-    if not preps and split_bounds_ms(data_cfg) is not None:
+    scored = [p for p in preps if not is_train_only(p)]
+    if not scored and split_bounds_ms(data_cfg) is not None:
         check_calendar_windows(series_list, data_cfg)
     return preps, skipped
 
