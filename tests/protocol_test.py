@@ -17,7 +17,7 @@ import pytest
 
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
-from cpbjax.data import pairs, pooling, sources, stacking, synthetic, windows
+from cpbjax.data import folds, pairs, pooling, sources, stacking, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS, Series, split_date_ms
 from tests import binance_test, launch_test
 
@@ -274,6 +274,12 @@ def test_a_split_without_any_window_is_a_config_error(dates, empty, keep_train_o
         windows.prepare_all(
             list(SERIES), _data_cfg(split_dates=dates), keep_train_only=keep_train_only
         )
+
+
+def test_a_backtest_refuses_split_dates():
+    c = config_lib.load("configs/gru.py:tiny")
+    with pytest.raises(config_lib.ConfigError, match=r"data\.split_dates=.*--mode backtest"):
+        folds.prepare_all(list(SERIES), _data_cfg(), c.backtest)
 
 
 def test_launch_refuses_unordered_split_dates_with_exit_2():
