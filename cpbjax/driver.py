@@ -38,7 +38,7 @@ from cpbjax import config as config_lib
 from cpbjax import config_rules as rules
 from cpbjax import workdir as workdir_lib
 from cpbjax.compaction import LiveCoins
-from cpbjax.data import pooling, sources, stacking, windows
+from cpbjax.data import pooling, sources, split_dates, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.ledger import Ledger, fingerprint
 from cpbjax.plot_workers import PlotWorkers
@@ -407,7 +407,7 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
     num_params = sum(leaf.size for leaf in leaves) // len(host["active"])
     entries, records = {}, {}
     for i, prep in enumerate(preps):
-        if windows.is_train_only(prep):  # trained on, never scored (results.json: skipped)
+        if split_dates.is_train_only(prep):  # trained on, never scored (results.json: skipped)
             continue
         params = jax.tree.map(lambda a, i=i: a[i], host["best_params"])
         entry = _series_entry(host, i, group, seconds, len(preps))
@@ -434,7 +434,7 @@ def _reload_forecasts(run: _Run, preps: list) -> dict:
     if not ((plots or c.eval.save_forecasts) and sharding.is_primary()):
         return {}
     records = {}
-    for prep in (p for p in preps if not windows.is_train_only(p)):
+    for prep in (p for p in preps if not split_dates.is_train_only(p)):
         model_dir = workdir_lib.series_model(run.workdir, prep.name)
         try:
             params, meta = checkpoint.load_series_model(model_dir)
@@ -638,10 +638,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if pooled:
         preps, pool, emptied = pooling.pooled_series(preps, config.data)
         trained_only = {
-            p.name: p.notes[windows.TRAIN_ONLY] for p in preps if windows.is_train_only(p)
+            p.name: p.notes[split_dates.TRAIN_ONLY] for p in preps if split_dates.is_train_only(p)
         }
         skipped = {**skipped, **emptied, **trained_only}
-    if all(windows.is_train_only(p) for p in preps):  # none to score (or none at all)
+    if all(split_dates.is_train_only(p) for p in preps):  # none to score (or none at all)
         # A workdir that already holds a run keeps its files: a failing rerun never
         # overwrites what an earlier one finished.
         started_before = os.path.exists(workdir_lib.ledger(workdir))

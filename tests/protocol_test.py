@@ -17,7 +17,16 @@ import pytest
 
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
-from cpbjax.data import folds, pairs, pooling, sources, stacking, synthetic, windows
+from cpbjax.data import (
+    folds,
+    pairs,
+    pooling,
+    sources,
+    split_dates,
+    stacking,
+    synthetic,
+    windows,
+)
 from cpbjax.data.series import INTERVAL_MS, Series, split_date_ms
 from tests import binance_test, launch_test
 
@@ -193,7 +202,7 @@ def test_no_training_window_of_any_series_overlaps_another_series_val_or_test_sp
     series = [*SERIES, EARLY]
     preps, skipped = windows.prepare_all(series, cfg, keep_train_only=True)  # a pooled run's
     assert skipped == {} and len(preps) == len(series)
-    assert [windows.is_train_only(p) for p in preps] == [False] * len(SERIES) + [True]
+    assert [split_dates.is_train_only(p) for p in preps] == [False] * len(SERIES) + [True]
     kept, ends, emptied = pooling.pooled_series(preps, cfg)  # the pooled run's windows
     assert emptied == {} and [p.name for p in kept] == [p.name for p in preps]
     val_start, test_start = split_date_ms(DATES[0]), split_date_ms(DATES[1])
@@ -202,7 +211,7 @@ def test_no_training_window_of_any_series_overlaps_another_series_val_or_test_sp
         for split in ("train", "val"):
             np.testing.assert_array_equal(ends[p.name][split], p.ends[split])
         assert len(ends[p.name]["train"]) > 0
-        if windows.is_train_only(p):
+        if split_dates.is_train_only(p):
             assert not len(p.ends["val"]) and not len(p.ends["test"])
             continue
         lo, hi = _span(p, "val")
@@ -210,7 +219,7 @@ def test_no_training_window_of_any_series_overlaps_another_series_val_or_test_sp
         assert _span(p, "test")[0] >= test_start
     for p in preps:
         for other in preps:
-            if other is p or windows.is_train_only(other):  # it has no val or test span
+            if other is p or split_dates.is_train_only(other):  # it has no val or test span
                 continue
             scored = {split: _span(other, split) for split in ("val", "test")}
             for split, against in (("train", ("val", "test")), ("val", ("test",))):
@@ -231,7 +240,7 @@ def test_a_series_ending_before_the_val_span_is_training_data_only():
     )
     kept = windows.prepare_series(EARLY, _data_cfg(), keep_train_only=True)
     assert kept.ends["train"].tolist() == expected
-    assert kept.notes[windows.TRAIN_ONLY] == skipped["EEEUSDT-1h"]
+    assert kept.notes[split_dates.TRAIN_ONLY] == skipped["EEEUSDT-1h"]
 
 
 def test_fractional_splits_stay_the_default():

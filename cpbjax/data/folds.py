@@ -22,7 +22,7 @@ import numpy as np
 from absl import logging
 
 from cpbjax import config_rules
-from cpbjax.data import windows
+from cpbjax.data import split_dates, windows
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 FOLD_SEPARATOR = "@fold"
@@ -126,7 +126,7 @@ def prepare_all(series_list: list[Series], data_cfg, bt_cfg, aux_targets=()):
     Raises:
       ConfigError: data.split_dates is set (a backtest's folds are its own splits).
     """
-    if windows.split_bounds_ms(data_cfg) is not None:
+    if split_dates.bounds_ms(data_cfg) is not None:
         raise config_rules.ConfigError(
             f"data.split_dates={tuple(data_cfg.split_dates)} applies to --mode train: "
             "--mode backtest splits each series into its own rolling folds (backtest.*); "

@@ -16,7 +16,7 @@ it is the overlap that would let a model learn the scored candles themselves.
 
 Evaluation is unchanged: every series is still scored on all its own val and test
 windows. A series left with no train or no val windows is skipped, its reason named. A
-training-data-only series (data.split_dates, `windows.is_train_only`) has no scored
+training-data-only series (data.split_dates, `split_dates.is_train_only`) has no scored
 period and contributes train windows alone.
 
 Shape letters (docs/design.md): N windows of a split, L lookback, H horizon.
@@ -28,7 +28,8 @@ import numpy as np
 from absl import logging
 
 from cpbjax.data.series import INTERVAL_MS
-from cpbjax.data.windows import PreparedSeries, is_train_only
+from cpbjax.data.split_dates import is_train_only
+from cpbjax.data.windows import PreparedSeries
 
 
 def window_spans(prep: PreparedSeries, ends_N, lookback: int, horizon: int):

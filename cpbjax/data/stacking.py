@@ -13,6 +13,7 @@ import numpy as np
 from flax import struct
 
 from cpbjax import baselines
+from cpbjax.data import split_dates
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.data.windows import (
     EPOCH_SPLITS,
@@ -20,7 +21,6 @@ from cpbjax.data.windows import (
     SPLITS,
     PreparedSeries,
     split_boundaries,
-    split_bounds_ms,
 )
 
 
@@ -81,7 +81,7 @@ def padded_sizes(data_cfg, t_max: int | None = None) -> dict:
     """
     t_max = data_cfg.max_candles if t_max is None else t_max
     n_max = max(t_max - data_cfg.lookback - data_cfg.horizon + 1, 0)
-    if split_bounds_ms(data_cfg) is not None:
+    if split_dates.bounds_ms(data_cfg) is not None:
         return {"T": t_max, **_calendar_sizes(data_cfg, n_max)}
     n = np.arange(n_max + 1)
     b1, b2 = split_boundaries(n, data_cfg.splits)
@@ -93,7 +93,7 @@ def _calendar_sizes(data_cfg, n_max: int) -> dict:
     """Per-split window bounds under data.split_dates: train and test may hold every window;
     val windows have their targets inside the val span, so at most its candles of the
     run's shortest interval."""
-    val_start, test_start = split_bounds_ms(data_cfg)
+    val_start, test_start = split_dates.bounds_ms(data_cfg)
     step = min(INTERVAL_MS[i] for i in data_cfg.intervals)
     val = min(n_max, (test_start - val_start) // step)
     return {"train": max(n_max, 1), "val": max(val, 1), "test": max(n_max, 1)}

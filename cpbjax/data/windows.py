@@ -18,7 +18,7 @@ indexed by its end t.
 
 Splits are chronological over the gap-free windows, by fractions of each series'
 windows (data.splits) or by calendar dates shared by every series (data.split_dates,
-`calendar_split_ends`). Fractional purging is by candle index:
+`split_dates.split_ends`). Fractional purging is by candle index:
 a window of one split is kept only if its last target candle comes before the
 last input candle of the next split's first window, so the target candles of
 the splits are disjoint however the gaps fall (without gaps this is exactly
@@ -26,13 +26,10 @@ the splits are disjoint however the gaps fall (without gaps this is exactly
 some training window reads (inputs or targets); zscore statistics are fitted on
 them alone, so changing any later candle changes nothing in training.
 
-Calendar splits purge by time: a window belongs to the split in which its whole target
-span lies, and a train window's inputs and targets all lie before the val span, so no
-train window of any series overlaps any series' val or test span; windows straddling a
-date are dropped. A series whose windows all end before the val span is training data
-only: it has no val or test windows to score, so it is skipped with that reason, except
-where a pooled model may learn from it (`prepare_all(keep_train_only=True)`; its notes
-then hold the reason under TRAIN_ONLY).
+Calendar splits (`split_dates`) purge by time instead. A training-data-only series has
+no val or test windows to score, so it is skipped with that reason, except where a
+pooled model may learn from it (`prepare_all(keep_train_only=True)`; its notes then hold
+the reason under split_dates.TRAIN_ONLY).
 """
 
 from __future__ import annotations
@@ -42,28 +39,13 @@ import dataclasses
 import numpy as np
 from absl import logging
 
-from cpbjax import config_rules
-from cpbjax.data import auxiliary, normalize
+from cpbjax.data import auxiliary, normalize, split_dates
 from cpbjax.data import features as features_lib
-from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped, split_date_ms
+from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
+from cpbjax.data.split_dates import SPLITS, TrainOnly
 
-SPLITS = ("train", "val", "test")
 EPOCH_SPLITS = ("train", "val")  # the splits a training epoch reads (GroupArrays)
 NUM_TARGETS = 4  # OHLC.
-TRAIN_ONLY = "train_only"  # the notes key of a training-data-only series: why it is not scored
-
-
-class TrainOnly(SeriesSkipped):
-    """A series whose windows all end before data.split_dates[0]; `ends` are its splits'."""
-
-    def __init__(self, reason: str, ends: dict):
-        super().__init__(reason)
-        self.ends = ends
-
-
-def is_train_only(prep) -> bool:
-    """Whether a prepared series is training data only (no val or test windows)."""
-    return TRAIN_ONLY in prep.notes
 
 
 @dataclasses.dataclass
@@ -153,41 +135,6 @@ def split_ends(ends: np.ndarray, splits, horizon: int) -> dict:
     return parts
 
 
-def calendar_split_ends(ends, open_time_ms, step_ms: int, horizon: int, bounds_ms) -> dict:
-    """Calendar train/val/test split of window ends, each window wholly inside its split.
-
-    Args:
-      ends: int [N] window end indices (gap-free windows) into open_time_ms.
-      open_time_ms: int64 [T] candle open times. step_ms: the interval's length.
-      horizon: H, the number of target candles after each end.
-      bounds_ms: (val_start, test_start), epoch ms (data.split_dates).
-
-    Returns:
-      split name -> int64 [N_split] ends: train windows whose last target closes by
-      val_start (their inputs come earlier still); val windows whose targets open at or
-      after val_start and close by test_start; test windows whose targets open at or after
-      test_start. Windows straddling a date belong to no split.
-    """
-    ends = np.asarray(ends, np.int64)
-    if not len(ends):
-        return {split: ends for split in SPLITS}
-    first_open_N = open_time_ms[ends + 1]
-    last_close_N = open_time_ms[ends + horizon] + step_ms
-    val_start, test_start = bounds_ms
-    return {
-        "train": ends[last_close_N <= val_start],
-        "val": ends[(first_open_N >= val_start) & (last_close_N <= test_start)],
-        "test": ends[first_open_N >= test_start],
-    }
-
-
-def split_bounds_ms(data_cfg) -> tuple[int, int] | None:
-    """data.split_dates as (val_start, test_start) epoch ms; None for fractional splits
-    (also for a config saved before the field existed)."""
-    dates = tuple(data_cfg.get("split_dates", ()))
-    return tuple(split_date_ms(d) for d in dates) if dates else None
-
-
 def newest_start(num_candles: int, first_valid: int, max_candles: int) -> int:
     """The first row kept: past the warm-up, the newest max_candles (0 = no cap)."""
     return max(first_valid, num_candles - max_candles) if max_candles else first_valid
@@ -226,11 +173,13 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
       SeriesSkipped: if a split has no window.
     """
     L, H, step = data_cfg.lookback, data_cfg.horizon, INTERVAL_MS[interval]
-    bounds = split_bounds_ms(data_cfg)
+    bounds = split_dates.bounds_ms(data_cfg)
     if bounds is None:
         ends = split_ends(contiguous_ends(times_T, step, L, H), data_cfg.splits, H)
     else:
-        ends = calendar_split_ends(contiguous_ends(times_T, step, L, H), times_T, step, H, bounds)
+        ends = split_dates.split_ends(
+            contiguous_ends(times_T, step, L, H), times_T, step, H, bounds
+        )
         if len(ends["train"]) and int(times_T[-1]) + step <= bounds[0]:
             raise TrainOnly(
                 "training data only: ends before data.split_dates[0] "
@@ -240,7 +189,7 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
             )
     for split in SPLITS:
         if len(ends[split]) == 0:
-            raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
+            raise split_dates.NoWindows(f"no gap-free {split} windows of {L}+{H} candles", ends)
     return ends
 
 
@@ -302,7 +251,7 @@ def prepare_series(
         if not keep_train_only:
             raise
         prep = with_ends(series, rows, e.ends, data_cfg, fitted_norm)
-        prep.notes[TRAIN_ONLY] = str(e)
+        prep.notes[split_dates.TRAIN_ONLY] = str(e)
         return prep
     return with_ends(series, rows, ends, data_cfg, fitted_norm)
 
@@ -437,43 +386,21 @@ def prepare_all(
 
     Raises:
       ConfigError: with data.split_dates, when one of its splits holds no window of any
-        series (see `check_calendar_windows`).
+        series (`split_dates.check_windows`).
     """
-    preps, skipped = [], {}
+    preps, skipped, series_windows = [], {}, []
     for series in series_list:
         try:
             fitted = (fitted_norms or {}).get(series.name)
             preps.append(prepare_series(series, data_cfg, fitted, aux_targets, keep_train_only))
+            series_windows.append(preps[-1].ends)
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)
-    scored = [p for p in preps if not is_train_only(p)]
-    if not scored and split_bounds_ms(data_cfg) is not None:
-        check_calendar_windows(series_list, data_cfg)
+            series_windows.append(getattr(e, "ends", {}))  # split -> ends, where they exist
+    if split_dates.bounds_ms(data_cfg) is not None:
+        split_dates.check_windows(series_windows, data_cfg)
     return preps, skipped
-
-
-def check_calendar_windows(series_list: list[Series], data_cfg) -> None:
-    """Raises ConfigError naming data.split_dates when one of its splits gets no window
-    from any series (of the candles kept: past the warm-up, the newest max_candles)."""
-    L, H, bounds = data_cfg.lookback, data_cfg.horizon, split_bounds_ms(data_cfg)
-    counts = dict.fromkeys(SPLITS, 0)
-    for series in series_list:
-        try:
-            times_T = kept_rows(series, data_cfg).open_time_ms
-        except SeriesSkipped:
-            continue
-        step = INTERVAL_MS[series.interval]
-        ends = calendar_split_ends(contiguous_ends(times_T, step, L, H), times_T, step, H, bounds)
-        for split in SPLITS:
-            counts[split] += len(ends[split])
-    empty = [split for split in SPLITS if not counts[split]]
-    if empty:
-        raise config_rules.ConfigError(
-            f"data.split_dates={tuple(data_cfg.split_dates)}: no series has a {empty[0]} "
-            f"window of {L}+{H} candles wholly inside the {empty[0]} span (windows per split: "
-            f"{counts}); choose dates inside the data"
-        )
 
 
 def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) -> np.ndarray:
