@@ -21,7 +21,10 @@ import ml_collections
 from cpbjax import config_history, sweep_grid
 from cpbjax import config_rules as rules
 from cpbjax.config_rules import ConfigError as ConfigError  # config_lib.ConfigError, as before
-from cpbjax.data.series import INTERVAL_MS
+from cpbjax.data import pairs
+from cpbjax.data.pairs import CONFIRMATION_SYMBOLS as CONFIRMATION_SYMBOLS
+from cpbjax.data.pairs import TUNING_SYMBOLS as TUNING_SYMBOLS
+from cpbjax.data.series import INTERVAL_MS, split_date_ms
 
 DEFAULT_SYMBOLS = (
     "BTCUSDT",
@@ -105,10 +108,10 @@ def base_config() -> ml_collections.ConfigDict:
     d.api_url = "https://api.binance.com"
     d.local_dir = ""  # `local` source: folder of <SYMBOL>-<INTERVAL>.csv/.parquet files.
     d.cache_dir = "~/.cache/cpbjax"  # Where verified downloads are kept.
-    d.months = 12  # Newest monthly files per series.
+    d.months = 12  # Newest monthly files per series; 0 = every month the source has.
     d.end = ""  # Last month to use, YYYY-MM; "" = the last complete month.
     d.include_daily = False  # Also fetch the current month's daily files.
-    d.max_candles = 5000  # Keep the newest this many candles of each series.
+    d.max_candles = 5000  # Keep the newest this many candles of each series; 0 = all.
     d.min_candles = 5000  # Skip a series with fewer usable candles than this.
     d.bad_rows = "skip_series"  # skip_series | drop_rows: what invalid candles do.
     d.features = ("open", "high", "low", "close")  # Model inputs (features.NAMES).
@@ -120,6 +123,11 @@ def base_config() -> ml_collections.ConfigDict:
     d.timeout_seconds = 30.0  # Per-request timeout.
     d.retries = 5  # Retries per request (connection errors, 429, 5xx).
     d.synthetic_candles = 6000  # `synthetic` source: candles generated per series.
+    # Calendar splits, (VAL_START, TEST_START) as YYYY-MM or YYYY-MM-DD (UTC): train windows
+    # end before the first date, val targets lie between, test targets after the second,
+    # the same span for every series; windows straddling a date are dropped. A series
+    # ending before the first date is training data only. () = data.splits per series.
+    d.split_dates = ()
 
     c.model = m = ml_collections.ConfigDict()
     m.name = "transformer"  # transformer | gru | lstm (see cpbjax/models/__init__.py).
@@ -365,7 +373,7 @@ def _validate_data(c) -> None:
             d.local_dir,
             "an existing directory when data.source='local'",
         )
-    _int_range(c, "data.months", 1, 120)
+    _int_range(c, "data.months", 0, 120)
     rules.check(
         d.end == "" or re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", d.end) is not None,
         "data.end",
@@ -406,10 +414,10 @@ def _validate_windows(c) -> None:
     d = c.data
     _int_range(c, "data.lookback", 1, 4096)
     _int_range(c, "data.horizon", 1, 1024)
-    _int_range(c, "data.max_candles", 1, 10_000_000)
+    _int_range(c, "data.max_candles", 0, 10_000_000)
     _int_range(c, "data.min_candles", 1)
     rules.check(
-        d.min_candles <= d.max_candles,
+        d.max_candles == 0 or d.min_candles <= d.max_candles,
         "data.min_candles",
         d.min_candles,
         f"<= data.max_candles ({d.max_candles})",
@@ -525,6 +533,7 @@ def _validate_rest(c) -> None:
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Checks every field; raises ConfigError on the first bad one. Returns config."""
     _validate_top(config)
+    _validate_protocol(config)
     _validate_data(config)
     _validate_model(config)
     _validate_train(config)
@@ -532,6 +541,33 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _validate_sweep(config)
     _validate_serve(config)
     return config
+
+
+def _validate_protocol(c) -> None:
+    """data.symbols' named lists (cpbjax/data/pairs.py), expanded in place so config.json
+    records the symbols, and data.split_dates: () or two ordered dates."""
+    symbols = c.data.symbols
+    try:
+        expanded = pairs.expand(symbols) if isinstance(symbols, (tuple, list)) else symbols
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if expanded is not symbols:
+        c.data.symbols = expanded
+    if "split_dates" not in c.data:  # absent from a config saved by an earlier cpbjax
+        return
+    dates = c.data.split_dates
+    allowed = "() or (VAL_START, TEST_START): two dates as YYYY-MM or YYYY-MM-DD (UTC), in order"
+    rules.check(
+        isinstance(dates, (tuple, list)) and len(dates) in (0, 2),
+        "data.split_dates",
+        dates,
+        allowed,
+    )
+    try:
+        times = [split_date_ms(d) for d in dates]
+    except ValueError as e:
+        raise ConfigError(f"data.split_dates={tuple(dates)}: {e}; expected {allowed}") from None
+    rules.check(times == sorted(set(times)), "data.split_dates", dates, allowed)
 
 
 def _validate_sweep(c) -> None:

@@ -38,7 +38,7 @@ from cpbjax import config as config_lib
 from cpbjax import config_rules as rules
 from cpbjax import workdir as workdir_lib
 from cpbjax.compaction import LiveCoins
-from cpbjax.data import pooling, sources, stacking, windows
+from cpbjax.data import pooling, sources, split_dates, stacking, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.ledger import Ledger, fingerprint
 from cpbjax.plot_workers import PlotWorkers
@@ -105,14 +105,18 @@ def coin_mesh(train_cfg) -> Mesh:
     return sharding.coin_mesh(jax.local_devices()[:1])
 
 
-def prepare_all(config, clock: StageClock | None = None) -> tuple[list, dict]:
-    """Loads and prepares every series; returns (PreparedSeries list, name -> skip reason)."""
+def prepare_all(config, clock: StageClock | None = None, keep_train_only=False):
+    """Loads and prepares every series; returns (PreparedSeries list, name -> skip reason).
+    keep_train_only: keep training-data-only series (`windows.prepare_all`)."""
     clock = clock or StageClock()
     with clock.stage("load"):
         series, skipped = sources.load_all(config.data)
     with clock.stage("prepare"):
         preps, unusable = windows.prepare_all(
-            series, config.data, aux_targets=config.model.aux_targets
+            series,
+            config.data,
+            aux_targets=config.model.aux_targets,
+            keep_train_only=keep_train_only,
         )
     return preps, {**skipped, **unusable}
 
@@ -402,6 +406,8 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
     num_params = sum(leaf.size for leaf in leaves) // len(host["active"])
     entries, records = {}, {}
     for i, prep in enumerate(preps):
+        if split_dates.is_train_only(prep):  # trained on, never scored (results.json: skipped)
+            continue
         params = jax.tree.map(lambda a, i=i: a[i], host["best_params"])
         entry = _series_entry(host, i, group, seconds, len(preps))
         entry.update(num_params=num_params, peak_memory_bytes=peak, data=prep.notes)
@@ -427,7 +433,7 @@ def _reload_forecasts(run: _Run, preps: list) -> dict:
     if not ((plots or c.eval.save_forecasts) and sharding.is_primary()):
         return {}
     records = {}
-    for prep in preps:
+    for prep in (p for p in preps if not split_dates.is_train_only(p)):
         model_dir = workdir_lib.series_model(run.workdir, prep.name)
         try:
             params, meta = checkpoint.load_series_model(model_dir)
@@ -623,12 +629,16 @@ def train_and_evaluate(config, workdir: str) -> dict:
     primary = sharding.is_primary()
     os.makedirs(workdir, exist_ok=True)
     clock = StageClock()
-    preps, skipped = prepare_all(config, clock)
+    pooled = config.train.share == "pooled"  # a pooled model also learns train-only series
+    preps, skipped = prepare_all(config, clock, keep_train_only=pooled)
     pool = None
-    if config.train.share == "pooled":
+    if pooled:
         preps, pool, emptied = pooling.pooled_series(preps, config.data)
-        skipped = {**skipped, **emptied}
-    if not preps:
+        trained_only = {
+            p.name: p.notes[split_dates.TRAIN_ONLY] for p in preps if split_dates.is_train_only(p)
+        }
+        skipped = {**skipped, **emptied, **trained_only}
+    if all(split_dates.is_train_only(p) for p in preps):  # none to score (or none at all)
         # A workdir that already holds a run keeps its files: a failing rerun never
         # overwrites what an earlier one finished.
         started_before = os.path.exists(workdir_lib.ledger(workdir))

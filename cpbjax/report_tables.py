@@ -232,18 +232,17 @@ def data_description(d, results: dict | None = None) -> str:
         [s["last"] for s in spans if "last" in s],
     )
     span = f", candles {min(firsts)[:10]} .. {max(lasts)[:10]}" if firsts and lasts else ""
+    newest = f"newest {d.max_candles}" if d.max_candles else "all"  # 0 = no cap
     if d.source == "synthetic":
         return (
             f"synthetic (generated offline, {d.synthetic_candles} candles per series, "
-            f"newest {d.max_candles} used), {where}{span}"
+            f"{newest} used), {where}{span}"
         )
     if d.source == "local":
-        return f"local files in {d.local_dir} (whole files, newest {d.max_candles} candles), {where}{span}"
+        return f"local files in {d.local_dir} (whole files, {newest} candles), {where}{span}"
     end = d.end or "the last complete month"
-    return (
-        f"binance {d.base_url}, {d.months} monthly files up to {end}, newest "
-        f"{d.max_candles} candles, {where}{span}"
-    )
+    months = f"{d.months} monthly files" if d.months else "every monthly file"
+    return f"binance {d.base_url}, {months} up to {end}, {newest} candles, {where}{span}"
 
 
 # ---------------------------------------------------------------------------

@@ -32,7 +32,8 @@ def _series(name, interval, first_open_ms, n, splits=(0.6, 0.2)):
     parts["train"] = parts["train"][parts["train"] + H < parts["val"][0]]
     parts["val"] = parts["val"][parts["val"] + H < parts["test"][0]]
     times = first_open_ms + step_ms * np.arange(n, dtype=np.int64)
-    return types.SimpleNamespace(name=name, interval=interval, open_time_ms=times, ends=parts)
+    fields = dict(name=name, interval=interval, open_time_ms=times, ends=parts, notes={})
+    return types.SimpleNamespace(**fields)
 
 
 def _reference(preps):

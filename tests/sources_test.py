@@ -217,6 +217,6 @@ def test_cli_prints_one_row_per_series_and_rejects_bad_config():
     short = _cli("--config.data.symbols=('BTCUSDT',)", "--config.data.synthetic_candles=500")
     assert short.returncode == 0, short.stderr
     assert "BTCUSDT-1h" in short.stdout and "skipped: only 500 usable candles" in short.stdout
-    bad = _cli("--config.data.months=0")
+    bad = _cli("--config.data.months=-1")
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].startswith("error: config.data.months=0")
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: config.data.months=-1")

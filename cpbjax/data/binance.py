@@ -3,7 +3,7 @@
 `data.base_url` is either an http(s) host laid out like data.binance.vision, or a
 directory (plain path or file:// URL) with the same layout (`mirrors` reads and
 verifies the files). For each series the `data.months` newest monthly files that
-exist up to `data.end` are used:
+exist up to `data.end` are used (data.months=0: every one):
   - a directory: "exist" means present; files are read and verified in place;
   - HTTP: months are probed newest first, at most data.months +
     mirrors.PROBE_EXTRA_MONTHS of them, and a 404 means the month does not exist.
@@ -173,7 +173,7 @@ def _cursors(pairs, candidates) -> dict:
 def _fetch_all(mirror, pairs, data_cfg, end: str, today: datetime.date, pool) -> dict:
     """pair -> list of Fetched (monthly, then daily when data.include_daily)."""
     months = _cursors(pairs, lambda s, i: mirror.monthly_candidates(s, i, end, data_cfg.months))
-    results = _fetch_rounds(mirror, months, data_cfg.months, pool)
+    results = _fetch_rounds(mirror, months, data_cfg.months or None, pool)  # 0: all months
     if data_cfg.include_daily:
         days = _daily_periods(end, today)
         cursors = _cursors(pairs, lambda s, i: mirror.daily_candidates(s, i, days))

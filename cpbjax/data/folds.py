@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 from absl import logging
 
-from cpbjax.data import windows
+from cpbjax import config_rules
+from cpbjax.data import split_dates, windows
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 FOLD_SEPARATOR = "@fold"
@@ -121,7 +122,16 @@ def prepare_all(series_list: list[Series], data_cfg, bt_cfg, aux_targets=()):
     """`prepare_folds` of each series: (every fold PreparedSeries, name -> skip reason).
 
     A series that cannot be used is skipped under its own name, a fold under its fold name.
+
+    Raises:
+      ConfigError: data.split_dates is set (a backtest's folds are its own splits).
     """
+    if split_dates.bounds_ms(data_cfg) is not None:
+        raise config_rules.ConfigError(
+            f"data.split_dates={tuple(data_cfg.split_dates)} applies to --mode train: "
+            "--mode backtest splits each series into its own rolling folds (backtest.*); "
+            "set data.split_dates=()"
+        )
     preps, skipped = [], {}
     for series in series_list:
         try:

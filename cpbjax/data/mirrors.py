@@ -8,8 +8,8 @@ fetched once more; if it fails again, the month is recorded as failed. Verified
 downloads land in the cache through a temporary file and an atomic rename, zip first
 and CHECKSUM last, so a cached zip counts as verified only when its CHECKSUM sits
 beside it; it is never downloaded again. Over HTTP, months are probed newest first,
-at most data.months + PROBE_EXTRA_MONTHS of them, and a 404 means the month does not
-exist. A verified zip whose CSV is damaged, unpacks to more than
+at most data.months + PROBE_EXTRA_MONTHS of them (data.months=0: all back to
+FIRST_MONTH), and a 404 means the month does not exist. A verified zip whose CSV is damaged, unpacks to more than
 `parsing.csv_byte_cap` of its interval and period, or is not valid klines is
 "invalid": its series is skipped with the reason, naming the file. Both mirrors
 answer `monthly_candidates`, `daily_candidates` and `fetch`.
@@ -33,6 +33,9 @@ from cpbjax.data import parsing
 from cpbjax.data.progress import Progress
 
 PROBE_EXTRA_MONTHS = 24  # Over HTTP, months probed beyond data.months before giving up.
+# data.months=0 over HTTP probes every month back to this one (Binance Vision's spot
+# klines begin in 2017-08).
+FIRST_MONTH = "2017-01"
 _CHUNK_BYTES = 1 << 16
 
 
@@ -64,9 +67,13 @@ class Fetched:
     klines: tuple | None = None  # (open_time_ms [N], ohlcv [N, 5]) when ok
 
 
+def _month_index(month: str) -> int:
+    return int(month[:4]) * 12 + int(month[5:7]) - 1
+
+
 def months_back(end: str, count: int) -> list[str]:
     """`count` months from `end` backwards, newest first."""
-    index = int(end[:4]) * 12 + int(end[5:7]) - 1
+    index = _month_index(end)
     return [f"{i // 12:04d}-{i % 12 + 1:02d}" for i in range(index, index - count, -1)]
 
 
@@ -169,7 +176,10 @@ class HttpMirror:
         self.session, self.timeout, self.progress = session, timeout, progress
 
     def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
-        """Months to probe, newest first: a bounded look back from `end`."""
+        """Months to probe, newest first: a bounded look back from `end` (count 0: every
+        month back to FIRST_MONTH)."""
+        if count == 0:
+            return months_back(end, max(_month_index(end) - _month_index(FIRST_MONTH) + 1, 0))
         return months_back(end, count + PROBE_EXTRA_MONTHS)
 
     def daily_candidates(self, symbol: str, interval: str, days: list[str]) -> list[str]:

@@ -15,7 +15,9 @@ time with any other series' test targets. Windows after another series' period a
 it is the overlap that would let a model learn the scored candles themselves.
 
 Evaluation is unchanged: every series is still scored on all its own val and test
-windows. A series left with no train or no val windows is skipped, its reason named.
+windows. A series left with no train or no val windows is skipped, its reason named. A
+training-data-only series (data.split_dates, `split_dates.is_train_only`) has no scored
+period and contributes train windows alone.
 
 Shape letters (docs/design.md): N windows of a split, L lookback, H horizon.
 """
@@ -26,6 +28,7 @@ import numpy as np
 from absl import logging
 
 from cpbjax.data.series import INTERVAL_MS
+from cpbjax.data.split_dates import is_train_only
 from cpbjax.data.windows import PreparedSeries
 
 
@@ -61,6 +64,8 @@ def _clear_of(start_N, stop_N, merged) -> np.ndarray:
     """bool [N]: windows whose span overlaps none of the `merged` periods. Only the first
     period ending after a window starts can overlap it: one binary search per window."""
     starts, stops = merged
+    if not len(starts):
+        return np.ones(len(start_N), bool)
     i_N = np.searchsorted(stops, start_N, side="right")
     later_N = starts[np.minimum(i_N, len(starts) - 1)] >= stop_N
     return (i_N == len(starts)) | later_N
@@ -83,11 +88,12 @@ def pool_ends(preps: list[PreparedSeries], lookback: int, horizon: int):
 
     Returns:
       (name -> {"train": int64 [N], "val": int64 [N]} for the series that keep windows in
-       both, name -> why a series keeps none).
+       both (a training-data-only series: in train), name -> why a series keeps none).
     """
+    scored = [p for p in preps if not is_train_only(p)]
     avoid = {
-        "train": _merged(scored_period(p, "val", horizon) for p in preps),
-        "val": _merged(scored_period(p, "test", horizon) for p in preps),
+        "train": _merged(scored_period(p, "val", horizon) for p in scored),
+        "val": _merged(scored_period(p, "test", horizon) for p in scored),
     }
     kept, emptied = {}, {}
     for p in preps:
@@ -95,7 +101,8 @@ def pool_ends(preps: list[PreparedSeries], lookback: int, horizon: int):
         for split in ("train", "val"):
             spans = window_spans(p, p.ends[split], lookback, horizon)
             ends[split] = p.ends[split][_clear_of(*spans, avoid[split])]
-        missing = [s for s, e in ends.items() if not len(e)]
+        needed = ("train",) if is_train_only(p) else ("train", "val")
+        missing = [s for s in needed if not len(ends[s])]
         if missing:
             emptied[p.name] = (
                 f"train.share='pooled': every {missing[0]} window overlaps another series' "

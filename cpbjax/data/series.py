@@ -1,8 +1,12 @@
-"""The `Series` record every data source returns, the skip exception and the interval lengths."""
+"""The `Series` record every data source returns, the skip exception, the interval lengths
+and the calendar dates of data.split_dates."""
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
+import datetime
+import re
 
 import numpy as np
 
@@ -53,3 +57,16 @@ class Series:
     @property
     def name(self) -> str:
         return f"{self.symbol}-{self.interval}"
+
+
+def split_date_ms(text) -> int:
+    """A data.split_dates entry, "YYYY-MM" (its first day) or "YYYY-MM-DD", as the epoch
+    milliseconds of 00:00 UTC that day.
+
+    Raises:
+      ValueError: anything else (a wrong form or no such date).
+    """
+    if not isinstance(text, str) or not re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", text):
+        raise ValueError(f"{text!r} is not a date as YYYY-MM or YYYY-MM-DD")
+    day = datetime.date.fromisoformat(text if len(text) == 10 else text + "-01")
+    return calendar.timegm(day.timetuple()) * 1000

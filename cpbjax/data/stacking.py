@@ -13,7 +13,15 @@ import numpy as np
 from flax import struct
 
 from cpbjax import baselines
-from cpbjax.data.windows import EPOCH_SPLITS, NUM_TARGETS, SPLITS, PreparedSeries, split_boundaries
+from cpbjax.data import split_dates
+from cpbjax.data.series import INTERVAL_MS
+from cpbjax.data.windows import (
+    EPOCH_SPLITS,
+    NUM_TARGETS,
+    SPLITS,
+    PreparedSeries,
+    split_boundaries,
+)
 
 
 @struct.dataclass
@@ -56,7 +64,8 @@ def padded_length(preps: list[PreparedSeries], data_cfg) -> int:
     """T of a run's groups: its longest series rounded up to LENGTH_BUCKET, at most
     data.max_candles. Padding far past the data would only compute empty windows."""
     longest = max(len(p.inputs) for p in preps)
-    return min(data_cfg.max_candles, -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET)
+    bucketed = -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET
+    return min(data_cfg.max_candles, bucketed) if data_cfg.max_candles else bucketed
 
 
 def padded_sizes(data_cfg, t_max: int | None = None) -> dict:
@@ -72,10 +81,22 @@ def padded_sizes(data_cfg, t_max: int | None = None) -> dict:
     """
     t_max = data_cfg.max_candles if t_max is None else t_max
     n_max = max(t_max - data_cfg.lookback - data_cfg.horizon + 1, 0)
+    if split_dates.bounds_ms(data_cfg) is not None:
+        return {"T": t_max, **_calendar_sizes(data_cfg, n_max)}
     n = np.arange(n_max + 1)
     b1, b2 = split_boundaries(n, data_cfg.splits)
     counts = {"train": b1, "val": b2 - b1, "test": n - b2}
     return {"T": t_max, **{split: max(int(counts[split].max()), 1) for split in SPLITS}}
+
+
+def _calendar_sizes(data_cfg, n_max: int) -> dict:
+    """Per-split window bounds under data.split_dates: train and test may hold every window;
+    val windows have their targets inside the val span, so at most its candles of the
+    run's shortest interval."""
+    val_start, test_start = split_dates.bounds_ms(data_cfg)
+    step = min(INTERVAL_MS[i] for i in data_cfg.intervals)
+    val = min(n_max, (test_start - val_start) // step)
+    return {"train": max(n_max, 1), "val": max(val, 1), "test": max(n_max, 1)}
 
 
 def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> None:

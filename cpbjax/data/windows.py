@@ -16,7 +16,9 @@ across a gap as if the candles were consecutive; windows never span a gap.
 Auxiliary targets (config.model.aux_targets, `auxiliary`) are one row per window,
 indexed by its end t.
 
-Splits are chronological over the gap-free windows. Purging is by candle index:
+Splits are chronological over the gap-free windows, by fractions of each series'
+windows (data.splits) or by calendar dates shared by every series (data.split_dates,
+`split_dates.split_ends`). Fractional purging is by candle index:
 a window of one split is kept only if its last target candle comes before the
 last input candle of the next split's first window, so the target candles of
 the splits are disjoint however the gaps fall (without gaps this is exactly
@@ -24,6 +26,11 @@ the splits are disjoint however the gaps fall (without gaps this is exactly
 some training window reads (inputs or targets); the non-price features' z-score
 statistics are fitted on them alone, so changing any later candle changes nothing in
 training.
+
+Calendar splits (`split_dates`) purge by time instead. A training-data-only series has
+no val or test windows to score, so it is skipped with that reason, except where a
+pooled model may learn from it (`prepare_all(keep_train_only=True)`; its notes then hold
+the reason under split_dates.TRAIN_ONLY).
 """
 
 from __future__ import annotations
@@ -33,11 +40,11 @@ import dataclasses
 import numpy as np
 from absl import logging
 
-from cpbjax.data import auxiliary, normalize
+from cpbjax.data import auxiliary, normalize, split_dates
 from cpbjax.data import features as features_lib
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
+from cpbjax.data.split_dates import SPLITS, TrainOnly
 
-SPLITS = ("train", "val", "test")
 EPOCH_SPLITS = ("train", "val")  # the splits a training epoch reads (GroupArrays)
 NUM_TARGETS = 4  # OHLC.
 
@@ -129,6 +136,11 @@ def split_ends(ends: np.ndarray, splits, horizon: int) -> dict:
     return parts
 
 
+def newest_start(num_candles: int, first_valid: int, max_candles: int) -> int:
+    """The first row kept: past the warm-up, the newest max_candles (0 = no cap)."""
+    return max(first_valid, num_candles - max_candles) if max_candles else first_valid
+
+
 def series_features(series: Series, names) -> tuple[np.ndarray, int]:
     """`features.compute` on the whole loaded history of `series`: (float64 [T, F], first_valid).
 
@@ -145,7 +157,7 @@ def _kept_rows(series: Series, data_cfg, names):
       SeriesSkipped: if fewer than data.min_candles candles remain.
     """
     feats_TF, first_valid = series_features(series, names)
-    start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
+    start = newest_start(len(series.ohlcv), first_valid, data_cfg.max_candles)
     times_T, ohlcv_T5 = series.open_time_ms[start:], series.ohlcv[start:]
     if len(ohlcv_T5) < data_cfg.min_candles:
         raise SeriesSkipped(
@@ -161,11 +173,24 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
     Raises:
       SeriesSkipped: if a split has no window.
     """
-    L, H = data_cfg.lookback, data_cfg.horizon
-    ends = split_ends(contiguous_ends(times_T, INTERVAL_MS[interval], L, H), data_cfg.splits, H)
+    L, H, step = data_cfg.lookback, data_cfg.horizon, INTERVAL_MS[interval]
+    bounds = split_dates.bounds_ms(data_cfg)
+    if bounds is None:
+        ends = split_ends(contiguous_ends(times_T, step, L, H), data_cfg.splits, H)
+    else:
+        ends = split_dates.split_ends(
+            contiguous_ends(times_T, step, L, H), times_T, step, H, bounds
+        )
+        if len(ends["train"]) and int(times_T[-1]) + step <= bounds[0]:
+            raise TrainOnly(
+                "training data only: ends before data.split_dates[0] "
+                f"({data_cfg.split_dates[0]}): {len(ends['train'])} train windows, no val or "
+                "test window to score",
+                ends,
+            )
     for split in SPLITS:
         if len(ends[split]) == 0:
-            raise SeriesSkipped(f"no gap-free {split} windows of {L}+{H} candles")
+            raise split_dates.NoWindows(f"no gap-free {split} windows of {L}+{H} candles", ends)
     return ends
 
 
@@ -198,7 +223,7 @@ def _normalised(ohlc_TC, feats_TF, names, aux_names, ends: dict, data_cfg, fitte
 
 
 def prepare_series(
-    series: Series, data_cfg, fitted_norm: dict | None = None, aux_targets=()
+    series: Series, data_cfg, fitted_norm: dict | None = None, aux_targets=(), keep_train_only=False
 ) -> PreparedSeries:
     """Features, gap-free windows, split and normalisation for one series.
 
@@ -208,17 +233,27 @@ def prepare_series(
       fitted_norm: a saved model's `norm` (its training statistics) to normalise with;
         None fits them on this series' train split.
       aux_targets: config.model.aux_targets, the aux targets to compute (`aux`).
+      keep_train_only: return a training-data-only series (data.split_dates) with empty
+        val and test ends and its reason in notes[TRAIN_ONLY], instead of skipping it.
 
     Returns:
       The PreparedSeries (host arrays; see the module docstring).
 
     Raises:
       SeriesSkipped: if fewer than data.min_candles candles remain after the warm-up,
-        if a split has no gap-free window, or if a normalised value is not finite.
+        if a split has no gap-free window (TrainOnly: only train has, and not
+        keep_train_only), or if a normalised value is not finite.
       ValueError: an unknown aux target, or a fitted_norm that does not fit.
     """
     rows = kept_rows(series, data_cfg, aux_targets)
-    ends = _split_windows(rows.open_time_ms, series.interval, data_cfg)
+    try:
+        ends = _split_windows(rows.open_time_ms, series.interval, data_cfg)
+    except TrainOnly as e:
+        if not keep_train_only:
+            raise
+        prep = with_ends(series, rows, e.ends, data_cfg, fitted_norm)
+        prep.notes[split_dates.TRAIN_ONLY] = str(e)
+        return prep
     return with_ends(series, rows, ends, data_cfg, fitted_norm)
 
 
@@ -301,7 +336,7 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
     if fitted_norm is not None and "feature_mean" not in fitted_norm:
         fitted_norm = None  # an earlier cpbjax's norm without the fitted statistics
     feats_TF, first_valid = series_features(series, names)
-    start = max(first_valid, len(series.ohlcv) - data_cfg.max_candles)
+    start = newest_start(len(series.ohlcv), first_valid, data_cfg.max_candles)
     if len(series.ohlcv) - start < lookback:
         warmup = features_lib.warmup_candles(names, series.interval)
         raise SeriesSkipped(
@@ -332,7 +367,11 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
 
 
 def prepare_all(
-    series_list: list[Series], data_cfg, fitted_norms: dict | None = None, aux_targets=()
+    series_list: list[Series],
+    data_cfg,
+    fitted_norms: dict | None = None,
+    aux_targets=(),
+    keep_train_only=False,
 ) -> tuple[list[PreparedSeries], dict]:
     """`prepare_series` for each series; one that cannot be used is skipped, not fatal.
 
@@ -341,18 +380,27 @@ def prepare_all(
       data_cfg: the `config.data` group.
       fitted_norms: optional series name -> saved `norm` (see `prepare_series`).
       aux_targets: config.model.aux_targets (see `prepare_series`).
+      keep_train_only: keep training-data-only series (see `prepare_series`).
 
     Returns:
       (prepared series in input order, series name -> reason it was skipped).
+
+    Raises:
+      ConfigError: with data.split_dates, when one of its splits holds no window of any
+        series (`split_dates.check_windows`).
     """
-    preps, skipped = [], {}
+    preps, skipped, series_windows = [], {}, []
     for series in series_list:
         try:
             fitted = (fitted_norms or {}).get(series.name)
-            preps.append(prepare_series(series, data_cfg, fitted, aux_targets))
+            preps.append(prepare_series(series, data_cfg, fitted, aux_targets, keep_train_only))
+            series_windows.append(preps[-1].ends)
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)
+            series_windows.append(getattr(e, "ends", {}))  # split -> ends, where they exist
+    if split_dates.bounds_ms(data_cfg) is not None:
+        split_dates.check_windows(series_windows, data_cfg)
     return preps, skipped
 
 
