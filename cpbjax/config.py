@@ -553,7 +553,7 @@ def _validate_serve(c) -> None:
     _int_range(c, "serve.port", 1, 65535)
 
 
-# The variants that shrink the data and the model to run in minutes on a 2-core CPU.
+# The variants on small synthetic data, run in minutes on a 2-core CPU (the demo, the tests).
 SMALL = ("demo", "tiny")
 
 
