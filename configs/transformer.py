@@ -19,12 +19,12 @@ def get_config(arg=None):
     # that width on validation (val mean skill over seeds 0-2: 2.76 against 2.71), every
     # seed trained past its band, in a quarter of the time on a 2-core CPU
     # (docs/performance.md "The default transformer").
+    c.model.ensemble = 3  # Members, their log forecasts averaged.
     c.model.d_model = 32  # Width of every attention and residual stream.
     c.model.num_heads = 4  # Attention heads; d_model must divide by it.
-    c.model.ff_dim = 64  # Feed-forward width (GELU).
-    c.model.ensemble = 3  # Members, their log forecasts averaged.
     c.model.num_encoder_layers = 2  # Post-LN encoder layers, as the replaced system's.
     c.model.num_decoder_layers = 2  # Post-LN decoder layers, as the replaced system's.
+    c.model.ff_dim = 64  # Feed-forward width (GELU).
     c.model.dropout = 0.1  # Inside attention and feed-forward blocks, as the replaced system's.
     # Price inputs in units of the window's range, the output scaled back: it won on
     # validation (val mean skill 2.76 against 2.59; without it the transformer barely left
