@@ -1,7 +1,10 @@
-"""GRU seq2seq with simple attention pooling, as the replaced system trained it.
+"""GRU seq2seq with simple attention pooling. The body is the default run on real data,
+each value with the reason it was chosen; VARIANTS below are named changes of it.
 
-Variants: `configs/gru.py` (default), `:demo`, `:tiny` and `:replaced` (cpbjax/config.py
-`apply_variant`).
+Variants (`configs/gru.py:<variant>`): `demo` and `tiny` (synthetic series and per-series
+models small enough for a 2-core CPU) and `replaced` (the replaced system's model,
+schedule and objective on the real data); cpbjax/config.py `apply_variant` adds the data
+and objective parts that every model's variant shares.
 """
 
 from cpbjax import config as config_lib
@@ -10,18 +13,43 @@ from cpbjax import config as config_lib
 def get_config(arg=None):
     c = config_lib.base_config()
     c.model.name = "gru"
-    c.model.hidden = 128  # GRU state width of encoder and decoder.
-    c.model.num_layers = 2  # Stacked GRU layers in encoder and decoder.
-    c.model.dropout = 0.3  # Dropout between stacked layers.
-    c.train.optimizer = "adam"
-    c.train.learning_rate = 1e-3
+    c.model.hidden = 128  # GRU state width of encoder and decoder, as the replaced system's.
+    c.model.num_layers = 2  # Stacked GRU layers in encoder and decoder, as the replaced system's.
+    c.model.dropout = 0.3  # Dropout between stacked layers, as the replaced system's.
+    c.model.ensemble = 1  # One model: ensembles were measured on the transformer only.
+    # Raw windows: for the GRU the window's range scale tied (val mean skill 2.80 against
+    # 2.77, one seed), and its default-size figures were measured without it
+    # (docs/performance.md "Window scale").
+    c.model.window_scale = "none"
+    # Direct decoding tied or beat autoregressive on validation in 58-69% of the epoch
+    # time (docs/performance.md "Decoding modes"); the vol_band baseline with the MAE
+    # scaled by persistence won on validation (docs/performance.md "Accuracy levers").
+    c.model.decoding = "direct"
+    c.model.baseline = "vol_band"
+    c.train.loss, c.train.loss_scale = "mae", "persistence"
+    # One standard error of the paired val gain per improvement (docs/performance.md "One
+    # margin for both modes").
+    c.train.min_delta = 1.0
+    # ONE model for every series of the run: at default size on the 40 real series it
+    # scored above per-series models on the earlier folds of a 3-fold backtest, three seeds,
+    # and meets the issue #13 accuracy targets on test (docs/performance.md "Pooled or per
+    # series at default size"). Per-series models were tuned at 1e-3: pass
+    # --config.train.learning_rate=1e-3 with --config.train.share=series.
+    c.train.share = "pooled"
+    c.train.learning_rate = 3e-4
+    c.train.optimizer = "adam"  # The replaced system's optimizer, decay, batch and schedule.
     c.train.weight_decay = 0.0
     c.train.batch_size = 64
     c.train.epochs = 100
     c.train.patience = 15
-    if not arg:  # the real-data run: one model for every series of the run
-        config_lib.pool_by_default(c)
-    config_lib.apply_variant(c, arg)
-    if arg in config_lib.SMALL:  # demo and tiny: a model small enough for a 2-core CPU.
-        c.model.hidden = 32
-    return c
+    return config_lib.apply_variant(c, arg, VARIANTS)
+
+
+# Per-series models at the learning rate they were tuned at: demo and tiny show and test
+# the vmapped path, its sweeps and the timings of docs/performance.md.
+_PER_SERIES = {"train.share": "series", "train.learning_rate": 1e-3}
+VARIANTS = {
+    "demo": {**_PER_SERIES, "model.hidden": 32},  # small enough for a 2-core CPU
+    "tiny": {**_PER_SERIES, "model.hidden": 32},
+    "replaced": _PER_SERIES,  # the body's size and schedule are the replaced system's
+}

@@ -1,7 +1,8 @@
-"""The config schema shared by every configs/*.py file, and its validation.
+"""The config schema shared by every configs/*.py file, its variants and its validation.
 
-`base_config()` returns every field with the default of the system being
-replaced; the files in configs/ pick a model and adjust a few values.
+`base_config()` is the schema: every field with its documentation. Each
+configs/<model>.py body sets the default run of its model on real data, and
+`apply_variant` turns it into a named variant (demo, tiny, replaced).
 `validate()` checks the whole config before anything downloads or compiles,
 and raises `ConfigError` naming the field, the value and what is allowed. Names
 that other modules own (data sources, models, features, aux targets) are read from
@@ -84,7 +85,8 @@ def _names(kind: str) -> tuple[str, ...]:
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """Every field of a cpbjax run, with the defaults of the replaced system."""
+    """The schema: every field of a cpbjax run with its documentation; configs/<model>.py
+    set the default run (a model's fields, its size, schedule and objective)."""
     c = ml_collections.ConfigDict()
     c.seed = 0  # Root PRNG seed; each coin gets its own stream folded from it.
     c.platform = "auto"  # cpu | gpu | tpu | auto. `gpu` without a usable GPU is an error.
@@ -181,7 +183,7 @@ def base_config() -> ml_collections.ConfigDict:
     t.group_size = 0  # Coins per compiled program; 0 = as many as fit (GPU 64, CPU 4 per device).
     # series: one model per series (coins vmapped) | pooled: ONE model trained on the windows
     # of every series of the run, all in one group (cpbjax/pooled.py, docs/design.md).
-    # The GRU's and the transformer's real-data runs are pooled (pool_by_default).
+    # The GRU's and the transformer's real-data runs are pooled (configs/<model>.py).
     t.share = "series"
     # With train.share=pooled: coins per chunk of the ONE gradient of a step. The chunks'
     # gradients are summed, so a step's memory holds Z·B windows' activations instead of
@@ -334,20 +336,6 @@ def _validate_distributed(c) -> None:
     )
     _int_range(c, "distributed.num_processes", 0)
     _int_range(c, "distributed.process_id", -1)
-    explicit = (address != "", h.num_processes > 0, h.process_id >= 0)
-    rules.check(
-        all(explicit) or not any(explicit),
-        "distributed",
-        h.to_dict(),
-        "coordinator_address, num_processes and process_id all set, or none (auto-detect)",
-    )
-    if all(explicit):
-        rules.check(
-            h.process_id < h.num_processes,
-            "distributed.process_id",
-            h.process_id,
-            f"< distributed.num_processes ({h.num_processes})",
-        )
 
 
 def _validate_data(c) -> None:
@@ -366,13 +354,6 @@ def _validate_data(c) -> None:
         d.api_url,
         "an http(s):// URL",
     )
-    if d.source == "local":
-        rules.check(
-            os.path.isdir(os.path.expanduser(d.local_dir)),
-            "data.local_dir",
-            d.local_dir,
-            "an existing directory when data.source='local'",
-        )
     _int_range(c, "data.months", 0, 120)
     rules.check(
         d.end == "" or re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", d.end) is not None,
@@ -416,12 +397,6 @@ def _validate_windows(c) -> None:
     _int_range(c, "data.horizon", 1, 1024)
     _int_range(c, "data.max_candles", 0, 10_000_000)
     _int_range(c, "data.min_candles", 1)
-    rules.check(
-        d.max_candles == 0 or d.min_candles <= d.max_candles,
-        "data.min_candles",
-        d.min_candles,
-        f"<= data.max_candles ({d.max_candles})",
-    )
     _choice(c, "data.bad_rows", ("skip_series", "drop_rows"))
     _choice(c, "data.normalization", ("last_close", "candle_minmax"))
     splits = d.splits
@@ -458,13 +433,6 @@ def _validate_aux(c) -> None:
     for name in names:
         rules.check(name in aux_names, "model.aux_targets", name, ", ".join(aux_names))
     rules.check(len(set(names)) == len(names), "model.aux_targets", names, "no repeated entries")
-    if "realized_vol" in names:  # The std of one return is always 0.
-        rules.check(
-            c.data.horizon >= 2,
-            "data.horizon",
-            c.data.horizon,
-            ">= 2 with the aux target realized_vol (a std over the horizon)",
-        )
     _num_range(c, "model.aux_weight", 0, 1e6)
 
 
@@ -499,6 +467,7 @@ def _validate_train(c) -> None:
     _num_range(c, "train.teacher_forcing", 0, 1)
     _int_range(c, "train.group_size", 0)
     _choice(c, "train.share", SHARES)
+    _int_range(c, "train.pooled_chunk", 0, 1_000_000)
     _bool(c, "train.reduce_on_plateau")
     _bool(c, "train.compact_groups")
 
@@ -531,7 +500,8 @@ def _validate_rest(c) -> None:
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Checks every field; raises ConfigError on the first bad one. Returns config."""
+    """Checks every field, then the rules between fields (config_rules.check_combinations);
+    raises ConfigError on the first bad one. Returns config."""
     _validate_top(config)
     _validate_protocol(config)
     _validate_data(config)
@@ -540,6 +510,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _validate_rest(config)
     _validate_sweep(config)
     _validate_serve(config)
+    rules.check_combinations(config, base_config())
     return config
 
 
@@ -553,8 +524,6 @@ def _validate_protocol(c) -> None:
         raise ConfigError(str(e)) from None
     if expanded is not symbols:
         c.data.symbols = expanded
-    if "split_dates" not in c.data:  # absent from a config saved by an earlier cpbjax
-        return
     dates = c.data.split_dates
     allowed = "() or (VAL_START, TEST_START): two dates as YYYY-MM or YYYY-MM-DD (UTC), in order"
     rules.check(
@@ -585,14 +554,6 @@ def _validate_sweep(c) -> None:
         for v in values:
             rules.num_in(name, v, *_SWEEPABLE_RANGES[field])
     _choice(c, "sweep.select", sweep_grid.SELECT)
-    if c.train.pooled_chunk:
-        _int_range(c, "train.pooled_chunk", 0, 1_000_000)
-        rules.check(
-            c.train.share == "pooled",
-            "train.pooled_chunk",
-            c.train.pooled_chunk,
-            "0 unless train.share='pooled' (a per-series step has one coin per gradient)",
-        )
 
 
 def _validate_serve(c) -> None:
@@ -603,37 +564,23 @@ def _validate_serve(c) -> None:
     _int_range(c, "serve.port", 1, 65535)
 
 
-def pool_by_default(c: ml_collections.ConfigDict) -> None:
-    """The GRU's and the transformer's real-data default: ONE model for every series of the
-    run (train.share=pooled) at learning rate 3e-4.
-
-    At default size on the 40 real series it scored above per-series models on the earlier
-    folds of a 3-fold backtest, three seeds each, for both (docs/performance.md "Pooled or
-    per series at default size"). The per-series models were tuned at 1e-3, so pass
-    --config.train.learning_rate=1e-3 with --config.train.share=series. The demo and tiny
-    variants keep per-series models: the vmapped path, its sweeps and its timings.
-    """
-    c.train.share = "pooled"
-    c.train.learning_rate = 3e-4
-
-
-# The variants that shrink the model and data to run in minutes on a 2-core CPU.
+# The variants on small synthetic data, run in minutes on a 2-core CPU (the demo, the tests).
 SMALL = ("demo", "tiny")
 
 
-def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-    """Applies the data and training part of a variant: None (the default run), demo, tiny,
-    replaced.
+def apply_variant(
+    c: ml_collections.ConfigDict, arg: str | None, deltas: dict
+) -> ml_collections.ConfigDict:
+    """`c`, a configs/<model>.py body (the default run), changed into variant `arg`.
 
-    `demo` is the README's offline run: all 40 default series from the synthetic
-    source, 2000 candles and 5 epochs, so every stage runs in a few minutes on a
-    2-core CPU. `tiny` is what the tests run: 8 synthetic series, 3 epochs. Both
-    also shrink the model; each configs/*.py file sets its own small widths (SMALL).
-    `replaced` is the default real data with the replaced system's model and objective:
-    the configs/*.py body without its real-data choices (one model per series at its
-    size, schedule and learning rate), autoregressive decoding, no baseline, MSE on the
-    raw output, no early-stopping margin: what benchmarks compare like for like with the
-    torch loop.
+    First the part every model's variant shares, then the model's own change
+    `deltas[arg]` (dotted field -> value, the file's VARIANTS). `demo` is the README's
+    offline run: all 40 default series from the synthetic source, 2000 candles and 5
+    epochs, so every stage runs in a few minutes on a 2-core CPU. `tiny` is what the
+    tests run: 8 synthetic series, 3 epochs. `replaced` is the default real data with the
+    replaced system's objective: autoregressive decoding, no baseline, MSE on the raw
+    output, no early-stopping margin (its model, size, schedule and learning rate are the
+    model's delta): what benchmarks compare like for like with the torch loop.
     """
     if arg in (None, ""):
         return c
@@ -644,7 +591,14 @@ def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collectio
     if arg == "replaced":
         c.model.decoding, c.model.baseline = "autoregressive", "none"
         c.train.loss, c.train.loss_scale, c.train.min_delta = "mse", "none", 0.0
-        return c
+    else:
+        _small_data(c, arg)
+    c.update_from_flattened_dict(deltas[arg])
+    return c
+
+
+def _small_data(c: ml_collections.ConfigDict, arg: str) -> None:
+    """demo and tiny: synthetic series, short and few, a short schedule, frequent checkpoints."""
     c.data.source = "synthetic"
     c.data.max_candles = 2000 if arg == "demo" else 1200
     c.data.min_candles = c.data.max_candles // 2
@@ -659,4 +613,3 @@ def apply_variant(c: ml_collections.ConfigDict, arg: str | None) -> ml_collectio
         # One group of 8 series: nothing trains beside the workers, and spawning two
         # processes (each importing jax and matplotlib) costs the suite more than it saves.
         c.eval.plot_workers = 0
-    return c

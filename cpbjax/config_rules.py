@@ -1,4 +1,5 @@
-"""`ConfigError` and the value rules that every config check uses (config.py's and the models').
+"""`ConfigError`, the value rules that every config check uses (config.py's and the
+models'), and the rules between fields (`check_combinations`).
 
 Kept apart from cpbjax/config.py so the modules that own a group's rules (the model
 registry, the data sources) can raise the same error without importing the schema,
@@ -9,6 +10,7 @@ which reads their name lists: no import cycle. Every message has one form,
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 
@@ -60,3 +62,96 @@ def one_of(field: str, v: Any, allowed) -> None:
 def bool_field(field: str, v: Any) -> None:
     """True or False, not 0/1 or a string."""
     check(isinstance(v, bool), field, v, "True or False")
+
+
+def get(c, field: str, missing: Any = None) -> Any:
+    """The value of dotted `field` in config `c`; `missing` where a group or field is absent
+    (a registered model or source may not have it)."""
+    for part in field.split("."):
+        if part not in c:
+            return missing
+        c = c[part]
+    return c
+
+
+_NOT_BINANCE = ("local", "synthetic")  # built-in sources that neither download nor top up
+
+# A value other than its default of each of `fields` is ignored while `other` holds one of
+# `values`, so it is refused: (other, values, why, fields). A source registered from user
+# code may read any data field: the data rules name only the built-in sources.
+IGNORED = (
+    ("model.decoding", ("direct",), "only autoregressive decoding feeds true candles",
+     ("train.teacher_forcing",)),
+    ("train.reduce_on_plateau", (False,), "the lr is reduced only on plateaus",
+     ("train.plateau_factor", "train.plateau_patience")),
+    ("train.share", ("pooled",), "a pooled run is one group of one model",
+     ("train.compact_groups",)),
+    ("model.aux_targets", ((),), "it weighs the aux targets' loss", ("model.aux_weight",)),
+    ("model.baseline", ("none",), "it refits the vol_band baseline's band",
+     ("eval.refit_band",)),
+    ("data.normalization", ("candle_minmax",), "it keeps no price level to forecast",
+     ("eval.save_forecasts",)),
+    ("data.source", ("binance", "binance_rest", "synthetic"), "only the local source reads it",
+     ("data.local_dir",)),
+    ("data.source", _NOT_BINANCE, "only the binance sources download",
+     ("data.base_url", "data.months", "data.end", "data.include_daily")),
+    ("data.source", _NOT_BINANCE, "only binance data is topped up from the exchange",
+     ("data.api_url", "predict.fresh")),
+    ("distributed.enabled", (False,), "jax.distributed starts only when enabled",
+     ("distributed.coordinator_address", "distributed.num_processes", "distributed.process_id")),
+)  # fmt: skip
+
+
+def check_combinations(c, defaults) -> None:
+    """Every rule between fields of config `c`, after each field passed its own check:
+    values that need another field's value, then values that another field's value would
+    silently ignore (IGNORED). `defaults`: the schema (config.base_config()), whose
+    values are never refused."""
+    _check_distributed(c.distributed)
+    d = c.data
+    check(
+        d.max_candles == 0 or d.min_candles <= d.max_candles,  # 0: no cap
+        "data.min_candles",
+        d.min_candles,
+        f"<= data.max_candles ({d.max_candles})",
+    )
+    if d.source == "local":
+        ok = os.path.isdir(os.path.expanduser(d.local_dir))
+        check(ok, "data.local_dir", d.local_dir, "an existing directory when data.source='local'")
+    if "realized_vol" in c.model.aux_targets:  # The std of one return is always 0.
+        allowed = ">= 2 with the aux target realized_vol (a std over the horizon)"
+        check(d.horizon >= 2, "data.horizon", d.horizon, allowed)
+    if c.train.pooled_chunk:
+        allowed = "0 unless train.share='pooled' (a per-series step has one coin per gradient)"
+        check(c.train.share == "pooled", "train.pooled_chunk", c.train.pooled_chunk, allowed)
+    _check_ignored(c, defaults)
+
+
+def _check_distributed(h) -> None:
+    """Explicit multi-host settings: all three or none, and this process one of them."""
+    explicit = (h.coordinator_address != "", h.num_processes > 0, h.process_id >= 0)
+    allowed = "coordinator_address, num_processes and process_id all set, or none (auto-detect)"
+    check(all(explicit) or not any(explicit), "distributed", h.to_dict(), allowed)
+    if all(explicit):
+        allowed = f"< distributed.num_processes ({h.num_processes})"
+        check(h.process_id < h.num_processes, "distributed.process_id", h.process_id, allowed)
+
+
+def _check_ignored(c, defaults) -> None:
+    """A non-default value of a field that another field's value ignores (IGNORED), and a
+    sweep.select without a sweep."""
+    absent = object()
+    for other, values, why, fields in IGNORED:
+        other_value = get(c, other, absent)
+        if other_value is absent or other_value not in values:
+            continue
+        for field in fields:
+            value, default = get(c, field, absent), get(defaults, field, absent)
+            if absent not in (value, default) and value != default:
+                allowed = f"{default!r} (its default) with {other}={other_value!r}: {why}"
+                fail(field, value, allowed)
+    sweep = get(c, "sweep", {})
+    swept = [name for name in sweep if name != "select" and sweep[name]]
+    if sweep and not swept and sweep.select != get(defaults, "sweep.select"):
+        allowed = f"{defaults.sweep.select!r} (its default) without a sweep.* value to choose among"
+        fail("sweep.select", sweep.select, allowed)

@@ -1,11 +1,13 @@
 """Tests for the config files, the tiny variant, overrides and every validation rule."""
 
+import json
 import os
 import re
 
 import pytest
 
 from cpbjax import config as config_lib
+from cpbjax import config_rules as rules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,6 +19,47 @@ CONFIGS = ("configs/transformer.py", "configs/gru.py", "configs/lstm.py")
 def test_configs_load_and_validate(path, variant):
     config = config_lib.load(path + variant)
     assert config_lib.validate(config) is config
+
+
+# Fields that cpbjax retired since commit 2c4dd27 (their values are no longer compared).
+RETIRED = {
+    "recurrent_gradient",
+    "model.quantiles",
+    "model.series_embedding",
+    "train.min_delta_mode",
+    "eval.interval_vol_days",
+    "eval.interval_vol_weight",
+}
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+@pytest.mark.parametrize("arg", [None, "", "demo", "tiny", "replaced"])
+def test_every_config_is_the_one_of_commit_2c4dd27(path, arg):
+    # The bodies became the default run and the variants named deltas of them: every field
+    # of every model x variant must still hold the value (and JSON type) it had before, in
+    # the same order (config.json's), snapshot of get_config(arg).to_dict() at commit 2c4dd27.
+    with open(os.path.join(ROOT, "tests/data/configs_2c4dd27.json")) as f:
+        snapshot = json.load(f)
+    model = os.path.basename(path)[:-3]
+    want = _flat(snapshot[f"{model}:{arg or ''}"])
+    got = _flat(
+        json.loads(json.dumps(config_lib.load(path + (f":{arg}" if arg else "")).to_dict()))
+    )
+    kept = [field for field in want if field not in RETIRED]
+    assert [field for field in got if field in kept] == kept  # present, in the same order
+    for field in kept:
+        assert json.dumps(got[field]) == json.dumps(want[field]), field
 
 
 def test_real_data_runs_pool_and_the_variants_keep_per_series_models():
@@ -194,6 +237,7 @@ BAD_VALUES = [
 def test_distributed_process_id_must_be_below_num_processes():
     config = config_lib.load("configs/gru.py")
     h = config.distributed
+    h.enabled = True
     h.coordinator_address, h.num_processes, h.process_id = "host0:1234", 2, 2
     with pytest.raises(config_lib.ConfigError, match=r"process_id=2 .*< distributed.num_processes"):
         config_lib.validate(config)
@@ -244,3 +288,72 @@ def test_values_that_would_crash_later_are_config_errors(field, value):
     (c[group] if group else c)[name] = value
     with pytest.raises(config_lib.ConfigError, match=re.escape(f"config.{field}={value}")):
         config_lib.validate(c)
+
+
+# (field, value, other field, a value of it that ignores the field, one that reads it,
+# other fields the reading value needs): each a ConfigError naming both fields.
+IGNORED_COMBINATIONS = [
+    ("train.teacher_forcing", 0.3, "model.decoding", "direct", "autoregressive",
+     {"model.baseline": "none"}),
+    ("train.plateau_factor", 0.3, "train.reduce_on_plateau", False, True, {}),
+    ("train.plateau_patience", 3, "train.reduce_on_plateau", False, True, {}),
+    ("train.compact_groups", False, "train.share", "pooled", "series", {}),
+    ("model.aux_weight", 0.5, "model.aux_targets", (), ("realized_vol",), {}),
+    ("eval.refit_band", False, "model.baseline", "none", "vol_band", {}),
+    ("eval.refit_band", False, "model.baseline", "persistence", "vol_band", {}),
+    ("eval.save_forecasts", True, "data.normalization", "candle_minmax", "last_close",
+     {"model.baseline": "none"}),
+    ("data.local_dir", ROOT, "data.source", "binance", "local", {}),
+    ("data.local_dir", ROOT, "data.source", "synthetic", "local", {}),
+    ("data.base_url", "/some/mirror", "data.source", "synthetic", "binance", {}),
+    ("data.months", 2, "data.source", "synthetic", "binance", {}),
+    ("data.end", "2025-02", "data.source", "synthetic", "binance", {}),
+    ("data.include_daily", True, "data.source", "synthetic", "binance", {}),
+    ("data.api_url", "http://127.0.0.1:9", "data.source", "synthetic", "binance_rest", {}),
+    ("predict.fresh", False, "data.source", "synthetic", "binance", {}),
+    ("distributed.coordinator_address", "host0:1234", "distributed.enabled", False, True,
+     {"distributed.num_processes": 2, "distributed.process_id": 1}),
+]  # fmt: skip
+
+
+def _set(c, field, value):
+    group, _, name = field.rpartition(".")
+    (c[group] if group else c)[name] = value
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "other", "ignoring", "reading", "needs"), IGNORED_COMBINATIONS
+)
+def test_a_value_that_another_field_ignores_is_a_config_error(
+    field, value, other, ignoring, reading, needs
+):
+    c = config_lib.load("configs/lstm.py:tiny")
+    for name, v in {**needs, field: value, other: reading}.items():
+        _set(c, name, v)
+    config_lib.validate(c)  # read by the other's value: allowed
+    _set(c, other, ignoring)
+    with pytest.raises(config_lib.ConfigError) as info:
+        config_lib.validate(c)
+    message = str(info.value)
+    assert message.startswith(f"config.{field}={value!r} is not allowed"), message
+    assert f"with {other}={ignoring!r}" in message, message
+
+
+def test_a_field_at_its_default_is_never_refused_whatever_ignores_it():
+    for other, values, _, _ in rules.IGNORED:
+        for value in values:
+            c = config_lib.load("configs/lstm.py:tiny")  # every ignorable field at its default
+            if other == "data.normalization":
+                c.model.baseline = "none"  # candle_minmax reads no log ranges
+            c.data.local_dir = ROOT if value == "local" else ""
+            _set(c, other, value)
+            config_lib.validate(c)
+
+
+def test_sweep_select_needs_a_sweep():
+    c = config_lib.load("configs/gru.py:tiny")
+    c.sweep.select = "pooled"
+    with pytest.raises(config_lib.ConfigError, match=r"sweep.select='pooled'.*without a sweep"):
+        config_lib.validate(c)
+    c.sweep.learning_rate = (1e-3, 3e-3)
+    config_lib.validate(c)
