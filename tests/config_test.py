@@ -300,7 +300,6 @@ IGNORED_COMBINATIONS = [
     ("train.compact_groups", False, "train.share", "pooled", "series", {}),
     ("model.aux_weight", 0.5, "model.aux_targets", (), ("realized_vol",), {}),
     ("eval.refit_band", False, "model.baseline", "none", "vol_band", {}),
-    ("eval.refit_band", False, "model.baseline", "persistence", "vol_band", {}),
     ("eval.save_forecasts", True, "data.normalization", "candle_minmax", "last_close",
      {"model.baseline": "none"}),
     ("data.local_dir", ROOT, "data.source", "binance", "local", {}),
