@@ -31,7 +31,7 @@ from flax import struct
 
 from cpbjax import improvement, losses, optimizer, sweep_grid
 from cpbjax.data import stacking, windows
-from cpbjax.models import common
+from cpbjax.models import heads
 
 # What `run_epoch` returns; epoch and lr are scalars, the rest [K].
 EPOCH_METRICS = (
@@ -258,9 +258,9 @@ def init_coin(spec: EpochSpec, key: jax.Array, band_H2: jax.Array):
     x_BLF = jnp.zeros((1, spec.lookback, spec.num_features), jnp.float32)
     y_BHC = jnp.zeros((1, spec.horizon, windows.NUM_TARGETS), jnp.float32)
     rngs = {"params": params_key, "dropout": dropout_key, "teacher": teacher_key}
-    params = common.init_params(spec.module, rngs, x_BLF, y_BHC)
+    params = heads.init_params(spec.module, rngs, x_BLF, y_BHC)
     if spec.baseline == "vol_band":
-        params = common.with_band(params, band_H2)
+        params = heads.with_band(params, band_H2)
     return params, spec.tx.init(params), optimizer.init_plateau(spec.plateau), train_key
 
 

@@ -241,7 +241,7 @@ def test_stack_group_carries_aux_and_gathers_by_window_end():
 # Models.
 
 WIDTH = {"transformer": "d_model", "gru": "hidden", "lstm": "hidden"}
-# The LSTM's aux head is the GRU's (both are common.RNNSeq2Seq): compiling it again adds nothing.
+# The LSTM's aux head is the GRU's (both are seq2seq.RNNSeq2Seq): compiling it again adds nothing.
 SHARED_CODE = ("transformer", "gru")
 
 
