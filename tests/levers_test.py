@@ -228,7 +228,7 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
         )
         y_hat = module.apply({"params": params}, x, None)
         scale = stacking.persistence_scale(prep, 10)
-        want = np.mean(_loop_loss("mae", np.asarray(y_hat), np.asarray(y), scale, ()))
+        want = np.mean(_loop_loss("mae", np.asarray(y_hat), np.asarray(y), scale))
         np.testing.assert_allclose(float(state.best_val[i]), want, rtol=1e-5)
         band = stacking.band_factors(prep, 30, 10)
         np.testing.assert_array_equal(params["output"]["band_high"], band[:, 0])
