@@ -26,7 +26,7 @@ import numpy as np
 
 from cpbjax import baselines, forecast
 from cpbjax.metrics import CLOSE
-from cpbjax.models import common
+from cpbjax.models import heads, layers
 
 
 def applies(module) -> bool:
@@ -49,16 +49,16 @@ def fit_shift(prep, fcs: dict, fit_splits, lookback: int, horizon: int) -> np.nd
         return shift
     score_NHC, s = err_NHC[ok] / sigma_N[ok, None, None], sigma_N[ok]
     for h in range(horizon):
-        shift[h, 0] = baselines.weighted_median(score_NHC[:, h, common.HIGH], s)
-        shift[h, 1] = -baselines.weighted_median(score_NHC[:, h, common.LOW], s)
+        shift[h, 0] = baselines.weighted_median(score_NHC[:, h, layers.HIGH], s)
+        shift[h, 1] = -baselines.weighted_median(score_NHC[:, h, layers.LOW], s)
     return shift
 
 
 def shifted(params, shift_H2) -> dict:
     """params with the band factors moved by shift_H2 [H, 2] (high, low); an ensemble's
     members each move theirs by it, so their mean forecast moves as one model's would."""
-    k_H2 = np.asarray(common.band_factors(params))  # [Y, H, 2] for an ensemble
-    return common.with_band(params, (k_H2 + shift_H2).astype(np.float32))
+    k_H2 = np.asarray(heads.band_factors(params))  # [Y, H, 2] for an ensemble
+    return heads.with_band(params, (k_H2 + shift_H2).astype(np.float32))
 
 
 def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int):
@@ -72,8 +72,8 @@ def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int):
     """
     sigma_N = baselines.ewma_range(prep.ohlc, fc.ends_N, lookback)
     log_move_NHC = np.zeros(fc.norm_NHC.shape)
-    log_move_NHC[:, :, common.HIGH] = shift_H2[None, :, 0] * sigma_N[:, None]
-    log_move_NHC[:, :, common.LOW] = -shift_H2[None, :, 1] * sigma_N[:, None]
+    log_move_NHC[:, :, layers.HIGH] = shift_H2[None, :, 0] * sigma_N[:, None]
+    log_move_NHC[:, :, layers.LOW] = -shift_H2[None, :, 1] * sigma_N[:, None]
     factor_NHC = np.exp(log_move_NHC)
     return forecast.SplitForecast(
         fc.ends_N,

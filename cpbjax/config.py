@@ -162,7 +162,7 @@ def base_config() -> ml_collections.ConfigDict:
     t.patience = 10  # Early stopping: epochs without val improvement.
     # An epoch counts as an improvement (resets patience, becomes the kept model) only if
     # its val loss beats the best by more than min_delta standard errors of the paired val
-    # gain (cpbjax/improvement.py); 0 = any lower val loss. One standard error won out of
+    # gain (cpbjax/early_stopping.py); 0 = any lower val loss. One standard error won out of
     # sample for both train.share modes (docs/performance.md "One margin for both modes"),
     # where a share of the best val loss had to differ: 0.5% per series, 0.1% pooled.
     t.min_delta = 1.0

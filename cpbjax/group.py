@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cpbjax import pooled, sharding, step, sweep_grid
+from cpbjax import epoch_spec, pooled, sharding, step, sweep_grid
 from cpbjax.data import stacking, windows
 
 
@@ -36,7 +36,7 @@ class GroupTrainer:
     """Builds the jitted init and one-epoch programs for groups of `num_coins` coins.
 
     Attributes:
-      spec: the step.EpochSpec the programs close over.
+      spec: the epoch_spec.EpochSpec the programs close over.
       num_coins: K, a multiple of the mesh size.
       state_sharding: NamedShardings of step.GroupState (coin axis over the mesh).
       arrays_sharding: NamedShardings of stacking.GroupArrays (see `stack`).
@@ -47,7 +47,7 @@ class GroupTrainer:
         self, config, module, num_coins: int, mesh: Mesh | None = None, t_max: int | None = None
     ):
         """Args:
-        config: the run config; read here once (step.make_spec, data sizes, precision).
+        config: the run config; read here once (epoch_spec.make_spec, data sizes, precision).
         module: the Flax Linen model (see cpbjax.models).
         num_coins: K, a multiple of the mesh size.
         mesh: a 1-D `coins` mesh; default `sharding.coin_mesh()`.
@@ -60,7 +60,7 @@ class GroupTrainer:
                 f"num_coins={num_coins} is not a multiple of the {self.mesh.size} devices"
             )
         self.t_max = config.data.max_candles if t_max is None else t_max
-        self.spec = step.make_spec(config, module, self.t_max)
+        self.spec = epoch_spec.make_spec(config, module, self.t_max)
         if self.spec.share == "pooled" and self.mesh.size > 1:
             raise ValueError(
                 f"train.share='pooled' trains one model on one device, not on a mesh of "

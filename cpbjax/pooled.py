@@ -4,7 +4,7 @@ It keeps cpbjax/step.py's data and state layout, so group.py, checkpoints, resum
 per-series saving work unchanged: the GroupState still carries the coin axis K, but every
 coin holds the same params, optimizer and plateau state (replicated), and the real coins
 share one early-stopping record. Each step gathers B windows of every coin (each coin
-shuffled with its own key, as `step.train_batches` does), takes ONE gradient of the
+shuffled with its own key, as `batching.train_batches` does), takes ONE gradient of the
 shared params on the mean loss over all K·B valid windows and makes one update. Early
 stopping, divergence and the plateau watch the pooled val loss, the mean over every
 coin's val windows; each coin's own train and val losses are still reported.
@@ -23,12 +23,13 @@ per step, H horizon.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from cpbjax import improvement, optimizer, step
+from cpbjax import batching, early_stopping, epoch_spec, optimizer, step
 from cpbjax.data import stacking
 
 
@@ -62,7 +63,9 @@ def pooled_band(arrays: stacking.GroupArrays) -> jax.Array:
     return jnp.nanmedian(band_KH2, axis=0)
 
 
-def init_state(spec: step.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> step.GroupState:
+def init_state(
+    spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
+) -> step.GroupState:
     """The fresh state: every coin holds the params that coin 0's key initialises (with
     the pooled band) and keeps its own train key (its shuffles and dropout); with
     model.baseline, the untrained model's pooled val loss is the one to beat."""
@@ -77,17 +80,21 @@ def init_state(spec: step.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> s
     return state
 
 
-def coin_sums(spec: step.EpochSpec, params, data: step.CoinData, ends_KB, mask_KB, keys_K):
+def coin_sums(
+    spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_KB, mask_KB, keys_K
+):
     """(objective float32 [K], forecast loss float32 [K]): each coin's batch under the
     shared `params`, summed over its valid windows (step.coin_loss_sums, vmapped)."""
     sums = jax.vmap(
         functools.partial(step.coin_loss_sums, spec),
-        in_axes=(None, step.COIN_DATA_AXES, 0, 0, 0),
+        in_axes=(None, batching.COIN_DATA_AXES, 0, 0, 0),
     )
     return sums(params, data, ends_KB, mask_KB, keys_K)
 
 
-def pooled_objective(spec: step.EpochSpec, params, data: step.CoinData, ends_KB, mask_KB, keys_K):
+def pooled_objective(
+    spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_KB, mask_KB, keys_K
+):
     """Mean training objective of the shared `params` over the valid windows of every
     coin's batch, and (aux) each coin's summed forecast loss, float32 [K]."""
     objective_K, err_K = coin_sums(spec, params, data, ends_KB, mask_KB, keys_K)
@@ -96,7 +103,7 @@ def pooled_objective(spec: step.EpochSpec, params, data: step.CoinData, ends_KB,
 
 def chunk_of(tree, axes, start, size: int):
     """Coins start..start+size of every leaf with a coin axis (`axes`: 0, or None for a
-    leaf without one, as step.COIN_DATA_AXES gives them)."""
+    leaf without one, as batching.COIN_DATA_AXES gives them)."""
     return jax.tree.map(
         lambda ax, a: a if ax is None else jax.lax.dynamic_slice_in_dim(a, start, size, 0),
         axes,
@@ -105,13 +112,13 @@ def chunk_of(tree, axes, start, size: int):
     )
 
 
-def chunked_value_and_grad(spec: step.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
+def chunked_value_and_grad(spec: epoch_spec.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
     """pooled_objective's ((mean, err_K), gradient), taken over chunks of Z =
     train.pooled_chunk coins whose gradients are summed: a chunk's activations are freed
     before the next one runs. The last chunk ends at coin K (dynamic_slice clamps its
     start); its coins that an earlier chunk took are masked out."""
     k, z = mask_KB.shape[0], spec.pooled_chunk
-    axes = (None, step.COIN_DATA_AXES, 0, 0, 0)  # the shared params: no coin axis
+    axes = (None, batching.COIN_DATA_AXES, 0, 0, 0)  # the shared params: no coin axis
 
     def chunk_sums(p, j):
         first = j * z
@@ -140,7 +147,7 @@ def chunked_value_and_grad(spec: step.EpochSpec, params, data, ends_KB, mask_KB,
     return (total / n, err_K), jax.tree.map(lambda g: g / n, grads)
 
 
-def pooled_value_and_grad(spec: step.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
+def pooled_value_and_grad(spec: epoch_spec.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
     """((mean objective, err_K), gradient of the shared params): in one vmap over the K
     coins, or in chunks of train.pooled_chunk coins when that is smaller than K."""
     if 0 < spec.pooled_chunk < mask_KB.shape[0]:
@@ -149,15 +156,24 @@ def pooled_value_and_grad(spec: step.EpochSpec, params, data, ends_KB, mask_KB, 
     return jax.value_and_grad(loss_fn, has_aux=True)(params, data, ends_KB, mask_KB, keys_K)
 
 
-def pooled_train_step(
-    spec: step.EpochSpec, params, opt_state, data, ends_KB, mask_KB, keys_K, lr, hparams
-):
-    """One update of the shared params from every coin's batch (mask_KB: bool [K, B], False
-    for coins that do not train; hparams: a sweep setting's injected optimizer values, {}
-    without one); a StepResult with per-coin sums [K] and one nonfinite."""
-    n_K = jnp.sum(mask_KB, axis=1)
-    (objective, err_K), grads = pooled_value_and_grad(spec, params, data, ends_KB, mask_KB, keys_K)
-    opt_state = optimizer.with_learning_rate(opt_state, lr, **hparams)
+class PooledStep(NamedTuple):
+    """What one pooled update takes besides the shared params and the data."""
+
+    ends_KB: jax.Array  # int32 [K, B] window ends
+    mask_KB: jax.Array  # bool [K, B] valid windows, False for coins that do not train
+    keys_K: jax.Array  # each coin's key of this step
+    lr: jax.Array  # learning rate (schedule x plateau scale x a sweep setting's lr_mult)
+    hparams: dict  # a sweep setting's other injected optimizer values ({} without one)
+
+
+def pooled_train_step(spec: epoch_spec.EpochSpec, params, opt_state, data, s: PooledStep):
+    """One update of the shared params from every coin's batch; a StepResult with per-coin
+    sums [K] and one nonfinite."""
+    n_K = jnp.sum(s.mask_KB, axis=1)
+    (objective, err_K), grads = pooled_value_and_grad(
+        spec, params, data, s.ends_KB, s.mask_KB, s.keys_K
+    )
+    opt_state = optimizer.with_learning_rate(opt_state, s.lr, **s.hparams)
     updates, new_opt = spec.tx.update(grads, opt_state, params)
     finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
     trains = jnp.sum(n_K) > 0
@@ -172,20 +188,20 @@ def pooled_train_step(
     )
 
 
-def train_pass(spec: step.EpochSpec, state: step.GroupState, arrays) -> step.TrainPass:
+def train_pass(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays) -> step.TrainPass:
     """Scan over this epoch's batches with the shared params; returns them replicated to
     [K, ...] and per-coin sums, as step.train_pass does."""
-    ends_SKB, mask_SKB, step_keys_K = step.train_batches(spec, state, arrays)
-    data = step.coin_data(arrays)
+    ends_SKB, mask_SKB, step_keys_K = batching.train_batches(spec, state, arrays)
+    data = batching.coin_data(arrays)
     lr_scale, hparams = setting_hparams(arrays, optimizer.plateau_scale(first(state.plateau)))
-    train_step = functools.partial(pooled_train_step, spec, hparams=hparams)
 
     def body(carry: step.TrainPass, xs):
         s, ends_KB, mask_KB = xs
         lr = spec.schedule(state.epoch * spec.train_steps + s)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
         mask_KB = mask_KB & state.active[:, None]
-        r = train_step(carry.params, carry.opt_state, data, ends_KB, mask_KB, keys_K, lr * lr_scale)
+        pooled_step = PooledStep(ends_KB, mask_KB, keys_K, lr * lr_scale, hparams)
+        r = pooled_train_step(spec, carry.params, carry.opt_state, data, pooled_step)
         return carry.add(r), None
 
     k = state.active.shape[0]
@@ -214,7 +230,7 @@ def setting_hparams(arrays: stacking.GroupArrays, lr_scale: jax.Array):
     return lr_scale_K[0], {name: v[0] for name, v in hparams_K.items()}
 
 
-def run_epoch(spec: step.EpochSpec, state: step.GroupState, arrays):
+def run_epoch(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays):
     """One epoch of the pooled model: (new GroupState, metrics of step.EPOCH_METRICS).
 
     step.end_epoch gets the pooled val loss as every coin's, so the real coins improve,
@@ -232,10 +248,10 @@ def run_epoch(spec: step.EpochSpec, state: step.GroupState, arrays):
     return new_state, metrics
 
 
-def pooled_gain_se(spec: step.EpochSpec, candidate: step.ValPass, state, arrays) -> jax.Array:
+def pooled_gain_se(spec: epoch_spec.EpochSpec, candidate: step.ValPass, state, arrays) -> jax.Array:
     """The standard error of the pooled val gain over the best, float32 [] (as
     step.gain_se, over every training coin's windows)."""
     best = step.val_pass(spec, state.best_params, arrays)
-    return improvement.pooled_gain_se(
+    return early_stopping.pooled_gain_se(
         candidate.loss_KN, best.loss_KN, candidate.mask_KN, state.active, spec.horizon - 1
     )

@@ -40,7 +40,7 @@ from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import windows
-from cpbjax.models import common
+from cpbjax.models import heads
 
 PARAMS_FILE = "params.msgpack"
 CONFIG_FILE = "config.json"
@@ -226,7 +226,7 @@ def _check_shapes(params_path: str, module, params, trained) -> None:
     x_BLF = jnp.zeros((1, d.lookback, len(d.features)), jnp.float32)
     y_BHC = jnp.zeros((1, d.horizon, windows.NUM_TARGETS), jnp.float32)
     rngs = {k: jax.random.PRNGKey(0) for k in ("params", "dropout", "teacher")}
-    want = jax.eval_shape(lambda: common.init_params(module, rngs, x_BLF, y_BHC))
+    want = jax.eval_shape(lambda: heads.init_params(module, rngs, x_BLF, y_BHC))
     want = flax.traverse_util.flatten_dict(want, sep="/")
     got = flax.traverse_util.flatten_dict(params, sep="/") if isinstance(params, dict) else {}
     for key in sorted(set(want) | set(got)):

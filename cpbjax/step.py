@@ -1,4 +1,4 @@
-"""The per-coin training math as pure functions of pytrees and one frozen EpochSpec.
+"""The per-coin training math as pure functions of pytrees and one frozen epoch_spec.EpochSpec.
 
 A group of K series ("coins") trains as one program: params and optimizer state carry a
 leading coin axis [K, ...] and every per-coin function here is `jax.vmap`ped over it.
@@ -18,20 +18,17 @@ epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets, A 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import linen as nn
 from flax import struct
 
-from cpbjax import improvement, losses, optimizer, sweep_grid
+from cpbjax import batching, early_stopping, epoch_spec, losses, optimizer
 from cpbjax.data import stacking, windows
-from cpbjax.models import common
+from cpbjax.models import heads
 
 # What `run_epoch` returns; epoch and lr are scalars, the rest [K].
 EPOCH_METRICS = (
@@ -43,84 +40,13 @@ EPOCH_METRICS = (
     "lr_scale",
     "active",
     "diverged",
-    "val_gain_se",  # the standard error of val_loss - best before it (improvement.bar)
+    "val_gain_se",  # the standard error of val_loss - best before it (early_stopping.bar)
     # The val loss early stopping compared with the best: val_loss per series; a pooled
     # model's window mean over every coin's (purged) val windows, the same on every coin.
     "stop_val_loss",
     # Whether the epoch cleared the early-stopping bar: its params became the kept ones.
     "improved",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class EpochSpec:
-    """Everything the compiled epoch reads, fixed when its program is built.
-
-    Built once from the run config by `make_spec`, so the traced functions close over
-    plain Python values and never see a mutable ConfigDict.
-    """
-
-    module: nn.Module  # the Flax Linen model of every coin
-    tx: optax.GradientTransformation  # optimizer.make_optimizer (lr injected per step)
-    schedule: optax.Schedule  # global step -> base learning rate
-    plateau: optax.GradientTransformation  # reduce-on-plateau (scale 1 when disabled)
-    lookback: int  # L
-    horizon: int  # H
-    num_features: int  # F
-    num_aux: int  # A: aux target columns (0 without model.aux_targets)
-    batch_size: int  # B
-    train_steps: int  # S of the train pass: ceil(padded train windows / B)
-    val_steps: int  # S of the val pass
-    teacher_forcing: float  # per-step probability of feeding the true candle
-    aux_weight: float  # weight of the aux MSE in the training objective
-    patience: int  # early stopping: epochs without val improvement
-    loss: str  # losses.LOSSES: minimised, and what the val loss measures
-    scale_loss: bool  # train.loss_scale == "persistence": errors over target_scale
-    baseline: str  # model.baseline: "vol_band" starts params at the fitted band
-    min_delta: float  # an epoch improves only if it beats the best by more (`improvement.bar`)
-    reduce_on_plateau: bool
-    # train.share: "series" (a model per coin, this module's epoch) or "pooled" (one model
-    # for every coin: cpbjax/pooled.py's epoch over the same data and state layout).
-    share: str = "series"
-    # train.pooled_chunk: coins per gradient chunk of a pooled step; 0 = all K in one.
-    pooled_chunk: int = 0
-    # model.ensemble: Y members, each trained on its own loss (models/ensemble.py).
-    members: int = 1
-
-
-def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
-    """The EpochSpec of a run config (data, model.aux_*, train), its model, and its
-    padded length T (stacking.padded_length; default data.max_candles)."""
-    d, t = config.data, config.train
-    sizes = stacking.padded_sizes(d, t_max)
-    train_steps = math.ceil(sizes["train"] / t.batch_size)
-    members = config.model.ensemble
-    return EpochSpec(
-        module=module,
-        tx=optimizer.make_optimizer(
-            t, "weight_decay" in sweep_grid.hparam_names(config), members=members
-        ),
-        schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
-        plateau=optimizer.make_plateau(t),
-        lookback=d.lookback,
-        horizon=d.horizon,
-        num_features=len(d.features),
-        num_aux=len(config.model.aux_targets),
-        batch_size=t.batch_size,
-        train_steps=train_steps,
-        val_steps=math.ceil(sizes["val"] / t.batch_size),
-        teacher_forcing=t.teacher_forcing,
-        aux_weight=config.model.aux_weight,
-        patience=t.patience,
-        loss=t.loss,
-        scale_loss=t.loss_scale == "persistence",
-        baseline=config.model.baseline,
-        min_delta=t.min_delta,
-        reduce_on_plateau=t.reduce_on_plateau,
-        share=t.share,
-        pooled_chunk=t.pooled_chunk,
-        members=members,
-    )
 
 
 @struct.dataclass
@@ -144,40 +70,6 @@ class GroupState:
     epochs_run: jax.Array  # int32 [K]: epochs this coin trained.
     key: jax.Array  # uint32 [K, 2]: per-coin training key; epoch keys fold in the epoch.
     epoch: jax.Array  # int32 []: epochs completed by the group.
-
-
-class CoinData(NamedTuple):
-    """The device-resident series of ONE coin that every per-coin function reads."""
-
-    inputs_TF: jax.Array
-    targets_TC: jax.Array
-    anchor_T: jax.Array
-    price_mask_F: jax.Array  # shared by the coins of a group
-    aux_TA: jax.Array
-    target_scale_C: jax.Array  # the loss's per-column divisors (train.loss_scale)
-
-
-# vmap axes of CoinData over the coins of a GroupArrays.
-COIN_DATA_AXES = CoinData(0, 0, 0, None, 0, 0)
-
-
-def coin_data(arrays: stacking.GroupArrays) -> CoinData:
-    return CoinData(
-        arrays.inputs,
-        arrays.targets,
-        arrays.anchor,
-        arrays.price_mask,
-        arrays.aux,
-        arrays.target_scale,
-    )
-
-
-class Windows(NamedTuple):
-    """B windows of one coin, sliced on the device."""
-
-    x_BLF: jax.Array  # normalised inputs
-    y_BHC: jax.Array  # normalised OHLC targets
-    aux_BA: jax.Array  # aux targets (A = 0 without them)
 
 
 class StepResult(NamedTuple):
@@ -210,45 +102,16 @@ class TrainPass(NamedTuple):
         )
 
 
-def select(take_K: jax.Array, new, old):
-    """Per-coin choice between two [K, ...] pytrees (take_K: bool [K])."""
-
-    def pick(n, o):
-        return jnp.where(take_K.reshape(take_K.shape + (1,) * (n.ndim - 1)), n, o)
-
-    return jax.tree.map(pick, new, old)
-
-
 def window_sq_err(y_hat_B: jax.Array, y_B: jax.Array) -> jax.Array:
     """Mean squared error of each window over its other axes ([B, H, C] or [B, A]), float32 [B]."""
     err = jnp.square(y_hat_B.astype(jnp.float32) - y_B)
     return jnp.mean(err, axis=tuple(range(1, err.ndim)))
 
 
-def gather_windows(spec: EpochSpec, data: CoinData, ends_B: jax.Array) -> Windows:
-    """The windows of ONE coin ending at ends_B (int32 [B])."""
-    if data.aux_TA.shape[-1] != spec.num_aux:
-        raise ValueError(
-            f"the group has {data.aux_TA.shape[-1]} aux target columns but the spec has "
-            f"{spec.num_aux}: prepare the series with "
-            "windows.prepare_all(..., aux_targets=config.model.aux_targets)"
-        )
-    x_BLF, y_BHC = stacking.gather(
-        data.inputs_TF,
-        data.targets_TC,
-        data.anchor_T,
-        data.price_mask_F,
-        ends_B,
-        spec.lookback,
-        spec.horizon,
-    )
-    return Windows(x_BLF, y_BHC, stacking.gather_aux(data.aux_TA, ends_B))
-
-
 # -- init -------------------------------------------------------------------------------
 
 
-def init_coin(spec: EpochSpec, key: jax.Array, band_H2: jax.Array):
+def init_coin(spec: epoch_spec.EpochSpec, key: jax.Array, band_H2: jax.Array):
     """(params, opt_state, plateau state, train key) of one coin from its key.
 
     With model.baseline=vol_band the band starts at the coin's fitted factors band_H2.
@@ -258,13 +121,13 @@ def init_coin(spec: EpochSpec, key: jax.Array, band_H2: jax.Array):
     x_BLF = jnp.zeros((1, spec.lookback, spec.num_features), jnp.float32)
     y_BHC = jnp.zeros((1, spec.horizon, windows.NUM_TARGETS), jnp.float32)
     rngs = {"params": params_key, "dropout": dropout_key, "teacher": teacher_key}
-    params = common.init_params(spec.module, rngs, x_BLF, y_BHC)
+    params = heads.init_params(spec.module, rngs, x_BLF, y_BHC)
     if spec.baseline == "vol_band":
-        params = common.with_band(params, band_H2)
+        params = heads.with_band(params, band_H2)
     return params, spec.tx.init(params), optimizer.init_plateau(spec.plateau), train_key
 
 
-def init_state(spec: EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
+def init_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
     """The fresh state of the coins given (all K, or one device's share of them)."""
     # lax.map, not vmap: a vmapped orthogonal init (GRU/LSTM recurrent kernels) is a
     # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
@@ -302,13 +165,17 @@ def init_state(spec: EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupS
 # -- one coin ---------------------------------------------------------------------------
 
 
-def forecast_loss(spec: EpochSpec, y_hat_BHC, y_BHC: jax.Array, data: CoinData) -> jax.Array:
+def forecast_loss(
+    spec: epoch_spec.EpochSpec, y_hat_BHC, y_BHC: jax.Array, data: batching.CoinData
+) -> jax.Array:
     """train.loss of each window's forecast, [B]."""
     scale_C = data.target_scale_C if spec.scale_loss else None
     return losses.window_loss(spec.loss, y_hat_BHC, y_BHC, scale_C)
 
 
-def coin_loss_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
+def coin_loss_sums(
+    spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_B, mask_B, key
+):
     """The training objective of ONE coin's batch and its forecast part, summed over the
     valid windows (float32 scalars, 0 when none is valid).
 
@@ -316,7 +183,7 @@ def coin_loss_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key)
     only with aux targets). An ensemble's objective is the sum of its members' (each
     member's gradient is its own) and its forecast part their mean.
     """
-    w = gather_windows(spec, data, ends_B)
+    w = batching.gather_windows(spec, data, ends_B)
     dropout_key, teacher_key = jax.random.split(key)
     members = {"member_outputs": True} if spec.members > 1 else {}
     y_hat, aux_hat_BA = spec.module.apply(
@@ -338,7 +205,14 @@ def coin_loss_sums(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key)
     return jnp.sum(objective_B), jnp.sum(err_B)
 
 
-def _window_terms(spec: EpochSpec, w: Windows, data: CoinData, mask_B, y_hat, aux_hat_BA):
+def _window_terms(
+    spec: epoch_spec.EpochSpec,
+    w: batching.Windows,
+    data: batching.CoinData,
+    mask_B,
+    y_hat,
+    aux_hat_BA,
+):
     """(objective, forecast loss) of each window of one model's forecasts, float32 [B]
     (0 where mask_B is False)."""
     err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
@@ -348,7 +222,7 @@ def _window_terms(spec: EpochSpec, w: Windows, data: CoinData, mask_B, y_hat, au
     return err_B + spec.aux_weight * aux_err_B, err_B
 
 
-def coin_loss(spec: EpochSpec, params, data: CoinData, ends_B, mask_B, key):
+def coin_loss(spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_B, mask_B, key):
     """`coin_loss_sums` as means over the valid windows: (objective, forecast loss)."""
     n = jnp.maximum(jnp.sum(mask_B), 1)
     objective, err = coin_loss_sums(spec, params, data, ends_B, mask_B, key)
@@ -366,7 +240,9 @@ class CoinStep(NamedTuple):
     hparams: dict  # the coin's other injected optimizer hyperparameters ({} without a sweep)
 
 
-def coin_train_step(spec: EpochSpec, params, opt_state, data: CoinData, s: CoinStep):
+def coin_train_step(
+    spec: epoch_spec.EpochSpec, params, opt_state, data: batching.CoinData, s: CoinStep
+):
     """One masked update of ONE coin; returns a StepResult.
 
     The sums cover the windows actually trained on; the loss is train.loss of the OHLC
@@ -391,37 +267,18 @@ def coin_train_step(spec: EpochSpec, params, opt_state, data: CoinData, s: CoinS
     return StepResult(params, opt_state, loss * n_taken, n_taken, s.active & (n > 0) & ~finite)
 
 
-def coin_val_losses(spec: EpochSpec, params, data: CoinData, ends_B, mask_B):
+def coin_val_losses(spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_B, mask_B):
     """train.loss of each val window of ONE coin, float32 [B] (0 where mask_B is False).
 
     The aux targets never enter it: early stopping watches the forecast the model
     is for, and the val loss stays comparable across runs with any aux targets.
     """
-    w = gather_windows(spec, data, ends_B)
+    w = batching.gather_windows(spec, data, ends_B)
     y_hat_BHC = spec.module.apply({"params": params}, w.x_BLF, None, train=False)
     return jnp.where(mask_B, forecast_loss(spec, y_hat_BHC, w.y_BHC, data), 0.0)
 
 
 # -- the epoch --------------------------------------------------------------------------
-
-
-def batches(spec: EpochSpec, ends_KN, mask_KN, num_steps: int, keys_K=None):
-    """[S, K, B] window ends and masks; shuffled per coin (valid first) if keys_K given."""
-    if keys_K is not None:
-
-        def shuffle(key, ends_N, mask_N):
-            u_N = jnp.where(mask_N, jax.random.uniform(key, mask_N.shape), 2.0)
-            order_N = jnp.argsort(u_N)  # Valid windows in random order, padding last.
-            return ends_N[order_N], mask_N[order_N]
-
-        ends_KN, mask_KN = jax.vmap(shuffle)(keys_K, ends_KN, mask_KN)
-    k, n = ends_KN.shape
-    pad = num_steps * spec.batch_size - n
-    ends_KN = jnp.pad(ends_KN, ((0, 0), (0, pad)), constant_values=spec.lookback - 1)
-    mask_KN = jnp.pad(mask_KN, ((0, 0), (0, pad)))
-    # [K, S*B] -> [K, S, B] -> [S, K, B]: scan over S, vmap over K.
-    to_skb = lambda a: a.reshape(k, num_steps, spec.batch_size).swapaxes(0, 1)
-    return to_skb(ends_KN), to_skb(mask_KN)
 
 
 def coin_hparams(arrays: stacking.GroupArrays, lr_scale_K: jax.Array):
@@ -434,25 +291,17 @@ def coin_hparams(arrays: stacking.GroupArrays, lr_scale_K: jax.Array):
     return lr_scale_K, hparams
 
 
-def train_batches(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
-    """This epoch's train batches, shuffled per coin: (ends, mask) [S, K, B], step keys [K, 2]."""
-    epoch_keys_K = jax.vmap(jax.random.fold_in, (0, None))(state.key, state.epoch)
-    pair_K22 = jax.vmap(jax.random.split)(epoch_keys_K)
-    shuffle_keys_K, step_keys_K = pair_K22[:, 0], pair_K22[:, 1]
-    ends_SKB, mask_SKB = batches(
-        spec, arrays.train_ends, arrays.train_mask, spec.train_steps, shuffle_keys_K
-    )
-    return ends_SKB, mask_SKB, step_keys_K
-
-
-def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays) -> TrainPass:
+def train_pass(
+    spec: epoch_spec.EpochSpec, state: GroupState, arrays: stacking.GroupArrays
+) -> TrainPass:
     """Scan over this epoch's batches; returns params, opt state and per-coin sums."""
-    ends_SKB, mask_SKB, step_keys_K = train_batches(spec, state, arrays)
-    data = coin_data(arrays)
+    ends_SKB, mask_SKB, step_keys_K = batching.train_batches(spec, state, arrays)
+    data = batching.coin_data(arrays)
     lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
     lr_scale_K, hparams_K = coin_hparams(arrays, lr_scale_K)
     step = jax.vmap(
-        lambda p, o, d, s: coin_train_step(spec, p, o, d, s), in_axes=(0, 0, COIN_DATA_AXES, 0)
+        lambda p, o, d, s: coin_train_step(spec, p, o, d, s),
+        in_axes=(0, 0, batching.COIN_DATA_AXES, 0),
     )
 
     def body(carry: TrainPass, xs):
@@ -475,7 +324,7 @@ def train_pass(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays)
     return carry
 
 
-def val_loss(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> jax.Array:
+def val_loss(spec: epoch_spec.EpochSpec, params, arrays: stacking.GroupArrays) -> jax.Array:
     """Masked mean validation loss per coin, float32 [K] (NaN for a coin without windows)."""
     return val_pass(spec, params, arrays).mean_K()
 
@@ -493,19 +342,20 @@ class ValPass(NamedTuple):
         return jnp.where(self.n_K > 0, self.sum_K / jnp.maximum(self.n_K, 1), jnp.nan)
 
 
-def val_sums(spec: EpochSpec, params, arrays: stacking.GroupArrays):
+def val_sums(spec: epoch_spec.EpochSpec, params, arrays: stacking.GroupArrays):
     """Per coin: the summed val loss over its valid val windows, float32 [K], and their
     count, int32 [K]."""
     v = val_pass(spec, params, arrays)
     return v.sum_K, v.n_K
 
 
-def val_pass(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> ValPass:
+def val_pass(spec: epoch_spec.EpochSpec, params, arrays: stacking.GroupArrays) -> ValPass:
     """The val loss of every coin's params [K, ...], summed and window by window."""
-    ends_SKB, mask_SKB = batches(spec, arrays.val_ends, arrays.val_mask, spec.val_steps)
-    data = coin_data(arrays)
+    ends_SKB, mask_SKB = batching.batches(spec, arrays.val_ends, arrays.val_mask, spec.val_steps)
+    data = batching.coin_data(arrays)
     losses_KB = jax.vmap(
-        lambda p, d, e, m: coin_val_losses(spec, p, d, e, m), in_axes=(0, COIN_DATA_AXES, 0, 0)
+        lambda p, d, e, m: coin_val_losses(spec, p, d, e, m),
+        in_axes=(0, batching.COIN_DATA_AXES, 0, 0),
     )
 
     def body(carry, xs):
@@ -522,18 +372,20 @@ def val_pass(spec: EpochSpec, params, arrays: stacking.GroupArrays) -> ValPass:
     return ValPass(err_K, n_K, to_kn(err_SKB), to_kn(mask_SKB))
 
 
-def gain_se(spec: EpochSpec, candidate: ValPass, state: GroupState, arrays) -> jax.Array:
+def gain_se(spec: epoch_spec.EpochSpec, candidate: ValPass, state: GroupState, arrays) -> jax.Array:
     """The standard error of each coin's val gain over its best, float32 [K]
-    (cpbjax/improvement.py).
+    (cpbjax/early_stopping.py).
 
     The best model's window losses are recomputed from best_params rather than kept in
     the state: one more val pass per epoch, and a smaller checkpoint.
     """
     best = val_pass(spec, state.best_params, arrays)
-    return improvement.gain_se(candidate.loss_KN, best.loss_KN, candidate.mask_KN, spec.horizon - 1)
+    return early_stopping.gain_se(
+        candidate.loss_KN, best.loss_KN, candidate.mask_KN, spec.horizon - 1
+    )
 
 
-def run_epoch(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
+def run_epoch(spec: epoch_spec.EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
     """One epoch of every active coin: (new GroupState, metrics dict of EPOCH_METRICS)."""
     trained = train_pass(spec, state, arrays)
     val = val_pass(spec, trained.params, arrays)
@@ -542,36 +394,27 @@ def run_epoch(spec: EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
     return end_epoch(spec, state, trained, train_K, val.mean_K(), gain_se(spec, val, state, arrays))
 
 
-def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, val_K, gain_se_K):
-    """Per-coin early stopping, divergence and plateau bookkeeping after one epoch.
+def end_epoch(
+    spec: epoch_spec.EpochSpec, state: GroupState, trained: TrainPass, train_K, val_K, gain_se_K
+):
+    """Per-coin early stopping (cpbjax/early_stopping.py), divergence and plateau
+    bookkeeping after one epoch.
 
     gain_se_K: float32 [K], the standard error of val_K - best_val (`gain_se`).
     """
     epoch = state.epoch + 1
     ran_K = state.active
-    diverged_K = ran_K & (trained.nonfinite_K | ~jnp.isfinite(val_K))
-    bar_K = improvement.bar(spec.min_delta, state.best_val, gain_se_K)
-    improved_K = ran_K & ~diverged_K & (val_K < bar_K)
-    best_params = select(improved_K, trained.params, state.best_params)
-    bad_K = jnp.where(improved_K, 0, state.bad_epochs + ran_K.astype(jnp.int32))
+    verdict = early_stopping.judge(spec, state, trained.nonfinite_K, val_K, gain_se_K)
     plateau = state.plateau
     if spec.reduce_on_plateau:
         stepped = jax.vmap(optimizer.step_plateau, (None, 0, 0))(spec.plateau, plateau, val_K)
-        plateau = select(ran_K & ~diverged_K, stepped, plateau)
-    active_K = ran_K & ~diverged_K & (bad_K < spec.patience)
+        plateau = early_stopping.select(ran_K & ~verdict.diverged_K, stepped, plateau)
     new_state = state.replace(
-        params=select(diverged_K, best_params, trained.params),
         opt_state=trained.opt_state,
         plateau=plateau,
-        best_params=best_params,
-        best_val=jnp.where(improved_K, val_K, state.best_val),
-        best_epoch=jnp.where(improved_K, epoch, state.best_epoch),
-        bad_epochs=bad_K,
-        active=active_K,
-        diverged=state.diverged | diverged_K,
-        diverged_epoch=jnp.where(diverged_K, epoch, state.diverged_epoch),
         epochs_run=state.epochs_run + ran_K.astype(jnp.int32),
         epoch=epoch,
+        **early_stopping.kept(state, verdict, trained.params, val_K, epoch),
     )
     metrics = {
         "epoch": epoch,
@@ -580,10 +423,10 @@ def end_epoch(spec: EpochSpec, state: GroupState, trained: TrainPass, train_K, v
         "val_loss": jnp.where(ran_K, val_K, jnp.nan),
         "best_val_loss": new_state.best_val,
         "lr_scale": jax.vmap(optimizer.plateau_scale)(plateau),
-        "active": active_K,
+        "active": verdict.active_K,
         "diverged": new_state.diverged,
         "val_gain_se": jnp.where(ran_K, gain_se_K, jnp.nan),
         "stop_val_loss": jnp.where(ran_K, val_K, jnp.nan),
-        "improved": improved_K,
+        "improved": verdict.improved_K,
     }
     return new_state, metrics

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
+from cpbjax import batching, driver, group, models, sharding, step, writers
 from cpbjax import config as config_lib
-from cpbjax import driver, group, models, sharding, step, writers
 from cpbjax.data import auxiliary, stacking, windows
 from tests import models_test, train_test, windows_test
 
@@ -241,7 +241,7 @@ def test_stack_group_carries_aux_and_gathers_by_window_end():
 # Models.
 
 WIDTH = {"transformer": "d_model", "gru": "hidden", "lstm": "hidden"}
-# The LSTM's aux head is the GRU's (both are common.RNNSeq2Seq): compiling it again adds nothing.
+# The LSTM's aux head is the GRU's (both are seq2seq.RNNSeq2Seq): compiling it again adds nothing.
 SHARED_CODE = ("transformer", "gru")
 
 
@@ -376,7 +376,7 @@ def test_objective_is_ohlc_mse_plus_weighted_aux_mse():
     prep = _aux_preps()[1]
     arrays, state = _fresh((0, 1, 2))
     params = jax.tree.map(lambda a: a[1], state.params)
-    data = jax.tree.map(lambda a: a[1] if a.ndim > 1 else a, step.coin_data(arrays))
+    data = jax.tree.map(lambda a: a[1] if a.ndim > 1 else a, batching.coin_data(arrays))
     ends = jnp.asarray(prep.ends["train"][:32], jnp.int32)
     mask = jnp.arange(32) % 5 != 0  # some windows are padding
     args = (params, data, ends, mask, jax.random.key(0))
@@ -395,7 +395,7 @@ def test_objective_is_ohlc_mse_plus_weighted_aux_mse():
     assert WEIGHT * aux_mse > 0.05 * ohlc_mse  # the aux term really is in the objective
     with pytest.raises(ValueError, match="0 aux target columns"):
         no_aux = data._replace(aux_TA=jnp.zeros((data.inputs_TF.shape[0], 0)))
-        step.gather_windows(trainer.spec, no_aux, ends)
+        batching.gather_windows(trainer.spec, no_aux, ends)
 
 
 def test_epoch_with_aux_trains_the_head_and_keeps_coins_independent():

@@ -18,7 +18,7 @@ from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import sources, windows
 from cpbjax.group import GroupTrainer, coin_keys
-from cpbjax.models import common
+from cpbjax.models import ensemble as ensemble_lib
 from tests import pooled_test, train_test
 from tests.levers_test import _window
 
@@ -109,7 +109,7 @@ def test_the_forecast_is_the_mean_of_the_members_forecasts():
     y_hat, aux_hat = ensemble.apply({"params": params}, x, **kwargs)
     alone = [
         member.apply(
-            {"params": jax.tree.map(lambda a, m=m: a[m], params[common.MEMBERS])}, x, **kwargs
+            {"params": jax.tree.map(lambda a, m=m: a[m], params[ensemble_lib.MEMBERS])}, x, **kwargs
         )
         for m in range(SIZE)
     ]
@@ -141,7 +141,7 @@ def test_a_trained_ensemble_saves_the_members_its_test_split_scored(tmp_path):
     for prep in train_test.preps():
         saved = workdir_lib.series_model(str(tmp_path), prep.name)
         params, _ = checkpoint.load_series_model(saved)
-        assert {a.shape[0] for a in jax.tree.leaves(params[common.MEMBERS])} == {2}
+        assert {a.shape[0] for a in jax.tree.leaves(params[ensemble_lib.MEMBERS])} == {2}
         again = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True).entry
         for col in ("high", "low", "close"):
             got = again["test"]["columns"][col]["mae"]

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import baselines, intervals, losses, models, sharding, step
+from cpbjax import baselines, epoch_spec, intervals, losses, models, sharding, step
 from cpbjax import config as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import sources, stacking, windows
@@ -91,7 +91,7 @@ def test_persistence_scale_is_the_persistence_mae_of_each_column():
 
 def _init_params(cfg, prep, band):
     module = models.build(models.make_config(cfg))
-    spec = step.make_spec(cfg, module, cfg.data.max_candles)
+    spec = epoch_spec.make_spec(cfg, module, cfg.data.max_candles)
     params = step.init_coin(spec, jax.random.PRNGKey(3), jnp.asarray(band))[0]
     return module, params
 

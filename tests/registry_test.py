@@ -10,7 +10,7 @@ import pytest
 from cpbjax import config as config_lib
 from cpbjax import driver, models, writers
 from cpbjax.data import parsing, sources, synthetic
-from cpbjax.models import common
+from cpbjax.models import heads, layers, model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +28,7 @@ def load_walk(data_cfg, pairs):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MLPConfig(common.ModelConfig):
+class MLPConfig(model_config.ModelConfig):
     """config.model fields of the user model: name, decoding, dropout, hidden."""
 
     hidden: int  # D, the width of the one hidden layer.
@@ -42,23 +42,23 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0, return_aux=False):
         cfg = self.cfg
-        common.check_inputs(cfg, x_BLF, y_BHC)
+        model_config.check_inputs(cfg, x_BLF, y_BHC)
         flat = x_BLF.reshape(x_BLF.shape[0], -1).astype(cfg.compute_dtype)  # [B, L * F]
-        h_BD = nn.relu(common.dense(cfg, cfg.hidden)(flat))
+        h_BD = nn.relu(layers.dense(cfg, cfg.hidden)(flat))
         h_BD = nn.Dropout(cfg.dropout)(h_BD, deterministic=not train)
-        y_flat = common.dense(cfg, cfg.horizon * cfg.num_targets)(h_BD)  # [B, H * C]
+        y_flat = layers.dense(cfg, cfg.horizon * cfg.num_targets)(h_BD)  # [B, H * C]
         y_hat_BHC = y_flat.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
-        return common.outputs(common.aux_head(cfg), y_hat_BHC, h_BD, return_aux)
+        return heads.outputs(heads.aux_head(cfg), y_hat_BHC, h_BD, return_aux)
 
 
 class MLPWithHead(MLP):
-    """The user model with its forecasts through common.ForecastOutput, but its inputs not
-    through common.PriceScale."""
+    """The user model with its forecasts through heads.ForecastOutput, but its inputs not
+    through layers.PriceScale."""
 
     @nn.compact
     def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0, return_aux=False):
         y_hat_BHC = super().__call__(x_BLF, y_BHC, train, teacher_forcing)
-        return common.ForecastOutput(self.cfg)(y_hat_BHC, x_BLF)
+        return heads.ForecastOutput(self.cfg)(y_hat_BHC, x_BLF)
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def _config():
     c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
     c.data.max_candles, c.data.min_candles, c.data.synthetic_candles = 300, 200, 360
     c.model.name, c.model.hidden = "mlp", 16
-    c.model.baseline = "none"  # MLP's forecasts do not go through common.ForecastOutput
+    c.model.baseline = "none"  # MLP's forecasts do not go through heads.ForecastOutput
     c.train.epochs, c.train.patience = 2, 2
     c.eval.plots = False
     return c
@@ -134,7 +134,7 @@ def test_a_model_without_the_output_head_refuses_a_baseline(registered, tmp_path
 
 @pytest.mark.parametrize(
     "head, missing",
-    [(False, "common.ForecastOutput and common.PriceScale"), (True, "common.PriceScale")],
+    [(False, "heads.ForecastOutput and layers.PriceScale"), (True, "layers.PriceScale")],
 )
 def test_a_model_without_the_price_scale_refuses_a_window_scale(
     registered, tmp_path, head, missing

@@ -22,7 +22,7 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import checkpoint, driver, models, sharding, step, writers
+from cpbjax import checkpoint, driver, early_stopping, models, sharding, step, writers
 from cpbjax import config as config_lib
 from cpbjax.data import sources, windows
 from cpbjax.group import GroupTrainer, coin_keys
@@ -290,7 +290,7 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
     for e in range(vals.shape[1]):
         # The params "of epoch e+1" for coins still training; a frozen coin's stay put.
         trained = jax.tree.map(lambda p, e=e: p + e + 1.0, init_params)
-        params = step.select(state.active, trained, state.params)
+        params = early_stopping.select(state.active, trained, state.params)
         val_K = jnp.asarray(vals[:, e])
         state, metrics = _end_epoch(trainer, state, params, val_K, jnp.asarray(se_K))
         improved_EK.append(np.asarray(metrics["improved"]))

@@ -149,7 +149,7 @@ def band_factors(prep: PreparedSeries, lookback: int, horizon: int) -> np.ndarra
 
 
 def default_band(horizon: int) -> np.ndarray:
-    """sqrt(h) / 2 for high and low, [H, 2]: models.common.ForecastOutput's init."""
+    """sqrt(h) / 2 for high and low, [H, 2]: models.heads.ForecastOutput's init."""
     return np.repeat(0.5 * np.sqrt(np.arange(1.0, horizon + 1))[:, None], 2, 1).astype(np.float32)
 
 

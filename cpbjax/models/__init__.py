@@ -7,7 +7,7 @@
 or, with return_aux=True, (y_hat, aux_hat [B, A] float32): the multi-task head's
 forecasts of config.model.aux_targets (A = 0 without them; the head then has no
 parameters).
-Adding an architecture: a module and a config dataclass (a `common.ModelConfig`
+Adding an architecture: a module and a config dataclass (a `model_config.ModelConfig`
 subclass) whose own fields are named like its config.model entries, then
 `register(name, module_cls, config_cls)`, from this package or from user code.
 `cpbjax.config.validate` checks config.model with the dataclass (`validate_group`).
@@ -22,22 +22,26 @@ import numpy as np
 from cpbjax import config_rules as rules
 from cpbjax.data.normalize import price_mask
 from cpbjax.data.windows import NUM_TARGETS
-from cpbjax.models import common, ensemble, gru, lstm, transformer
+from cpbjax.models import ensemble, gru, lstm, model_config, transformer
 
-REGISTRY: dict[str, tuple[type[nn.Module], type[common.ModelConfig]]] = {}
+REGISTRY: dict[str, tuple[type[nn.Module], type[model_config.ModelConfig]]] = {}
 
 
-def register(name: str, module_cls: type[nn.Module], config_cls: type[common.ModelConfig]) -> None:
+def register(
+    name: str, module_cls: type[nn.Module], config_cls: type[model_config.ModelConfig]
+) -> None:
     """Makes config.model.name=`name` build `module_cls(config_cls(...))`.
 
     Raises:
       ValueError: the name is taken.
-      TypeError: config_cls is not a common.ModelConfig dataclass.
+      TypeError: config_cls is not a model_config.ModelConfig dataclass.
     """
     if name in REGISTRY:
         raise ValueError(f"model {name!r} is registered twice")
-    if not (isinstance(config_cls, type) and issubclass(config_cls, common.ModelConfig)):
-        raise TypeError(f"model {name!r}: {config_cls!r} is not a common.ModelConfig subclass")
+    if not (isinstance(config_cls, type) and issubclass(config_cls, model_config.ModelConfig)):
+        raise TypeError(
+            f"model {name!r}: {config_cls!r} is not a model_config.ModelConfig subclass"
+        )
     REGISTRY[name] = (module_cls, config_cls)
 
 
@@ -60,7 +64,7 @@ def validate_group(model_group, run_entries=()) -> None:
     REGISTRY[model_group["name"]][1].check_group(model_group, run_entries)
 
 
-def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
+def make_config(config: ml_collections.ConfigDict) -> model_config.ModelConfig:
     """Builds the frozen model config of a run.
 
     Args:
@@ -98,7 +102,7 @@ def make_config(config: ml_collections.ConfigDict) -> common.ModelConfig:
     return config_cls(**shared, **own)
 
 
-def build(model_cfg: common.ModelConfig) -> nn.Module:
+def build(model_cfg: model_config.ModelConfig) -> nn.Module:
     """Returns the Linen module registered under model_cfg.name, configured by model_cfg;
     with model_cfg.ensemble > 1, that many of them as one ensemble.Ensemble."""
     module_cls = REGISTRY[model_cfg.name][0]

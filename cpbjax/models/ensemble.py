@@ -27,13 +27,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cpbjax.models import common
+from cpbjax.models import model_config
+
+# The params key of model.ensemble's members, every leaf under it [Y, ...].
+MEMBERS = "members"
 
 
 class Ensemble(nn.Module):
     """cfg.ensemble members of `member_type` (a registered architecture) side by side."""
 
-    cfg: common.ModelConfig
+    cfg: model_config.ModelConfig
     member_type: Any  # the architecture's nn.Module class, built as member_type(cfg)
 
     @nn.compact
@@ -58,7 +61,7 @@ class Ensemble(nn.Module):
         )
         # Positional: nn.vmap broadcasts them.
         args = (x_BLF, y_BHC, train, teacher_forcing, return_aux)
-        out = stack(self.cfg, name=common.MEMBERS)(*args)
+        out = stack(self.cfg, name=MEMBERS)(*args)
         if member_outputs:
             return out
         return jax.tree.map(lambda a_Y: jnp.mean(a_Y, axis=0), out)

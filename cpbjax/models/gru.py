@@ -8,11 +8,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cpbjax.models import common
+from cpbjax.models import layers, model_config, seq2seq
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GRUConfig(common.RNNConfig):
+class GRUConfig(seq2seq.RNNConfig):
     """config.model fields of the GRU: hidden, num_layers, dropout."""
 
 
@@ -28,7 +28,7 @@ class GRUCell(nn.RNNCellBase):
     """
 
     features: int
-    cfg: common.ModelConfig
+    cfg: model_config.ModelConfig
 
     @nn.compact
     def __call__(self, h_BD, x_BI):
@@ -43,7 +43,7 @@ class GRUCell(nn.RNNCellBase):
         return h_BD, h_BD
 
     def _fused(self, name, v, kernel_init):
-        layer = common.dense(self.cfg, 3 * self.features, kernel_init=kernel_init, name=name)
+        layer = layers.dense(self.cfg, 3 * self.features, kernel_init=kernel_init, name=name)
         return layer(v).astype(jnp.float32)
 
     @nn.nowrap
@@ -62,11 +62,11 @@ class PoolingAttention(nn.Module):
     The context does not depend on the decoder state, so it is computed once.
     """
 
-    cfg: common.RNNConfig
+    cfg: seq2seq.RNNConfig
 
     @nn.compact
     def prepare(self, enc_BLD):
-        score_BL = common.dense(self.cfg, 1, name="score")(enc_BLD)[..., 0]
+        score_BL = layers.dense(self.cfg, 1, name="score")(enc_BLD)[..., 0]
         w_BL = jax.nn.softmax(score_BL.astype(jnp.float32), axis=-1)
         return jnp.einsum("bl,bld->bd", w_BL, enc_BLD.astype(jnp.float32))
 
@@ -75,7 +75,7 @@ class PoolingAttention(nn.Module):
         return context_BD
 
 
-class GRUSeq2Seq(common.RNNSeq2Seq):
+class GRUSeq2Seq(seq2seq.RNNSeq2Seq):
     """2-layer GRU encoder and decoder, hidden 128, simple attention; see RNNSeq2Seq."""
 
     cell_type = GRUCell

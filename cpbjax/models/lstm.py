@@ -8,11 +8,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cpbjax.models import common
+from cpbjax.models import layers, model_config, seq2seq
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LSTMConfig(common.RNNConfig):
+class LSTMConfig(seq2seq.RNNConfig):
     """config.model fields of the LSTM: hidden, num_layers, dropout, attention_heads."""
 
     attention_heads: int  # Heads of the decoder-over-encoder attention; hidden divides by it.
@@ -20,7 +20,7 @@ class LSTMConfig(common.RNNConfig):
     @classmethod
     def check_rules(cls, group) -> None:
         super().check_rules(group)
-        common.check_divides(group, "hidden", "attention_heads")
+        model_config.check_divides(group, "hidden", "attention_heads")
 
 
 class LSTMCell(nn.RNNCellBase):
@@ -36,7 +36,7 @@ class LSTMCell(nn.RNNCellBase):
     """
 
     features: int
-    cfg: common.ModelConfig
+    cfg: model_config.ModelConfig
 
     @nn.compact
     def __call__(self, carry, x_BI):
@@ -50,7 +50,7 @@ class LSTMCell(nn.RNNCellBase):
         return (c_BD, h_BD), h_BD
 
     def _fused(self, name, v, kernel_init):
-        layer = common.dense(self.cfg, 4 * self.features, kernel_init=kernel_init, name=name)
+        layer = layers.dense(self.cfg, 4 * self.features, kernel_init=kernel_init, name=name)
         return layer(v).astype(jnp.float32)
 
     @nn.nowrap
@@ -73,7 +73,7 @@ class DecoderAttention(nn.Module):
     cfg: LSTMConfig
 
     def setup(self):
-        self.mha = common.Attention(self.cfg, self.cfg.hidden, self.cfg.attention_heads)
+        self.mha = layers.Attention(self.cfg, self.cfg.hidden, self.cfg.attention_heads)
 
     def prepare(self, enc_BLD):
         return self.mha.project_kv(enc_BLD)
@@ -82,7 +82,7 @@ class DecoderAttention(nn.Module):
         return self.mha(query_BD[:, None, :], *kv)[:, 0].astype(jnp.float32)
 
 
-class LSTMSeq2Seq(common.RNNSeq2Seq):
+class LSTMSeq2Seq(seq2seq.RNNSeq2Seq):
     """2-layer LSTM encoder and decoder, hidden 256, 4-head attention; see RNNSeq2Seq."""
 
     cell_type = LSTMCell

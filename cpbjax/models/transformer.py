@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpbjax.models import common
+from cpbjax.models import heads, layers, model_config, seq2seq
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TransformerConfig(common.ModelConfig):
+class TransformerConfig(model_config.ModelConfig):
     """config.model fields of the Transformer."""
 
     d_model: int  # D, width of every attention and residual stream.
@@ -31,7 +31,7 @@ class TransformerConfig(common.ModelConfig):
     @classmethod
     def check_rules(cls, group) -> None:
         super().check_rules(group)
-        common.check_divides(group, "d_model", "num_heads")
+        model_config.check_divides(group, "d_model", "num_heads")
 
 
 def sinusoid(length: int, width: int) -> np.ndarray:
@@ -56,9 +56,9 @@ class FeedForward(nn.Module):
 
     @nn.compact
     def __call__(self, h_BQD, train):
-        h = nn.gelu(common.dense(self.cfg, self.cfg.ff_dim, name="linear1")(h_BQD), False)
+        h = nn.gelu(layers.dense(self.cfg, self.cfg.ff_dim, name="linear1")(h_BQD), False)
         h = nn.Dropout(self.cfg.dropout)(h, deterministic=not train)
-        return common.dense(self.cfg, self.cfg.d_model, name="linear2")(h)
+        return layers.dense(self.cfg, self.cfg.d_model, name="linear2")(h)
 
 
 class EncoderLayer(nn.Module):
@@ -68,7 +68,7 @@ class EncoderLayer(nn.Module):
 
     def setup(self):
         cfg = self.cfg
-        self.self_attn = common.Attention(cfg, cfg.d_model, cfg.num_heads, cfg.dropout)
+        self.self_attn = layers.Attention(cfg, cfg.d_model, cfg.num_heads, cfg.dropout)
         self.ff = FeedForward(cfg)
         self.norm1 = _layer_norm(cfg)
         self.norm2 = _layer_norm(cfg)
@@ -87,8 +87,8 @@ class DecoderLayer(nn.Module):
 
     def setup(self):
         cfg = self.cfg
-        self.self_attn = common.Attention(cfg, cfg.d_model, cfg.num_heads, cfg.dropout)
-        self.cross_attn = common.Attention(cfg, cfg.d_model, cfg.num_heads, cfg.dropout)
+        self.self_attn = layers.Attention(cfg, cfg.d_model, cfg.num_heads, cfg.dropout)
+        self.cross_attn = layers.Attention(cfg, cfg.d_model, cfg.num_heads, cfg.dropout)
         self.ff = FeedForward(cfg)
         self.norm1 = _layer_norm(cfg)
         self.norm2 = _layer_norm(cfg)
@@ -137,15 +137,15 @@ class Transformer(nn.Module):
 
     def setup(self):
         cfg = self.cfg
-        self.input_proj = common.dense(cfg, cfg.d_model)
+        self.input_proj = layers.dense(cfg, cfg.d_model)
         if cfg.num_features != cfg.num_targets:
-            self.target_proj = common.dense(cfg, cfg.d_model)
+            self.target_proj = layers.dense(cfg, cfg.d_model)
         self.encoder = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
         self.decoder = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
-        self.output_proj = common.dense(cfg, cfg.num_targets, kernel_init=common.head_init(cfg))
-        self.price_scale = common.PriceScale(cfg)
-        self.output = common.ForecastOutput(cfg)
-        self.aux_head = common.aux_head(cfg)
+        self.output_proj = layers.dense(cfg, cfg.num_targets, kernel_init=heads.head_init(cfg))
+        self.price_scale = layers.PriceScale(cfg)
+        self.output = heads.ForecastOutput(cfg)
+        self.aux_head = heads.aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         if cfg.decoding == "direct":
             init = nn.initializers.normal(0.02)
@@ -160,9 +160,9 @@ class Transformer(nn.Module):
         return_aux: bool = False,
     ):
         """Forecasts H candles from windows: the model interface of every cpbjax model, with
-        the arguments and returns documented on `common.RNNSeq2Seq.__call__`."""
+        the arguments and returns documented on `seq2seq.RNNSeq2Seq.__call__`."""
         cfg = self.cfg
-        common.check_inputs(cfg, x_BLF, y_BHC)
+        model_config.check_inputs(cfg, x_BLF, y_BHC)
         memory_BLD = self._encode(x_BLF, train)
         cross_kv = [layer.cross_attn.project_kv(memory_BLD) for layer in self.decoder]
         if cfg.decoding == "direct":
@@ -176,7 +176,7 @@ class Transformer(nn.Module):
                 cross_kv, x_BLF.shape[0], y_BHC, train, teacher_forcing
             )
         pooled_BD = None if self.aux_head is None else jnp.mean(memory_BLD, axis=1)
-        return common.outputs(self.aux_head, y_hat_BHC, pooled_BD, return_aux)
+        return heads.outputs(self.aux_head, y_hat_BHC, pooled_BD, return_aux)
 
     def _encode(self, x_BLF, train):
         cfg = self.cfg
@@ -195,8 +195,8 @@ class Transformer(nn.Module):
 
     def _autoregressive(self, cross_kv, batch, y_BHC, train, teacher_forcing):
         cfg = self.cfg
-        teacher = common.uses_teacher(train, y_BHC, teacher_forcing)
-        y_true_HBC = common.scanned_targets(cfg, batch, y_BHC, teacher)
+        teacher = seq2seq.uses_teacher(train, y_BHC, teacher_forcing)
+        y_true_HBC = seq2seq.scanned_targets(cfg, batch, y_BHC, teacher)
 
         def step(mdl, carry, t, pos_D, y_true_BC, consts):
             tok_BD, caches = carry
@@ -207,7 +207,7 @@ class Transformer(nn.Module):
                 new_caches.append(cache)
             y_hat_BC = mdl.output_proj(h_B1D[:, 0]).astype(jnp.float32)
             next_BC = (
-                common.teacher_force(mdl, y_hat_BC, y_true_BC, consts[1]) if teacher else y_hat_BC
+                seq2seq.teacher_force(mdl, y_hat_BC, y_true_BC, consts[1]) if teacher else y_hat_BC
             )
             return (mdl._embed_target(next_BC), new_caches), y_hat_BC
 

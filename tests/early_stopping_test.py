@@ -1,4 +1,4 @@
-"""Tests of cpbjax/improvement.py: early stopping's bar in standard errors of the val gain
+"""Tests of cpbjax/early_stopping.py: early stopping's bar in standard errors of the val gain
 (train.min_delta), per series and pooled, against plain loops."""
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cpbjax import config as config_lib
-from cpbjax import improvement, models, sharding
+from cpbjax import early_stopping, models, sharding
 from cpbjax.group import GroupTrainer, coin_keys
 from tests import train_test
 from tests.pooled_test import _reference_windows
@@ -38,12 +38,12 @@ def test_newey_west_se_matches_a_double_loop_per_coin_and_pooled():
     d_KN = np.cumsum(rng.normal(size=(k, n)), axis=1).astype(np.float32) * 0.1
     mask_KN = np.arange(n)[None, :] < np.array([40, 33, 25])[:, None]  # padded at the end
     zeros = np.zeros_like(d_KN)
-    got = improvement.gain_se(jnp.asarray(d_KN), jnp.asarray(zeros), jnp.asarray(mask_KN), lag)
+    got = early_stopping.gain_se(jnp.asarray(d_KN), jnp.asarray(zeros), jnp.asarray(mask_KN), lag)
     for i in range(k):
         positions = [[float(d_KN[i, j])] for j in range(n) if mask_KN[i, j]]
         assert float(got[i]) == pytest.approx(_loop_se(positions, lag), rel=1e-4)
     take_K = np.array([True, False, True])
-    pooled = improvement.pooled_gain_se(
+    pooled = early_stopping.pooled_gain_se(
         jnp.asarray(d_KN), jnp.asarray(zeros), jnp.asarray(mask_KN), jnp.asarray(take_K), lag
     )
     positions = [
@@ -52,7 +52,7 @@ def test_newey_west_se_matches_a_double_loop_per_coin_and_pooled():
     assert float(pooled) == pytest.approx(_loop_se(positions, lag), rel=1e-4)
     # Without lags and with independent values it is the textbook std / sqrt(n).
     flat = d_KN[0]
-    lag0 = improvement.gain_se(
+    lag0 = early_stopping.gain_se(
         jnp.asarray(flat[None]), jnp.zeros((1, n)), jnp.ones((1, n), bool), 0
     )
     assert float(lag0[0]) == pytest.approx(np.std(flat) / np.sqrt(n), rel=1e-4)
@@ -61,12 +61,12 @@ def test_newey_west_se_matches_a_double_loop_per_coin_and_pooled():
 def test_the_bar_in_standard_errors():
     best = jnp.array([1.0, jnp.inf, 2.0])
     se = jnp.array([0.1, 0.5, jnp.nan])
-    bar = improvement.bar(2.0, best, se)
+    bar = early_stopping.bar(2.0, best, se)
     assert float(bar[0]) == pytest.approx(0.8)
     assert float(bar[1]) == np.inf  # before any best, anything finite improves
     assert np.isnan(float(bar[2]))  # a NaN gain never counts as an improvement
     # min_delta 0 (the replaced system's): the bar is the best itself.
-    assert np.asarray(improvement.bar(0.0, best[:2], se[:2])).tolist() == [1.0, np.inf]
+    assert np.asarray(early_stopping.bar(0.0, best[:2], se[:2])).tolist() == [1.0, np.inf]
 
 
 def _trainer(share: str) -> GroupTrainer:

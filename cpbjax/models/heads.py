@@ -1,0 +1,130 @@
+"""The output side shared by the architectures: the forecast head's init and its baseline
+(`ForecastOutput`, the vol_band factors `band_factors` / `with_band`), the aux head, and
+`init_params`, which refuses a baseline or window scale a model would ignore.
+
+Shape suffixes: models/layers.py; Y ensemble members.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cpbjax import config_rules as rules
+from cpbjax.models import ensemble, layers, model_config
+
+
+def head_init(cfg: model_config.ModelConfig):
+    """Kernel init of the output layer: zeros when the output corrects a baseline, so an
+    untrained model forecasts the baseline exactly; else Dense's default."""
+    return nn.initializers.zeros if cfg.baseline != "none" else nn.linear.default_kernel_init
+
+
+class ForecastOutput(nn.Module):
+    """Turns a head's raw outputs [B, H, C] into forecasts [B, H, C]: the raw output (times
+    the window's range under window_scale=range) plus the baseline (cfg.baseline):
+      vol_band: the last close for every column (0 in the last_close space), and
+        high = +k_h·sigma and low = -k'_h·sigma, sigma the window's EWMA log range and
+        k, k' learned per step ("band_high", "band_low" [H]; group training starts them
+        at the coin's train-split fit, `with_band`).
+    """
+
+    cfg: model_config.ModelConfig
+
+    @nn.compact
+    def __call__(self, raw: jax.Array, x_BLF: jax.Array):
+        cfg = self.cfg
+        y_BHC = raw.astype(jnp.float32).reshape(*raw.shape[:2], cfg.num_targets)
+        sigma_B = layers.window_range(x_BLF)
+        if cfg.window_scale == "range":  # the output is in range units
+            y_BHC = y_BHC * layers.floored_range(sigma_B)[:, None, None]
+        if cfg.baseline == "vol_band":
+            steps_H = jnp.sqrt(jnp.arange(1, cfg.horizon + 1, dtype=jnp.float32))
+            k_high_H = self.param("band_high", lambda _: 0.5 * steps_H)
+            k_low_H = self.param("band_low", lambda _: 0.5 * steps_H)
+            band_BH = sigma_B[:, None]
+            y_BHC = y_BHC.at[:, :, layers.HIGH].add(k_high_H * band_BH)
+            y_BHC = y_BHC.at[:, :, layers.LOW].add(-k_low_H * band_BH)
+        return y_BHC
+
+
+def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
+    """module.init's params, refusing a baseline (cfg.baseline) or a window scale
+    (cfg.window_scale) the module would ignore.
+
+    A registered user model whose forecasts do not go through ForecastOutput would
+    silently forecast without its baseline (and, for vol_band, have no band to start);
+    one whose inputs skip PriceScale would see unscaled prices and scale its outputs.
+    An interceptor sees which of the two the init runs through.
+    """
+    used = set()
+
+    def note_used(call, args, kwargs, context):
+        used.add(type(context.module))
+        return call(*args, **kwargs)
+
+    with nn.intercept_methods(note_used):
+        params = module.init(rngs, x_BLF, y_BHC, train=False)["params"]
+    cfg = module.cfg
+    for field, value, needs in (
+        ("baseline", cfg.baseline, (ForecastOutput,)),
+        ("window_scale", cfg.window_scale, (ForecastOutput, layers.PriceScale)),
+    ):
+        missing = [
+            f"{m.__module__.rsplit('.', 1)[-1]}.{m.__name__}" for m in needs if m not in used
+        ]
+        if value != "none" and missing:
+            raise rules.ConfigError(
+                f"config.model.{field}={value!r} needs a model that runs "
+                f"{' and '.join(missing)}; model {cfg.name!r} does not: set "
+                f"--config.model.{field}=none"
+            )
+    return params
+
+
+def band_factors(params) -> jax.Array:
+    """The vol_band factors of one model's params: [H, 2] (high, low), or [Y, H, 2] for an
+    ensemble's members."""
+    out = params[ensemble.MEMBERS]["output"] if ensemble.MEMBERS in params else params["output"]
+    return jnp.stack([out["band_high"], out["band_low"]], axis=-1)
+
+
+def with_band(params, k_H2) -> dict:
+    """params with the vol_band factors set to k_H2 [H, 2] (high, low), others as they are;
+    an ensemble's members all take k_H2, or each its own row of a k_YH2 [Y, H, 2]."""
+    if ensemble.MEMBERS in params:
+        members = params[ensemble.MEMBERS]
+        size = members["output"]["band_high"].shape[0]  # Y
+        return {
+            **params,
+            ensemble.MEMBERS: with_band(members, jnp.broadcast_to(k_H2, (size, *k_H2.shape[-2:]))),
+        }
+    out = dict(params)
+    out["output"] = {**params["output"], "band_high": k_H2[..., 0], "band_low": k_H2[..., 1]}
+    return out
+
+
+def aux_head(cfg: model_config.ModelConfig) -> nn.Dense | None:
+    """The multi-task head: a linear map from the window summary to the A aux targets.
+
+    Linear on purpose: the auxiliary losses are there to shape the shared encoder
+    (hard parameter sharing); a deeper head could fit them by itself and leave the
+    encoder less shaped. None without aux targets: such a model has no extra parameter.
+    """
+    return layers.dense(cfg, cfg.num_aux) if cfg.num_aux else None
+
+
+def outputs(
+    head: nn.Dense | None, y_hat_BHC: jax.Array, summary_BD: jax.Array | None, return_aux: bool
+):
+    """y_hat_BHC, or (y_hat_BHC, aux_hat_BA float32) with return_aux.
+
+    The head runs whether or not its output is returned, so `init` creates its
+    parameters either way; under jit an unused aux output is pruned.
+    """
+    if head is None:
+        aux_hat_BA = jnp.zeros((y_hat_BHC.shape[0], 0), jnp.float32)
+    else:
+        aux_hat_BA = head(summary_BD).astype(jnp.float32)
+    return (y_hat_BHC, aux_hat_BA) if return_aux else y_hat_BHC
