@@ -21,7 +21,7 @@ if "XLA_FLAGS" not in os.environ:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
 # numpy's BLAS only sees the baselines' small fits (40,000 x 30 at most), where its threads
 # fight XLA's and each other for the cores: one thread fits HAR 9x faster on the 2-core
-# CPU (docs/performance.md "Evaluation"). Set before numpy loads; a user's own setting wins.
+# CPU (docs/performance.md "Evaluation: one BLAS thread"). Set before numpy loads; a user's own setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from absl import app, flags, logging  # noqa: E402

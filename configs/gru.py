@@ -19,21 +19,19 @@ def get_config(arg=None):
     c.model.ensemble = 1  # One model: ensembles were measured on the transformer only.
     # Raw windows: for the GRU the window's range scale tied (val mean skill 2.80 against
     # 2.77, one seed), and its default-size figures were measured without it
-    # (docs/performance.md "Window scale").
+    # (experiments/window_scale).
     c.model.window_scale = "none"
     # Direct decoding tied or beat autoregressive on validation in 58-69% of the epoch
-    # time (docs/performance.md "Decoding modes"); the vol_band baseline with the MAE
-    # scaled by persistence won on validation (docs/performance.md "Accuracy levers").
+    # time (experiments/decoding_modes); the vol_band baseline with the MAE
+    # scaled by persistence won on validation (experiments/accuracy_levers).
     c.model.decoding = "direct"
     c.model.baseline = "vol_band"
     c.train.loss, c.train.loss_scale = "mae", "persistence"
-    # One standard error of the paired val gain per improvement (docs/performance.md "One
-    # margin for both modes").
+    # One standard error of the paired val gain per improvement (experiments/early_stopping_margin).
     c.train.min_delta = 1.0
     # ONE model for every series of the run: at default size on the 40 real series it
     # scored above per-series models on the earlier folds of a 3-fold backtest, three seeds,
-    # and meets the issue #13 accuracy targets on test (docs/performance.md "Pooled or per
-    # series at default size"). Per-series models were tuned at 1e-3: pass
+    # and meets the issue #13 accuracy targets on test (experiments/pooled_or_series). Per-series models were tuned at 1e-3: pass
     # --config.train.learning_rate=1e-3 with --config.train.share=series.
     c.train.share = "pooled"
     c.train.learning_rate = 3e-4

@@ -20,16 +20,15 @@ def get_config(arg=None):
     c.model.ensemble = 1  # One model: ensembles were measured on the transformer only.
     c.model.window_scale = "none"  # Raw windows: the range scale was not measured on the LSTM.
     # Direct decoding tied or beat autoregressive on validation in 58-69% of the epoch
-    # time (docs/performance.md "Decoding modes"); the vol_band baseline with the MAE
-    # scaled by persistence won on validation (docs/performance.md "Accuracy levers").
+    # time (experiments/decoding_modes); the vol_band baseline with the MAE
+    # scaled by persistence won on validation (experiments/accuracy_levers).
     c.model.decoding = "direct"
     c.model.baseline = "vol_band"
     c.train.loss, c.train.loss_scale = "mae", "persistence"
-    # One standard error of the paired val gain per improvement (docs/performance.md "One
-    # margin for both modes").
+    # One standard error of the paired val gain per improvement (experiments/early_stopping_margin).
     c.train.min_delta = 1.0
     # One model per series at the learning rate they were tuned at: the LSTM was not
-    # measured pooled (docs/performance.md "Pooled or per series at default size").
+    # measured pooled (experiments/pooled_or_series).
     c.train.share = "series"
     c.train.learning_rate = 1e-3
     c.train.optimizer = "adam"  # The replaced system's optimizer, decay, batch and schedule.

@@ -18,7 +18,7 @@ def get_config(arg=None):
     # trained as one program: on the 40 real series their mean forecast beat one model of
     # that width on validation (val mean skill over seeds 0-2: 2.76 against 2.71), every
     # seed trained past its band, in a quarter of the time on a 2-core CPU
-    # (docs/performance.md "The default transformer").
+    # (experiments/ensemble_default).
     c.model.ensemble = 3  # Members, their log forecasts averaged.
     c.model.d_model = 32  # Width of every attention and residual stream.
     c.model.num_heads = 4  # Attention heads; d_model must divide by it.
@@ -28,20 +28,19 @@ def get_config(arg=None):
     c.model.dropout = 0.1  # Inside attention and feed-forward blocks, as the replaced system's.
     # Price inputs in units of the window's range, the output scaled back: it won on
     # validation (val mean skill 2.76 against 2.59; without it the transformer barely left
-    # its band) (docs/performance.md "Window scale").
+    # its band) (experiments/window_scale).
     c.model.window_scale = "range"
     # Direct decoding tied or beat autoregressive on validation in 58-69% of the epoch
-    # time (docs/performance.md "Decoding modes"); the vol_band baseline with the MAE
-    # scaled by persistence won on validation (docs/performance.md "Accuracy levers").
+    # time (experiments/decoding_modes); the vol_band baseline with the MAE
+    # scaled by persistence won on validation (experiments/accuracy_levers).
     c.model.decoding = "direct"
     c.model.baseline = "vol_band"
     c.train.loss, c.train.loss_scale = "mae", "persistence"
-    # One standard error of the paired val gain per improvement (docs/performance.md "One
-    # margin for both modes").
+    # One standard error of the paired val gain per improvement (experiments/early_stopping_margin).
     c.train.min_delta = 1.0
     # ONE model for every series of the run: at default size on the 40 real series it
     # scored above per-series models on the earlier folds of a 3-fold backtest, three seeds
-    # (docs/performance.md "Pooled or per series at default size"). Per-series models were
+    # (experiments/pooled_or_series). Per-series models were
     # tuned at 1e-3: pass --config.train.learning_rate=1e-3 with --config.train.share=series.
     c.train.share = "pooled"
     c.train.learning_rate = 3e-4

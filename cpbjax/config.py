@@ -105,8 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = m = ml_collections.ConfigDict()
     m.name = "transformer"  # transformer | gru | lstm (see cpbjax/models/__init__.py).
     # direct | autoregressive: on 40 real series direct tied or beat autoregressive on
-    # validation, its epochs taking 58-69% of the time (docs/performance.md "Decoding
-    # modes"); the replaced system's was autoregressive.
+    # validation, its epochs taking 58-69% of the time (experiments/decoding_modes); the replaced system's was autoregressive.
     m.decoding = "direct"
     m.aux_targets = ()  # Multi-task head's extra targets: bb_position, realized_vol; () = none.
     m.aux_weight = 0.1  # Weight of the auxiliary MSE in the training loss (not in val loss).
@@ -114,7 +113,7 @@ def base_config() -> ml_collections.ConfigDict:
     # from the window (the last close for open/close, plus a range band for high/low). Its
     # output layer starts at zero, so an untrained model IS the baseline. vol_band +
     # train.loss=mae + loss_scale=persistence won on validation on 40 real series
-    # (docs/performance.md "Accuracy levers"). autoregressive decoding needs none.
+    # (experiments/accuracy_levers). autoregressive decoding needs none.
     m.baseline = "vol_band"
     # none | range: the network sees price inputs in units of the window's EWMA log range,
     # and its output is multiplied back by it (per-window scaling, as RevIN); needs direct.
@@ -134,7 +133,7 @@ def base_config() -> ml_collections.ConfigDict:
     # An epoch counts as an improvement (resets patience, becomes the kept model) only if
     # its val loss beats the best by more than min_delta standard errors of the paired val
     # gain (cpbjax/early_stopping.py); 0 = any lower val loss. One standard error won out of
-    # sample for both train.share modes (docs/performance.md "One margin for both modes"),
+    # sample for both train.share modes (experiments/early_stopping_margin),
     # where a share of the best val loss had to differ: 0.5% per series, 0.1% pooled.
     t.min_delta = 1.0
     t.grad_clip = 1.0  # Global-norm gradient clipping.
@@ -179,7 +178,7 @@ def base_config() -> ml_collections.ConfigDict:
     # trained model on its own errors over the splits before each scored one (train+val
     # for test, as the fitted baselines are); the saved model carries the train+val refit
     # (cpbjax/band_refit.py). It won on an earlier fold on 12 real series, 3 seeds of 3
-    # (docs/performance.md "The default-size GRU").
+    # (experiments/early_stopping_margin).
     e.refit_band = True
     e.plots = True  # Write PNG plots under <workdir>/plots/.
     e.plot_windows = 3  # Test windows drawn per series.

@@ -34,12 +34,12 @@ ADDED: dict[str, Any] = {
 }
 
 _MARGIN = (
-    'train.min_delta is in standard errors of the val gain now (docs/performance.md "One '
-    'margin for both modes"): retrain with train.min_delta, e.g. 1.0'
+    "train.min_delta is in standard errors of the val gain now (experiments/early_stopping_margin)"
+    ": retrain with train.min_delta, e.g. 1.0"
 )
 _INTERVAL_SCALE = (
     "the interval scale is the constants intervals.VOL_DAYS=7, VOL_WEIGHT=0.25 now "
-    '(docs/performance.md "Interval scale"): drop the field'
+    "(experiments/interval_scale): drop the field"
 )
 # field -> (its value that behaves as cpbjax does now, what to do instead)
 RETIRED: dict[str, tuple[Any, str]] = {
@@ -47,17 +47,16 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "model.quantiles": (
         (),
         "use eval.interval_levels, the calibrated interval around the point forecast "
-        '(quantile heads lost on validation, docs/performance.md "Accuracy levers")',
+        "(quantile heads lost on validation, experiments/accuracy_levers)",
     ),
     "model.series_embedding": (
         0,
         "retrain without it: a pooled model has no per-series vector (it stayed 0, "
-        'docs/performance.md "Pooled model")',
+        "experiments/pooled_or_series)",
     ),
     "recurrent_gradient": (
         "autodiff",
-        'retrain with autodiff, the one gradient now (docs/performance.md "Fused recurrent '
-        'gradient")',
+        "retrain with autodiff, the one gradient now (experiments/fused_gradient)",
     ),
     # A config saved before these existed (its interval scale the window's range alone)
     # is scored with today's blend: the calibration it saved keeps its own scale.
@@ -71,7 +70,7 @@ RETIRED_VALUES: dict[tuple[str, Any], str] = {
         "retrain with train.loss='mae'; eval.interval_levels gives the calibrated interval"
     ),
     ("model.baseline", "persistence"): (
-        "retrain with model.baseline='vol_band' (docs/performance.md \"Accuracy levers\") or 'none'"
+        "retrain with model.baseline='vol_band' (experiments/accuracy_levers) or 'none'"
     ),
     ("data.normalization", "zscore"): "retrain with data.normalization='last_close'",
 }

@@ -21,7 +21,7 @@ H - l target candles (the Diebold-Mariano convention, cpbjax/metrics.py). So the
 shrinks where the val loss is measured on more windows: a pooled model, judged on every
 series' windows, needs a smaller gain than a per-series model to leave its best. It won
 out of sample for both train.share modes over a share of the best val loss and a margin
-in the loss's units (docs/performance.md "One margin for both modes"). min_delta=0 (the
+in the loss's units (experiments/early_stopping_margin). min_delta=0 (the
 replaced system's, no margin): any lower val loss improves.
 
 Shape letters (docs/design.md): K coins, N windows of a split (padded to S x B).
@@ -44,7 +44,7 @@ def bar(min_delta: float, best_K: jnp.ndarray, gain_se_K: jnp.ndarray) -> jnp.nd
 
     A margin keeps a model from leaving its best (the untrained baseline, first) on a
     val gain the size of the val split's noise, which out of sample costs error
-    (docs/performance.md "Choosing on an earlier fold"). inf stays inf, whatever the
+    (experiments/pooled_or_series). inf stays inf, whatever the
     standard error.
     """
     return jnp.where(jnp.isinf(best_K), best_K, best_K - min_delta * gain_se_K)

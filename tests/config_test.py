@@ -88,8 +88,7 @@ def test_only_the_real_data_transformer_scales_its_windows():
 
 
 def test_the_real_data_transformer_is_an_ensemble_of_three_narrow_members():
-    # Chosen on validation on the 40 real series (docs/performance.md "The default
-    # transformer"); every variant keeps one model, and `replaced` the replaced width.
+    # Chosen on validation on the 40 real series (experiments/ensemble_default); every variant keeps one model, and `replaced` the replaced width.
     t = config_lib.load("configs/transformer.py")
     assert (t.model.d_model, t.model.num_heads, t.model.ff_dim) == (32, 4, 64)
     assert (t.model.ensemble, t.train.epochs) == (3, 6)

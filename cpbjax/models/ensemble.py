@@ -1,8 +1,7 @@
 """model.ensemble: independently initialised copies of one architecture as ONE module.
 
 Why: on 40 real series the default transformer's val gain over its band is the size of
-the val noise, so whether a seed trains past the band is luck (docs/performance.md
-"Seed ensembles": the mean of three seeds met issue #13 where one seed kept the band).
+the val noise, so whether a seed trains past the band is luck (experiments/ensemble_default: the mean of three seeds met issue #13 where one seed kept the band).
 Stacking the members here makes that mean one compiled program, and every consumer of
 a module (evaluate, predict, serve, export) sees one forecast.
 
