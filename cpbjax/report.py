@@ -144,7 +144,7 @@ def series_plots(spec: SeriesPlotSpec, name, entry, curve, record) -> list[str]:
     if curve is not None:
         path = os.path.join(spec.folder, plot_name("loss", name))
         best, status = entry.get("best_epoch"), entry.get("status")
-        paths.append(plot_loss(path, name, *curve, best_epoch=best, status=status))
+        paths.append(plot_loss(path, name, curve, best_epoch=best, status=status))
     if not spec.plot_windows:
         return paths
     if record is None:
