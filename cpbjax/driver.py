@@ -663,7 +663,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         writers.write_results(workdir, results)
         with clock.stage("report"):
             drawn = workers.finish() if workers is not None else None
-            report.write_reports(workdir, results, config, forecasts=records, drawn=drawn)
+            report.write_reports(workdir, results, config, report.PlotInputs(None, records, drawn))
         writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
     sharding.barrier("cpbjax run finished")
     return results

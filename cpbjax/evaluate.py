@@ -228,5 +228,5 @@ def run_evaluate(config, workdir: str) -> dict:
         "skipped": skipped,
     }
     writers.write_json(os.path.join(workdir, f"{stem}.json"), results)
-    report.write_reports(workdir, results, cfg, forecasts=records, stem=stem)
+    report.write_reports(workdir, results, cfg, report.PlotInputs(forecasts=records), stem)
     return results

@@ -91,15 +91,14 @@ def _best_epoch(entry: dict, model: dict) -> str:
     return "none (no epoch beat the untrained baseline, which is kept)"
 
 
-def render(meta: dict, entry: dict) -> str:
-    """The README.md text of an exported model (meta: its meta.json; entry: its results)."""
+def _header(meta: dict, entry: dict) -> list[str]:
+    """The title, what the model forecasts, and the Data section."""
     data = entry.get("data") or {}
     model = meta.get("model") or {}
-    cfg = meta.get("config") or {}
-    d = cfg.get("data") or {}
+    d = (meta.get("config") or {}).get("data") or {}
     members = model.get("ensemble", 1)
     ensemble = f", the mean forecast of {members} members trained together" if members > 1 else ""
-    lines = [
+    return [
         f"# {meta['series']}: cpbjax {model.get('name', '?')} forecaster",
         "",
         f"Forecasts the next {d.get('horizon')} {meta['interval']} OHLC candles of "
@@ -113,6 +112,30 @@ def render(meta: dict, entry: dict) -> str:
         + " / ".join(f"{k} {v}" for k, v in (data.get("windows") or {}).items()),
         f"- training status: {entry.get('status')}, best epoch {_best_epoch(entry, model)}",
         "",
+    ]
+
+
+# The card's last section: loading the export with and without cpbjax.
+_USE = [
+    "## Use",
+    "",
+    "```python",
+    "import cpbjax",
+    'model = cpbjax.load("path/to/this/folder")',
+    "forecast = model.predict(candles_df)  # next candles, a DataFrame",
+    "```",
+    "",
+    "Without cpbjax: `jax.export.deserialize(open('forward.jax_export', 'rb').read())"
+    ".call(params, x_BLF)` on windows normalised as `normalization.json` says.",
+    "",
+]
+
+
+def render(meta: dict, entry: dict) -> str:
+    """The README.md text of an exported model (meta: its meta.json; entry: its results)."""
+    synthetic = (entry.get("data") or {}).get("source") == "synthetic"
+    lines = [
+        *_header(meta, entry),
         "## Metrics (skill = 1 − MAE / MAE of the better naive forecast, price units)",
         "",
         *_metrics_table(entry),
@@ -125,22 +148,12 @@ def render(meta: dict, entry: dict) -> str:
         "- Research and monitoring of short-horizon ranges; not investment advice.",
         *(
             ["- Trained on synthetic data (the offline demo): it models no real market."]
-            if data.get("source") == "synthetic"
+            if synthetic
             else []
         ),
         *_limits(entry),
         "- Forecast candles are made consistent: high ≥ max(open, close), low ≤ min(open, close).",
         "",
-        "## Use",
-        "",
-        "```python",
-        "import cpbjax",
-        'model = cpbjax.load("path/to/this/folder")',
-        "forecast = model.predict(candles_df)  # next candles, a DataFrame",
-        "```",
-        "",
-        "Without cpbjax: `jax.export.deserialize(open('forward.jax_export', 'rb').read())"
-        ".call(params, x_BLF)` on windows normalised as `normalization.json` says.",
-        "",
+        *_USE,
     ]
     return "\n".join(lines)

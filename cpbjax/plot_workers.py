@@ -49,11 +49,10 @@ class PlotWorkers:
             holding those series. forecasts: series name -> test forecast record.
         """
         curves = report.loss_curves(history)
+        spec = report.SeriesPlotSpec(self.folder, self.plot_windows, self.lookback)
         for name, entry in entries.items():
             args = (name, entry, curves.get(name), forecasts.get(name))
-            self._futures[name] = self._pool.submit(
-                report.series_plots, self.folder, *args, self.plot_windows, self.lookback
-            )
+            self._futures[name] = self._pool.submit(report.series_plots, spec, *args)
 
     def finish(self) -> dict[str, list[str]]:
         """Waits for every queued series; returns series name -> its plot paths.

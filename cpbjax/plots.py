@@ -77,13 +77,15 @@ def _best_epoch(epochs, val, best_epoch):
     return (best_epoch, at[0]) if at else None
 
 
-def plot_loss(path: str, name: str, epochs, train, val, best_epoch=None, status=None) -> str:
+def plot_loss(path: str, name: str, curve: tuple, best_epoch=None, status=None) -> str:
     """Train and validation loss of one series against the (whole) epoch, best epoch marked.
 
     Args:
+      curve: (epochs, train losses, val losses), lists of equal length (`loss_curves`).
       best_epoch: the epoch whose params were kept (results.json); None = the lowest val.
       status: results.json status, shown in the title.
     """
+    epochs, train, val = curve
     fig = _figure(5.0, 3.2)
     ax = fig.add_subplot()
     ax.plot(epochs, train, "o-", ms=3, label="train")

@@ -7,6 +7,7 @@ the same content as report.md with every figure inlined, in one file.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from absl import logging
 from rich.console import Console
@@ -106,30 +107,51 @@ def _read_forecasts(workdir: str, name: str) -> dict | None:
     return forecast.load_forecasts(path) if os.path.exists(path) else None
 
 
-def series_plots(folder, name, entry, curve, record, plot_windows, lookback) -> list[str]:
+class SeriesPlotSpec(NamedTuple):
+    """Where and how the loss and forecast plots of each series of a run are drawn (plain
+    data, so a plot worker process can take it)."""
+
+    folder: str  # the plots folder
+    plot_windows: int  # eval.plot_windows; 0 draws no forecast plot
+    lookback: int  # data.lookback: the input closes shown before each forecast
+
+
+class PlotInputs(NamedTuple):
+    """What a report's per-series plots are drawn from; each None is read or drawn here."""
+
+    history: list | None = None  # metrics.jsonl records; None reads <workdir>/metrics.jsonl
+    # series name -> `forecast.forecast_record(...)` of its test windows; series missing
+    # here are read from <workdir>/forecasts/<name>.npz if saved.
+    forecasts: dict | None = None
+    # series name -> paths of its plots already drawn under the plots folder
+    # (`plot_workers.PlotWorkers.finish`); those are listed, not drawn again.
+    drawn: dict | None = None
+
+
+def series_plots(spec: SeriesPlotSpec, name, entry, curve, record) -> list[str]:
     """Writes loss-<name>.png and forecast-<name>.png of one series; returns their paths.
 
     Module-level and given only plain data, so a worker process can run it
     (cpbjax/plot_workers.py).
 
     Args:
-      folder: the plots folder. name: the series. entry: its results.json entry (for
-        best_epoch and status). curve: (epochs, train, val) from `loss_curves`, or None.
-      record: its test `forecast.forecast_record`, or None. plot_windows: eval.plot_windows
-        (0 draws no forecast plot). lookback: data.lookback.
+      spec: the run's plots folder, eval.plot_windows and data.lookback.
+      name: the series. entry: its results.json entry (for best_epoch and status).
+      curve: (epochs, train, val) from `loss_curves`, or None.
+      record: its test `forecast.forecast_record`, or None.
     """
     paths = []
     if curve is not None:
-        path = os.path.join(folder, plot_name("loss", name))
+        path = os.path.join(spec.folder, plot_name("loss", name))
         best, status = entry.get("best_epoch"), entry.get("status")
-        paths.append(plot_loss(path, name, *curve, best_epoch=best, status=status))
-    if not plot_windows:
+        paths.append(plot_loss(path, name, curve, best_epoch=best, status=status))
+    if not spec.plot_windows:
         return paths
     if record is None:
         logging.info("no test forecasts of %s to plot", name)
         return paths
-    path = os.path.join(folder, plot_name("forecast", name))
-    return [*paths, plot_forecasts(path, record, plot_windows, lookback)]
+    path = os.path.join(spec.folder, plot_name("forecast", name))
+    return [*paths, plot_forecasts(path, record, spec.plot_windows, spec.lookback)]
 
 
 def write_plots(folder, results, config, history, forecasts, drawn=None) -> list[str]:
@@ -145,20 +167,32 @@ def write_plots(folder, results, config, history, forecasts, drawn=None) -> list
     skill = plot_skill(os.path.join(folder, plot_name("skill")), results)
     paths = [skill] if skill else []
     curves = loss_curves(history)
-    c = config
+    spec = SeriesPlotSpec(folder, config.eval.plot_windows, config.data.lookback)
     for name, entry in sorted(results.get("series", {}).items()):
         if name in drawn:
             paths += drawn[name]
             continue
-        record = forecasts.get(name)
-        paths += series_plots(
-            folder, name, entry, curves.get(name), record, c.eval.plot_windows, c.data.lookback
-        )
+        paths += series_plots(spec, name, entry, curves.get(name), forecasts.get(name))
     return paths
 
 
+def _report_plots(workdir: str, results: dict, config, inputs: PlotInputs, stem: str) -> list:
+    """Draws the report's plots (eval.plots) into `workdir.plots_dir`; returns their paths."""
+    if not config.eval.plots:
+        return []
+    history = inputs.history
+    if history is None:
+        history = writers.MetricsLog(workdir).records()
+    forecasts, drawn = dict(inputs.forecasts or {}), inputs.drawn or {}
+    for name in results.get("series", {}):
+        if name not in forecasts and name not in drawn:
+            forecasts[name] = _read_forecasts(workdir, name)
+    folder = workdir_lib.plots_dir(workdir, stem)
+    return write_plots(folder, results, config, history, forecasts, drawn)
+
+
 def write_reports(
-    workdir, results, config, history=None, forecasts=None, stem="report", console=None, drawn=None
+    workdir, results, config, inputs: PlotInputs | None = None, stem="report", console=None
 ) -> str:
     """Prints the results table and writes <workdir>/<stem>.md, <stem>.html and the plots.
 
@@ -166,29 +200,17 @@ def write_reports(
       workdir: the run folder.
       results: the results.json dict ({"run", "series", "skipped"}).
       config: the run config (model name, data facts, eval.plots, eval.plot_windows).
-      history: metrics.jsonl records; None reads <workdir>/metrics.jsonl.
-      forecasts: series name -> `forecast.forecast_record(...)` of its test windows;
-        series missing here are read from <workdir>/forecasts/<name>.npz if saved.
+      inputs: the metrics history, test forecasts and already drawn plots to draw the
+        per-series plots from (see PlotInputs; None: all read or drawn here).
       stem: report name; plots go to <workdir>/plots/ for "report", otherwise to
         <workdir>/plots/<stem>/ (so an evaluation never overwrites the run's plots).
       console: the rich Console to print to (default: stdout).
-      drawn: series name -> paths of its plots already drawn under the plots folder
-        (`plot_workers.PlotWorkers.finish`); those are listed, not drawn again.
 
     Returns:
       The path of the markdown report (the HTML one is workdir.report_html(workdir, stem)).
     """
     print_table(results, config.model.name, console)
-    plots = []
-    if config.eval.plots:
-        folder = workdir_lib.plots_dir(workdir, stem)
-        if history is None:
-            history = writers.MetricsLog(workdir).records()
-        forecasts, drawn = dict(forecasts or {}), drawn or {}
-        for name in results.get("series", {}):
-            if name not in forecasts and name not in drawn:
-                forecasts[name] = _read_forecasts(workdir, name)
-        plots = write_plots(folder, results, config, history, forecasts, drawn)
+    plots = _report_plots(workdir, results, config, inputs or PlotInputs(), stem)
     path = workdir_lib.report_md(workdir, stem)
     rel = [os.path.relpath(p, workdir) for p in plots]
     writers.atomic_write(path, render_markdown(results, config, rel, title=f"cpbjax {stem}"))

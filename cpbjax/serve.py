@@ -142,44 +142,46 @@ def _error(status: int, message: str, **extra) -> JSONResponse:
     return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
 
 
-def build_app(forecaster: Forecaster) -> Starlette:
-    """The Starlette app over one Forecaster (see the module docstring for the routes).
+class _Handlers:
+    """The route handlers over one Forecaster, sharing its forecast slots and stop flag."""
 
-    app.state.stopping (a threading.Event), once set, answers waiting forecasts 503.
-    """
-    report = workdir_lib.report_html(forecaster.workdir)
-    slots = threading.BoundedSemaphore(MAX_FORECASTS)  # released by the forecast's thread
-    stopping = threading.Event()
+    def __init__(self, forecaster: Forecaster):
+        self.forecaster = forecaster
+        self.report = workdir_lib.report_html(forecaster.workdir)
+        self.slots = threading.BoundedSemaphore(MAX_FORECASTS)  # released by the forecast's thread
+        self.stopping = threading.Event()
 
-    async def index(request: Request):
-        if not os.path.exists(report):
-            return _error(404, f"no report at {report}: train with this --workdir first")
-        return FileResponse(report, media_type="text/html")
+    async def index(self, request: Request):
+        if not os.path.exists(self.report):
+            return _error(404, f"no report at {self.report}: train with this --workdir first")
+        return FileResponse(self.report, media_type="text/html")
 
-    async def health(request: Request):
+    async def health(self, request: Request):
+        f = self.forecaster
         return JSONResponse(
             {
                 "status": "ok",
-                "model": forecaster.config.model.name,
-                "series": len(forecaster.models),
-                "workdir": os.path.basename(os.path.abspath(forecaster.workdir)),
+                "model": f.config.model.name,
+                "series": len(f.models),
+                "workdir": os.path.basename(os.path.abspath(f.workdir)),
             }
         )
 
-    async def series(request: Request):
-        items = await run_in_threadpool(forecaster.series)
-        return JSONResponse({"series": items, "unreadable": forecaster.unreadable})
+    async def series(self, request: Request):
+        items = await run_in_threadpool(self.forecaster.series)
+        return JSONResponse({"series": items, "unreadable": self.forecaster.unreadable})
 
-    async def forecast_one(request: Request):
-        name = request.path_params["series"]
+    async def forecast_one(self, request: Request):
+        name, models = request.path_params["series"], self.forecaster.models
         if not _SERIES_RE.match(name):
             return _error(400, f"malformed series name {_echo(name)}: expected e.g. BTCUSDT-1h")
-        if name not in forecaster.models:
-            return _error(404, f"unknown series {_echo(name)}", series=sorted(forecaster.models))
-        if not slots.acquire(blocking=False):
+        if name not in models:
+            return _error(404, f"unknown series {_echo(name)}", series=sorted(models))
+        if not self.slots.acquire(blocking=False):
             return _error(503, f"{name}: {MAX_FORECASTS} forecasts in progress; retry later")
         try:
-            return JSONResponse(await _in_daemon_thread(forecaster.forecast, name, slots, stopping))
+            fn, slots, stopping = self.forecaster.forecast, self.slots, self.stopping
+            return JSONResponse(await _in_daemon_thread(fn, name, slots, stopping))
         except SeriesSkipped as e:
             return _error(422, f"{name}: cannot forecast: {e}")
         except (OSError, ConfigError) as e:  # the data location is unreachable or unusable
@@ -187,25 +189,34 @@ def build_app(forecaster: Forecaster) -> Starlette:
         except _ShuttingDown:
             return _error(503, f"{name}: the server is shutting down; the forecast was dropped")
 
-    async def http_error(request: Request, exc: HTTPException):
-        if exc.status_code == 404:  # no route matched
-            return _error(404, f"no such path {request.url.path!r}", paths=list(PATHS))
-        return _error(exc.status_code, exc.detail or "error")
 
-    async def server_error(request: Request, exc: Exception):
-        # uvicorn logs the traceback (Starlette re-raises after this); the client gets none.
-        return _error(500, f"internal error ({type(exc).__name__}); see the server log")
+async def _http_error(request: Request, exc: HTTPException):
+    if exc.status_code == 404:  # no route matched
+        return _error(404, f"no such path {request.url.path!r}", paths=list(PATHS))
+    return _error(exc.status_code, exc.detail or "error")
 
+
+async def _server_error(request: Request, exc: Exception):
+    # uvicorn logs the traceback (Starlette re-raises after this); the client gets none.
+    return _error(500, f"internal error ({type(exc).__name__}); see the server log")
+
+
+def build_app(forecaster: Forecaster) -> Starlette:
+    """The Starlette app over one Forecaster (see the module docstring for the routes).
+
+    app.state.stopping (a threading.Event), once set, answers waiting forecasts 503.
+    """
+    h = _Handlers(forecaster)
     routes = [
-        Route("/", index, methods=["GET"]),
-        Route("/report.html", index, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/series", series, methods=["GET"]),
-        Route("/forecast/{series:str}", forecast_one, methods=["GET"]),
+        Route("/", h.index, methods=["GET"]),
+        Route("/report.html", h.index, methods=["GET"]),
+        Route("/health", h.health, methods=["GET"]),
+        Route("/series", h.series, methods=["GET"]),
+        Route("/forecast/{series:str}", h.forecast_one, methods=["GET"]),
     ]
-    handlers = {HTTPException: http_error, Exception: server_error}
+    handlers = {HTTPException: _http_error, Exception: _server_error}
     app = Starlette(routes=routes, exception_handlers=handlers)
-    app.state.stopping = stopping
+    app.state.stopping = h.stopping
     return app
 
 

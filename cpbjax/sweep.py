@@ -146,7 +146,7 @@ def _write(config, workdir: str, results: dict, out: dict, history, forecasts, c
     writers.write_results(workdir, results)
     writers.write_json(workdir_lib.sweep_json(workdir), out)
     with clock.stage("report"):
-        report.write_reports(workdir, results, config, history=history, forecasts=forecasts)
+        report.write_reports(workdir, results, config, report.PlotInputs(history, forecasts))
     writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
 
 

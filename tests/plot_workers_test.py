@@ -18,10 +18,8 @@ def _report(workdir, results, records, drawn=None):
         workdir,
         results,
         _config(),
-        history=_history(NAMES),
-        forecasts=records,
+        report.PlotInputs(_history(NAMES), records, drawn),
         console=Console(file=io.StringIO()),
-        drawn=drawn,
     )
     folder = os.path.join(workdir, "plots")
     pngs = {}

@@ -43,8 +43,7 @@ def _write(workdir, plots_on=True, results=None):
         str(workdir),
         results,
         _config(plots=plots_on),
-        history=_history(NAMES),
-        forecasts=records,
+        report.PlotInputs(_history(NAMES), records),
         console=Console(file=io.StringIO()),
     )
     with open(os.path.join(workdir, "report.html")) as f:

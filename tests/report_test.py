@@ -167,8 +167,7 @@ def test_write_reports_files(tmp_path):
         workdir,
         results,
         _config(),
-        history=_history(names),
-        forecasts=records,
+        report.PlotInputs(_history(names), records),
         console=Console(file=out, width=250),
     )
     assert path == os.path.join(workdir, "report.md")
@@ -196,7 +195,7 @@ def test_forecasts_read_from_saved_files_and_stem(tmp_path):
         workdir,
         results,
         _config(),
-        history=[],
+        report.PlotInputs(history=[]),
         stem="eval-20240101-000000",
         console=Console(file=io.StringIO()),
     )
@@ -213,7 +212,7 @@ def test_plots_off(tmp_path):
         workdir,
         _results(records),
         _config(plots=False),
-        forecasts=records,
+        report.PlotInputs(forecasts=records),
         console=Console(file=io.StringIO()),
     )
     assert sorted(os.listdir(workdir)) == ["report.html", "report.md"]

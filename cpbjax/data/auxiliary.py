@@ -13,6 +13,8 @@ are log ratios of about 1e-2, and unit-variance aux targets would swamp them).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from cpbjax.data import normalize
@@ -52,29 +54,35 @@ def _fitted_aux_stats(fitted: dict, names: tuple) -> tuple[np.ndarray, np.ndarra
     return mu[order], sd[order]
 
 
+class AuxInputs(NamedTuple):
+    """The per-candle columns of one series every aux target is computed from, in the order
+    FUNCTIONS take them."""
+
+    close_T: np.ndarray  # float64 [T] closes
+    bb_position_T: np.ndarray  # float64 [T] Bollinger positions (`features`)
+
+
 def compute(
-    names, close_T, bb_position_T, y_scale: float, ends: dict, horizon: int, fitted: dict | None
+    names, series: AuxInputs, y_scale: float, ends: dict, horizon: int, fitted: dict | None
 ):
     """(aux float32 [T, A] indexed by window end, its `norm` entries).
 
     Args:
       names: the aux target names (keys of FUNCTIONS).
-      close_T, bb_position_T: float64 [T] closes and Bollinger positions of the series.
+      series: the series' closes and Bollinger positions.
       y_scale: the RMS of the train windows' normalised OHLC targets (`target_rms`).
       ends: split name -> int [N_split] window ends, the train split first.
       horizon: H.
       fitted: a saved model's `norm` to scale with; None fits on the train windows.
     """
     ends_N = np.concatenate(list(ends.values()))  # train windows first
-    raw_NA = np.stack(
-        [FUNCTIONS[n](close_T, bb_position_T, ends_N, horizon) for n in names], axis=1
-    )
+    raw_NA = np.stack([FUNCTIONS[n](*series, ends_N, horizon) for n in names], axis=1)
     if fitted is None:
         mu, sd = normalize.train_stats(raw_NA[: len(ends["train"])])
         sd = sd / (y_scale if y_scale > 0 else 1.0)
     else:
         mu, sd = _fitted_aux_stats(fitted, names)
-    aux_TA = np.zeros((len(close_T), len(names)))
+    aux_TA = np.zeros((len(series.close_T), len(names)))
     aux_TA[ends_N] = (raw_NA - mu) / sd
     bad = [n for j, n in enumerate(names) if not np.isfinite(aux_TA[:, j]).all()]
     if bad:

@@ -48,6 +48,15 @@ def _purged(part: np.ndarray, next_first_end: int, horizon: int) -> np.ndarray:
     return part[part + horizon < next_first_end]
 
 
+def _check_train_count(count: int, fold: int, bt_cfg, val_windows: int) -> None:
+    """Raises SeriesSkipped when a fold has fewer than backtest.min_train_windows train
+    windows (by default as many as its val block has)."""
+    need = bt_cfg.min_train_windows or val_windows
+    if count < need:
+        rule = "backtest.min_train_windows" if bt_cfg.min_train_windows else "its val block"
+        raise SeriesSkipped(f"fold {fold} has {count} train windows, fewer than {rule} ({need})")
+
+
 def fold_ends(ends_N: np.ndarray, fold: int, bt_cfg, splits, horizon: int) -> dict:
     """The purged train/val/test window ends of one fold.
 
@@ -78,12 +87,7 @@ def fold_ends(ends_N: np.ndarray, fold: int, bt_cfg, splits, horizon: int) -> di
     # At most the train split's count, so the fold fits the run's padded program.
     keep = min(bt_cfg.window or b1, b1)
     train = train[max(len(train) - keep, 0) :]
-    need = bt_cfg.min_train_windows or b2 - b1
-    if len(train) < need:
-        rule = "backtest.min_train_windows" if bt_cfg.min_train_windows else "its val block"
-        raise SeriesSkipped(
-            f"fold {fold} has {len(train)} train windows, fewer than {rule} ({need})"
-        )
+    _check_train_count(len(train), fold, bt_cfg, val_windows=b2 - b1)
     return {
         "train": train,
         "val": _purged(ends_N[val_lo:test_lo], ends_N[test_lo], horizon),

@@ -351,7 +351,12 @@ def build_series(symbol: str, interval: str, parts, data_cfg, notes: dict | None
         raise SeriesSkipped(
             f"only {len(times)} usable candles, need data.min_candles={data_cfg.min_candles}"
         )
-    gaps, longest = gap_stats(times, step)
+    return Series(symbol, interval, times, ohlcv, _series_notes(times, step, dropped, notes))
+
+
+def _series_notes(times: np.ndarray, step_ms: int, dropped: int, notes: dict | None) -> dict:
+    """The source's `notes` plus the facts of the validated candles (sorted times [N])."""
+    gaps, longest = gap_stats(times, step_ms)
     notes = dict(notes or {})
     notes.update(
         candles=len(times),
@@ -363,7 +368,7 @@ def build_series(symbol: str, interval: str, parts, data_cfg, notes: dict | None
     )
     notes.setdefault("months", months_of(times))
     notes.setdefault("failed_months", {})
-    return Series(symbol, interval, times, ohlcv, notes)
+    return notes
 
 
 def _apply_bad_rows(times, ohlcv, step_ms: int, policy: str):

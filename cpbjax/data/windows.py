@@ -209,7 +209,7 @@ def _normalised(ohlc_TC, feats_TF, names, aux_names, ends: dict, data_cfg, fitte
     if aux_names:
         y_scale = auxiliary.target_rms(targets_TC, anchor_T, ends["train"], H)
         aux_TA, aux_norm = auxiliary.compute(
-            aux_names, ohlc_TC[:, 3], feats_TF[:, -1], y_scale, ends, H, fitted
+            aux_names, auxiliary.AuxInputs(ohlc_TC[:, 3], feats_TF[:, -1]), y_scale, ends, H, fitted
         )
         norm = {**norm, **aux_norm}
     return {
