@@ -10,24 +10,9 @@ import pytest
 from scipy import stats
 
 from cpbjax import baselines, metrics
-from cpbjax import config as config_lib
-from cpbjax.data import synthetic, windows
+from tests.helpers import H, L, make_prep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-L, H = 8, 3
-
-
-def make_config(normalization="last_close"):
-    c = config_lib.base_config()
-    c.data.lookback, c.data.horizon = L, H
-    c.data.max_candles, c.data.min_candles = 300, 100
-    c.data.normalization = normalization
-    return c
-
-
-def make_prep(normalization="last_close", seed=0):
-    series = synthetic.generate("BTCUSDT", "1h", 320, seed=seed)
-    return windows.prepare_series(series, make_config(normalization).data)
 
 
 # ---------------------------------------------------------------------------
