@@ -155,6 +155,23 @@ def anchored_windows(prep, ends, lookback, horizon):
     return x.astype(np.float32), y.astype(np.float32)
 
 
+def plain_window_losses(module, params, prep, ends, data_cfg, loss, scale_C=None):
+    """Each window's loss of one model, by a plain loop independent of cpbjax's evaluation
+    and training code: per window ending at `ends`, the model's deterministic forward
+    pass on that window alone, then in float64 numpy the mean over steps and columns of
+    the squared (loss "mse") or absolute ("mae") error, divided per column by `scale_C`
+    [C] when given. Returns float64 [N]."""
+    forward = jax.jit(lambda p, x: module.apply({"params": p}, x, None, train=False))
+    out = []
+    for end in ends:
+        x_1LF, y_1HC = anchored_windows(prep, [end], data_cfg.lookback, data_cfg.horizon)
+        r_HC = np.asarray(forward(params, x_1LF), np.float64)[0] - y_1HC[0]
+        if scale_C is not None:
+            r_HC = r_HC / np.asarray(scale_C, np.float64)
+        out.append(np.mean(np.square(r_HC) if loss == "mse" else np.abs(r_HC)))
+    return np.array(out)
+
+
 # ---------------------------------------------------------------------------------------
 # Driver runs in subprocesses.
 

@@ -26,6 +26,7 @@ from cpbjax import (
     models,
     optimizer,
     pooled,
+    saved,
     sharding,
     step,
     writers,
@@ -320,6 +321,16 @@ def pooled_run(driver_env, tmp_path_factory):
     return workdir
 
 
+def _without_band_refit(params, entry):
+    """A saved series model's params less its test band refit (eval.refit_band shifts
+    band_high and band_low by results.json's test band_refit): the trained params."""
+    out = dict(params["output"])
+    for col in ("high", "low"):
+        shift = np.asarray(entry["test"]["band_refit"][col], np.float32)
+        out[f"band_{col}"] = out.pop(f"band_{col}") - shift
+    return {**params, "output": out}
+
+
 def test_launch_scores_every_series_with_one_saved_model(pooled_run):
     results = writers.read_json(os.path.join(pooled_run, "results.json"))
     assert results["run"]["share"] == "pooled" and results["run"]["groups"] == 1
@@ -331,13 +342,9 @@ def test_launch_scores_every_series_with_one_saved_model(pooled_run):
         assert meta["series"] == name and meta["best_epoch"] == entry["best_epoch"]
     # One pooled model; only its band factors differ per series, by each series' own
     # refit on train+val (eval.refit_band), so less that shift the bands are all one.
-    unshifted = {}
-    for name in POOLED_NAMES:
-        out = dict(params[name]["output"])
-        for col in ("high", "low"):
-            shift = np.asarray(results["series"][name]["test"]["band_refit"][col], np.float32)
-            out[f"band_{col}"] = out.pop(f"band_{col}") - shift
-        unshifted[name] = {**params[name], "output": out}
+    unshifted = {
+        name: _without_band_refit(params[name], results["series"][name]) for name in POOLED_NAMES
+    }
     for name in POOLED_NAMES[1:]:
         helpers.assert_trees_close(unshifted[name], unshifted[POOLED_NAMES[0]], rtol=0, atol=1e-6)
     # --mode evaluate loads every saved series model and scores it as training did.
@@ -381,6 +388,31 @@ def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
     assert not active, "the run should stop early, or the test checks no stopping"
     own_best = [1 + int(np.argmin(per_series[:, i])) for i in range(len(POOLED_NAMES))]
     assert any(b != best_epoch for b in own_best), "series' own minima coincide: a weak test"
+
+
+def test_saved_models_hold_the_kept_epoch_by_an_independent_val_loss(pooled_run):
+    """The saved models are the kept epoch's pooled model, not the last epoch's: less each
+    series' band refit, their val loss over every series' pooled val windows, recomputed
+    by a plain loop (the saved model's forward pass, the run's MAE over each column's
+    persistence MAE on its pooled train windows, in numpy), is results.json's
+    best_val_loss. Rescoring with cpbjax's evaluation would compare the model with itself."""
+    results = writers.read_json(os.path.join(pooled_run, "results.json"))["series"]
+    data = helpers.tiny_config().data
+    kept, _ = pooling.pool_ends(helpers.tiny_preps(), data.lookback, data.horizon)
+    best = results[POOLED_NAMES[0]]
+    assert 0 < best["best_epoch"] < best["epochs_run"], "the last epoch is kept: a weak test"
+    losses = []
+    for prep in helpers.tiny_preps():
+        pooled_prep = dataclasses.replace(prep, ends={**prep.ends, **kept[prep.name]})
+        model = saved.load_model(os.path.join(pooled_run, "models", prep.name))
+        params = _without_band_refit(model.params, results[prep.name])
+        scale_C = _persistence_mae(pooled_prep, data.horizon)
+        losses.extend(
+            helpers.plain_window_losses(
+                model.module, params, pooled_prep, pooled_prep.ends["val"], data, "mae", scale_C
+            )
+        )
+    assert np.mean(losses) == pytest.approx(best["best_val_loss"], rel=1e-5)
 
 
 def test_killed_pooled_run_resumes_to_the_uninterrupted_result(pooled_run, driver_env, tmp_path):

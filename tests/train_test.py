@@ -20,7 +20,7 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import checkpoint, driver, models, sharding, step, writers
+from cpbjax import checkpoint, driver, models, saved, sharding, step, writers
 from cpbjax import config as config_lib
 from cpbjax.group import GroupTrainer, coin_keys
 from tests import helpers
@@ -35,6 +35,7 @@ from tests.helpers import (
     finish,
     kill_once_checkpointed,
     make_trainer,
+    plain_window_losses,
     reference_early_stopping,
     subprocess_env,
     tiny_config,
@@ -392,6 +393,31 @@ def test_driver_writes_the_workdir_contract(full_run):
     assert steps == [DRIVER_EPOCHS - 4, DRIVER_EPOCHS]  # every 4 epochs, keep 2
     digests = writers.read_json(os.path.join(full_run, "checkpoints", "group-001", "digests.json"))
     assert sorted(map(int, digests)) == steps  # a digest for each kept step, none for dropped
+
+
+def test_saved_models_are_the_kept_epochs_by_an_independent_val_loss(full_run):
+    """models/<SERIES>/ holds the kept epoch's params, not the last epoch's: their val loss,
+    recomputed by a plain loop over the series' val windows (the saved model's forward
+    pass, the run's MSE in numpy), is results.json's best_val_loss. Rescoring the saved
+    model with cpbjax's evaluation would only compare that model with itself."""
+    results = writers.read_json(os.path.join(full_run, "results.json"))["series"]
+    records = writers.MetricsLog(str(full_run)).records()
+    data = driver_config().data
+    preps = {p.name: p for p in tiny_preps()}
+    earlier = 0  # series whose kept epoch is not their last one
+    for name, entry in results.items():
+        assert entry["best_epoch"] is not None  # without a baseline epoch 1 always improves
+        if entry["best_epoch"] < entry["epochs_run"]:
+            earlier += 1
+            last = [r["val_loss"][0] for r in records if r["series"] == [name]][-1]
+            assert last > entry["best_val_loss"] * (1 + 1e-4)  # the two are told apart
+        model = saved.load_model(os.path.join(full_run, "models", name))
+        prep = preps[name]
+        losses = plain_window_losses(
+            model.module, model.params, prep, prep.ends["val"], data, "mse"
+        )
+        assert losses.mean() == pytest.approx(entry["best_val_loss"], rel=1e-5), name
+    assert earlier, "every series kept its last epoch: the check could not fail"
 
 
 def test_same_seed_twice_gives_identical_results(full_run, driver_env, tmp_path):
