@@ -199,6 +199,23 @@ def test_windows_never_span_a_gap_and_no_candle_is_invented():
         assert not ((ends - L + 1 <= g) & (g < ends + H)).any()
 
 
+@pytest.mark.parametrize("missing", [(), (200, 201, 330)])
+def test_window_ends_are_every_gap_free_span_by_a_plain_loop(missing):
+    """The windows are exactly the ends t whose candles t-L+1..t+H follow each other one
+    step apart, found by a loop over every row: the gather tests compare each window with
+    a plain reference at the ends given, so an end moved by one would pass them."""
+    prep = windows.prepare_series(make_series(missing=missing), data_config())
+    times = prep.open_time_ms
+    expected = [
+        t
+        for t in range(L - 1, len(times) - H)
+        if all(times[r + 1] - times[r] == STEP_MS for r in range(t - L + 1, t + H))
+    ]
+    np.testing.assert_array_equal(windows.contiguous_ends(times, STEP_MS, L, H), expected)
+    used = np.concatenate([prep.ends[s] for s in windows.SPLITS])
+    assert np.isin(used, expected).all() and len(used) > 0.9 * len(expected)
+
+
 @pytest.mark.parametrize("splits", [(0.7, 0.15, 0.15), (0.5, 0.3, 0.2), (1 / 3, 1 / 3, 1 / 3)])
 def test_padded_sizes_bound_every_series(splits):
     cfg = data_config(splits=splits, min_candles=60)
