@@ -250,11 +250,11 @@ def comparable(workdir):
         n: {k: v for k, v in e.items() if k not in TIMING} for n, e in results["series"].items()
     }
     run = {k: v for k, v in results["run"].items() if k not in ("started", "wall_seconds")}
-    metrics_ = [
+    records = [
         {k: v for k, v in r.items() if k != "seconds"}
         for r in writers.MetricsLog(str(workdir)).records()
     ]
-    return {"run": run, "series": series, "skipped": results["skipped"]}, metrics_
+    return {"run": run, "series": series, "skipped": results["skipped"]}, records
 
 
 # ---------------------------------------------------------------------------------------
