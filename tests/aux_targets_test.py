@@ -19,11 +19,11 @@ from absl.testing import parameterized
 from cpbjax import batching, driver, group, models, sharding, step, writers
 from cpbjax import config as config_lib
 from cpbjax.data import auxiliary, stacking, windows
-from tests import models_test, train_test, windows_test
+from tests import helpers
 
 AUX = ("bb_position", "realized_vol")
-H = windows_test.H  # the windows tests' horizon
-H_M = models_test.H  # the model tests' horizon
+H = helpers.H  # the windows tests' horizon
+H_M = helpers.MODEL_H  # the model tests' horizon
 # Programs here compile at XLA's -O0, in a third of the time; what the tests check does not
 # depend on code generation (the other model and train tests run the default level).
 O0 = {"xla_backend_optimization_level": 0}
@@ -76,7 +76,7 @@ def test_realized_vol_needs_two_returns():
 
 
 def test_the_config_accepts_exactly_the_defined_aux_targets():
-    c = train_test.make_config()
+    c = helpers.tiny_config()
     c.model.aux_targets = tuple(auxiliary.FUNCTIONS)
     config_lib.validate(c)
     c.model.aux_targets = ("bb_position", "not_a_target")
@@ -122,7 +122,7 @@ def _reference_aux(series, prep, names, kind):
     ends = np.concatenate([prep.ends[s] for s in windows.SPLITS])
     raw = _reference_raw(series, prep, names, ends)
     n = len(prep.ends["train"])
-    _, y = windows_test._reference_windows(
+    _, y = helpers.reference_windows(
         series, prep, ("open", "high", "low", "close"), kind, prep.ends["train"]
     )
     rms = math.sqrt(float(np.mean(y**2)))
@@ -131,10 +131,8 @@ def _reference_aux(series, prep, names, kind):
 
 @pytest.mark.parametrize("kind", ["last_close"])
 def test_aux_targets_match_a_plain_loop(kind):
-    series = windows_test._series(missing=(150, 300))  # gaps: rows, not times, index candles
-    prep = windows.prepare_series(
-        series, windows_test._data_cfg(normalization=kind), aux_targets=AUX
-    )
+    series = helpers.make_series(missing=(150, 300))  # gaps: rows, not times, index candles
+    prep = windows.prepare_series(series, helpers.data_config(normalization=kind), aux_targets=AUX)
     ends, expected, rms = _reference_aux(series, prep, AUX, kind)
     assert prep.aux.shape == (len(prep.inputs), 2) and prep.aux.dtype == np.float32
     np.testing.assert_allclose(prep.aux[ends], expected, rtol=1e-5, atol=1e-6)
@@ -146,7 +144,7 @@ def test_aux_targets_match_a_plain_loop(kind):
 
 
 def test_without_aux_targets_nothing_changes():
-    series, cfg = windows_test._series(), windows_test._data_cfg()
+    series, cfg = helpers.make_series(), helpers.data_config()
     plain = windows.prepare_series(series, cfg)
     aux = windows.prepare_series(series, cfg, aux_targets=AUX)
     assert plain.aux.shape == (len(plain.inputs), 0)
@@ -159,8 +157,8 @@ def test_without_aux_targets_nothing_changes():
 
 
 def test_bb_position_warmup_is_dropped_not_filled():
-    series = windows_test._series(n=300)
-    cfg = windows_test._data_cfg()  # OHLC inputs alone need no warm-up
+    series = helpers.make_series(n=300)
+    cfg = helpers.data_config()  # OHLC inputs alone need no warm-up
     plain = windows.prepare_series(series, cfg)
     prep = windows.prepare_series(series, cfg, aux_targets=("bb_position",))
     assert len(plain.inputs) == 300 and len(prep.inputs) == 300 - 19
@@ -174,30 +172,26 @@ def _train_aux(prep):
 
 @pytest.mark.parametrize("kind", ["last_close"])
 def test_later_candles_do_not_leak_into_training_aux_targets(kind):
-    cfg = windows_test._data_cfg(normalization=kind)
-    series = windows_test._series(missing=(150, 300))
+    cfg = helpers.data_config(normalization=kind)
+    series = helpers.make_series(missing=(150, 300))
     prep = windows.prepare_series(series, cfg, aux_targets=AUX)
     offset = len(series.ohlcv) - len(prep.ohlc)
     boundary = offset + prep.ends["train"][-1] + H + 1  # first candle no training window reads
-    changed = windows.prepare_series(
-        windows_test._perturbed(series, boundary), cfg, aux_targets=AUX
-    )
+    changed = windows.prepare_series(helpers.perturbed(series, boundary), cfg, aux_targets=AUX)
     for before, after in zip(_train_aux(prep), _train_aux(changed), strict=True):
         np.testing.assert_array_equal(before, after)
     for key in ("aux_targets", "aux_mean", "aux_std"):
         np.testing.assert_array_equal(changed.norm[key], prep.norm[key])
     assert not np.array_equal(prep.aux, changed.aux)  # the change did reach val/test
     # The last training window's targets end at boundary - 1: both aux targets read it.
-    touched = windows.prepare_series(
-        windows_test._perturbed(series, boundary - 1), cfg, aux_targets=AUX
-    )
+    touched = windows.prepare_series(helpers.perturbed(series, boundary - 1), cfg, aux_targets=AUX)
     last_before, last_after = _train_aux(prep)[1][-1], _train_aux(touched)[1][-1]
     assert (last_before != last_after).all()
 
 
 def test_saved_aux_statistics_scale_new_data_by_name():
-    cfg = windows_test._data_cfg()
-    trained_on, new = windows_test._series(seed=0), windows_test._series(seed=7)
+    cfg = helpers.data_config()
+    trained_on, new = helpers.make_series(seed=0), helpers.make_series(seed=7)
     saved = writers.to_jsonable(windows.prepare_series(trained_on, cfg, aux_targets=AUX).norm)
     assert saved["aux_targets"] == list(AUX)  # meta.json keeps the names with the statistics
     reordered = AUX[::-1]
@@ -218,9 +212,9 @@ def test_saved_aux_statistics_scale_new_data_by_name():
 
 
 def test_stack_group_carries_aux_and_gathers_by_window_end():
-    cfg = windows_test._data_cfg(min_candles=100)
+    cfg = helpers.data_config(min_candles=100)
     preps = [
-        windows.prepare_series(windows_test._series(n=n, seed=n), cfg, aux_targets=AUX)
+        windows.prepare_series(helpers.make_series(n=n, seed=n), cfg, aux_targets=AUX)
         for n in (360, 150)
     ]
     group = stacking.stack_group(preps, 3, cfg)
@@ -230,7 +224,7 @@ def test_stack_group_carries_aux_and_gathers_by_window_end():
     aux_KBA = jax.jit(jax.vmap(stacking.gather_aux))(group.aux, ends_KB)
     for k, prep in enumerate(preps):
         np.testing.assert_array_equal(aux_KBA[k], prep.aux[prep.ends["train"][:7]])
-    plain = windows.prepare_series(windows_test._series(), cfg)
+    plain = windows.prepare_series(helpers.make_series(), cfg)
     with pytest.raises(ValueError, match="0 aux targets"):
         stacking.stack_group([preps[0], plain], 3, cfg)
     empty = stacking.stack_group([plain], 2, cfg)  # no aux targets: a zero-width array
@@ -247,7 +241,7 @@ SHARED_CODE = ("transformer", "gru")
 
 @functools.cache
 def _aux_model(name, decoding="autoregressive"):
-    c = models_test._run_config(name, decoding, transformer_layers=1)
+    c = helpers.model_run_config(name, decoding, transformer_layers=1)
     c.model.aux_targets = AUX
     cfg = models.make_config(config_lib.validate(c))
     return cfg, models.build(cfg)
@@ -262,7 +256,7 @@ class AuxHeadTest(parameterized.TestCase):
         for aux in ((), AUX):
             c.model.aux_targets = aux
             module = models.build(models.make_config(c))
-            counts[aux] = models_test._init_shapes(module, x, y)["params"]
+            counts[aux] = helpers.init_shapes(module, x, y)["params"]
         width = c.model[WIDTH[name]]
         self.assertNotIn("aux_head", counts[()])
         self.assertEqual(counts[AUX]["aux_head"]["kernel"].shape, (width, 2))
@@ -272,24 +266,24 @@ class AuxHeadTest(parameterized.TestCase):
     @parameterized.product(name=SHARED_CODE, decoding=("autoregressive", "direct"))
     def test_forecast_api_is_unchanged(self, name, decoding):
         _, module = _aux_model(name, decoding)
-        params = {"params": models_test._params(module)}
-        x, _ = models_test._data()
+        params = {"params": helpers.random_params(module)}
+        x, _ = helpers.model_data()
         plain = jax.eval_shape(module.apply, params, x)
         both = jax.eval_shape(functools.partial(module.apply, return_aux=True), params, x)
         self.assertIsInstance(plain, jax.ShapeDtypeStruct)
-        self.assertEqual((plain.shape, plain.dtype), ((models_test.B, H_M, 4), jnp.float32))
+        self.assertEqual((plain.shape, plain.dtype), ((helpers.MODEL_B, H_M, 4), jnp.float32))
         self.assertEqual(both[0], plain)
-        self.assertEqual((both[1].shape, both[1].dtype), ((models_test.B, 2), jnp.float32))
-        off = models_test._model(name, decoding, transformer_layers=1)[1]
-        off_params = {"params": models_test._params(off)}
+        self.assertEqual((both[1].shape, both[1].dtype), ((helpers.MODEL_B, 2), jnp.float32))
+        off = helpers.build_model(name, decoding, transformer_layers=1)[1]
+        off_params = {"params": helpers.random_params(off)}
         aux_off = jax.eval_shape(functools.partial(off.apply, return_aux=True), off_params, x)[1]
-        self.assertEqual(aux_off.shape, (models_test.B, 0))
+        self.assertEqual(aux_off.shape, (helpers.MODEL_B, 0))
 
     @parameterized.parameters(*SHARED_CODE)
     def test_aux_gradient_reaches_head_and_encoder_never_the_decoder(self, name):
         _, module = _aux_model(name)
-        params = models_test._params(module)
-        x, y = models_test._data()
+        params = helpers.random_params(module)
+        x, y = helpers.model_data()
 
         def aux_and_grads(p, y):  # training mode, full teacher forcing: true candles are fed
             def loss(p):
@@ -300,7 +294,7 @@ class AuxHeadTest(parameterized.TestCase):
                     train=True,
                     teacher_forcing=1.0,
                     return_aux=True,
-                    rngs=models_test._rngs(0),
+                    rngs=helpers.model_rngs(0),
                 )[1]
                 return jnp.mean(aux**2), aux
 
@@ -308,14 +302,14 @@ class AuxHeadTest(parameterized.TestCase):
 
         aux_and_grads = _compile(aux_and_grads, params, y)
         (_, aux), grads = aux_and_grads(params, y)
-        for path, g in models_test._paths(grads):
+        for path, g in helpers.param_paths(grads):
             size = float(jnp.max(jnp.abs(g)))
             decoder_side = path.startswith(
                 ("decoder", "head_", "output_proj", "attention", "queries", "target_proj")
             )
             if decoder_side:
                 self.assertEqual(size, 0.0, path)
-            elif not path.endswith(models_test.SHIFT_INVARIANT):
+            elif not path.endswith(helpers.SHIFT_INVARIANT):
                 self.assertGreater(size, 0.0, path)
         self.assertGreater(float(jnp.max(jnp.abs(grads["aux_head"]["kernel"]))), 0.0)
         # The summary comes before decoding: the fed candles never reach the aux forecast.
@@ -326,11 +320,11 @@ class AuxHeadTest(parameterized.TestCase):
 # Training.
 
 WEIGHT = 0.3
-L_T, H_T = train_test.make_config().data.lookback, train_test.make_config().data.horizon
+L_T, H_T = helpers.tiny_config().data.lookback, helpers.tiny_config().data.horizon
 
 
 def _aux_config():
-    c = train_test.make_config()
+    c = helpers.tiny_config()
     c.model.aux_targets, c.model.aux_weight = AUX, WEIGHT
     c.train.loss, c.train.loss_scale = "mse", "none"  # the objective the references write out
     return config_lib.validate(c)
@@ -339,7 +333,7 @@ def _aux_config():
 def _aux_trainer(config):
     module = models.build(models.make_config(config))
     return group.GroupTrainer(
-        config, module, train_test.NUM_COINS, sharding.coin_mesh(jax.devices()[:1])
+        config, module, helpers.NUM_COINS, sharding.coin_mesh(jax.devices()[:1])
     )
 
 
@@ -415,7 +409,7 @@ def test_epoch_with_aux_trains_the_head_and_keeps_coins_independent():
     (a_order, a, a_m), (b_order, b, b_m) = runs
     for slot_a, series in enumerate(a_order):
         slot_b = b_order.index(series)
-        train_test._assert_trees_close(
-            train_test._coin(a, slot_a), train_test._coin(b, slot_b), **train_test.CROSS_PROGRAM
+        helpers.assert_trees_close(
+            helpers.coin(a, slot_a), helpers.coin(b, slot_b), **helpers.CROSS_PROGRAM
         )
         np.testing.assert_allclose(a_m["val_loss"][slot_a], b_m["val_loss"][slot_b], rtol=1e-5)

@@ -25,7 +25,7 @@ from cpbjax import (
     writers,
 )
 from cpbjax.data import folds, sources, windows
-from tests import train_test
+from tests import helpers
 
 FOLDS = 3
 SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")  # x 3 folds: 6 coins, in groups of 4 and 2
@@ -34,8 +34,8 @@ KILL_GROUP, KILL_EPOCH = "group-001", 2
 
 
 def backtest_config():
-    """train_test's tiny GRU (300 candles, 1 layer of 16), 2 series, 3 folds, 3 epochs."""
-    c = train_test.make_config()
+    """helpers.tiny_config's GRU (300 candles, 1 layer of 16), 2 series, 3 folds, 3 epochs."""
+    c = helpers.tiny_config()
     c.data.symbols = tuple(s.split("-")[0] for s in SERIES)
     c.train.epochs, c.train.patience = 3, 3
     c.ckpt.every_epochs = 1
@@ -85,13 +85,13 @@ def fold_preps(config, series=None):
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """One CPU device and a compilation cache shared by this module's runs."""
-    return train_test.cached_env(tmp_path_factory.mktemp("jax-cache"))
+    return helpers.cached_env(tmp_path_factory.mktemp("jax-cache"))
 
 
 @pytest.fixture(scope="module")
 def full(env, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("backtest")
-    proc = train_test.spawn("backtest_test", "run", workdir, env)
+    proc = helpers.spawn("backtest_test", "run", workdir, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return workdir
 
@@ -216,7 +216,7 @@ def test_folds_that_do_not_fit_are_skipped_with_their_reason():
 
 
 def test_fold_coin_trains_as_that_fold_alone(full, env, tmp_path):
-    proc = train_test.spawn("backtest_test", "run_alone", tmp_path, env)
+    proc = helpers.spawn("backtest_test", "run_alone", tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     alone = writers.read_json(os.path.join(tmp_path, "alone.json"))[ALONE]
     fold = next(
@@ -232,10 +232,10 @@ def test_fold_coin_trains_as_that_fold_alone(full, env, tmp_path):
 
 
 def test_killed_backtest_resumes_to_the_same_backtest_json(full, env, tmp_path):
-    killed = train_test.spawn("backtest_test", "run_killed", tmp_path, env)
+    killed = helpers.spawn("backtest_test", "run_killed", tmp_path, env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not os.path.exists(os.path.join(tmp_path, "backtest.json"))
-    resumed = train_test.spawn("backtest_test", "run", tmp_path, env)
+    resumed = helpers.spawn("backtest_test", "run", tmp_path, env)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "group-000 already finished" in resumed.stderr
     assert f"{KILL_GROUP}: resuming after epoch {KILL_EPOCH}" in resumed.stderr

@@ -6,14 +6,14 @@ import pytest
 
 from cpbjax import baselines, metrics
 from experiments.baseline_choice import band_har_mix
-from tests.levers_test import preps
+from tests.helpers import levers_preps
 
 L, H = 30, 10
 
 
 @pytest.mark.parametrize("split", ["val", "test"])
 def test_band_and_har_skills_are_the_reported_ones(split):
-    for prep in preps():
+    for prep in levers_preps():
         got = band_har_mix._skills(prep, split, L, H)
         ends = prep.ends[split]
         actual = metrics.next_candles(prep.ohlc, ends, H)

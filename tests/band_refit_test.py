@@ -15,7 +15,7 @@ import pytest
 
 from cpbjax import band_refit, baselines, evaluate, forecast
 from cpbjax.data import stacking
-from tests.levers_test import _init_params, make_config, preps
+from tests.helpers import levers_config, levers_init_params, levers_preps
 
 L, H = 30, 10
 
@@ -53,9 +53,9 @@ def _perturbed(params, seed: int) -> dict:
 def _model(loss="mae", **model):
     """(config, prep, module, untrained params) of the tiny vol_band GRU: its band
     starts at the fit on prep's train windows, as training starts it."""
-    cfg = make_config(loss=loss, **model)
-    prep = preps()[0]
-    module, params = _init_params(cfg, prep, stacking.band_factors(prep, L, H))
+    cfg = levers_config(loss=loss, **model)
+    prep = levers_preps()[0]
+    module, params = levers_init_params(cfg, prep, stacking.band_factors(prep, L, H))
     return cfg, prep, module, params
 
 
@@ -140,9 +140,9 @@ def test_a_shifted_forecast_is_the_forward_pass_of_the_shifted_model(ensemble):
 
 def test_without_the_option_or_a_band_nothing_is_refit():
     for model, refit in (({}, False), ({"baseline": "none"}, True)):
-        cfg = make_config(**model)
-        prep = preps()[0]
-        module, params = _init_params(cfg, prep, np.zeros((H, 2), np.float32))
+        cfg = levers_config(**model)
+        prep = levers_preps()[0]
+        module, params = levers_init_params(cfg, prep, np.zeros((H, 2), np.float32))
         entry, _, _, test_params = evaluate.evaluate_model(
             module, params, prep, L, H, refit_band=refit
         )

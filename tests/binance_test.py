@@ -20,7 +20,7 @@ import urllib3
 
 from cpbjax import config as config_lib
 from cpbjax.data import binance, parsing, synthetic
-from tests import parsing_test
+from tests.helpers import damage_deflate
 
 MONTHS = ["2024-10", "2024-11", "2024-12", "2025-01", "2025-02"]
 HOURS = {"2024-10": 744, "2024-11": 720, "2024-12": 744, "2025-01": 744, "2025-02": 672}
@@ -325,7 +325,7 @@ def _assert_no_download_again(base_url, cache, symbols, loaded, faults):
 
 def test_damaged_deflate_month_with_matching_checksum_skips_the_series_naming_the_file(tmp_path):
     root = _mirror(tmp_path / "mirror", ["BTCUSDT", "ETHUSDT"])
-    parsing_test.damage_deflate(_zip(root, "ETHUSDT", "2025-01"))
+    damage_deflate(_zip(root, "ETHUSDT", "2025-01"))
     loaded, skipped = _load(_cfg(root, tmp_path / "cache", ["BTCUSDT", "ETHUSDT"]))
     assert list(loaded) == ["BTCUSDT-1h"]  # The run goes on with the other series.
     assert skipped["ETHUSDT-1h"].startswith("ETHUSDT-1h-2025-01.zip: damaged compressed data")

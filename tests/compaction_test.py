@@ -17,7 +17,7 @@ import pytest
 
 from cpbjax import checkpoint, compaction, driver, ledger, writers
 from cpbjax import config as config_lib
-from tests import train_test
+from tests import helpers
 
 EPOCHS = 14
 # What the forced runs' coins do (seen on this config): 8 coins stop at different epochs,
@@ -36,7 +36,7 @@ driver.train_and_evaluate(t.compaction_config(True), os.path.join(sys.argv[1], "
 
 def compaction_config(compact: bool):
     """8 tiny series in one group of 8, patience 2 (they stop at different epochs)."""
-    c = train_test.make_config()
+    c = helpers.tiny_config()
     c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT"), ("15m", "1h")
     c.train.group_size, c.train.epochs, c.train.patience = 8, EPOCHS, 2
     c.train.compact_groups = compact
@@ -72,7 +72,7 @@ def run_all(root: str) -> None:
         driver.train_and_evaluate(compaction_config(True), resumed)
     checkpoint.GroupCheckpoints.maybe_save = save
     ckpts = checkpoint.GroupCheckpoints(os.path.join(resumed, "checkpoints", "group-000"), 1, 5)
-    state, epoch = ckpts.restore_latest(train_test.make_trainer(8).abstract_state())
+    state, epoch = ckpts.restore_latest(helpers.make_trainer(8).abstract_state())
     ckpts.close()
     killed = {
         "kill_epoch": kill_epoch,
@@ -86,11 +86,11 @@ def run_all(root: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compaction")
-    env = train_test.cached_env(root / "jax-cache")
+    env = helpers.cached_env(root / "jax-cache")
     proc = subprocess.run(
         [sys.executable, "-c", _RUNS, str(root)],
         env=env,
-        cwd=train_test.ROOT,
+        cwd=helpers.ROOT,
         capture_output=True,
         text=True,
         timeout=600,
@@ -115,7 +115,7 @@ def _assert_same_training(a, b):
         assert test_a["mae"] == pytest.approx(test_b["mae"], rel=1e-5)
         pa, _ = checkpoint.load_series_model(os.path.join(a, "models", name))
         pb, _ = checkpoint.load_series_model(os.path.join(b, "models", name))
-        train_test._assert_trees_close(pa, pb, **train_test.CROSS_PROGRAM)
+        helpers.assert_trees_close(pa, pb, **helpers.CROSS_PROGRAM)
     ma, mb = (writers.MetricsLog(str(w)).records() for w in (a, b))
     assert [(r["epoch"], r["active"]) for r in ma] == [(r["epoch"], r["active"]) for r in mb]
     for field in ("train_loss", "val_loss", "best_val_loss"):
@@ -163,7 +163,7 @@ def test_run_killed_while_compacted_resumes_to_the_same_training(runs):
 
 def test_two_devices_round_the_program_up_and_train_the_same(tmp_path):
     """Sharded over 2 devices the program stays a multiple of 2 (8 -> 4 -> 2)."""
-    env = train_test._env(
+    env = helpers.subprocess_env(
         XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
         JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -172,7 +172,7 @@ def test_two_devices_round_the_program_up_and_train_the_same(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", _TWO_DEVICES, str(tmp_path)],
         env=env,
-        cwd=train_test.ROOT,
+        cwd=helpers.ROOT,
         capture_output=True,
         text=True,
         timeout=600,

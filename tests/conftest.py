@@ -1,7 +1,7 @@
 """Set-up of every test process, before any test module imports jax.
 
 In-process programs compile at XLA optimisation level 0, as the driver subprocesses
-already do (tests/train_test.py `driver_env`): it about halves CPU compile time, which
+already do (tests/helpers.py `driver_env`): it about halves CPU compile time, which
 is most of the suite's time, and what the tests check (equalities between programs,
 against plain references, within float tolerances) does not depend on code generation.
 A test that needs other flags runs its own subprocess with its own XLA_FLAGS.

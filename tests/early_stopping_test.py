@@ -9,8 +9,7 @@ import pytest
 from cpbjax import config as config_lib
 from cpbjax import early_stopping, models, sharding
 from cpbjax.group import GroupTrainer, coin_keys
-from tests import train_test
-from tests.pooled_test import _reference_windows
+from tests import helpers
 
 Z = 1.0  # train.min_delta: the bar is best - Z standard errors of the gain
 EPOCHS = 5
@@ -70,10 +69,10 @@ def test_the_bar_in_standard_errors():
 
 
 def _trainer(share: str) -> GroupTrainer:
-    """train_test's 3-series config with the bar at Z standard errors, the MAE loss with the
+    """tiny_config's 3-series config with the bar at Z standard errors, the MAE loss with the
     persistence scale, and no baseline: on 300 synthetic candles the nets learn from
     scratch, so some epochs clear the bar and some gains fall short of it."""
-    c = train_test.make_config()
+    c = helpers.tiny_config()
     c.train.loss, c.train.loss_scale = "mae", "persistence"
     c.train.share, c.train.min_delta = share, Z
     c.train.epochs = c.train.patience = EPOCHS
@@ -86,7 +85,7 @@ def _window_losses(trainer, params, k, prep, scale_C):
     """Coin k's per-val-window scaled MAE under params [K, ...], numpy [N], one window at a
     time from numpy-sliced windows."""
     spec = trainer.spec
-    x, y = _reference_windows(prep, prep.ends["val"], spec.lookback, spec.horizon)
+    x, y = helpers.anchored_windows(prep, prep.ends["val"], spec.lookback, spec.horizon)
     coin = jax.tree.map(lambda p: p[k], params)
     apply = jax.jit(lambda p, x: trainer.module.apply({"params": p}, x, None, train=False))
     y_hat = np.concatenate([np.asarray(apply(coin, x[i : i + 1])) for i in range(len(x))])
@@ -96,7 +95,7 @@ def _window_losses(trainer, params, k, prep, scale_C):
 @pytest.mark.parametrize("share", ["series", "pooled"])
 def test_an_epoch_improves_only_by_more_than_z_standard_errors_of_its_paired_gain(share):
     trainer = _trainer(share)
-    preps = list(train_test.preps())
+    preps = list(helpers.tiny_preps())
     arrays = trainer.stack(preps)
     scale_KC = np.asarray(arrays.target_scale)
     state = trainer.init_state(coin_keys(0, range(3)), arrays)

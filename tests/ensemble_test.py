@@ -19,8 +19,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.data import sources, windows
 from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.models import ensemble as ensemble_lib
-from tests import pooled_test, train_test
-from tests.levers_test import _window
+from tests import helpers
 
 SIZE = 3  # members of the ensembles tested
 
@@ -33,7 +32,7 @@ def _member(tree, m: int, like=None):
 
 
 def _members_alone(config):
-    """(ensemble trainer, the same config with ensemble=1's trainer), on train_test's series."""
+    """(ensemble trainer, the same config with ensemble=1's trainer), on tiny_preps' series."""
     mesh = sharding.coin_mesh(jax.devices()[:1])
     trainers = []
     for members in (SIZE, 1):
@@ -41,7 +40,7 @@ def _members_alone(config):
         c.model.ensemble = members
         c = config_lib.validate(c)
         module = models.build(models.make_config(c))
-        trainers.append(GroupTrainer(c, module, len(pooled_test.NAMES), mesh))
+        trainers.append(GroupTrainer(c, module, len(helpers.POOLED_NAMES), mesh))
     return trainers
 
 
@@ -49,7 +48,7 @@ def _config(kind: str):
     """The 3-series test config (pooled; aux: per series with an aux target), no dropout (a member's dropout key under nn.vmap is not the one
     alone), and a gradient clip so small that it binds on every step: members clipped
     together would not train as alone."""
-    c = pooled_test.pooled_config() if kind == "pooled" else train_test.make_config()
+    c = helpers.pooled_config() if kind == "pooled" else helpers.tiny_config()
     c.model.dropout, c.train.grad_clip = 0.0, 1e-3
     if kind == "aux":
         c.model.aux_targets = ("realized_vol",)
@@ -57,9 +56,9 @@ def _config(kind: str):
 
 
 def _preps(config) -> list:
-    """train_test's prepared series, with the config's aux target columns when it has any."""
+    """tiny_preps' series, with the config's aux target columns when it has any."""
     if not config.model.aux_targets:
-        return list(train_test.preps())
+        return list(helpers.tiny_preps())
     series, _ = sources.load_all(config.data)
     aux = config.model.aux_targets
     return [windows.prepare_series(s, config.data, aux_targets=aux) for s in series]
@@ -70,7 +69,7 @@ def test_an_epoch_trains_each_member_as_that_member_alone(kind):
     config = _config(kind)
     ensemble, alone = _members_alone(config)
     arrays = ensemble.stack(_preps(config))
-    keys = coin_keys(0, range(len(pooled_test.NAMES)))
+    keys = coin_keys(0, range(len(helpers.POOLED_NAMES)))
     state0 = jax.device_get(ensemble.init_state(keys, arrays))
     state, metrics = jax.device_get(ensemble.run_epoch(jax.device_put(state0), arrays))
     like = jax.device_get(alone.init_state(keys, arrays))  # one model's tree structure
@@ -84,7 +83,7 @@ def test_an_epoch_trains_each_member_as_that_member_alone(kind):
         )
         member, member_metrics = jax.device_get(alone.run_epoch(jax.device_put(member0), arrays))
         got = _member(state.params, m, like.params)
-        train_test._assert_trees_close(got, member.params, **train_test.CROSS_PROGRAM)
+        helpers.assert_trees_close(got, member.params, **helpers.CROSS_PROGRAM)
         train_losses.append(member_metrics["train_loss"])
     # The members started apart (their own init keys) and trained: not a copy of one model.
     first, second, untrained = (
@@ -98,12 +97,12 @@ def test_an_epoch_trains_each_member_as_that_member_alone(kind):
 
 
 def test_the_forecast_is_the_mean_of_the_members_forecasts():
-    c = train_test.make_config()
+    c = helpers.tiny_config()
     c.model.ensemble = SIZE
     c.model.aux_targets = ("realized_vol",)
     cfg = models.make_config(config_lib.validate(c))
     ensemble, member = models.build(cfg), models.REGISTRY[cfg.name][0](cfg)
-    x = jnp.asarray(_window(np.random.default_rng(0), cfg), jnp.float32)
+    x = jnp.asarray(helpers.random_window(np.random.default_rng(0), cfg), jnp.float32)
     params = ensemble.init(jax.random.key(1), x)["params"]
     kwargs = {"return_aux": True}
     y_hat, aux_hat = ensemble.apply({"params": params}, x, **kwargs)
@@ -122,7 +121,7 @@ def test_the_forecast_is_the_mean_of_the_members_forecasts():
 
 @pytest.mark.parametrize("value", [0, -1, 65])
 def test_a_bad_ensemble_size_is_a_config_error(value):
-    c = train_test.make_config()
+    c = helpers.tiny_config()
     c.model.ensemble = value
     with pytest.raises(config_lib.ConfigError, match=r"model\.ensemble"):
         config_lib.validate(c)
@@ -132,13 +131,13 @@ def test_a_trained_ensemble_saves_the_members_its_test_split_scored(tmp_path):
     """A pooled ensemble run end to end: each series' saved model holds the members, and
     scored again (its band refit on train+val already in it) it scores test as the run did;
     its exported model card says it is an ensemble."""
-    c = pooled_test.pooled_config()
+    c = helpers.pooled_config()
     c.model.ensemble, c.train.epochs = 2, 3
     c = config_lib.validate(c)
     results = cpbjax.train(c, str(tmp_path))
     module, (L, H) = models.build(models.make_config(c)), (c.data.lookback, c.data.horizon)
-    assert sorted(results["series"]) == sorted(pooled_test.NAMES)
-    for prep in train_test.preps():
+    assert sorted(results["series"]) == sorted(helpers.POOLED_NAMES)
+    for prep in helpers.tiny_preps():
         saved = workdir_lib.series_model(str(tmp_path), prep.name)
         params, _ = checkpoint.load_series_model(saved)
         assert {a.shape[0] for a in jax.tree.leaves(params[ensemble_lib.MEMBERS])} == {2}

@@ -1,7 +1,6 @@
 """Tests of cpbjax.forecast and cpbjax.evaluate: forecasts of a module, scores and forecast files."""
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,23 +8,7 @@ import pytest
 
 from cpbjax import baselines, evaluate, forecast, metrics
 from cpbjax.data import stacking
-from tests.metrics_test import H, L, make_prep
-
-
-class Probe(nn.Module):
-    """A linear map from the flattened window to [B, H, 4]."""
-
-    @nn.compact
-    def __call__(self, x_BLF, y_BHC=None, train=False):
-        del y_BHC, train
-        b = x_BLF.shape[0]
-        out = nn.Dense(H * 4, kernel_init=nn.initializers.normal(0.01))(x_BLF.reshape(b, -1))
-        return out.reshape(b, H, 4)  # [B, H*4] -> [B, H, 4]
-
-
-def _probe_params(seed=0):
-    return Probe().init(jax.random.key(seed), jnp.zeros((1, L, 4)))["params"]
-
+from tests.helpers import H, L, Probe, make_prep, probe_params
 
 # ---------------------------------------------------------------------------
 # Forecasts of a module, evaluate_split and saved forecasts.
@@ -33,7 +16,7 @@ def _probe_params(seed=0):
 
 def test_forecast_batches_and_maps_to_prices():
     prep = make_prep()
-    params = _probe_params()
+    params = probe_params()
     norm = forecast.predict_windows(Probe(), params, prep, prep.ends["val"], L, H, batch_size=4)
     fc = forecast.split_forecast(Probe(), params, prep, "val", L, H)
     ends, prices, norm_big = fc.ends_N, fc.prices_NHC, fc.norm_NHC
@@ -51,7 +34,7 @@ def test_forecast_batches_and_maps_to_prices():
 
 def test_zero_forecast_is_persistence():
     prep = make_prep()
-    zero = jax.tree.map(jnp.zeros_like, _probe_params())
+    zero = jax.tree.map(jnp.zeros_like, probe_params())
     fc = forecast.split_forecast(Probe(), zero, prep, "test", L, H)
     out = evaluate.evaluate_split(prep, fc, "test", L, H)
     assert out["columns"]["close"]["skill"] == 0.0
@@ -79,7 +62,7 @@ def test_zero_forecast_is_persistence():
 
 def test_saved_forecasts_reproduce_the_metrics(tmp_path):
     prep = make_prep()
-    params = _probe_params(1)
+    params = probe_params(1)
     fc = forecast.split_forecast(Probe(), params, prep, "test", L, H)
     out = evaluate.evaluate_split(prep, fc, "test", L, H)
     path = forecast.save_forecasts(str(tmp_path), forecast.forecast_record(prep, fc, H))
@@ -108,7 +91,7 @@ def test_saved_forecasts_reproduce_the_metrics(tmp_path):
 
 def test_candle_minmax_has_no_price_metrics(tmp_path):
     prep = make_prep("candle_minmax")
-    params = _probe_params()
+    params = probe_params()
     fc = forecast.split_forecast(Probe(), params, prep, "test", L, H)
     assert fc.prices_NHC is None
     out = evaluate.evaluate_split(prep, fc, "test", L, H)

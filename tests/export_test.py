@@ -9,6 +9,7 @@ import pytest
 
 from cpbjax import checkpoint, driver, forecast, model_card, portable, saved, writers
 from cpbjax import config as config_lib
+from cpbjax import workdir as workdir_lib
 from cpbjax.data import sources, windows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,6 +19,14 @@ def _config():
     c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
     c.train.epochs, c.eval.plots = 1, False
+    # Two z-scored inputs, so the normalisation statistics the export carries change its
+    # forecasts (under last_close the OHLC inputs need none), and no baseline, so the kept
+    # model reads them (one epoch rarely beats the vol_band baseline, and the untrained
+    # model that then stays forecasts the band of the price range alone); the run's own
+    # test forecasts are saved to compare the export's with.
+    c.data.features = ("open", "high", "low", "close", "volume_norm", "rsi")
+    c.model.baseline = "none"
+    c.eval.save_forecasts = True
     return config_lib.validate(c)
 
 
@@ -71,6 +80,25 @@ def test_exported_model_predicts_exactly_what_the_runs_model_predicts(exported):
             for m in (run_model, exp_model)
         ]
         np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_export_alone_forecasts_the_runs_saved_test_forecasts(exported):
+    """The export folder alone (its params, config and normalization.json) forecasts on the
+    run's candles what the run saved for each test window (forecasts/<SERIES>.npz), so
+    the export carries the statistics the model was trained with, not merely its own."""
+    workdir, done = exported
+    for name, folder in done.items():
+        model = portable.load_export(folder)
+        assert model.norm is not None  # the export's statistics, not a refit on these candles
+        d = model.trained.data
+        prep = windows.prepare_series(_series(name), d, fitted_norm=model.norm)
+        run_fc = forecast.load_forecasts(workdir_lib.forecasts_file(workdir, name))
+        # The run's test windows, found by the open time of their last input candle.
+        ends = np.searchsorted(prep.open_time_ms, run_fc["last_open_time_ms"])
+        np.testing.assert_array_equal(prep.open_time_ms[ends], run_fc["last_open_time_ms"])
+        assert len(ends) == len(prep.ends["test"])
+        fc = forecast.forecast_ends(model.module, model.params, prep, ends, d.lookback, d.horizon)
+        np.testing.assert_allclose(fc.prices_NHC, run_fc["predicted"], rtol=1e-6)
 
 
 def test_serialized_forward_runs_without_the_model_code(exported):

@@ -24,7 +24,7 @@ import pytest
 
 from cpbjax import checkpoint, forecast
 from cpbjax.data import parsing, synthetic
-from tests import parsing_test
+from tests.helpers import damage_deflate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (
@@ -256,7 +256,7 @@ FAULTS = [
     Fault(
         "mirror_month_with_damaged_deflate_and_matching_checksum",
         MIRROR_RUN,
-        damage=_mirror_with(parsing_test.damage_deflate),
+        damage=_mirror_with(damage_deflate),
         exit_code=0,
         says=f"{DAMAGED}: damaged compressed data",
         check=_fresh_skipped("ETHUSDT-1h", f"{DAMAGED}: damaged compressed data"),

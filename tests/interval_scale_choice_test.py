@@ -6,13 +6,13 @@ import numpy as np
 
 from cpbjax import intervals
 from experiments.interval_scale import interval_scale_choice as choice
-from tests.levers_test import preps
+from tests.helpers import levers_preps
 
 L, H = 30, 10
 
 
 def test_weight_zero_is_the_band_and_skills_are_against_it():
-    prep = preps()[0]
+    prep = levers_preps()[0]
     fit_on, scored = np.concatenate([prep.ends["train"], prep.ends["val"]]), prep.ends["test"]
     loss, _ = choice._pinball_by_column(prep, fit_on, scored, L, H, (1.0, 0.0))
     k = intervals.fit_band_quantiles(prep.ohlc, fit_on, L, H, choice.LEVELS)
@@ -27,7 +27,7 @@ def test_weight_zero_is_the_band_and_skills_are_against_it():
 
 
 def test_rolling_folds_score_later_windows_only():
-    prep = preps()[0]
+    prep = levers_preps()[0]
     folds = choice._rolling_folds(prep, H)
     assert len(folds) == choice.BLOCKS - 1
     for fit_on, scored in folds:

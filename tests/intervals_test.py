@@ -13,8 +13,7 @@ import pytest
 from cpbjax import baselines, evaluate, forecast, intervals, saved
 from cpbjax import config as config_lib
 from cpbjax.metrics import COLUMNS
-from tests.evaluate_test import Probe, _probe_params
-from tests.metrics_test import H, L, make_prep
+from tests.helpers import H, L, Probe, make_prep, probe_params
 
 LEVELS = (0.1, 0.9)
 
@@ -126,7 +125,7 @@ def test_sigma_weighting_minimises_the_pinball_loss_in_log_price():
 
 def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_path):
     prep = make_prep()
-    params = _probe_params(2)
+    params = probe_params(2)
     entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, None, LEVELS)
     point = {
         s: forecast.split_forecast(Probe(), params, prep, s, L, H).prices_NHC

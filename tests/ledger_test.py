@@ -6,16 +6,16 @@ import pytest
 
 from cpbjax import ledger, writers
 from cpbjax import workdir as workdir_lib
-from tests.train_test import EPOCHS, make_config
+from tests.helpers import EPOCHS, tiny_config
 
 
 def test_ledger_refuses_another_config_but_not_a_newer_cpbjax(tmp_path):
-    config = make_config()
+    config = tiny_config()
     plan = [["BTCUSDT-1h", "ETHUSDT-1h"]]
     first = ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan))
     first.finish("group-000", {"BTCUSDT-1h": {"status": "trained"}})
     assert ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan)).finished("group-000")
-    changed = make_config()
+    changed = tiny_config()
     changed.train.epochs = EPOCHS + 2
     with pytest.raises(ledger.RunMismatch, match=rf"train.epochs: {EPOCHS} -> {EPOCHS + 2}"):
         ledger.Ledger(str(tmp_path), ledger.fingerprint(changed, plan))
@@ -30,14 +30,14 @@ def test_ledger_refuses_another_config_but_not_a_newer_cpbjax(tmp_path):
     old["fingerprint"]["config"]["model"]["quantiles"] = []
     writers.write_json(str(path), old)
     assert ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan)).finished("group-000")
-    changed = make_config()
+    changed = tiny_config()
     changed.model.aux_targets = ("realized_vol",)
     with pytest.raises(ledger.RunMismatch, match=r"model.aux_targets: \[\] -> \['realized_vol'\]"):
         ledger.Ledger(str(tmp_path), ledger.fingerprint(changed, plan))
 
 
 def test_padded_length_is_part_of_the_fingerprint_and_old_ledgers_resume(tmp_path):
-    config, plan = make_config(), [["BTCUSDT-1h"]]
+    config, plan = tiny_config(), [["BTCUSDT-1h"]]
     ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan, 512))
     with pytest.raises(ledger.RunMismatch, match="padded_candles: 512 -> 300"):
         ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan, 300))
@@ -53,7 +53,7 @@ def test_padded_length_is_part_of_the_fingerprint_and_old_ledgers_resume(tmp_pat
 
 
 def test_each_finished_group_is_written_once_to_its_own_file(tmp_path):
-    config, plan = make_config(), [["BTCUSDT-1h"], ["ETHUSDT-1h"]]
+    config, plan = tiny_config(), [["BTCUSDT-1h"], ["ETHUSDT-1h"]]
     book = ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan))
     entries = {
         f"group-00{g}": {name: {"status": "trained", "g": g}} for g, (name,) in enumerate(plan)
@@ -77,7 +77,7 @@ def test_each_finished_group_is_written_once_to_its_own_file(tmp_path):
 
 def test_a_ledger_with_entries_inline_still_resumes(tmp_path):
     """cpbjax 0.1 kept each finished group's entries inside groups.json."""
-    config, plan = make_config(), [["BTCUSDT-1h"]]
+    config, plan = tiny_config(), [["BTCUSDT-1h"]]
     ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan))
     path = workdir_lib.ledger(str(tmp_path))
     old = writers.read_json(path)

@@ -4,44 +4,19 @@ References are independent: numpy loops for the losses, baselines.py (float64 nu
 the volatility band, and a separate forward pass for the untrained val loss.
 """
 
-import functools
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import baselines, epoch_spec, intervals, losses, models, sharding, step
+from cpbjax import baselines, intervals, losses, models, sharding
 from cpbjax import config as config_lib
 from cpbjax.config_rules import ConfigError
-from cpbjax.data import sources, stacking, windows
+from cpbjax.data import stacking
 from cpbjax.group import GroupTrainer, coin_keys
+from tests.helpers import levers_config, levers_init_params, levers_preps, random_window
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVELS = (0.1, 0.5, 0.9)
-
-
-def make_config(name="gru", loss="mae", **model):
-    """A tiny config with the levers on: 2 series of 300 candles, a 1-layer width-16 model."""
-    c = config_lib.load(os.path.join(ROOT, f"configs/{name}.py:tiny"))
-    c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
-    c.data.max_candles, c.data.min_candles, c.data.synthetic_candles = 300, 200, 360
-    if name == "gru":
-        c.model.hidden, c.model.num_layers = 16, 1
-    c.model.baseline = "vol_band"
-    c.train.loss, c.train.loss_scale = loss, "persistence"
-    c.train.epochs = c.train.patience = 2
-    c.model.update(model)
-    return config_lib.validate(c)
-
-
-@functools.cache
-def preps():
-    data = make_config().data
-    series, skipped = sources.load_all(data)
-    assert not skipped
-    return tuple(windows.prepare_series(s, data) for s in series)
 
 
 # -- losses against numpy loops ----------------------------------------------------------
@@ -76,7 +51,7 @@ def test_window_loss_matches_a_loop(kind, scaled):
 
 
 def test_persistence_scale_is_the_persistence_mae_of_each_column():
-    prep, horizon = preps()[0], make_config().data.horizon
+    prep, horizon = levers_preps()[0], levers_config().data.horizon
     got = stacking.persistence_scale(prep, horizon)
     errs = [[], [], [], []]
     for t in prep.ends["train"]:
@@ -89,22 +64,15 @@ def test_persistence_scale_is_the_persistence_mae_of_each_column():
 # -- the baseline inside the model --------------------------------------------------------
 
 
-def _init_params(cfg, prep, band):
-    module = models.build(models.make_config(cfg))
-    spec = epoch_spec.make_spec(cfg, module, cfg.data.max_candles)
-    params = step.init_coin(spec, jax.random.PRNGKey(3), jnp.asarray(band))[0]
-    return module, params
-
-
 @pytest.mark.parametrize(
     "name, window_scale, ensemble",
     [("gru", "none", 1), ("transformer", "range", 1), ("transformer", "range", 3)],
 )
 def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_scale, ensemble):
-    cfg = make_config(name, window_scale=window_scale, ensemble=ensemble)
-    prep, lookback, horizon = preps()[0], cfg.data.lookback, cfg.data.horizon
+    cfg = levers_config(name, window_scale=window_scale, ensemble=ensemble)
+    prep, lookback, horizon = levers_preps()[0], cfg.data.lookback, cfg.data.horizon
     band = stacking.band_factors(prep, lookback, horizon)
-    module, params = _init_params(cfg, prep, band)
+    module, params = levers_init_params(cfg, prep, band)
     ends_N = prep.ends["val"]
     x, _ = stacking.gather(
         prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends_N, lookback, horizon
@@ -117,13 +85,6 @@ def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_s
     np.testing.assert_array_equal(y_hat[..., [0, 3]], 0.0)  # persistence: the last close
     np.testing.assert_allclose(y_hat[..., 1], np.log(high / close_N1), rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(y_hat[..., 2], np.log(low / close_N1), rtol=1e-4, atol=1e-7)
-
-
-def _window(rng, cfg, batch=6):
-    """Windows [B, L, F] in last_close space: every column about 0.01, high >= low."""
-    x = rng.normal(size=(batch, cfg.lookback, cfg.num_features)) * 0.01
-    x[..., 1] = np.maximum(x[..., 1], x[..., 2]) + 0.002
-    return x
 
 
 def _moved_params(module, x):
@@ -142,12 +103,12 @@ def test_window_scale_range_makes_forecasts_scale_equivariant(name, window_scale
     """Windows whose price moves are 3x larger get forecasts 3x larger with
     window_scale=range (prices in range units in, the output times the range out), and not
     without it. The non-price column (rsi) stays as it is; bb_upper, a price, is column 5."""
-    run = make_config(name, window_scale=window_scale)
+    run = levers_config(name, window_scale=window_scale)
     run.data.features = ("open", "high", "low", "close", "rsi", "bb_upper")
     cfg = models.make_config(run)
     assert cfg.price_columns == (0, 1, 2, 3, 5)
     module, rng = models.build(cfg), np.random.default_rng(4)
-    x = _window(rng, cfg)
+    x = random_window(rng, cfg)
     x[..., 4] = rng.normal(size=x.shape[:2])
     params = _moved_params(module, x)
     x3 = x.copy()
@@ -165,7 +126,7 @@ def test_window_scale_range_makes_forecasts_scale_equivariant(name, window_scale
 
 
 def test_band_quantile_factors_minimise_the_pinball_loss():
-    prep, lookback, horizon = preps()[0], 30, 10
+    prep, lookback, horizon = levers_preps()[0], 30, 10
     ends = prep.ends["train"]
     k = intervals.fit_band_quantiles(prep.ohlc, ends, lookback, horizon, LEVELS)
     sigma = baselines.ewma_range(prep.ohlc, ends, lookback)
@@ -213,13 +174,13 @@ def test_interval_scores_match_a_loop():
 
 
 def test_the_untrained_val_loss_is_the_one_to_beat():
-    cfg = make_config()
+    cfg = levers_config()
     cfg.train.learning_rate = 5.0  # so large that some coin's first epoch is worse
     module = models.build(models.make_config(cfg))
     trainer = GroupTrainer(cfg, module, 2, sharding.coin_mesh(jax.devices()[:1]))
-    arrays = trainer.stack(list(preps()))
+    arrays = trainer.stack(list(levers_preps()))
     state = trainer.init_state(coin_keys(0, [0, 1]), arrays)
-    for i, prep in enumerate(preps()):
+    for i, prep in enumerate(levers_preps()):
         params = jax.tree.map(lambda a, i=i: a[i], state.params)
         ends_N = prep.ends["val"]
         x, y = stacking.gather(
@@ -279,7 +240,7 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
     ],
 )
 def test_bad_lever_settings_name_the_field(change, field):
-    c = make_config()
+    c = levers_config()
     for key, value in change.items():
         group, name = key.split(".")
         c[group][name] = value
@@ -288,7 +249,7 @@ def test_bad_lever_settings_name_the_field(change, field):
 
 
 def test_a_model_saved_before_the_levers_existed_builds_as_before():
-    c = make_config(baseline="none")
+    c = levers_config(baseline="none")
     saved = c.to_dict()
     del saved["model"]["baseline"], saved["model"]["window_scale"]
     saved["train"]["min_delta"] = 0.0  # then the margin was 0, in the loss's units

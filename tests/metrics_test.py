@@ -10,24 +10,9 @@ import pytest
 from scipy import stats
 
 from cpbjax import baselines, metrics
-from cpbjax import config as config_lib
-from cpbjax.data import synthetic, windows
+from tests.helpers import H, L, make_prep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-L, H = 8, 3
-
-
-def make_config(normalization="last_close"):
-    c = config_lib.base_config()
-    c.data.lookback, c.data.horizon = L, H
-    c.data.max_candles, c.data.min_candles = 300, 100
-    c.data.normalization = normalization
-    return c
-
-
-def make_prep(normalization="last_close", seed=0):
-    series = synthetic.generate("BTCUSDT", "1h", 320, seed=seed)
-    return windows.prepare_series(series, make_config(normalization).data)
 
 
 # ---------------------------------------------------------------------------
@@ -162,6 +147,39 @@ def test_dm_equal_and_better_models():
     assert metrics.diebold_mariano(noisy, naive_loss.mean(1), h - 1)["p_value_better"] > 0.5
     good = np.abs(target + 0.1 * rng.standard_normal(target.shape) - target).mean(1)
     assert metrics.diebold_mariano(good, naive_loss.mean(1), h - 1)["p_value_better"] < 1e-6
+
+
+def test_close_dm_lags_h_minus_1_as_a_loop_over_the_close_errors():
+    """close_dm tests window-mean close errors with the HAC lag H-1 (overlapping windows'
+    errors are correlated up to H-1 windows apart) and step h's errors with lag h-1: the
+    same numbers as _dm_reference on differentials built by a loop. On these overlapping
+    windows lag 0 gives a statistic far from lag H-1's, so a wrong lag cannot pass."""
+    rng = np.random.default_rng(11)
+    n, h = 240, 6
+    close = 100.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n + h)))
+    idx_NH = np.arange(n)[:, None] + np.arange(1, h + 1)[None, :]
+    actual = np.repeat(close[idx_NH][..., None], 4, axis=2)  # [N, H, C]
+    ref = np.repeat(close[:n, None, None], h, axis=1).repeat(4, axis=2)  # persistence
+    pred = ref + 0.7 * (actual - ref) + rng.normal(0.0, 0.3, actual.shape)
+    assert metrics.COLUMNS[3] == "close"
+    d, d_h = [], [[] for _ in range(h)]
+    for t in range(n):
+        errs = [
+            abs(pred[t, j, 3] - actual[t, j, 3]) - abs(ref[t, j, 3] - actual[t, j, 3])
+            for j in range(h)
+        ]
+        d.append(sum(errs) / h)
+        for j in range(h):
+            d_h[j].append(errs[j])
+    out = metrics.close_dm(actual, pred, ref, "last_close")
+    assert out["lag"] == h - 1 and out["n"] == n and out["baseline"] == "last_close"
+    stat, p_better, p_two = _dm_reference(d, h - 1)
+    np.testing.assert_allclose(out["statistic"], stat, rtol=1e-10)
+    np.testing.assert_allclose(out["p_value_better"], p_better, rtol=1e-10)
+    np.testing.assert_allclose(out["p_value_two_sided"], p_two, rtol=1e-10)
+    per_step = [_dm_reference(d_h[j], j)[1] for j in range(h)]
+    np.testing.assert_allclose(out["p_value_better_h"], per_step, rtol=1e-10)
+    assert abs(_dm_reference(d, 0)[0] / stat - 1) > 0.2  # the lag matters on this data
 
 
 # ---------------------------------------------------------------------------

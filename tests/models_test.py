@@ -1,7 +1,6 @@
 """Tests for the three forecasting models, their registry and their config boundary."""
 
 import functools
-import os
 
 import chex
 import jax
@@ -10,43 +9,25 @@ import numpy as np
 from absl.testing import absltest, parameterized
 from scipy import special
 
-from cpbjax import config as config_lib
 from cpbjax import models
 from cpbjax.models import gru, lstm
+from tests.helpers import (
+    MODEL_B,
+    MODEL_C,
+    MODEL_H,
+    MODEL_L,
+    SHIFT_INVARIANT,
+    build_model,
+    init_shapes,
+    model_data,
+    model_rngs,
+    model_run_config,
+    param_paths,
+    random_params,
+)
 
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 NAMES = ("transformer", "gru", "lstm")
-B, L, H, C = 3, 6, 4, 4
-# Biases whose gradient is zero by construction, so "every gradient is non-zero"
-# cannot hold for them: a key bias adds the same q·b to every logit of a query
-# row and the pooling score bias the same b to every time step; softmax cancels both.
-SHIFT_INVARIANT = ("key/bias", "score/bias")
-
-
-def _run_config(
-    name, decoding="autoregressive", dropout=0.0, dtype="float32", tiny=True, transformer_layers=2
-):
-    c = config_lib.load(os.path.join(CONFIGS, f"{name}.py") + (":tiny" if tiny else ":replaced"))
-    c.model.decoding = decoding
-    # The network alone, as the replaced system had it (`replaced`: its width too): these
-    # tests check its equations, shapes and parameter counts; the baselines and window
-    # scale are levers_test's.
-    c.model.baseline, c.model.window_scale = "none", "none"
-    if tiny:
-        c.data.lookback, c.data.horizon = L, H
-        c.model.dropout = dropout
-        c.dtype = dtype
-        c.matmul_precision = "highest"  # Exact float32 matmuls on GPU too (not TF32).
-    if name == "transformer" and tiny:
-        c.model.num_encoder_layers = c.model.num_decoder_layers = transformer_layers
-    return config_lib.validate(c)
-
-
-@functools.cache
-def _model(name, decoding="autoregressive", dropout=0.0, dtype="float32", transformer_layers=2):
-    run = _run_config(name, decoding, dropout, dtype, transformer_layers=transformer_layers)
-    cfg = models.make_config(run)
-    return cfg, models.build(cfg)
+B, L, H, C = MODEL_B, MODEL_L, MODEL_H, MODEL_C  # batch, lookback, horizon, columns
 
 
 @functools.cache
@@ -57,7 +38,7 @@ def _forward(name, decoding="autoregressive", dtype="float32", train=False):
     ignore; training runs a dropout-free model, so teacher forcing is its only
     randomness.
     """
-    module = _model(name, decoding, dropout=0.0 if train else 0.3, dtype=dtype)[1]
+    module = build_model(name, decoding, dropout=0.0 if train else 0.3, dtype=dtype)[1]
 
     def forward(params, x, y, ratio, rngs):
         return module.apply({"params": params}, x, y, train=train, teacher_forcing=ratio, rngs=rngs)
@@ -65,49 +46,11 @@ def _forward(name, decoding="autoregressive", dtype="float32", train=False):
     return jax.jit(forward)
 
 
-def _data(seed=0, batch=B, features=4):
-    rng = np.random.default_rng(seed)
-    x = 0.05 * rng.normal(size=(batch, L, features))
-    return jnp.float32(x), jnp.float32(0.05 * rng.normal(size=(batch, H, C)))
-
-
-def _rngs(seed):
-    return {"dropout": jax.random.key(2 * seed), "teacher": jax.random.key(2 * seed + 1)}
-
-
-def _init_shapes(module, x, y):
-    return jax.eval_shape(lambda: module.init({"params": jax.random.key(0), **_rngs(0)}, x, y))
-
-
-@functools.cache
-def _params(module, seed=0, features=4):
-    """Random params of the module's real shapes, drawn on the host (cached; arrays are immutable).
-
-    Avoids compiling each model's initialisers (slow on CPU); every bias and
-    LayerNorm parameter is non-zero, so each one visibly takes part.
-    """
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        if leaf.ndim >= 2:
-            return jnp.float32(rng.normal(size=leaf.shape) / np.sqrt(leaf.shape[0]))
-        centre = 1.0 if path[-1].key == "scale" else 0.0
-        return jnp.float32(centre + 0.1 * rng.normal(size=leaf.shape))
-
-    shapes = _init_shapes(module, *_data(features=features))["params"]
-    return jax.tree_util.tree_map_with_path(draw, shapes)
-
-
-def _paths(tree):
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return [("/".join(str(k.key) for k in path), leaf) for path, leaf in flat]
-
-
 class ParamCountTest(parameterized.TestCase):
     @parameterized.parameters(("transformer", 926_852), ("gru", 334_597), ("lstm", 1_984_772))
     def test_replaced_models_match_the_torch_reference(self, name, expected):
-        module = models.build(models.make_config(_run_config(name, tiny=False)))
-        shapes = _init_shapes(module, jnp.zeros((2, 30, 4)), jnp.zeros((2, 10, 4)))["params"]
+        module = models.build(models.make_config(model_run_config(name, tiny=False)))
+        shapes = init_shapes(module, jnp.zeros((2, 30, 4)), jnp.zeros((2, 10, 4)))["params"]
         self.assertEqual(sum(leaf.size for leaf in jax.tree_util.tree_leaves(shapes)), expected)
 
 
@@ -122,20 +65,20 @@ class ForwardBackwardTest(chex.TestCase):
     # stacking is covered by the reference tests below.
     @chex.variants(with_jit=True, without_jit=True)
     def test_gru_outputs_and_gradients(self):
-        self._check_outputs_and_gradients(_model("gru", dropout=0.1)[1])
+        self._check_outputs_and_gradients(build_model("gru", dropout=0.1)[1])
 
     @chex.variants(with_jit=True)
     @parameterized.parameters("transformer", "lstm")
     def test_outputs_and_gradients(self, name):
-        self._check_outputs_and_gradients(_model(name, dropout=0.1, transformer_layers=1)[1])
+        self._check_outputs_and_gradients(build_model(name, dropout=0.1, transformer_layers=1)[1])
 
     @chex.variants(with_jit=True)
     @parameterized.parameters(*NAMES)
     def test_direct_outputs_and_gradients(self, name):
-        self._check_outputs_and_gradients(_model(name, "direct", transformer_layers=1)[1])
+        self._check_outputs_and_gradients(build_model(name, "direct", transformer_layers=1)[1])
 
     def _check_outputs_and_gradients(self, module):
-        params = _params(module)
+        params = random_params(module)
 
         @self.variant
         @chex.assert_max_traces(n=1)
@@ -151,13 +94,13 @@ class ForwardBackwardTest(chex.TestCase):
         # Jitted, the step is called again with new data and ratios: no retracing.
         calls = 3 if self.variant.type == chex.ChexVariantType.WITH_JIT else 1
         for i, ratio in enumerate((0.5, 0.0, 1.0)[:calls]):
-            x, y = _data(seed=i)
-            (loss, y_hat), grads = loss_and_grads(params, x, y, jnp.float32(ratio), _rngs(i))
+            x, y = model_data(seed=i)
+            (loss, y_hat), grads = loss_and_grads(params, x, y, jnp.float32(ratio), model_rngs(i))
         chex.assert_shape(y_hat, (B, H, C))
         self.assertEqual(y_hat.dtype, jnp.float32)
         chex.assert_tree_all_finite((loss, y_hat, grads))
         chex.assert_trees_all_equal_shapes_and_dtypes(grads, params)
-        for path, g in _paths(grads):
+        for path, g in param_paths(grads):
             size = float(jnp.max(jnp.abs(g)))
             if path.endswith(SHIFT_INVARIANT):
                 self.assertLess(size, 1e-6, path)
@@ -168,12 +111,12 @@ class ForwardBackwardTest(chex.TestCase):
 class BehaviourTest(chex.TestCase):
     @parameterized.parameters(*NAMES)
     def test_causal_under_full_teacher_forcing(self, name):
-        params = _params(_model(name)[1])
-        x, y = _data()
+        params = random_params(build_model(name)[1])
+        x, y = model_data()
         forward = _forward(name, train=True)
-        base = forward(params, x, y, 1.0, _rngs(2))
+        base = forward(params, x, y, 1.0, model_rngs(2))
         for t in range(H):
-            changed = forward(params, x, y.at[:, t:].add(1.0), 1.0, _rngs(2))
+            changed = forward(params, x, y.at[:, t:].add(1.0), 1.0, model_rngs(2))
             np.testing.assert_array_equal(changed[:, : t + 1], base[:, : t + 1])
             if t + 1 < H:  # The true candles were fed: later steps must see the change.
                 self.assertGreater(
@@ -182,15 +125,15 @@ class BehaviourTest(chex.TestCase):
 
     @parameterized.parameters(*NAMES)
     def test_teacher_forcing_ratio_draws_on_device(self, name):
-        params = _params(_model(name)[1])
-        x, y = _data()
+        params = random_params(build_model(name)[1])
+        x, y = model_data()
         forward = _forward(name, train=True)
-        free = _forward(name)(params, x, y, 0.0, _rngs(0))  # Evaluation: own forecasts only.
-        np.testing.assert_allclose(forward(params, x, y, 0.0, _rngs(0)), free, atol=1e-6)
-        forced = forward(params, x, y, 1.0, _rngs(0))
+        free = _forward(name)(params, x, y, 0.0, model_rngs(0))  # Evaluation: own forecasts only.
+        np.testing.assert_allclose(forward(params, x, y, 0.0, model_rngs(0)), free, atol=1e-6)
+        forced = forward(params, x, y, 1.0, model_rngs(0))
         self.assertGreater(float(jnp.max(jnp.abs(forced - free))), 1e-4)
         # At 0.5 the draws differ by key; some key must mix fed and forecast candles.
-        mixes = [forward(params, x, y, 0.5, _rngs(seed)) for seed in range(6)]
+        mixes = [forward(params, x, y, 0.5, model_rngs(seed)) for seed in range(6)]
         self.assertTrue(
             any(
                 float(jnp.max(jnp.abs(m - free))) > 1e-4
@@ -203,21 +146,21 @@ class BehaviourTest(chex.TestCase):
     def test_evaluation_is_deterministic(self, name, decoding):
         # The model has dropout 0.3, and true targets with teacher forcing 1.0 and
         # different keys are offered: evaluation must use none of them.
-        params = _params(_model(name, decoding)[1])
-        x, y = _data()
+        params = random_params(build_model(name, decoding)[1])
+        x, y = model_data()
         forward = _forward(name, decoding)
-        first = forward(params, x, y, 1.0, _rngs(3))
-        np.testing.assert_array_equal(first, forward(params, x, y, 1.0, _rngs(3)))
-        np.testing.assert_array_equal(first, forward(params, x, y + 1.0, 0.5, _rngs(4)))
+        first = forward(params, x, y, 1.0, model_rngs(3))
+        np.testing.assert_array_equal(first, forward(params, x, y, 1.0, model_rngs(3)))
+        np.testing.assert_array_equal(first, forward(params, x, y + 1.0, 0.5, model_rngs(4)))
 
     @parameterized.parameters("transformer", "gru")  # The LSTM shares the GRU's scan.
     def test_vmap_over_coins_equals_separate_applies(self, name):
-        module = _model(name)[1]
-        coins = [_data(seed) for seed in range(3)]
+        module = build_model(name)[1]
+        coins = [model_data(seed) for seed in range(3)]
         x_KBLF, y_KBHC = jnp.stack([c[0] for c in coins]), jnp.stack([c[1] for c in coins])
-        params = [_params(module, seed) for seed in range(3)]
+        params = [random_params(module, seed) for seed in range(3)]
         params_K = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *params)
-        keys_K = jax.vmap(_rngs)(jnp.arange(3))
+        keys_K = jax.vmap(model_rngs)(jnp.arange(3))
         forward = _forward(name, train=True)
         stacked = jax.jit(jax.vmap(forward, in_axes=(0, 0, 0, None, 0)))(
             params_K, x_KBLF, y_KBHC, 0.5, keys_K
@@ -229,15 +172,15 @@ class BehaviourTest(chex.TestCase):
 
     @parameterized.parameters(*NAMES)
     def test_bfloat16_compute_keeps_float32_params(self, name):
-        module = _model(name, dtype="bfloat16")[1]
-        x, y = _data()
-        for path, leaf in _paths(_init_shapes(module, x, y)["params"]):
+        module = build_model(name, dtype="bfloat16")[1]
+        x, y = model_data()
+        for path, leaf in param_paths(init_shapes(module, x, y)["params"]):
             self.assertEqual(leaf.dtype, jnp.float32, path)
-        params = _params(module)
-        y_hat = _forward(name, dtype="bfloat16")(params, x, y, 0.0, _rngs(0))
+        params = random_params(module)
+        y_hat = _forward(name, dtype="bfloat16")(params, x, y, 0.0, model_rngs(0))
         self.assertEqual(y_hat.dtype, jnp.float32)
         chex.assert_tree_all_finite(y_hat)
-        reference = _forward(name)(params, x, y, 0.0, _rngs(0))
+        reference = _forward(name)(params, x, y, 0.0, model_rngs(0))
         np.testing.assert_allclose(y_hat, reference, atol=0.05 * float(jnp.max(jnp.abs(reference))))
         self.assertFalse(np.array_equal(y_hat, reference))  # bfloat16 really was used.
 
@@ -306,40 +249,40 @@ class TransformerDecoderTest(parameterized.TestCase):
         return prev + _sinusoid(H, cfg.d_model)
 
     def test_kv_cache_equals_plain_causal_decoder_when_teacher_forced(self):
-        cfg, module = _model("transformer")
-        params = _params(module)
-        x, y = _data()
-        y_hat = _forward("transformer", train=True)(params, x, y, 1.0, _rngs(0))
+        cfg, module = build_model("transformer")
+        params = random_params(module)
+        x, y = model_data()
+        y_hat = _forward("transformer", train=True)(params, x, y, 1.0, model_rngs(0))
         expected = _plain_transformer(params, cfg, x, self._tokens(params, cfg, y), causal=True)
         np.testing.assert_allclose(y_hat, expected, atol=2e-5)
 
     def test_kv_cache_equals_plain_causal_decoder_on_own_forecasts(self):
-        cfg, module = _model("transformer")
-        params = _params(module)
-        x, y = _data()
-        y_hat = _forward("transformer")(params, x, y, 0.0, _rngs(0))
+        cfg, module = build_model("transformer")
+        params = random_params(module)
+        x, y = model_data()
+        y_hat = _forward("transformer")(params, x, y, 0.0, model_rngs(0))
         expected = _plain_transformer(params, cfg, x, self._tokens(params, cfg, y_hat), causal=True)
         np.testing.assert_allclose(y_hat, expected, atol=2e-5)
 
     def test_direct_decoder_runs_learned_queries_in_one_pass(self):
-        cfg, module = _model("transformer", "direct")
-        params = _params(module)
-        x, y = _data()
+        cfg, module = build_model("transformer", "direct")
+        params = random_params(module)
+        x, y = model_data()
         queries = np.broadcast_to(np.asarray(params["queries"], np.float64), (B, H, cfg.d_model))
         expected = _plain_transformer(params, cfg, x, queries, causal=False)
-        y_hat = _forward("transformer", "direct")(params, x, y, 0.0, _rngs(0))
+        y_hat = _forward("transformer", "direct")(params, x, y, 0.0, model_rngs(0))
         np.testing.assert_allclose(y_hat, expected, atol=2e-5)
 
     def test_extra_features_get_a_separate_target_projection(self):
-        c = _run_config("transformer")
+        c = model_run_config("transformer")
         c.data.features = ("open", "high", "low", "close", "volume")
         cfg = models.make_config(c)
         module = models.build(cfg)
-        params = _params(module, features=5)
+        params = random_params(module, features=5)
         self.assertEqual(params["target_proj"]["kernel"].shape, (C, cfg.d_model))
         self.assertEqual(params["input_proj"]["kernel"].shape, (5, cfg.d_model))
-        x, y = _data(features=5)
-        apply = functools.partial(module.apply, train=True, teacher_forcing=1.0, rngs=_rngs(0))
+        x, y = model_data(features=5)
+        apply = functools.partial(module.apply, train=True, teacher_forcing=1.0, rngs=model_rngs(0))
         chex.assert_shape(jax.eval_shape(apply, {"params": params}, x, y), (B, H, C))
 
 
@@ -348,7 +291,7 @@ class CellTest(parameterized.TestCase):
         return cell.init(jax.random.key(0), carry, x)["params"]
 
     def test_gru_cell_follows_torch_equations(self):
-        cfg = models.make_config(_run_config("gru"))
+        cfg = models.make_config(model_run_config("gru"))
         cell = gru.GRUCell(5, cfg)
         h, x = np.full((2, 5), 0.3), np.linspace(-1, 1, 6).reshape(2, 3)
         p = jax.tree_util.tree_map(
@@ -364,7 +307,7 @@ class CellTest(parameterized.TestCase):
         np.testing.assert_allclose(new_h, (1 - z) * n + z * h, atol=1e-6)
 
     def test_lstm_cell_follows_torch_equations(self):
-        cfg = models.make_config(_run_config("lstm"))
+        cfg = models.make_config(model_run_config("lstm"))
         cell = lstm.LSTMCell(5, cfg)
         c, h, x = np.full((2, 5), -0.2), np.full((2, 5), 0.3), np.linspace(-1, 1, 6).reshape(2, 3)
         p = jax.tree_util.tree_map(lambda a: a + 0.1, self._cell_params(cell, (c, h), x))
@@ -381,7 +324,7 @@ class CellTest(parameterized.TestCase):
 class RegistryTest(parameterized.TestCase):
     @parameterized.parameters(*NAMES)
     def test_make_config_is_frozen_and_complete(self, name):
-        run = _run_config(name, tiny=False)
+        run = model_run_config(name, tiny=False)
         cfg = models.make_config(run)
         self.assertEqual(
             (cfg.name, cfg.lookback, cfg.horizon, cfg.num_features, cfg.num_targets),
@@ -401,20 +344,20 @@ class RegistryTest(parameterized.TestCase):
         )
 
     def test_unknown_name_and_missing_field_are_named(self):
-        run = _run_config("gru")
+        run = model_run_config("gru")
         run.model.name = "gruu"
         with self.assertRaisesRegex(ValueError, "config.model.name='gruu'"):
             models.make_config(run)
-        run = _run_config("lstm")
+        run = model_run_config("lstm")
         del run.model["attention_heads"]
         with self.assertRaisesRegex(ValueError, "config.model.attention_heads is missing"):
             models.make_config(run)
 
     @parameterized.parameters(*NAMES)
     def test_wrong_window_shapes_are_rejected(self, name):
-        module = _model(name)[1]
-        params = {"params": _params(module)}
-        x, y = _data()
+        module = build_model(name)[1]
+        params = {"params": random_params(module)}
+        x, y = model_data()
         with self.assertRaisesRegex(ValueError, "inputs x have shape"):
             jax.eval_shape(module.apply, params, x[..., :3])
         with self.assertRaisesRegex(ValueError, "targets y have shape"):

@@ -16,9 +16,9 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from cpbjax import checkpoint, writers
 from cpbjax import config as config_lib
-from tests import train_test
+from tests import helpers
 
-ROOT = train_test.ROOT
+ROOT = helpers.ROOT
 EPOCHS = 4
 _DRIVE = (
     "import sys; from tests import multihost_test as t; "
@@ -28,7 +28,7 @@ _DRIVE = (
 
 def run_config(port: int, process_id: int, num_processes: int):
     """Two series in one group of two (one coin per device), checkpoints every 2 epochs."""
-    c = train_test.make_config()
+    c = helpers.tiny_config()
     c.data.symbols = ("BTCUSDT", "ETHUSDT")
     c.train.group_size, c.train.epochs, c.train.patience = 2, EPOCHS, EPOCHS
     c.ckpt.every_epochs = 2
@@ -55,7 +55,9 @@ def _free_port() -> int:
 
 
 def _start(workdir, port, process_id, num_processes, devices_per_process):
-    env = train_test._env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
+    env = helpers.subprocess_env(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}"
+    )
     log = open(f"{workdir}-{process_id}.log", "w")  # noqa: SIM115 (closed in _wait)
     cmd = [
         sys.executable,
@@ -82,7 +84,7 @@ def _wait(proc) -> None:
 
 
 def _comparable(workdir):
-    (results, metrics) = train_test._comparable(workdir)
+    (results, metrics) = helpers.comparable(workdir)
     run = results.pop("run")
     return results, metrics, run
 

@@ -1,11 +1,8 @@
 """Tests for cpbjax/data/parsing.py: CSV/zip/local parsing and every validation rule."""
 
-import hashlib
 import io
-import os
 import re
 import zipfile
-import zlib
 
 import ml_collections
 import numpy as np
@@ -14,6 +11,7 @@ import pytest
 
 from cpbjax.data import parsing, synthetic
 from cpbjax.data.series import SeriesSkipped
+from tests.helpers import damage_deflate
 
 H = 3_600_000  # 1h in ms
 T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
@@ -260,33 +258,6 @@ def test_gap_stats_and_iso_reference():
     assert parsing.gap_stats(times, H) == (2 + 3, 3)
     assert parsing.iso(T0) == "2024-01-01T00:00:00Z"
     assert parsing.months_of(np.array([T0, T0 + 40 * 24 * H])) == ["2024-01", "2024-02"]
-
-
-def damage_deflate(path: str) -> None:
-    """Breaks the deflate stream of a Vision zip at `path`, then rewrites its CHECKSUM to match.
-
-    Most damaged bytes only break the CRC-32, which zipfile reports as BadZipFile; this
-    flips bytes at the first position that the zlib decoder itself rejects.
-    """
-    with open(path, "rb") as f:
-        data = f.read()
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        info = z.infolist()[0]
-    start = info.header_offset + 30 + len(info.filename.encode())  # no extra field here
-    for offset in range(start, start + info.compress_size - 8):
-        broken = data[:offset] + bytes(b ^ 0xFF for b in data[offset : offset + 8])
-        broken += data[offset + 8 :]
-        try:
-            zlib.decompress(broken[start : start + info.compress_size], -15)
-        except zlib.error:
-            break
-    else:
-        raise AssertionError(f"no damage that zlib rejects in {path}")
-    with open(path, "wb") as f:
-        f.write(broken)
-    digest = hashlib.sha256(broken).hexdigest()
-    with open(path + ".CHECKSUM", "w") as f:
-        f.write(f"{digest}  {os.path.basename(path)}\n")
 
 
 def test_damaged_deflate_stream_is_a_kline_error_naming_the_file(tmp_path):

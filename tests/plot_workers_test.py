@@ -7,7 +7,7 @@ from rich.console import Console
 
 from cpbjax import report
 from cpbjax.plot_workers import PlotWorkers
-from tests.report_test import _config, _history, _record, _results
+from tests.helpers import forecast_record, report_config, report_history, report_results
 
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
 
@@ -17,8 +17,8 @@ def _report(workdir, results, records, drawn=None):
     report.write_reports(
         workdir,
         results,
-        _config(),
-        report.PlotInputs(_history(NAMES), records, drawn),
+        report_config(),
+        report.PlotInputs(report_history(NAMES), records, drawn),
         console=Console(file=io.StringIO()),
     )
     folder = os.path.join(workdir, "plots")
@@ -31,14 +31,16 @@ def _report(workdir, results, records, drawn=None):
 
 
 def test_workers_draw_the_in_process_report(tmp_path):
-    records = {n: _record(n, i) for i, n in enumerate(NAMES)}
-    results = _results(records)
+    records = {n: forecast_record(n, i) for i, n in enumerate(NAMES)}
+    results = report_results(records)
     alone = _report(str(tmp_path / "alone"), results, records)
 
     workdir = str(tmp_path / "pooled")
-    workers = PlotWorkers(os.path.join(workdir, "plots"), _config(), 1)
+    workers = PlotWorkers(os.path.join(workdir, "plots"), report_config(), 1)
     for name in NAMES:  # one "group" per series, as the driver submits them
-        workers.submit({name: results["series"][name]}, _history(NAMES), {name: records[name]})
+        workers.submit(
+            {name: results["series"][name]}, report_history(NAMES), {name: records[name]}
+        )
     drawn = workers.finish()
     assert sorted(drawn) == list(NAMES)
     assert all(len(paths) == 2 for paths in drawn.values())  # loss and forecast
@@ -50,12 +52,14 @@ def test_workers_draw_the_in_process_report(tmp_path):
 
 
 def test_a_failed_worker_leaves_the_series_to_the_report(tmp_path):
-    records = {n: _record(n, i) for i, n in enumerate(NAMES)}
-    results = _results(records)
-    workers = PlotWorkers(str(tmp_path / "plots"), _config(), 1)
+    records = {n: forecast_record(n, i) for i, n in enumerate(NAMES)}
+    results = report_results(records)
+    workers = PlotWorkers(str(tmp_path / "plots"), report_config(), 1)
     bad_record = {"actual": None}  # plot_forecasts fails on it in the worker
     workers.submit(
-        results["series"], _history(NAMES), {NAMES[0]: bad_record, **{NAMES[1]: records[NAMES[1]]}}
+        results["series"],
+        report_history(NAMES),
+        {NAMES[0]: bad_record, **{NAMES[1]: records[NAMES[1]]}},
     )
     drawn = workers.finish()
     assert list(drawn) == [NAMES[1]]

@@ -2,7 +2,7 @@
 
 The epoch is checked against a hand-written reference (a loop over coins and windows,
 one gradient, one optax update per step); the driver in launch.py subprocesses that
-share a persistent compilation cache (tests/train_test.py's environment).
+share a persistent compilation cache (tests/helpers.py's driver_env).
 """
 
 import dataclasses
@@ -27,6 +27,7 @@ from cpbjax import (
     models,
     optimizer,
     pooled,
+    saved,
     sharding,
     writers,
 )
@@ -34,12 +35,12 @@ from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import pooling, stacking
 from cpbjax.group import GroupTrainer, coin_keys
-from tests import train_test
+from tests import helpers
+from tests.helpers import POOLED_NAMES, pooled_config
 
-driver_env = train_test.driver_env  # the shared subprocess environment (a fixture)
+driver_env = helpers.driver_env  # the module's subprocess environment (a fixture)
 
-ROOT = train_test.ROOT
-NAMES = ("BTCUSDT-1h", "ETHUSDT-1h", "SOLUSDT-1h")
+
 EPOCHS, PATIENCE = 30, 3
 # The launched run's early-stopping margin, in standard errors of the gain: below the
 # default 1, so that on these 300 candles the one model leaves its untrained baseline, yet
@@ -49,25 +50,8 @@ MIN_DELTA = 0.6
 LEVERS = {"train.loss": "mae", "train.loss_scale": "persistence"}
 
 
-def pooled_config():
-    """train_test's 3-series config (300 candles, GRU of 16) with the levers, pooled."""
-    c = train_test.make_config()
-    c.train.loss, c.train.loss_scale, c.model.baseline = "mae", "persistence", "vol_band"
-    c.train.share = "pooled"
-    return config_lib.validate(c)
-
-
 # ---------------------------------------------------------------------------------------
 # The epoch against a plain reference.
-
-
-def _reference_windows(prep, ends, lookback, horizon):
-    """numpy x [N, L, F], y [N, H, C] of the windows ending at `ends` (last_close anchors)."""
-    x = np.stack(
-        [prep.inputs[e - lookback + 1 : e + 1] - prep.anchor[e] * prep.price_mask for e in ends]
-    )
-    y = np.stack([prep.targets[e + 1 : e + horizon + 1] - prep.anchor[e] for e in ends])
-    return x.astype(np.float32), y.astype(np.float32)
 
 
 def _persistence_mae(prep, horizon):
@@ -101,8 +85,8 @@ def _reference_loss(config, module):
 def _reference_batches(config, ends_KB, mask_KB, step_keys_K, s):
     """Step s's (x, y, scale, dropout and teacher keys) of every coin, in numpy."""
     d, batches = config.data, []
-    for k, prep in enumerate(train_test.preps()):
-        x, y = _reference_windows(prep, ends_KB[k][mask_KB[k]], d.lookback, d.horizon)
+    for k, prep in enumerate(helpers.tiny_preps()):
+        x, y = helpers.anchored_windows(prep, ends_KB[k][mask_KB[k]], d.lookback, d.horizon)
         keys = jax.random.split(jax.random.fold_in(step_keys_K[k], s))
         batches.append((x, y, _persistence_mae(prep, d.horizon), keys))
     return batches
@@ -116,7 +100,7 @@ def _reference_epoch(config, module, state0, arrays, spec):
     params = jax.tree.map(lambda a: a[0], jax.device_get(state0.params))  # coin 0's
     opt_state = tx.init(params)
     grad_fn = jax.jit(jax.value_and_grad(_reference_loss(config, module), has_aux=True))
-    sums_K = np.zeros(len(NAMES))
+    sums_K = np.zeros(len(POOLED_NAMES))
     for s in range(spec.train_steps):
         batches = _reference_batches(config, ends_SKB[s], mask_SKB[s], step_keys_K, s)
         (_, per_coin), grads = grad_fn(params, batches)
@@ -132,9 +116,9 @@ def one_epoch():
     """A pooled trainer's fresh state and its first epoch (3 series, one per coin)."""
     config = pooled_config()
     module = models.build(models.make_config(config))
-    trainer = GroupTrainer(config, module, len(NAMES), sharding.coin_mesh(jax.devices()[:1]))
-    arrays = trainer.stack(list(train_test.preps()))
-    state0 = jax.device_get(trainer.init_state(coin_keys(0, range(len(NAMES))), arrays))
+    trainer = GroupTrainer(config, module, len(POOLED_NAMES), sharding.coin_mesh(jax.devices()[:1]))
+    arrays = trainer.stack(list(helpers.tiny_preps()))
+    state0 = jax.device_get(trainer.init_state(coin_keys(0, range(len(POOLED_NAMES))), arrays))
     state, metrics = trainer.run_epoch(jax.device_put(state0), arrays)
     return config, module, trainer, arrays, state0, jax.device_get(state), jax.device_get(metrics)
 
@@ -143,14 +127,14 @@ def test_every_coin_holds_the_same_params_starting_at_the_median_band(one_epoch)
     config, _, _, _, state0, state, _ = one_epoch
     fits = [
         stacking.band_factors(p, config.data.lookback, config.data.horizon)
-        for p in train_test.preps()
+        for p in helpers.tiny_preps()
     ]
     out = state0.params["output"]
     np.testing.assert_allclose(out["band_high"][0], np.median(np.stack(fits)[..., 0], axis=0))
     np.testing.assert_allclose(out["band_low"][0], np.median(np.stack(fits)[..., 1], axis=0))
     for tree in (state0.params, state.params, state.opt_state, state.best_params):
         for leaf in jax.tree.leaves(tree):
-            for k in range(1, len(NAMES)):
+            for k in range(1, len(POOLED_NAMES)):
                 np.testing.assert_array_equal(leaf[k], leaf[0])
 
 
@@ -158,7 +142,7 @@ def test_pooled_epoch_equals_a_hand_written_reference(one_epoch):
     config, module, trainer, arrays, state0, state, metrics = one_epoch
     ref_params, ref_train_K = _reference_epoch(config, module, state0, arrays, trainer.spec)
     pooled_params = jax.tree.map(lambda a: a[0], state.params)
-    train_test._assert_trees_close(pooled_params, ref_params, **train_test.CROSS_PROGRAM)
+    helpers.assert_trees_close(pooled_params, ref_params, **helpers.CROSS_PROGRAM)
     np.testing.assert_allclose(metrics["train_loss"], ref_train_K, rtol=1e-5)
 
 
@@ -184,7 +168,7 @@ def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch, chunk):
     (ref_loss, ref_err_K), ref_grads = reference(params, batches)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     np.testing.assert_allclose(err_K, np.asarray(ref_err_K), rtol=1e-6)
-    train_test._assert_trees_close(grads, ref_grads, rtol=1e-4, atol=1e-7)
+    helpers.assert_trees_close(grads, ref_grads, rtol=1e-4, atol=1e-7)
 
 
 def test_a_chunked_epoch_trains_as_the_one_vmap_in_less_memory(one_epoch):
@@ -195,10 +179,10 @@ def test_a_chunked_epoch_trains_as_the_one_vmap_in_less_memory(one_epoch):
     chunked_config = config.copy_and_resolve_references()
     chunked_config.train.pooled_chunk = 1
     mesh = sharding.coin_mesh(jax.devices()[:1])
-    chunked = GroupTrainer(chunked_config, module, len(NAMES), mesh)
+    chunked = GroupTrainer(chunked_config, module, len(POOLED_NAMES), mesh)
     chunked_state, chunked_metrics = chunked.run_epoch(jax.device_put(state0), arrays)
-    train_test._assert_trees_close(
-        jax.device_get(chunked_state.params), state.params, **train_test.CROSS_PROGRAM
+    helpers.assert_trees_close(
+        jax.device_get(chunked_state.params), state.params, **helpers.CROSS_PROGRAM
     )
     np.testing.assert_allclose(
         jax.device_get(chunked_metrics["train_loss"]), metrics["train_loss"], rtol=1e-5
@@ -270,7 +254,7 @@ FLAGS = [
 def _launch(workdir, env, *more):
     """Starts launch.py on the pooled tiny config (and `more` flags); its output goes to
     <workdir>.log."""
-    log = open(f"{workdir}.log", "w")  # noqa: SIM115 (closed by train_test._finish)
+    log = open(f"{workdir}.log", "w")  # noqa: SIM115 (closed by helpers.finish)
     cmd = [
         sys.executable,
         "launch.py",
@@ -280,7 +264,7 @@ def _launch(workdir, env, *more):
         str(workdir),
     ]
     proc = subprocess.Popen(
-        cmd + FLAGS + list(more), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        cmd + FLAGS + list(more), env=env, cwd=helpers.ROOT, stdout=log, stderr=subprocess.STDOUT
     )
     proc.log = log
     return proc
@@ -289,14 +273,24 @@ def _launch(workdir, env, *more):
 @pytest.fixture(scope="module")
 def pooled_run(driver_env, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pooled") / "run"
-    train_test._finish(_launch(workdir, driver_env))
+    helpers.finish(_launch(workdir, driver_env))
     return workdir
+
+
+def _without_band_refit(params, entry):
+    """A saved series model's params less its test band refit (eval.refit_band shifts
+    band_high and band_low by results.json's test band_refit): the trained params."""
+    out = dict(params["output"])
+    for col in ("high", "low"):
+        shift = np.asarray(entry["test"]["band_refit"][col], np.float32)
+        out[f"band_{col}"] = out.pop(f"band_{col}") - shift
+    return {**params, "output": out}
 
 
 def test_launch_scores_every_series_with_one_saved_model(pooled_run):
     results = writers.read_json(os.path.join(pooled_run, "results.json"))
     assert results["run"]["share"] == "pooled" and results["run"]["groups"] == 1
-    assert set(results["series"]) == set(NAMES)
+    assert set(results["series"]) == set(POOLED_NAMES)
     params = {}
     for name, entry in results["series"].items():
         assert entry["val"] and entry["test"] and entry["group"] == "group-000"
@@ -304,19 +298,15 @@ def test_launch_scores_every_series_with_one_saved_model(pooled_run):
         assert meta["series"] == name and meta["best_epoch"] == entry["best_epoch"]
     # One pooled model; only its band factors differ per series, by each series' own
     # refit on train+val (eval.refit_band), so less that shift the bands are all one.
-    unshifted = {}
-    for name in NAMES:
-        out = dict(params[name]["output"])
-        for col in ("high", "low"):
-            shift = np.asarray(results["series"][name]["test"]["band_refit"][col], np.float32)
-            out[f"band_{col}"] = out.pop(f"band_{col}") - shift
-        unshifted[name] = {**params[name], "output": out}
-    for name in NAMES[1:]:
-        train_test._assert_trees_close(unshifted[name], unshifted[NAMES[0]], rtol=0, atol=1e-6)
+    unshifted = {
+        name: _without_band_refit(params[name], results["series"][name]) for name in POOLED_NAMES
+    }
+    for name in POOLED_NAMES[1:]:
+        helpers.assert_trees_close(unshifted[name], unshifted[POOLED_NAMES[0]], rtol=0, atol=1e-6)
     # --mode evaluate loads every saved series model and scores it as training did.
     config = config_lib.load(f"configs/workdir.py:{pooled_run}")
     rescored = evaluate.run_evaluate(config, str(pooled_run))["series"]
-    for name in NAMES:
+    for name in POOLED_NAMES:
         for split in ("val", "test"):
             got, want = rescored[name][split]["columns"], results["series"][name][split]["columns"]
             for col in ("close", "high", "low"):
@@ -329,15 +319,15 @@ def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
     status follow it, not any series' own."""
     results = writers.read_json(os.path.join(pooled_run, "results.json"))
     records = writers.MetricsLog(str(pooled_run)).records()
-    data = train_test.make_config().data
-    kept, _ = pooling.pool_ends(train_test.preps(), data.lookback, data.horizon)
+    data = helpers.tiny_config().data
+    kept, _ = pooling.pool_ends(helpers.tiny_preps(), data.lookback, data.horizon)
     n_val = np.array([len(kept[name]["val"]) for name in records[0]["series"]])
     per_series = np.array([r["val_loss"] for r in records])  # [epochs, series]
     pooled = np.array([r["pooled_val_loss"] for r in records])
     np.testing.assert_allclose(pooled, per_series @ n_val / n_val.sum(), rtol=1e-5)
     improved_epochs = []
     gain_se = [r["val_gain_se"][0] for r in records]  # one model: the same on every series
-    best, best_epoch, active, _, _ = train_test._reference_early_stopping(
+    best, best_epoch, active, _, _ = helpers.reference_early_stopping(
         pooled, PATIENCE, min_delta=MIN_DELTA, gain_se=gain_se, improved_epochs=improved_epochs
     )
     improved = np.array([r["improved"] for r in records])  # [epochs, series]
@@ -346,26 +336,51 @@ def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
     assert [
         r["epoch"] for r, m in zip(records, improved[:, 0], strict=True) if m
     ] == improved_epochs
-    entries = [results["series"][name] for name in NAMES]
+    entries = [results["series"][name] for name in POOLED_NAMES]
     for entry in entries:
         assert entry["best_epoch"] == best_epoch
         assert entry["best_val_loss"] == pytest.approx(best, rel=1e-5)
         assert entry["epochs_run"] == len(records)
         assert entry["status"] == ("trained" if active else "stopped_early")
     assert not active, "the run should stop early, or the test checks no stopping"
-    own_best = [1 + int(np.argmin(per_series[:, i])) for i in range(len(NAMES))]
+    own_best = [1 + int(np.argmin(per_series[:, i])) for i in range(len(POOLED_NAMES))]
     assert any(b != best_epoch for b in own_best), "series' own minima coincide: a weak test"
+
+
+def test_saved_models_hold_the_kept_epoch_by_an_independent_val_loss(pooled_run):
+    """The saved models are the kept epoch's pooled model, not the last epoch's: less each
+    series' band refit, their val loss over every series' pooled val windows, recomputed
+    by a plain loop (the saved model's forward pass, the run's MAE over each column's
+    persistence MAE on its pooled train windows, in numpy), is results.json's
+    best_val_loss. Rescoring with cpbjax's evaluation would compare the model with itself."""
+    results = writers.read_json(os.path.join(pooled_run, "results.json"))["series"]
+    data = helpers.tiny_config().data
+    kept, _ = pooling.pool_ends(helpers.tiny_preps(), data.lookback, data.horizon)
+    best = results[POOLED_NAMES[0]]
+    assert 0 < best["best_epoch"] < best["epochs_run"], "the last epoch is kept: a weak test"
+    losses = []
+    for prep in helpers.tiny_preps():
+        pooled_prep = dataclasses.replace(prep, ends={**prep.ends, **kept[prep.name]})
+        model = saved.load_model(os.path.join(pooled_run, "models", prep.name))
+        params = _without_band_refit(model.params, results[prep.name])
+        scale_C = _persistence_mae(pooled_prep, data.horizon)
+        losses.extend(
+            helpers.plain_window_losses(
+                model.module, params, pooled_prep, pooled_prep.ends["val"], data, "mae", scale_C
+            )
+        )
+    assert np.mean(losses) == pytest.approx(best["best_val_loss"], rel=1e-5)
 
 
 def test_killed_pooled_run_resumes_to_the_uninterrupted_result(pooled_run, driver_env, tmp_path):
     workdir = tmp_path / "killed"
     proc = _launch(workdir, driver_env)
-    train_test.kill_once_checkpointed(proc, workdir / "checkpoints" / "group-000")
-    train_test._finish(proc, check=False)
+    helpers.kill_once_checkpointed(proc, workdir / "checkpoints" / "group-000")
+    helpers.finish(proc, check=False)
     assert not (workdir / "results.json").exists()
-    out = train_test._finish(_launch(workdir, driver_env))
+    out = helpers.finish(_launch(workdir, driver_env))
     assert "group-000: resuming after epoch" in out
-    assert train_test._comparable(workdir) == train_test._comparable(pooled_run)
+    assert helpers.comparable(workdir) == helpers.comparable(pooled_run)
 
 
 def test_pooled_backtest_trains_one_model_per_fold_its_last_the_train_run(
@@ -374,14 +389,14 @@ def test_pooled_backtest_trains_one_model_per_fold_its_last_the_train_run(
     """Each fold is one group (one pooled model over that fold's series only), and with the
     default step the last fold's split is the train run's: the same model, the same scores."""
     workdir = tmp_path / "bt"
-    train_test._finish(_launch(workdir, driver_env, "--mode=backtest", "--config.backtest.folds=3"))
+    helpers.finish(_launch(workdir, driver_env, "--mode=backtest", "--config.backtest.folds=3"))
     out = writers.read_json(os.path.join(workdir, "backtest.json"))
     plan = writers.read_json(workdir_lib.ledger(str(workdir / "backtest")))
     assert plan["fingerprint"]["groups"] == [
-        [f"{name}@fold{f}" for name in NAMES] for f in range(3)
+        [f"{name}@fold{f}" for name in POOLED_NAMES] for f in range(3)
     ]
     trained = writers.read_json(os.path.join(pooled_run, "results.json"))["series"]
-    for name in NAMES:
+    for name in POOLED_NAMES:
         last = out["series"][name]["folds"][-1]
         assert last["name"] == f"{name}@fold2"
         assert last["best_epoch"] == trained[name]["best_epoch"]
@@ -389,5 +404,5 @@ def test_pooled_backtest_trains_one_model_per_fold_its_last_the_train_run(
             got, want = last["test"]["columns"][col], trained[name]["test"]["columns"][col]
             assert got["mae"] == pytest.approx(want["mae"], rel=1e-5)
     # The earlier folds are other models (trained on fewer, older windows).
-    first = [out["series"][n]["folds"][0]["best_val_loss"] for n in NAMES]
-    assert first != [trained[n]["best_val_loss"] for n in NAMES]
+    first = [out["series"][n]["folds"][0]["best_val_loss"] for n in POOLED_NAMES]
+    assert first != [trained[n]["best_val_loss"] for n in POOLED_NAMES]

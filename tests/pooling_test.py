@@ -17,7 +17,7 @@ from cpbjax import checkpoint, driver, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import pooling
 from cpbjax.data.series import INTERVAL_MS
-from tests import pooled_test, train_test
+from tests import helpers
 
 L, H = 4, 2
 HOUR = INTERVAL_MS["1h"]
@@ -102,9 +102,9 @@ SHIFT = 120  # hours: ETH's train windows cover BTC's and SOL's val and test can
 
 
 def _misaligned_preps(garbage: bool):
-    """train_test's 3 series with ETHUSDT-1h 120 h later; with `garbage`, ETH's candles
+    """tiny_preps' 3 series with ETHUSDT-1h 120 h later; with `garbage`, ETH's candles
     inside BTC's val/test period are replaced (inputs and targets +5 in log space)."""
-    btc, eth, sol = train_test.preps()
+    btc, eth, sol = helpers.tiny_preps()
     eth = dataclasses.replace(eth, open_time_ms=eth.open_time_ms + SHIFT * HOUR)
     if garbage:
         lo, hi = pooling.scored_period(btc, "val", _data().horizon)
@@ -117,11 +117,11 @@ def _misaligned_preps(garbage: bool):
 
 
 def _data():
-    return pooled_test.pooled_config().data
+    return helpers.pooled_config().data
 
 
 def _pooled_run(workdir, garbage):
-    config = pooled_test.pooled_config()
+    config = helpers.pooled_config()
     config.train.epochs, config.train.patience = 4, 4
     config.eval.plots = False
     preps = _misaligned_preps(garbage)
@@ -139,7 +139,7 @@ def two_runs(tmp_path_factory):
 
 def test_pooled_model_never_reads_another_series_scored_candles(two_runs):
     (clean, clean_params, preps), (dirty, dirty_params, _), _ = two_runs
-    train_test._assert_trees_close(clean_params, dirty_params, rtol=0, atol=0)
+    helpers.assert_trees_close(clean_params, dirty_params, rtol=0, atol=0)
     for name in ("BTCUSDT-1h", "SOLUSDT-1h"):
         for split in ("val", "test"):
             assert (

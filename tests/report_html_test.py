@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from cpbjax import plots, report, report_html, report_tables
-from tests.report_test import _config, _history, _record, _results
+from tests.helpers import forecast_record, report_config, report_history, report_results
 
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
 CHROMIUM = os.environ.get("CPBJAX_CHROMIUM", "/usr/bin/chromium")
@@ -35,15 +35,15 @@ SKILL_COLUMN = report_tables.HEADERS.index("skill%") + 1  # 1-based, for :nth-ch
 
 
 def _write(workdir, plots_on=True, results=None):
-    records = {n: _record(n, i) for i, n in enumerate(NAMES)}
-    results = results or _results(records)
+    records = {n: forecast_record(n, i) for i, n in enumerate(NAMES)}
+    results = results or report_results(records)
     for i, name in enumerate(NAMES):
         results["series"][name]["best_epoch"] = 2 + i
     report.write_reports(
         str(workdir),
         results,
-        _config(plots=plots_on),
-        report.PlotInputs(_history(NAMES), records),
+        report_config(plots=plots_on),
+        report.PlotInputs(report_history(NAMES), records),
         console=Console(file=io.StringIO()),
     )
     with open(os.path.join(workdir, "report.html")) as f:
@@ -69,8 +69,8 @@ def test_page_is_self_contained(tmp_path):
 
 
 def test_page_without_plots_and_escaping(tmp_path):
-    records = {n: _record(n, i) for i, n in enumerate(NAMES)}
-    results = _results(records)
+    records = {n: forecast_record(n, i) for i, n in enumerate(NAMES)}
+    results = report_results(records)
     results["skipped"] = {"X-1h": "<script>alert(1)</script>"}
     page = _write(tmp_path, plots_on=False, results=results)
     assert "data:image/png" not in page and "Plots are off" in page
@@ -85,7 +85,7 @@ def test_markdown_fixes(tmp_path):
     assert md.count("- model:") == 1  # the run facts' own "model" is not repeated
     assert md.count(report_tables.LEGEND) == 1 and md.count(report_tables.STATUS_LEGEND) == 1
     for line in report_tables.summary_lines(
-        _results({n: _record(n, i) for i, n in enumerate(NAMES)})
+        report_results({n: forecast_record(n, i) for i, n in enumerate(NAMES)})
     ):
         assert md.count(line) == 1
     assert "- data: synthetic (generated offline" in md and "months" not in md

@@ -6,74 +6,10 @@ import os
 import numpy as np
 from rich.console import Console
 
-from cpbjax import config as config_lib
 from cpbjax import metrics, plots, report, report_tables
+from tests.helpers import forecast_record, report_config, report_history, report_results
 
-H = 3
-STEP = 3_600_000
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _record(name, seed, n=12):
-    """A tiny forecasts record: a random walk, forecasts = actual plus noise."""
-    rng = np.random.default_rng(seed)
-    close = 100.0 * np.exp(np.cumsum(rng.normal(0, 0.01, n + H)))
-    ohlc = np.stack([close, close * 1.01, close * 0.99, close], axis=1)  # [T, 4]
-    idx = np.arange(n)[:, None] + np.arange(1, H + 1)[None, :]
-    actual = ohlc[idx]
-    return {
-        "series": np.array(name),
-        "symbol": np.array(name.split("-")[0]),
-        "interval": np.array("1h"),
-        "columns": np.array(metrics.COLUMNS),
-        "last_open_time_ms": 1_700_000_000_000 + STEP * np.arange(n, dtype=np.int64),
-        "last_candle": ohlc[:n],
-        "target_open_time_ms": 1_700_000_000_000 + STEP * idx,
-        "actual": actual,
-        "predicted": actual * np.exp(rng.normal(0, 0.003, actual.shape)),
-    }
-
-
-def _results(records):
-    series = {}
-    for i, (name, rec) in enumerate(records.items()):
-        test = metrics.score_prices(rec["last_candle"], rec["actual"], rec["predicted"])
-        series[name] = {
-            "status": "stopped_early",
-            "best_val_loss": 0.5 + i,
-            "epochs_run": 3,
-            "train_seconds": 1.25,
-            "test": test,
-        }
-    return {
-        "run": {"versions": {"jax": "0.10.2"}, "devices": ["cpu:0"], "wall_seconds": 9.5},
-        "series": series,
-        "skipped": {"LUNAUSDT-1h": "only 10 usable candles"},
-    }
-
-
-def _history(names):
-    return [
-        {
-            "group": 0,
-            "epoch": e,
-            "series": list(names),
-            "train_loss": [1.0 / e, None],
-            "val_loss": [1.5 / e, 2.0],
-            "lr": 1e-3,
-            "active": [True, True],
-            "seconds": 0.1,
-        }
-        for e in (1, 2, 3)
-    ]
-
-
-def _config(plots=True):
-    c = config_lib.load("configs/gru.py:tiny")
-    c.eval.plots = plots
-    c.eval.plot_windows = 2
-    c.data.lookback = 4
-    return c
 
 
 def _is_png(path):
@@ -82,8 +18,8 @@ def _is_png(path):
 
 
 def test_table_row_cells():
-    records = {"BTCUSDT-1h": _record("BTCUSDT-1h", 0)}
-    results = _results(records)
+    records = {"BTCUSDT-1h": forecast_record("BTCUSDT-1h", 0)}
+    results = report_results(records)
     test = results["series"]["BTCUSDT-1h"]["test"]
     row = report_tables.table_rows(results, "gru")[0]
     assert row[:5] == ["BTCUSDT-1h", "gru", "stopped_early", "3", "0.5"]
@@ -160,14 +96,14 @@ def test_summary_counts_the_models_that_kept_their_refit_band():
 def test_write_reports_files(tmp_path):
     workdir = str(tmp_path)
     names = ("BTCUSDT-1h", "ETHUSDT-1h")
-    records = {n: _record(n, i) for i, n in enumerate(names)}
-    results = _results(records)
+    records = {n: forecast_record(n, i) for i, n in enumerate(names)}
+    results = report_results(records)
     out = io.StringIO()
     path = report.write_reports(
         workdir,
         results,
-        _config(),
-        report.PlotInputs(_history(names), records),
+        report_config(),
+        report.PlotInputs(report_history(names), records),
         console=Console(file=out, width=250),
     )
     assert path == os.path.join(workdir, "report.md")
@@ -187,14 +123,14 @@ def test_write_reports_files(tmp_path):
 
 def test_forecasts_read_from_saved_files_and_stem(tmp_path):
     workdir = str(tmp_path)
-    rec = _record("BTCUSDT-1h", 3)
+    rec = forecast_record("BTCUSDT-1h", 3)
     os.makedirs(os.path.join(workdir, "forecasts"))
     np.savez(os.path.join(workdir, "forecasts", "BTCUSDT-1h.npz"), **rec)
-    results = _results({"BTCUSDT-1h": rec})
+    results = report_results({"BTCUSDT-1h": rec})
     report.write_reports(
         workdir,
         results,
-        _config(),
+        report_config(),
         report.PlotInputs(history=[]),
         stem="eval-20240101-000000",
         console=Console(file=io.StringIO()),
@@ -207,11 +143,11 @@ def test_forecasts_read_from_saved_files_and_stem(tmp_path):
 
 def test_plots_off(tmp_path):
     workdir = str(tmp_path)
-    records = {"BTCUSDT-1h": _record("BTCUSDT-1h", 0)}
+    records = {"BTCUSDT-1h": forecast_record("BTCUSDT-1h", 0)}
     report.write_reports(
         workdir,
-        _results(records),
-        _config(plots=False),
+        report_results(records),
+        report_config(plots=False),
         report.PlotInputs(forecasts=records),
         console=Console(file=io.StringIO()),
     )
@@ -219,7 +155,7 @@ def test_plots_off(tmp_path):
 
 
 def test_loss_curves_from_history():
-    curves = plots.loss_curves(_history(("A-1h", "B-1h")))
+    curves = plots.loss_curves(report_history(("A-1h", "B-1h")))
     epochs, train, val = curves["A-1h"]
     assert epochs == [1, 2, 3]
     np.testing.assert_allclose(val, [1.5, 0.75, 0.5])

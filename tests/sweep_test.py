@@ -22,7 +22,7 @@ from absl import logging
 from cpbjax import backtest, checkpoint, ledger, optimizer, sweep, sweep_grid, writers
 from cpbjax import config as config_lib
 from cpbjax.data import stacking
-from tests import train_test
+from tests import helpers
 
 SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")
 RATES, DECAYS = (1e-3, 3e-3), (0.0, 0.05)  # x 2 series: 8 coins, one group of 8
@@ -31,8 +31,8 @@ ALONE_SERIES, ALONE_SETTING = "ETHUSDT-1h", {"learning_rate": 3e-3, "weight_deca
 
 
 def sweep_config():
-    """train_test's tiny GRU (300 candles, 1 layer of 16), 2 series, 2 x 2 settings."""
-    c = train_test.make_config()
+    """helpers.tiny_config's GRU (300 candles, 1 layer of 16), 2 series, 2 x 2 settings."""
+    c = helpers.tiny_config()
     c.data.symbols = tuple(s.split("-")[0] for s in SERIES)
     c.ckpt.every_epochs = 1
     c.train.group_size = 8
@@ -114,13 +114,13 @@ def run_compacted(workdir: str) -> None:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """One CPU device and a compilation cache shared by this module's runs."""
-    return train_test.cached_env(tmp_path_factory.mktemp("jax-cache"))
+    return helpers.cached_env(tmp_path_factory.mktemp("jax-cache"))
 
 
 @pytest.fixture(scope="module")
 def full(env, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("sweep")
-    proc = train_test.spawn("sweep_test", "run", workdir, env)
+    proc = helpers.spawn("sweep_test", "run", workdir, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return workdir
 
@@ -147,7 +147,7 @@ def test_the_whole_grid_trains_in_one_program(full):
 
 
 def test_a_sweep_coin_trains_as_that_setting_alone(full, env, tmp_path):
-    proc = train_test.spawn("sweep_test", "run_alone", tmp_path, env)
+    proc = helpers.spawn("sweep_test", "run_alone", tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     alone = writers.read_json(os.path.join(tmp_path, "alone.json"))[ALONE_SERIES]
     alone_name = "lr={learning_rate!r},wd={weight_decay!r}".format(**ALONE_SETTING)
@@ -162,7 +162,7 @@ def test_a_sweep_coin_trains_as_that_setting_alone(full, env, tmp_path):
         assert got["mae"] == pytest.approx(want["mae"], rel=1e-5)
     p_alone, _ = checkpoint.load_series_model(os.path.join(tmp_path, "models", ALONE_SERIES))
     p_coin, _ = checkpoint.load_series_model(os.path.join(full, "sweep", "models", cell["coin"]))
-    np.testing.assert_allclose(_flat(p_alone), _flat(p_coin), **train_test.CROSS_PROGRAM)
+    np.testing.assert_allclose(_flat(p_alone), _flat(p_coin), **helpers.CROSS_PROGRAM)
     # ... and each other setting of the same series, which starts from the same init,
     # ends elsewhere: each of its per-coin values reached the step.
     for name in _settings():
@@ -212,7 +212,7 @@ def test_evaluate_mode_rescores_the_published_models(full, env, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(full, workdir)
     cmd = [sys.executable, "launch.py", "--mode=evaluate", f"--workdir={workdir}"]
-    proc = subprocess.run(cmd, env=env, cwd=train_test.ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, cwd=helpers.ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (evaluated,) = [f for f in os.listdir(workdir) if f.startswith("eval-") and f.endswith("json")]
     got, want = _read(workdir, evaluated)["series"], _read(full, "results.json")["series"]
@@ -236,7 +236,7 @@ def test_rerun_with_another_grid_is_refused(full):
 def test_rerun_with_pooled_select_resumes_and_only_chooses_again(full, env, tmp_path):
     again = tmp_path / "again"
     shutil.copytree(full, again)
-    proc = train_test.spawn("sweep_test", "run_pooled", again, env)
+    proc = helpers.spawn("sweep_test", "run_pooled", again, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "group-000 already finished" in proc.stderr
     a, b = _read(again), _read(full)
@@ -299,7 +299,7 @@ def test_grid_names_and_per_coin_hparams():
         "lr=0.003,wd=0.0",
         "lr=0.003,wd=0.1",
     ]
-    preps = list(train_test.preps())[:2]
+    preps = list(helpers.tiny_preps())[:2]
     coins = sweep_grid.expand(preps, c)
     assert [p.name for p in coins[:4]] == [f"{preps[0].name}@{n}" for n in names]
     assert {sweep_grid.series_of(p.name) for p in coins} == {p.name for p in preps}
@@ -371,7 +371,7 @@ def test_fields_that_cannot_be_per_coin_arrays_are_refused(field, match):
 
 
 def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(env, tmp_path):
-    proc = train_test.spawn("sweep_test", "run_pooled_share", tmp_path / "sweep", env)
+    proc = helpers.spawn("sweep_test", "run_pooled_share", tmp_path / "sweep", env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = writers.MetricsLog(os.path.join(tmp_path, "sweep", "sweep")).records()
     groups = {r["group"]: r["series"] for r in records}
@@ -389,7 +389,7 @@ def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(env, tmp_p
         flat[name] = _flat(first)
     # The setting equals a pooled run with its values in config.train (another program's
     # schedule x lr_mult: equal up to float32 rounding), and every other setting differs.
-    proc = train_test.spawn("sweep_test", "run_pooled_alone", tmp_path / "alone", env)
+    proc = helpers.spawn("sweep_test", "run_pooled_alone", tmp_path / "alone", env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     alone_name = "lr={learning_rate!r},wd={weight_decay!r}".format(**POOLED_ALONE)
     cells = _read(tmp_path / "sweep")["series"]
@@ -425,8 +425,8 @@ def test_launch_exits_2_naming_a_bad_sweep_value(tmp_path):
             "--config.sweep.learning_rate=(0.001,-0.5)",
             f"--workdir={tmp_path}",
         ],
-        env=train_test._env(),
-        cwd=train_test.ROOT,
+        env=helpers.subprocess_env(),
+        cwd=helpers.ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -444,7 +444,7 @@ def test_coin_names_are_safe_file_names():
 
 
 def test_a_compacted_sweep_trains_and_chooses_as_the_whole_one(env, tmp_path):
-    proc = train_test.spawn("sweep_test", "run_compacted", tmp_path, env)
+    proc = helpers.spawn("sweep_test", "run_compacted", tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = writers.MetricsLog(os.path.join(tmp_path, "compacted", "sweep")).records()
     assert min(r["coins_computed"] for r in records) < 8  # the program did shrink

@@ -11,8 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from unittest import mock
 
 import chex
 import jax
@@ -22,55 +20,29 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import checkpoint, driver, early_stopping, models, sharding, step, writers
+from cpbjax import checkpoint, driver, early_stopping, models, saved, sharding, step, writers
 from cpbjax import config as config_lib
-from cpbjax.data import sources, windows
 from cpbjax.group import GroupTrainer, coin_keys
+from tests import helpers
+from tests.helpers import (
+    CROSS_PROGRAM,
+    EPOCHS,
+    NUM_COINS,
+    ROOT,
+    assert_trees_close,
+    coin,
+    comparable,
+    finish,
+    kill_once_checkpointed,
+    make_trainer,
+    plain_window_losses,
+    reference_early_stopping,
+    subprocess_env,
+    tiny_config,
+    tiny_preps,
+)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EPOCHS = 3
-NUM_COINS = 4  # 3 series + 1 padded coin
-
-
-def make_config():
-    """The tiny GRU config, shrunk further: 3 series of 300 candles, 1 layer of 16."""
-    c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
-    c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT", "SOLUSDT"), ("1h",)
-    c.data.max_candles, c.data.min_candles, c.data.synthetic_candles = 300, 200, 360
-    c.model.hidden, c.model.num_layers = 16, 1
-    c.train.epochs, c.train.patience = EPOCHS, EPOCHS
-    # The replaced system's objective (no baseline, MSE), not today's default. These tests
-    # need coins that learn and stop at scattered epochs: on 300 synthetic candles the
-    # tiny nets rarely beat a vol_band baseline, so they keep it (best_epoch 0) and stop
-    # together. And they compare programs of different sizes (vmapped vs alone, 4 shards
-    # vs 1, compacted vs whole), which round apart at 1e-7: a smooth loss keeps that at
-    # rounding, where the default MAE's gradient sign(e) turns it into per-window flips
-    # that grow (2.8e-4 on params of 0.3 after 3 epochs here). The default objective is
-    # tested by levers_test, launch_test and the golden runs. No early-stopping margin
-    # either (train.min_delta=0, as before #13): the kept epoch is the lowest val loss.
-    c.model.baseline, c.train.loss, c.train.loss_scale = "none", "mse", "none"
-    c.train.min_delta = 0.0
-    c.eval.plots = False
-    return config_lib.validate(c)
-
-
-@functools.cache
-def preps():
-    series, skipped = sources.load_all(make_config().data)
-    assert not skipped
-    return tuple(windows.prepare_series(s, make_config().data) for s in series)
-
-
-def make_trainer(num_coins, mesh=None, max_traces=None):
-    """A GroupTrainer of the test config; with max_traces, a retrace of its epoch raises."""
-    config = make_config()
-    module = models.build(models.make_config(config))
-    mesh = mesh if mesh is not None else sharding.coin_mesh(jax.devices()[:1])
-    if max_traces is None:
-        return GroupTrainer(config, module, num_coins, mesh)
-    counted = chex.assert_max_traces(step.run_epoch, n=max_traces)
-    with mock.patch.object(step, "run_epoch", counted):
-        return GroupTrainer(config, module, num_coins, mesh)
+driver_env = helpers.driver_env  # the module's subprocess environment (a fixture)
 
 
 @functools.cache
@@ -94,7 +66,7 @@ def run_group(trainer, group, indices, epochs=EPOCHS, poison=None):
 
 @functools.cache
 def clean_group_run():
-    state, history = run_group(group_trainer(), preps(), range(NUM_COINS))
+    state, history = run_group(group_trainer(), tiny_preps(), range(NUM_COINS))
     return jax.device_get(state), history
 
 
@@ -103,24 +75,8 @@ def fresh_group_state():
     """The untrained state that clean_group_run starts from (same coin keys), on the host."""
     trainer = group_trainer()
     return jax.device_get(
-        trainer.init_state(coin_keys(0, range(NUM_COINS)), trainer.stack(list(preps())))
+        trainer.init_state(coin_keys(0, range(NUM_COINS)), trainer.stack(list(tiny_preps())))
     )
-
-
-def _coin(tree, i):
-    return jax.tree.map(lambda a: np.asarray(a)[i], tree)
-
-
-# Params compared across differently batched programs (vmapped vs one coin, 4 shards vs 1):
-# rounding differs at 1e-7, and Adam turns it into up to ~lr*1e-2 per step on a param whose
-# gradient is ~0 (the attention score bias: softmax ignores a shared shift). Real bugs (a
-# wrong key, a leak between coins) move params by ~1e-3 and more.
-CROSS_PROGRAM = {"rtol": 1e-4, "atol": 2e-5}
-
-
-def _assert_trees_close(a, b, **tol):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(x, y, **tol)
 
 
 # ---------------------------------------------------------------------------------------
@@ -131,13 +87,11 @@ def test_vmapped_group_equals_separate_one_coin_trainings():
     group, history = clean_group_run()
     fresh = fresh_group_state()
     single_trainer = make_trainer(1)
-    for i, prep in enumerate(preps()):
+    for i, prep in enumerate(tiny_preps()):
         single, single_history = run_group(single_trainer, [prep], [i])
         single = jax.device_get(single)
-        _assert_trees_close(_coin(group.params, i), _coin(single.params, 0), **CROSS_PROGRAM)
-        _assert_trees_close(
-            _coin(group.best_params, i), _coin(single.best_params, 0), **CROSS_PROGRAM
-        )
+        assert_trees_close(coin(group.params, i), coin(single.params, 0), **CROSS_PROGRAM)
+        assert_trees_close(coin(group.best_params, i), coin(single.best_params, 0), **CROSS_PROGRAM)
         np.testing.assert_allclose(
             [m["val_loss"][i] for m in history],
             [m["val_loss"][0] for m in single_history],
@@ -146,33 +100,33 @@ def test_vmapped_group_equals_separate_one_coin_trainings():
         # Training moved the params, so the equality above is not init == init.
         moved = jax.tree.map(
             lambda a, b: np.abs(a - b).max(),
-            _coin(group.params, i),
-            _coin(fresh.params, i),
+            coin(group.params, i),
+            coin(fresh.params, i),
         )
         assert max(jax.tree.leaves(moved)) > 1e-3
 
 
 def test_adam_counts_only_batches_with_windows_and_padded_coin_is_frozen():
     group, history = clean_group_run()
-    batch = make_config().train.batch_size
-    expected = [EPOCHS * -(-len(p.ends["train"]) // batch) for p in preps()] + [0]
+    batch = tiny_config().train.batch_size
+    expected = [EPOCHS * -(-len(p.ends["train"]) // batch) for p in tiny_preps()] + [0]
     for _, count in optax.tree_utils.tree_get_all_with_path(group.opt_state, "count"):
         np.testing.assert_array_equal(count, expected)
-    patience, best_before_K = make_config().train.patience, fresh_group_state().best_val
+    patience, best_before_K = tiny_config().train.patience, fresh_group_state().best_val
     expected_active = []
     for i in range(3):
         vals = [m["val_loss"][i] for m in history]
-        _, _, active, _, _ = _reference_early_stopping(vals, patience, best_before_K[i])
+        _, _, active, _, _ = reference_early_stopping(vals, patience, best_before_K[i])
         expected_active.append(active)
     assert [bool(a) for a in history[-1]["active"]] == [*expected_active, False]
     assert np.isnan(history[-1]["train_loss"][3]) and np.isnan(history[-1]["val_loss"][3])
-    _assert_trees_close(_coin(group.params, 3), _coin(group.best_params, 3), rtol=0, atol=0)
+    assert_trees_close(coin(group.params, 3), coin(group.best_params, 3), rtol=0, atol=0)
     np.testing.assert_array_equal(group.epochs_run, [EPOCHS] * 3 + [0])
 
 
 def test_epoch_runs_under_transfer_guard():
     trainer = group_trainer()
-    arrays = trainer.stack(list(preps()))
+    arrays = trainer.stack(list(tiny_preps()))
     state = trainer.init_state(coin_keys(0, range(NUM_COINS)), arrays)
     with jax.transfer_guard("disallow"):
         state, metrics = trainer.run_epoch(state, arrays)
@@ -184,7 +138,7 @@ def test_epoch_runs_under_transfer_guard():
 
 def test_epochs_groups_and_restored_states_never_retrace(tmp_path):
     trainer = group_trainer()  # wraps the epoch in chex.assert_max_traces(n=1)
-    group_a, group_b = trainer.stack(list(preps())), trainer.stack(list(preps()[:2]))
+    group_a, group_b = trainer.stack(list(tiny_preps())), trainer.stack(list(tiny_preps()[:2]))
     state = trainer.init_state(coin_keys(0, range(4)), group_a)
     for _ in range(2):
         state, _ = trainer.run_epoch(state, group_a)
@@ -203,19 +157,19 @@ def test_epochs_groups_and_restored_states_never_retrace(tmp_path):
 
 def test_diverging_coin_is_frozen_and_never_poisons_the_others():
     clean, _ = clean_group_run()
-    state, history = run_group(group_trainer(), preps(), range(NUM_COINS), poison=1)
+    state, history = run_group(group_trainer(), tiny_preps(), range(NUM_COINS), poison=1)
     state = jax.device_get(state)
     first = history[0]
     assert bool(first["diverged"][1]) and not bool(first["active"][1])
     assert not first["diverged"][[0, 2]].any()
     assert int(state.diverged_epoch[1]) == 1 and int(state.epochs_run[1]) == 1
     # Frozen with its best params: it never improved, so those are its initial params.
-    _assert_trees_close(_coin(state.params, 1), _coin(state.best_params, 1), rtol=0, atol=0)
+    assert_trees_close(coin(state.params, 1), coin(state.best_params, 1), rtol=0, atol=0)
     chex.assert_tree_all_finite(state.params)
     for i in (0, 2):  # bit for bit what they learn without the poisoned coin
         for x, y in zip(
-            jax.tree.leaves(_coin(state.params, i)),
-            jax.tree.leaves(_coin(clean.params, i)),
+            jax.tree.leaves(coin(state.params, i)),
+            jax.tree.leaves(coin(clean.params, i)),
             strict=True,
         ):
             np.testing.assert_array_equal(x, y)
@@ -224,37 +178,8 @@ def test_diverging_coin_is_frozen_and_never_poisons_the_others():
         )
 
 
-def _reference_early_stopping(
-    vals, patience, best=np.inf, min_delta=0.0, gain_se=None, improved_epochs=None
-):
-    """Plain per-coin early stopping: (best, best_epoch, active, diverged, diverged_epoch).
-
-    `best` is the val loss to beat before epoch 1: the untrained model's with a baseline;
-    an epoch improves on it only by more than `min_delta` times that epoch's standard error
-    of the gain, `gain_se[epoch - 1]` (0 without it), in float32 as the step computes it.
-    The epochs that improved are appended to the list `improved_epochs` if one is given.
-    """
-    best_epoch, bad, active, diverged, diverged_epoch = 0, 0, True, False, 0
-    for epoch, val in enumerate(vals, start=1):
-        if not active:
-            continue
-        if not np.isfinite(val):
-            active, diverged, diverged_epoch = False, True, epoch
-            continue
-        se = np.float32(0.0 if gain_se is None else gain_se[epoch - 1])
-        bar = best if np.isinf(best) else np.float32(best) - np.float32(min_delta) * se
-        if val < bar:
-            best, best_epoch, bad = val, epoch, 0
-            if improved_epochs is not None:
-                improved_epochs.append(epoch)
-        else:
-            bad += 1
-        active = bad < patience
-    return best, best_epoch, active, diverged, diverged_epoch
-
-
 def _baseline_trainer(min_delta: float) -> GroupTrainer:
-    config = make_config()
+    config = tiny_config()
     config.model.baseline = "vol_band"
     config.train.min_delta = min_delta
     config = config_lib.validate(config)
@@ -268,7 +193,7 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
     # Each epoch's gain has a standard error of its coin's untrained val loss, so with
     # min_delta 0.15 coin 0's 10% gain at epoch 2 no longer counts as an improvement.
     trainer = _baseline_trainer(min_delta)
-    arrays = trainer.stack(list(preps()))
+    arrays = trainer.stack(list(tiny_preps()))
     patience = trainer.spec.patience
     # In units of the untrained model's val loss (the baseline's, which is the best to beat).
     relative = np.array(
@@ -298,7 +223,7 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
     assert not np.stack(improved_EK)[:, 3].any()  # the padded coin never trains
     for i in range(3):
         improved_epochs = []
-        best, best_epoch, active, diverged, diverged_epoch = _reference_early_stopping(
+        best, best_epoch, active, diverged, diverged_epoch = reference_early_stopping(
             vals[i], patience, initial_best[i], min_delta, [se_K[i]] * len(vals[i]), improved_epochs
         )
         # metrics.jsonl's `improved`: exactly the epochs the plain reference improved on.
@@ -308,11 +233,11 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
         assert state.diverged_epoch[i] == diverged_epoch
         # best_params are the params of the best epoch: init + best_epoch.
         expected = jax.tree.map(lambda p, i=i, b=best_epoch: p[i] + b, init_params)
-        _assert_trees_close(_coin(state.best_params, i), expected, rtol=1e-6, atol=1e-6)
+        assert_trees_close(coin(state.best_params, i), expected, rtol=1e-6, atol=1e-6)
     # min_delta is what decides coin 0: its epoch-2 gain of 10% only counts without it.
     assert state.best_epoch[0] == (2 if min_delta == 0.0 else 0)
     # The diverged coin is reset to its best params; the padded coin never changes.
-    _assert_trees_close(_coin(state.params, 1), _coin(state.best_params, 1), rtol=0, atol=0)
+    assert_trees_close(coin(state.params, 1), coin(state.best_params, 1), rtol=0, atol=0)
     assert state.epochs_run[3] == 0 and not state.active[3]
 
 
@@ -326,7 +251,7 @@ def _end_epoch(trainer, state, params, val_K, gain_se_K=None):
 
 
 def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
-    config = make_config()
+    config = tiny_config()
     config.train.reduce_on_plateau, config.train.plateau_patience = True, 2
     config.train.plateau_factor = 0.5
     trainer = GroupTrainer(
@@ -337,7 +262,7 @@ def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
     )
     # The plateau state always exists, so the shared trainer's fresh state fits this one.
     shared = group_trainer()
-    state = shared.init_state(coin_keys(0, range(NUM_COINS)), shared.stack(list(preps())))
+    state = shared.init_state(coin_keys(0, range(NUM_COINS)), shared.stack(list(tiny_preps())))
     vals = np.array([[1.0, 1.0, 1.0], [3.0, 2.0, 1.0], [1.0, 1.0, 1.0], [1.0] * 3], np.float32)
     scales = []
     for e in range(3):
@@ -352,58 +277,24 @@ _SHARDED = """
 import re, sys, jax, numpy as np
 from jax.sharding import PartitionSpec as P
 from cpbjax import sharding
-from tests import train_test as t
+from tests import helpers as h, train_test as t
 assert jax.device_count() == 4, jax.devices()
-trainer = t.make_trainer(t.NUM_COINS, mesh=sharding.coin_mesh())
-state, history = t.run_group(trainer, t.preps(), range(t.NUM_COINS))
+trainer = h.make_trainer(h.NUM_COINS, mesh=sharding.coin_mesh())
+state, history = t.run_group(trainer, h.tiny_preps(), range(h.NUM_COINS))
 leaf = jax.tree.leaves(state.params)[0]
 assert leaf.sharding.spec == P("coins") and len(leaf.sharding.device_set) == 4, leaf.sharding
 assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}
 # Coins are independent: the compiled per-device program holds no cross-device collective.
-hlo = trainer.lowered_epoch(state, trainer.stack(list(t.preps()))).compile().as_text()
+hlo = trainer.lowered_epoch(state, trainer.stack(list(h.tiny_preps()))).compile().as_text()
 assert not re.search("all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter", hlo)
 np.savez(sys.argv[1], *jax.device_get(jax.tree.leaves(state.params)),
          val=np.stack([m["val_loss"] for m in history]))
 """
 
 
-def _env(**extra):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
-    # One device unless `extra` names a count; tests/conftest.py's -O0 is already there.
-    if "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
-        flags = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=1"
-        env["XLA_FLAGS"] = flags.strip()
-    return env
-
-
-def cached_env(cache_dir) -> dict:
-    """One CPU device at XLA optimisation level 0, and a persistent compilation cache in
-    cache_dir that every compile is written to: the env of a module's subprocess runs,
-    which then reuse each other's programs."""
-    return _env(
-        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
-        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
-
-
-def spawn(module: str, what: str, workdir, env) -> subprocess.CompletedProcess:
-    """Runs `tests.<module>.<what>(workdir)` in a fresh Python process with `env`."""
-    code = f"import sys; from tests import {module} as t; t.{what}(sys.argv[1])"
-    return subprocess.run(
-        [sys.executable, "-c", code, str(workdir)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def test_sharded_over_four_devices_equals_one_device(tmp_path):
     out = str(tmp_path / "sharded.npz")
-    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
     proc = subprocess.run(
         [sys.executable, "-c", _SHARDED, out],
         env=env,
@@ -417,11 +308,11 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
     with np.load(out) as z:
         leaves = [z[f"arr_{i}"] for i in range(len(jax.tree.leaves(clean.params)))]
         np.testing.assert_allclose(z["val"], np.stack([m["val_loss"] for m in history]), rtol=1e-5)
-    _assert_trees_close(leaves, jax.tree.leaves(clean.params), **CROSS_PROGRAM)
+    assert_trees_close(leaves, jax.tree.leaves(clean.params), **CROSS_PROGRAM)
 
 
 def test_group_size_rounds_to_devices_and_caps_at_series():
-    t = make_config().train
+    t = tiny_config().train
     t.group_size = 0
     assert driver.group_size(40, t, 1, "gpu") == 40 and driver.group_size(100, t, 1, "gpu") == 64
     assert driver.group_size(3, t, 2, "gpu") == 4
@@ -437,13 +328,12 @@ def test_group_size_rounds_to_devices_and_caps_at_series():
 # The run driver, in real subprocesses.
 
 DRIVER_EPOCHS = 40
-TIMING = {"train_seconds", "group_train_seconds", "peak_memory_bytes"}
 _DRIVE = "import sys; from tests import train_test as t; t.drive(sys.argv[1])"
 
 
 def driver_config():
     """Two series in two groups of one, trained for a fixed 40 epochs, checkpoint every 4."""
-    c = make_config()
+    c = tiny_config()
     c.data.symbols = ("BTCUSDT", "ETHUSDT")
     c.train.group_size, c.train.epochs, c.train.patience = 1, DRIVER_EPOCHS, DRIVER_EPOCHS
     c.ckpt.every_epochs, c.ckpt.keep = 4, 2
@@ -455,68 +345,20 @@ def drive(workdir):
     driver.train_and_evaluate(driver_config(), workdir)
 
 
-@pytest.fixture(scope="module")
-def driver_env(tmp_path_factory):
-    """Subprocess environment: one CPU device and a persistent compilation cache shared by
-    every driver run (so only the first compiles), at XLA optimisation level 0 (half the
-    compile time; what these tests check does not depend on code generation)."""
-    cache = tmp_path_factory.mktemp("jax-cache")
-    return _env(
-        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
-        JAX_COMPILATION_CACHE_DIR=str(cache),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
-
-
 def _drive(workdir, env):
     """Starts a driver run; its output goes to <workdir>.log (a pipe could fill and block it)."""
-    log = open(f"{workdir}.log", "w")  # noqa: SIM115 (closed by _finish)
+    log = open(f"{workdir}.log", "w")  # noqa: SIM115 (closed by finish)
     cmd = [sys.executable, "-c", _DRIVE, str(workdir)]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     proc.log = log
     return proc
 
 
-def _finish(proc, check=True) -> str:
-    proc.wait(timeout=600)
-    proc.log.close()
-    with open(proc.log.name) as f:
-        out = f.read()
-    assert proc.returncode == 0 or not check, out[-4000:]
-    return out
-
-
 @pytest.fixture(scope="module")
 def full_run(driver_env, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("full")
-    _finish(_drive(workdir, driver_env))
+    finish(_drive(workdir, driver_env))
     return workdir
-
-
-def kill_once_checkpointed(proc, group_dir, timeout_s=300) -> None:
-    """SIGKILLs the run `proc` as soon as `group_dir` holds a numbered Orbax checkpoint,
-    and waits for it to die; fails (with its output) if it ends first or takes too long."""
-    deadline = time.monotonic() + timeout_s
-    while not (group_dir.exists() and any(d.isdigit() for d in os.listdir(group_dir))):
-        assert proc.poll() is None and time.monotonic() < deadline, _finish(proc, False)[-3000:]
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    _finish(proc, check=False)
-
-
-def _comparable(workdir):
-    """results.json without wall-clock fields, and metrics.jsonl without seconds."""
-    results = writers.read_json(os.path.join(workdir, "results.json"))
-    series = {
-        n: {k: v for k, v in e.items() if k not in TIMING} for n, e in results["series"].items()
-    }
-    run = {k: v for k, v in results["run"].items() if k not in ("started", "wall_seconds")}
-    metrics = [
-        {k: v for k, v in r.items() if k != "seconds"}
-        for r in writers.MetricsLog(str(workdir)).records()
-    ]
-    return {"run": run, "series": series, "skipped": results["skipped"]}, metrics
 
 
 def test_driver_writes_the_workdir_contract(full_run):
@@ -553,9 +395,34 @@ def test_driver_writes_the_workdir_contract(full_run):
     assert sorted(map(int, digests)) == steps  # a digest for each kept step, none for dropped
 
 
+def test_saved_models_are_the_kept_epochs_by_an_independent_val_loss(full_run):
+    """models/<SERIES>/ holds the kept epoch's params, not the last epoch's: their val loss,
+    recomputed by a plain loop over the series' val windows (the saved model's forward
+    pass, the run's MSE in numpy), is results.json's best_val_loss. Rescoring the saved
+    model with cpbjax's evaluation would only compare that model with itself."""
+    results = writers.read_json(os.path.join(full_run, "results.json"))["series"]
+    records = writers.MetricsLog(str(full_run)).records()
+    data = driver_config().data
+    preps = {p.name: p for p in tiny_preps()}
+    earlier = 0  # series whose kept epoch is not their last one
+    for name, entry in results.items():
+        assert entry["best_epoch"] is not None  # without a baseline epoch 1 always improves
+        if entry["best_epoch"] < entry["epochs_run"]:
+            earlier += 1
+            last = [r["val_loss"][0] for r in records if r["series"] == [name]][-1]
+            assert last > entry["best_val_loss"] * (1 + 1e-4)  # the two are told apart
+        model = saved.load_model(os.path.join(full_run, "models", name))
+        prep = preps[name]
+        losses = plain_window_losses(
+            model.module, model.params, prep, prep.ends["val"], data, "mse"
+        )
+        assert losses.mean() == pytest.approx(entry["best_val_loss"], rel=1e-5), name
+    assert earlier, "every series kept its last epoch: the check could not fail"
+
+
 def test_same_seed_twice_gives_identical_results(full_run, driver_env, tmp_path):
-    _finish(_drive(tmp_path / "again", driver_env))
-    assert _comparable(tmp_path / "again") == _comparable(full_run)
+    finish(_drive(tmp_path / "again", driver_env))
+    assert comparable(tmp_path / "again") == comparable(full_run)
 
 
 def test_sigkilled_run_resumes_to_the_uninterrupted_result(full_run, driver_env, tmp_path):
@@ -565,13 +432,13 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_result(full_run, driver_env,
     kill_once_checkpointed(proc, workdir / "checkpoints" / "group-001")
     assert proc.returncode == -signal.SIGKILL
     assert not (workdir / "results.json").exists()
-    out = _finish(_drive(workdir, driver_env))
+    out = finish(_drive(workdir, driver_env))
     assert "group-000 already finished" in out and "group-001: resuming after epoch" in out
-    assert _comparable(workdir) == _comparable(full_run)
+    assert comparable(workdir) == comparable(full_run)
 
 
 def test_resume_refuses_a_different_config_but_not_a_different_fetch(full_run):
-    before = _comparable(full_run)
+    before = comparable(full_run)
     config = driver_config()
     config.train.learning_rate = 0.5
     with pytest.raises(ValueError, match="train.learning_rate"):
@@ -582,7 +449,7 @@ def test_resume_refuses_a_different_config_but_not_a_different_fetch(full_run):
     config = driver_config()
     config.data.retries, config.data.cache_dir = 1, "/nonexistent/cache"
     driver.train_and_evaluate(config, str(full_run))
-    assert _comparable(full_run)[0]["series"] == before[0]["series"]
+    assert comparable(full_run)[0]["series"] == before[0]["series"]
 
 
 def test_divergence_is_logged_once_per_series(caplog):

@@ -1,20 +1,16 @@
 """Tests of cpbjax.data.windows: split, purge, leakage, normalisation and device gathers."""
 
-import math
-
 import chex
 import jax
 import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from cpbjax import config as config_lib
 from cpbjax import metrics, writers
 from cpbjax.data import features, stacking, windows
-from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
+from cpbjax.data.series import SeriesSkipped
+from tests.helpers import STEP_MS, H, L, data_config, make_series, perturbed, reference_windows
 
-STEP_MS = INTERVAL_MS["1h"]
-L, H = 8, 3
 INDICATORS = (
     "open",
     "high",
@@ -32,57 +28,6 @@ INDICATORS = (
 NORMALIZATIONS = ("last_close", "candle_minmax")
 
 
-def _series(n=420, seed=0, missing=()):
-    """A random 1h series of n grid candles with the rows in `missing` left out."""
-    rng = np.random.default_rng(seed)
-    close = 50.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n)))
-    open_ = np.concatenate([[50.0], close[:-1]])
-    high = np.maximum(open_, close) * (1.0 + rng.uniform(0.0, 0.01, n))
-    low = np.minimum(open_, close) * (1.0 - rng.uniform(0.0, 0.01, n))
-    ohlcv = np.stack([open_, high, low, close, rng.uniform(1.0, 9.0, n)], axis=1)
-    times = 1_700_000_000_000 // STEP_MS * STEP_MS + STEP_MS * np.arange(n, dtype=np.int64)
-    keep = np.setdiff1d(np.arange(n), np.asarray(missing, np.int64))
-    return Series("TESTUSDT", "1h", times[keep], ohlcv[keep])
-
-
-def _data_cfg(**overrides):
-    d = config_lib.base_config().data
-    d.lookback, d.horizon, d.max_candles, d.min_candles = L, H, 360, 200
-    for key, value in overrides.items():
-        d[key] = value
-    return d
-
-
-def _reference_windows(series, prep, names, kind, ends):
-    """Normalised windows of `ends`, from the raw candles, written out plainly (float64)."""
-    feats, _ = features.compute(series.ohlcv, names)
-    offset = len(series.ohlcv) - len(prep.ohlc)  # kept rows are the newest ones
-    assert (series.open_time_ms[offset:] == prep.open_time_ms).all()
-    feats, ohlc = feats[offset:], series.ohlcv[offset:, :4]
-    n_train = prep.ends["train"][-1] + H + 1
-    mu, sd = feats[:n_train].mean(axis=0), feats[:n_train].std(axis=0)
-    xs, ys = [], []
-    for t in ends:
-        x = np.empty((L, len(names)))
-        for i, row in enumerate(range(t - L + 1, t + 1)):
-            for j, name in enumerate(names):
-                value = feats[row, j]
-                if name not in features.PRICE_FEATURES:
-                    x[i, j] = (value - mu[j]) / sd[j]
-                elif kind == "last_close":
-                    x[i, j] = math.log(value / ohlc[t, 3])
-                else:
-                    x[i, j] = (value - ohlc[row, 2]) / (ohlc[row, 1] - ohlc[row, 2])
-        y = ohlc[t + 1 : t + H + 1]
-        if kind == "last_close":
-            y = np.log(y / ohlc[t, 3])
-        else:
-            y = (y - y[:, 2:3]) / (y[:, 1:2] - y[:, 2:3])
-        xs.append(x)
-        ys.append(y)
-    return np.stack(xs), np.stack(ys)
-
-
 def _vmapped_gather(inputs, targets, anchor, price_mask, ends):
     return jax.vmap(stacking.gather, in_axes=(0, 0, 0, None, 0, None, None))(
         inputs, targets, anchor, price_mask, ends, L, H
@@ -93,8 +38,8 @@ class GatherTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     @parameterized.parameters(*NORMALIZATIONS)
     def test_gather_matches_plain_numpy(self, kind):
-        series = _series()
-        prep = windows.prepare_series(series, _data_cfg(features=INDICATORS, normalization=kind))
+        series = make_series()
+        prep = windows.prepare_series(series, data_config(features=INDICATORS, normalization=kind))
         ends = np.concatenate(
             [prep.ends[s][:: max(len(prep.ends[s]) // 4, 1)] for s in windows.SPLITS]
         )
@@ -102,14 +47,14 @@ class GatherTest(chex.TestCase):
         x, y = gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends)
         chex.assert_shape(x, (len(ends), L, len(INDICATORS)))
         chex.assert_shape(y, (len(ends), H, 4))
-        x_ref, y_ref = _reference_windows(series, prep, INDICATORS, kind, ends)
+        x_ref, y_ref = reference_windows(series, prep, INDICATORS, kind, ends)
         np.testing.assert_allclose(x, x_ref, rtol=2e-5, atol=2e-5)
         np.testing.assert_allclose(y, y_ref, rtol=2e-5, atol=2e-5)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_vmapped_gather_equals_per_coin(self):
-        cfg = _data_cfg(features=INDICATORS)
-        preps = [windows.prepare_series(_series(n=400 + 10 * k, seed=k), cfg) for k in range(3)]
+        cfg = data_config(features=INDICATORS)
+        preps = [windows.prepare_series(make_series(n=400 + 10 * k, seed=k), cfg) for k in range(3)]
         group = stacking.stack_group(preps, 4, cfg)
         ends_KB = group.train_ends[:, 5:21]
         x_KBLF, y_KBHC = self.variant(_vmapped_gather)(
@@ -130,7 +75,7 @@ class GatherTest(chex.TestCase):
 
 
 def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
-    prep = windows.prepare_series(_series(), _data_cfg())
+    prep = windows.prepare_series(make_series(), data_config())
     ends = prep.ends["test"]
     actual = metrics.next_candles(prep.ohlc, ends, H)
     y_true = np.log(actual / prep.ohlc[ends, 3][:, None, None])  # float64, on the host
@@ -142,7 +87,7 @@ def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
 
 
 def test_candle_minmax_has_no_prices():
-    prep = windows.prepare_series(_series(), _data_cfg(normalization="candle_minmax"))
+    prep = windows.prepare_series(make_series(), data_config(normalization="candle_minmax"))
     with pytest.raises(ValueError, match="candle_minmax"):
         windows.to_prices(prep, prep.ends["test"], np.zeros((len(prep.ends["test"]), H, 4)))
 
@@ -156,38 +101,30 @@ def _train_view(prep):
     return prep.ends["train"], prep.inputs[:n_train], prep.targets[:n_train], x, y
 
 
-def _perturbed(series, first_row, seed=1):
-    """A copy with every candle from `first_row` on rescaled (OHLC rules still hold)."""
-    rng = np.random.default_rng(seed)
-    ohlcv = series.ohlcv.copy()
-    ohlcv[first_row:] *= rng.uniform(0.5, 2.0, (len(ohlcv) - first_row, 1))
-    return Series(series.symbol, series.interval, series.open_time_ms, ohlcv)
-
-
 @pytest.mark.parametrize("kind", ["last_close"])
 def test_later_candles_do_not_leak_into_training(kind):
-    cfg = _data_cfg(features=INDICATORS, normalization=kind)
-    series = _series(missing=(150, 300))
+    cfg = data_config(features=INDICATORS, normalization=kind)
+    series = make_series(missing=(150, 300))
     prep = windows.prepare_series(series, cfg)
     offset = len(series.ohlcv) - len(prep.ohlc)
     boundary = offset + prep.ends["train"][-1] + H + 1  # first candle no training window reads
     assert boundary <= offset + prep.ends["val"][0] + 1  # ... at or before val's first target
-    changed = windows.prepare_series(_perturbed(series, boundary), cfg)
+    changed = windows.prepare_series(perturbed(series, boundary), cfg)
     for before, after in zip(_train_view(prep), _train_view(changed), strict=True):
         np.testing.assert_array_equal(before, after)
     for key, value in prep.norm.items():
         np.testing.assert_array_equal(changed.norm[key], value)
     assert not np.array_equal(prep.inputs, changed.inputs)  # the change did reach val/test
     # One candle earlier is a training target: the check above would catch it.
-    touched = windows.prepare_series(_perturbed(series, boundary - 1), cfg)
+    touched = windows.prepare_series(perturbed(series, boundary - 1), cfg)
     assert not np.array_equal(_train_view(prep)[4], _train_view(touched)[4])
 
 
 @pytest.mark.parametrize("kind", ["last_close"])
 def test_a_saved_norm_scales_new_data_as_training_did(kind):
     """evaluate/predict on new data: the training run's statistics, never re-fitted ones."""
-    cfg = _data_cfg(features=INDICATORS, normalization=kind)
-    trained_on, new = _series(seed=0), _series(seed=7)
+    cfg = data_config(features=INDICATORS, normalization=kind)
+    trained_on, new = make_series(seed=0), make_series(seed=7)
     saved = writers.to_jsonable(windows.prepare_series(trained_on, cfg).norm)  # as meta.json
     prep = windows.prepare_series(new, cfg, fitted_norm=saved)
     # The training statistics, recomputed plainly from the training series.
@@ -202,12 +139,12 @@ def test_a_saved_norm_scales_new_data_as_training_did(kind):
     refitted = windows.prepare_series(new, cfg)
     assert not np.allclose(refitted.inputs[:, other], prep.inputs[:, other], atol=1e-3)
     with pytest.raises(ValueError, match="feature_mean/feature_std do not fit 4 columns"):
-        windows.prepare_series(new, _data_cfg(normalization=kind), fitted_norm=saved)
+        windows.prepare_series(new, data_config(normalization=kind), fitted_norm=saved)
 
 
 @pytest.mark.parametrize("missing", [(), (260,), (250, 251, 298, 301, 305)])
 def test_purged_splits_share_no_target_candle(missing):
-    prep = windows.prepare_series(_series(missing=missing), _data_cfg())
+    prep = windows.prepare_series(make_series(missing=missing), data_config())
     e = prep.ends
     assert e["train"].max() + H < e["val"].min() + 1  # last train target < first val target
     assert e["val"].max() + H < e["test"].min() + 1
@@ -227,8 +164,8 @@ def test_split_ends_purges_by_index_across_gaps():
 
 
 def test_windows_never_span_a_gap_and_no_candle_is_invented():
-    series = _series(missing=(200, 201, 330))
-    prep = windows.prepare_series(series, _data_cfg())
+    series = make_series(missing=(200, 201, 330))
+    prep = windows.prepare_series(series, data_config())
     assert np.isin(prep.open_time_ms, series.open_time_ms).all()
     assert len(np.unique(prep.open_time_ms)) == len(prep.open_time_ms)
     ends = np.concatenate([prep.ends[s] for s in windows.SPLITS])
@@ -242,23 +179,40 @@ def test_windows_never_span_a_gap_and_no_candle_is_invented():
         assert not ((ends - L + 1 <= g) & (g < ends + H)).any()
 
 
+@pytest.mark.parametrize("missing", [(), (200, 201, 330)])
+def test_window_ends_are_every_gap_free_span_by_a_plain_loop(missing):
+    """The windows are exactly the ends t whose candles t-L+1..t+H follow each other one
+    step apart, found by a loop over every row: the gather tests compare each window with
+    a plain reference at the ends given, so an end moved by one would pass them."""
+    prep = windows.prepare_series(make_series(missing=missing), data_config())
+    times = prep.open_time_ms
+    expected = [
+        t
+        for t in range(L - 1, len(times) - H)
+        if all(times[r + 1] - times[r] == STEP_MS for r in range(t - L + 1, t + H))
+    ]
+    np.testing.assert_array_equal(windows.contiguous_ends(times, STEP_MS, L, H), expected)
+    used = np.concatenate([prep.ends[s] for s in windows.SPLITS])
+    assert np.isin(used, expected).all() and len(used) > 0.9 * len(expected)
+
+
 @pytest.mark.parametrize("splits", [(0.7, 0.15, 0.15), (0.5, 0.3, 0.2), (1 / 3, 1 / 3, 1 / 3)])
 def test_padded_sizes_bound_every_series(splits):
-    cfg = _data_cfg(splits=splits, min_candles=60)
+    cfg = data_config(splits=splits, min_candles=60)
     sizes = stacking.padded_sizes(cfg)
     n_max = cfg.max_candles - L - H + 1
     for n in range(n_max + 1):  # every possible window count, purged or not
         parts = windows.split_ends(np.arange(n) + L - 1, splits, H)
         assert all(len(parts[s]) <= sizes[s] for s in windows.SPLITS), n
     for n_candles, missing in [(60, ()), (200, (50,)), (361, ()), (500, (400, 420)), (900, ())]:
-        prep = windows.prepare_series(_series(n=n_candles, missing=missing), cfg)
+        prep = windows.prepare_series(make_series(n=n_candles, missing=missing), cfg)
         assert len(prep.inputs) <= sizes["T"]
         assert all(len(prep.ends[s]) <= sizes[s] for s in windows.SPLITS)
 
 
 def test_stack_group_pads_and_masks():
-    cfg = _data_cfg(min_candles=100)
-    preps = [windows.prepare_series(_series(n=n, seed=n), cfg) for n in (360, 150)]
+    cfg = data_config(min_candles=100)
+    preps = [windows.prepare_series(make_series(n=n, seed=n), cfg) for n in (360, 150)]
     group = stacking.stack_group(preps, 3, cfg)
     sizes = stacking.padded_sizes(cfg)
     chex.assert_shape(group.inputs, (3, sizes["T"], 4))
@@ -281,43 +235,43 @@ def test_stack_group_pads_and_masks():
 
 
 def test_warmup_is_dropped_and_costs_no_kept_candle():
-    series = _series(n=420)
-    prep = windows.prepare_series(series, _data_cfg(features=INDICATORS))
+    series = make_series(n=420)
+    prep = windows.prepare_series(series, data_config(features=INDICATORS))
     assert len(prep.inputs) == 360  # history before the kept candles fills the warm-up
-    short = windows.prepare_series(_series(n=300), _data_cfg(features=INDICATORS))
+    short = windows.prepare_series(make_series(n=300), data_config(features=INDICATORS))
     assert len(short.inputs) == 300 - 33  # macd_signal's warm-up rows are dropped
     assert np.isfinite(short.inputs).all()
 
 
 def test_too_few_candles_is_skipped_with_the_field_named():
     with pytest.raises(SeriesSkipped, match=r"data\.min_candles=200"):
-        windows.prepare_series(_series(n=210), _data_cfg(features=INDICATORS))
+        windows.prepare_series(make_series(n=210), data_config(features=INDICATORS))
 
 
 def test_prepare_all_skips_one_bad_series_and_keeps_the_rest():
-    good, short = _series(), _series(n=150, seed=2)
+    good, short = make_series(), make_series(n=150, seed=2)
     short.symbol = "SHORTUSDT"
-    preps, skipped = windows.prepare_all([good, short], _data_cfg())
+    preps, skipped = windows.prepare_all([good, short], data_config())
     assert [p.name for p in preps] == ["TESTUSDT-1h"]
     assert list(skipped) == ["SHORTUSDT-1h"]
     assert "data.min_candles=200" in skipped["SHORTUSDT-1h"]
 
 
 def test_latest_window_is_the_newest_normalised_window():
-    series = _series()
-    prep = windows.prepare_series(series, _data_cfg())
+    series = make_series()
+    prep = windows.prepare_series(series, data_config())
     x = windows.latest_window(prep, L)
     expected = np.log(series.ohlcv[-L:, :4] / series.ohlcv[-1, 3])
     np.testing.assert_allclose(x[0], expected, atol=1e-6)
-    gap = windows.prepare_series(_series(missing=(415,)), _data_cfg())
+    gap = windows.prepare_series(make_series(missing=(415,)), data_config())
     with pytest.raises(ValueError, match="TESTUSDT-1h"):
         windows.latest_window(gap, L)
 
 
 def test_groups_pad_to_the_longest_series_not_to_max_candles():
-    cfg = _data_cfg(min_candles=100)
+    cfg = data_config(min_candles=100)
     cfg.max_candles = 5000
-    preps = [windows.prepare_series(_series(n=n, seed=n), cfg) for n in (360, 150)]
+    preps = [windows.prepare_series(make_series(n=n, seed=n), cfg) for n in (360, 150)]
     t_max = stacking.padded_length(preps, cfg)
     assert t_max == stacking.LENGTH_BUCKET  # the longest kept series fits one bucket
     group = stacking.stack_group(preps, 2, cfg, t_max)
