@@ -31,7 +31,7 @@ Usage:
   python benchmarks/train_bench.py --models transformer,gru,lstm --coins 1,4,8,20,40
       [--torch-coins 20] [--repeats 3] [--epochs-measured 2] [--candles 5000]
       [--source synthetic|binance --base-url DIR] [--decoding autoregressive,direct]
-      [--dtype float32,bfloat16] [--recurrent-gradient autodiff,fused] [--device cpu|cuda]
+      [--dtype float32,bfloat16] [--device cpu|cuda]
       [--records-dir benchmarks/records] [--quick]
   The tables also go to a new record file, benchmarks/records/train_bench-<UTC time>.md.
   --quick: a smoke test (tiny configs, K=2, 200 candles, one round; about a minute per
@@ -194,7 +194,7 @@ def matmul_peak(size: int, dtype: str, repeats: int, precision: str) -> dict:
 # ---------------------------------------------------------------- data
 
 
-def bench_config(model: str, args, decoding: str, dtype: str, gradient: str = "autodiff"):
+def bench_config(model: str, args, decoding: str, dtype: str):
     """The model as the replaced system trained it (`replaced`; `tiny` under --quick) with
     the benchmark's data settings."""
     config = config_lib.load(
@@ -202,7 +202,6 @@ def bench_config(model: str, args, decoding: str, dtype: str, gradient: str = "a
     )
     set_bench_data(config, args)
     config.model.decoding, config.dtype = decoding, dtype
-    config.recurrent_gradient = gradient
     # Like for like with the torch loop (MSE on the raw output): `tiny` has today's
     # objective, `replaced` already has this one; both train one model per series on
     # unscaled windows.
@@ -312,7 +311,6 @@ def throughput_row(config, group: Group, epoch_s: list[float]) -> dict:
         "model": config.model.name,
         "decoding": config.model.decoding,
         "dtype": config.dtype,
-        "recurrent_gradient": config.recurrent_gradient,
         "K": group.k,
         "K_padded": group.k_padded,
         "lower_s": group.lower_s,
@@ -432,7 +430,6 @@ def ratio_row(config, k: int, torch_s: dict, cpbjax_epoch_s: float, alternated: 
         "model": config.model.name,
         "decoding": config.model.decoding,
         "dtype": config.dtype,
-        "recurrent_gradient": config.recurrent_gradient,
         "K": k,
         "torch_decoding": config.model.decoding,  # Always the same as cpbjax's.
         "cpbjax_s_per_epoch": cpbjax_epoch_s,
@@ -466,7 +463,6 @@ def suite_rows(config, rows: list[dict], torch_s: dict | None, n_series: int) ->
                 "model": r["model"],
                 "decoding": r["decoding"],
                 "dtype": r["dtype"],
-                "recurrent_gradient": r["recurrent_gradient"],
                 "system": f"cpbjax K={r['K']}",
                 "groups": groups,
                 "epochs": epochs,
@@ -503,7 +499,7 @@ def add_ratio_ceiling(ratios: list[dict], throughput: list[dict]) -> None:
     """Sets each ratio row's `ratio_at_peak`: the ratio if cpbjax's epoch ran its matmul
     FLOPs at the measured peak (ratio x 100 / pct_of_peak), the most that any program
     doing the same matmul work on this machine could reach against this torch figure."""
-    keys = ("model", "decoding", "dtype", "recurrent_gradient", "K")
+    keys = ("model", "decoding", "dtype", "K")
     share = {tuple(r[k] for k in keys): r["pct_of_peak"] for r in throughput}
     for row in ratios:
         pct = share.get(tuple(row[k] for k in keys))
@@ -527,10 +523,10 @@ def _group_sizes(args, with_torch: bool) -> list[int]:
 
 
 def run_model(model: str, args, results: Results) -> None:
-    """Throughput of every variant and K, the side-by-side rounds and the suite estimate.
+    """Throughput of every decoding, dtype and K, the side-by-side rounds and the suite estimate.
 
-    Torch runs once per decoding, beside that decoding's first dtype and recurrent
-    gradient; the other variants' ratios reuse its figure (not alternated).
+    Torch runs once per decoding, beside that decoding's first dtype; the other dtypes'
+    ratios reuse its figure (not alternated).
     """
     base = bench_config(model, args, args.decodings[0], args.dtypes[0])
     series, preps = load_group_data(base)
@@ -538,13 +534,12 @@ def run_model(model: str, args, results: Results) -> None:
     tw = torch_windows(series, base, args.torch_series, args.device) if with_torch else None
     n_suite = len(base.data.symbols) * len(base.data.intervals)
     torch_by_decoding = {}  # decoding -> {threads: torch seconds per model-epoch}
-    variants = itertools.product(args.decodings, args.dtypes, args.gradients)
-    for decoding, dtype, gradient in variants:
-        config = bench_config(model, args, decoding, dtype, gradient)
-        alternated = with_torch and (dtype, gradient) == (args.dtypes[0], args.gradients[0])
+    for decoding, dtype in itertools.product(args.decodings, args.dtypes):
+        config = bench_config(model, args, decoding, dtype)
+        alternated = with_torch and dtype == args.dtypes[0]
         rows = []
         for k in _group_sizes(args, with_torch):
-            print(f"{model} {decoding} {dtype} {gradient} K={k}: compiling", flush=True)
+            print(f"{model} {decoding} {dtype} K={k}: compiling", flush=True)
             if alternated and k == args.torch_coins:
                 group = build_group(config, preps, k)
                 for _ in range(args.warmup_epochs):
@@ -576,7 +571,6 @@ _THROUGHPUT_COLUMNS = (
     "model",
     "decoding",
     "dtype",
-    "recurrent_gradient",
     "K",
     "K_padded",
     "lower_s",
@@ -597,7 +591,6 @@ _SUITE_COLUMNS = (
     "model",
     "decoding",
     "dtype",
-    "recurrent_gradient",
     "system",
     "groups",
     "epochs",
@@ -615,7 +608,6 @@ def _ratio_columns(rows: list[dict]) -> list[str]:
         "model",
         "decoding",
         "dtype",
-        "recurrent_gradient",
         "K",
         "torch_decoding",
         *torch_cols,
@@ -702,11 +694,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default="", help="binance mirror directory or URL")
     p.add_argument("--decoding", default="autoregressive", help="autoregressive,direct")
     p.add_argument("--dtype", default="float32", help="float32,bfloat16")
-    p.add_argument(
-        "--recurrent-gradient",
-        default="autodiff",
-        help="autodiff,fused (config.recurrent_gradient)",
-    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="torch's device")
     p.add_argument("--peak-size", type=int, help="n of the matmul peak; 0 = 4096 CPU, 8192 GPU")
     p.add_argument(
@@ -732,9 +719,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.coins = _csv(str(args.coins), kind=int, flag="--coins")
         args.decodings = _csv(args.decoding, ("autoregressive", "direct"), flag="--decoding")
         args.dtypes = _csv(args.dtype, ("float32", "bfloat16"), flag="--dtype")
-        args.gradients = _csv(
-            args.recurrent_gradient, ("autodiff", "fused"), flag="--recurrent-gradient"
-        )
     except (argparse.ArgumentTypeError, ValueError) as e:
         p.error(str(e))
     positive = ("repeats", "epochs_measured", "candles")
