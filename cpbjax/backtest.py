@@ -28,6 +28,7 @@ from cpbjax import (
     backtest_scores,
     baselines,
     driver,
+    evaluate,
     forecast,
     report,
     sharding,
@@ -60,7 +61,7 @@ def _prepare(config, clock: StageClock) -> tuple[list, dict]:
     return preps, {**skipped, **unusable}
 
 
-def _fold_arrays(prep, run_dir: str, lookback: int, horizon: int) -> dict | str:
+def _fold_arrays(prep, run_dir: str, spec: evaluate.EvalSpec) -> dict | str:
     """The arrays `backtest_scores` pools for one fold, or why it cannot be pooled.
 
     The model's test forecasts come from the fold's forecasts file (written when its
@@ -74,8 +75,8 @@ def _fold_arrays(prep, run_dir: str, lookback: int, horizon: int) -> dict | str:
     ends_N = prep.ends["test"]
     if not np.array_equal(record["last_open_time_ms"], prep.open_time_ms[ends_N]):
         return f"{path} does not hold this fold's test windows (the data changed)"
-    ridge, band_N2, _, _ = baselines.fitted_predictions(prep, "test", ends_N, lookback, horizon)
-    har_N2 = baselines.har_band(prep, "test", ends_N, horizon)
+    ridge, band_N2, _, _ = baselines.fitted_predictions(prep, "test", ends_N, spec)
+    har_N2 = baselines.har_band(prep, "test", ends_N, spec.horizon)
     keys = ("last_open_time_ms", "last_candle", "actual", "predicted")
     return {
         **{k: record[k] for k in keys},
@@ -108,7 +109,7 @@ def _blocks(prep) -> dict:
 def _series_scores(preps: list, entries: dict, run_dir: str, config, skipped: dict):
     """backtest.json's "series" (per series its folds and pooled scores) and the scaled
     losses of each series for the panel tests; folds that cannot be pooled go to `skipped`."""
-    L, H = config.data.lookback, config.data.horizon
+    spec = evaluate.make_spec(config)
     grouped: dict = {}
     for prep in preps:
         grouped.setdefault(folds.series_of(prep.name), []).append(prep)
@@ -119,7 +120,7 @@ def _series_scores(preps: list, entries: dict, run_dir: str, config, skipped: di
             entry = {k: v for k, v in entries[prep.name].items() if k not in TIMING_FIELDS}
             fold = {"fold": folds.fold_of(prep.name), "name": prep.name, "blocks": _blocks(prep)}
             fold_entries.append({**fold, **entry})
-            got = _fold_arrays(prep, run_dir, L, H)
+            got = _fold_arrays(prep, run_dir, spec)
             if isinstance(got, str):
                 skipped[prep.name] = f"not pooled: {got}"
                 logging.warning("%s: %s", prep.name, skipped[prep.name])

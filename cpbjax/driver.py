@@ -25,7 +25,6 @@ from cpbjax import (
     checkpoint,
     evaluate,
     forecast,
-    intervals,
     memory,
     metrics,
     models,
@@ -342,9 +341,9 @@ def _flag_worse_than_untrained(run: _Run, prep, entry: dict, last_params) -> Non
         return
     kept = "the kept model"
     if run.config.model.baseline != "none" and entry["best_epoch"] is None:
-        c = run.config.data
-        fc = forecast.split_forecast(run.module, last_params, prep, "val", c.lookback, c.horizon)
-        loss = metrics.normalized_mse(prep, fc.ends_N, fc.norm_NHC, c.horizon)
+        spec = evaluate.make_spec(run.config)
+        fc = forecast.split_forecast(run.module, last_params, prep, "val", spec)
+        loss = metrics.normalized_mse(prep, fc.ends_N, fc.norm_NHC, spec.horizon)
         kept = "the last epoch (the untrained baseline is kept)"
     if loss <= WORSE_THAN_UNTRAINED * zero:
         return
@@ -365,17 +364,8 @@ def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict |
     """
     c = run.config
     forecasts_dir = run.workdir if c.eval.save_forecasts or not run.keep_models else None
-    scored = evaluate.evaluate_model(
-        run.module,
-        params,
-        prep,
-        c.data.lookback,
-        c.data.horizon,
-        forecasts_dir,
-        c.eval.interval_levels,
-        c.eval.get("refit_band", False),  # absent from a config saved before it
-        intervals.vol_settings(c.eval),
-    )
+    spec = evaluate.make_spec(c)
+    scored = evaluate.evaluate_model(run.module, params, prep, spec, forecasts_dir)
     entry.update(scored.entry)
     _flag_worse_than_untrained(run, prep, entry, last_params)
     if run.keep_models:
@@ -437,14 +427,12 @@ def _reload_forecasts(run: _Run, preps: list) -> dict:
                 "%s: no test forecasts: its saved model is unreadable (%s)", prep.name, e
             )
             continue
-        d = c.data
-        fc = forecast.split_forecast(run.module, params, prep, "test", d.lookback, d.horizon)
+        spec = evaluate.make_spec(c)
+        fc = forecast.split_forecast(run.module, params, prep, "test", spec)
         if fc.prices_NHC is None:
             continue
         levels, calibration = forecast.quantile_levels(run.module), meta.get("interval_calibration")
-        records[prep.name] = forecast.forecast_record(
-            prep, fc, d.horizon, levels, calibration, d.lookback
-        )
+        records[prep.name] = forecast.forecast_record(prep, fc, spec, levels, calibration)
         if c.eval.save_forecasts:
             forecast.save_forecasts(run.workdir, records[prep.name])
     return records

@@ -7,6 +7,7 @@ the same windows. The test split is scored here and nowhere else.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -33,6 +34,34 @@ class NothingEvaluated(RuntimeError):
     """Every requested series was skipped; nothing is written and the reasons are listed."""
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What scoring reads of a run's config, fixed once per run (as step.EpochSpec is for
+    training) and handed down the scoring path in place of loose arguments."""
+
+    lookback: int  # L, candles a window sees
+    horizon: int  # H, candles it forecasts
+    # config.eval.interval_levels: the calibrated interval of each split, fitted on the
+    # splits before it as the fitted baselines are; () fits none.
+    interval_levels: tuple = ()
+    # config.eval.refit_band: each split is scored by the model with its band refit on
+    # the splits before it (cpbjax/band_refit.py).
+    refit_band: bool = False
+    # (days, weight) of the interval scale's long-run blend (intervals.vol_settings).
+    interval_vol: tuple = intervals.NO_BLEND
+
+
+def make_spec(config) -> EvalSpec:
+    """The EvalSpec of a run config (or of a saved model's config)."""
+    return EvalSpec(
+        lookback=config.data.lookback,
+        horizon=config.data.horizon,
+        interval_levels=tuple(config.eval.interval_levels),
+        refit_band=config.eval.get("refit_band", False),  # absent from a config saved before it
+        interval_vol=intervals.vol_settings(config.eval),
+    )
+
+
 class Scored(NamedTuple):
     """What `evaluate_model` gives for one series."""
 
@@ -43,13 +72,13 @@ class Scored(NamedTuple):
 
 
 def evaluate_split(
-    prep, fc: forecast.SplitForecast, split, lookback, horizon, levels=(), calibration=None
+    prep, fc: forecast.SplitForecast, split, spec: EvalSpec, levels=(), calibration=None
 ) -> dict:
     """All metrics of one series on one split: the results.json series[name][split].
 
     Args:
       prep: windows.PreparedSeries. fc: `forecast.split_forecast` of that split.
-      split: "val" or "test". lookback, horizon: L and H.
+      split: "val" or "test". spec: the run's EvalSpec (its window sizes).
       levels: the model's quantile levels (fc.quantiles_NHCJ's), () for point forecasts.
       calibration: an interval calibration fitted on the splits before, or None.
 
@@ -59,7 +88,7 @@ def evaluate_split(
       direction, dm, ridge and vol_band; a quantile model adds intervals, a
       calibration adds calibrated_interval.
     """
-    ends = fc.ends_N
+    ends, horizon = fc.ends_N, spec.horizon
     out = {
         "windows": int(len(ends)),
         "horizon": int(horizon),
@@ -77,74 +106,52 @@ def evaluate_split(
         return out
     actual = metrics.next_candles(prep.ohlc, ends, horizon)
     out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
-    out.update(baselines.fitted_baselines(prep, split, ends, lookback, horizon, out["columns"]))
+    out.update(baselines.fitted_baselines(prep, split, ends, spec, out["columns"]))
     if fc.quantiles_NHCJ is not None:
         out["intervals"] = intervals.score_intervals(
-            prep, split, ends, lookback, horizon, fc.quantiles_NHCJ, levels
+            prep, split, ends, spec, fc.quantiles_NHCJ, levels
         )
     if calibration is not None:
         out["calibrated_interval"] = intervals.score_calibrated(
-            prep, split, ends, lookback, horizon, fc.prices_NHC, calibration
+            prep, split, ends, spec, fc.prices_NHC, calibration
         )
     return out
 
 
-def evaluate_model(
-    module,
-    params,
-    prep,
-    lookback,
-    horizon,
-    forecasts_dir=None,
-    interval_levels=(),
-    refit_band=False,
-    interval_vol=intervals.NO_BLEND,
-) -> Scored:
+def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> Scored:
     """Scores one model on the val and test splits of one series.
 
     Args:
       module, params: the model, applied with train=False.
-      prep: windows.PreparedSeries. lookback, horizon: L and H.
+      prep: windows.PreparedSeries. spec: the run's EvalSpec: with interval_levels, the
+        one interval fitted for test (on train+val) is the model's; with refit_band, a
+        model without model.baseline=vol_band has no band and is scored as it is.
       forecasts_dir: if set, the test forecasts are also saved to
         <forecasts_dir>/forecasts/<SERIES>.npz (eval.save_forecasts).
-      interval_levels: config.eval.interval_levels: the calibrated interval of each
-        split, fitted on the splits before it as the fitted baselines are; the one
-        fitted for test (on train+val) is the model's. () for none.
-      refit_band: config.eval.refit_band: each split is scored by the model with its
-        band refit on the splits before it (cpbjax/band_refit.py; a model without
-        model.baseline=vol_band has no band and is scored as it is).
-      interval_vol: (days, weight) of the interval scale's long-run blend
-        (intervals.vol_settings).
     """
     levels, entry, calibration = forecast.quantile_levels(module), {}, None
-    refit = refit_band and band_refit.applies(module)
+    refit = spec.refit_band and band_refit.applies(module)
     # One forward pass per split serves every refit (band_refit.shifted_forecast); train
     # is forecast only when a refit or an interval is fitted on it.
-    forecast_splits = ("train", "val", "test") if refit or interval_levels else ("val", "test")
-    trained = {
-        s: forecast.split_forecast(module, params, prep, s, lookback, horizon)
-        for s in forecast_splits
-    }
+    fitted = refit or spec.interval_levels
+    forecast_splits = ("train", "val", "test") if fitted else ("val", "test")
+    trained = {s: forecast.split_forecast(module, params, prep, s, spec) for s in forecast_splits}
     scored_params = params
     for split in ("val", "test"):
         fcs = trained
         if refit:
-            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, lookback, horizon)
+            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, spec)
             scored_params = band_refit.shifted(params, shift_H2)
-        if interval_levels and fcs[split].prices_NHC is not None:
+        if spec.interval_levels and fcs[split].prices_NHC is not None:
             point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
-            calibration = intervals.fit_before(
-                prep, split, point, lookback, horizon, interval_levels, interval_vol
-            )
-        entry[split] = evaluate_split(
-            prep, fcs[split], split, lookback, horizon, levels, calibration
-        )
+            calibration = intervals.fit_before(prep, split, point, spec)
+        entry[split] = evaluate_split(prep, fcs[split], split, spec, levels, calibration)
         if refit:
             entry[split]["band_refit"] = band_refit.shift_json(shift_H2)
     test = fcs["test"]
     if test.prices_NHC is None:  # only the test split is plotted and saved
         return Scored(entry, None, None, scored_params)
-    record = forecast.forecast_record(prep, test, horizon, levels, calibration, lookback)
+    record = forecast.forecast_record(prep, test, spec, levels, calibration)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
     return Scored(entry, record, calibration, scored_params)
@@ -174,20 +181,10 @@ def _read_results(workdir: str) -> dict:
 def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
     """results entries (training facts + val/test scores) and test forecast records."""
     series, records = {}, {}
-    d = cfg.data
+    spec = make_spec(cfg)
     for name, prep in preps.items():
         model = loaded[name]
-        entry, record, _, _ = evaluate_model(
-            model.module,
-            model.params,
-            prep,
-            d.lookback,
-            d.horizon,
-            forecasts_dir,
-            cfg.eval.interval_levels,
-            cfg.eval.get("refit_band", False),  # absent from a config saved before it
-            intervals.vol_settings(cfg.eval),
-        )
+        entry, record, _, _ = evaluate_model(model.module, model.params, prep, spec, forecasts_dir)
         facts = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}
         series[name].update(entry, data=prep.notes)  # the evaluated data

@@ -149,19 +149,19 @@ def _column(actual_NH, pred_NHJ, bands: dict, levels_J) -> dict:
     return out
 
 
-def score_intervals(
-    prep, split, ends_N, lookback, horizon, pred_NHCJ, levels_J, scale=WINDOW_ONLY
-) -> dict:
+def score_intervals(prep, split, ends_N, spec, pred_NHCJ, levels_J, scale=WINDOW_ONLY) -> dict:
     """results.json's `intervals` block of one split: per column and step, model and band.
 
     Args:
       prep: windows.PreparedSeries. split: the scored split ("val" or "test").
-      ends_N: its window ends. pred_NHCJ: the model's quantile forecasts in prices.
+      ends_N: its window ends. spec: the run's evaluate.EvalSpec (its window sizes).
+      pred_NHCJ: the model's quantile forecasts in prices.
       levels_J: their levels, increasing; the central interval is the first to the last.
       scale: the interval's `interval_scale`; with a blend it is also scored against the
         band with that scale (`scaled_band`), the strongest simple competitor: how much
         the network adds beyond its scale.
     """
+    lookback, horizon = spec.lookback, spec.horizon
     actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
     fit_on = baselines.fit_ends(prep, split)
     k_HCJ = fit_band_quantiles(prep.ohlc, fit_on, lookback, horizon, levels_J)
@@ -227,18 +227,20 @@ def fit_calibration(
     }
 
 
-def fit_before(prep, split, point_by_split, lookback, horizon, levels_J, vol=NO_BLEND) -> dict:
+def fit_before(prep, split, point_by_split, spec) -> dict:
     """`fit_calibration` (s-weighted) on the splits before `split`, as every fitted
     baseline is fitted (baselines.fit_ends): train for val, train+val for test.
 
     Args:
       point_by_split: split -> the model's point forecasts of its windows, [N, H, C].
-      vol: (days, weight) of the scale's long-run blend (`vol_settings`).
+      spec: the run's evaluate.EvalSpec: its window sizes, interval_levels, and
+        interval_vol, the (days, weight) of the scale's long-run blend (`vol_settings`).
     """
     point_NHC = np.concatenate([point_by_split[s] for s in baselines.SPLITS_BEFORE[split]])
     ends_N = baselines.fit_ends(prep, split)
-    scale = scale_settings(prep.interval, *vol)
-    return fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, "sigma", scale)
+    scale = scale_settings(prep.interval, *spec.interval_vol)
+    L, H, levels_J = spec.lookback, spec.horizon, spec.interval_levels
+    return fit_calibration(prep, ends_N, point_NHC, L, H, levels_J, "sigma", scale)
 
 
 def check_calibration(calibration, horizon: int, where: str) -> dict | None:
@@ -280,13 +282,13 @@ def calibrated_bounds(calibration: dict, ohlc_TC, ends_N, point_NHC, lookback) -
     return _scaled(k_HCJ, np.asarray(point_NHC, np.float64), s_N)
 
 
-def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibration) -> dict:
+def score_calibrated(prep, split, ends_N, spec, point_NHC, calibration) -> dict:
     """results.json's `calibrated_interval` of one split: `score_intervals` of the bounds,
-    with where the calibration was fitted and its scale."""
-    bounds = calibrated_bounds(calibration, prep.ohlc, ends_N, point_NHC, lookback)
+    with where the calibration was fitted and its scale (spec: the run's evaluate.EvalSpec)."""
+    bounds = calibrated_bounds(calibration, prep.ohlc, ends_N, point_NHC, spec.lookback)
     scale = calibration.get("scale", WINDOW_ONLY)
     levels = calibration["levels"]
-    out = score_intervals(prep, split, ends_N, lookback, horizon, bounds, levels, scale)
+    out = score_intervals(prep, split, ends_N, spec, bounds, levels, scale)
     out["fitted_on"] = {
         k: calibration[k] for k in ("fitted_on_windows", "first_window_end", "last_window_end")
     }

@@ -127,9 +127,11 @@ def test_sigma_weighting_minimises_the_pinball_loss_in_log_price():
 def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_path):
     prep = make_prep()
     params = _probe_params(2)
-    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, None, LEVELS)
+    entry, record, cal, _ = evaluate.evaluate_model(
+        Probe(), params, prep, evaluate.EvalSpec(L, H, LEVELS)
+    )
     point = {
-        s: forecast.split_forecast(Probe(), params, prep, s, L, H).prices_NHC
+        s: forecast.split_forecast(Probe(), params, prep, s, evaluate.EvalSpec(L, H)).prices_NHC
         for s in ("train", "val")
     }
     train_val = np.concatenate([point["train"], point["val"]])
@@ -147,7 +149,7 @@ def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_pat
         assert block["columns"][col]["coverage"] == pytest.approx(inside.mean(), abs=1e-12)
         width = (bounds[..., c, 1] - bounds[..., c, 0]).mean()
         assert block["columns"][col]["width"] == pytest.approx(width, rel=1e-12)
-    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, None, ())
+    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, evaluate.EvalSpec(L, H))
     assert cal is None and "calibrated_interval" not in entry["test"]
     assert "interval_bounds" not in record
 
@@ -248,7 +250,9 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
         s: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)
         for s, e in prep.ends.items()
     }
-    cal = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.25))
+    cal = intervals.fit_before(
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.25))
+    )
     assert cal["scale"] == {"long_candles": 168, "long_weight": 0.25}
     ends = np.concatenate([prep.ends["train"], prep.ends["val"]])
     assert cal == intervals.fit_calibration(
@@ -264,9 +268,9 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
     np.testing.assert_allclose(
         bounds[0], point["val"][0][..., None] * np.exp(k * sigma), rtol=1e-12
     )
-    assert intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.0))["scale"] == (
-        intervals.WINDOW_ONLY
-    )
+    assert intervals.fit_before(
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.0))
+    )["scale"] == (intervals.WINDOW_ONLY)
 
 
 @pytest.mark.parametrize(
@@ -312,8 +316,12 @@ def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():
         s: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)
         for s, e in prep.ends.items()
     }
-    cal = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.25))
-    block = intervals.score_calibrated(prep, "test", prep.ends["test"], L, H, point["test"], cal)
+    cal = intervals.fit_before(
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.25))
+    )
+    block = intervals.score_calibrated(
+        prep, "test", prep.ends["test"], evaluate.EvalSpec(L, H), point["test"], cal
+    )
     actual = prep.ohlc[prep.ends["test"][:, None] + np.arange(1, H + 1)]
     bounds = intervals.calibrated_bounds(cal, prep.ohlc, prep.ends["test"], point["test"], L)
     for c, col in enumerate(COLUMNS):
@@ -322,6 +330,10 @@ def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():
         assert scores["scaled_band_pinball"] == pytest.approx(own, rel=1e-12)
         assert scores["skill_vs_scaled_band"] == pytest.approx(0.0, abs=1e-12)
         assert scores["band_pinball"] != pytest.approx(own, rel=1e-6)
-    plain = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.0))
-    block = intervals.score_calibrated(prep, "test", prep.ends["test"], L, H, point["test"], plain)
+    plain = intervals.fit_before(
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.0))
+    )
+    block = intervals.score_calibrated(
+        prep, "test", prep.ends["test"], evaluate.EvalSpec(L, H), point["test"], plain
+    )
     assert "skill_vs_scaled_band" not in block["columns"]["close"]

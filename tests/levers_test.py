@@ -255,12 +255,12 @@ def test_forecasts_of_a_quantile_model_carry_every_level():
     cfg = make_config(loss="pinball", quantiles=LEVELS)
     prep = preps()[0]
     module, params = _init_params(cfg, prep, stacking.band_factors(prep, 30, 10))
-    fc = forecast.split_forecast(module, params, prep, "test", 30, 10)
+    fc = forecast.split_forecast(module, params, prep, "test", evaluate.EvalSpec(30, 10))
     assert fc.quantiles_NHCJ.shape == (*fc.prices_NHC.shape, 3)
     np.testing.assert_array_equal(fc.quantiles_NHCJ[..., 1], fc.prices_NHC)
-    record = forecast.forecast_record(prep, fc, 10, LEVELS)
+    record = forecast.forecast_record(prep, fc, evaluate.EvalSpec(30, 10), LEVELS)
     np.testing.assert_array_equal(record["quantile_levels"], LEVELS)
-    scores = evaluate.evaluate_split(prep, fc, "test", 30, 10, LEVELS)
+    scores = evaluate.evaluate_split(prep, fc, "test", evaluate.EvalSpec(30, 10), LEVELS)
     assert set(scores["intervals"]["columns"]) == {"open", "high", "low", "close"}
     entry = forecast.next_candles(module, params, prep, 30, 10)
     first = entry["forecast"][0]
