@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import driver, intervals  # noqa: E402
+from cpbjax import intervals, plan  # noqa: E402
 
 LEVELS = (0.1, 0.9)
 BLOCKS = 6
@@ -91,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     config = config_lib.load(args.config)
     config.data.base_url = args.base_url or config.data.base_url
-    preps, _ = driver.prepare_all(config_lib.validate(config))
+    preps, _ = plan.prepare_all(config_lib.validate(config))
     L, H = config.data.lookback, config.data.horizon
     rolling = [_skills(p, _rolling_folds(p, H), L, H) for p in preps]
     test_fold = lambda p: [(np.concatenate([p.ends["train"], p.ends["val"]]), p.ends["test"])]  # noqa: E731

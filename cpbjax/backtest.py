@@ -36,6 +36,7 @@ from cpbjax import (
     writers,
 )
 from cpbjax import config as config_lib
+from cpbjax import plan as plan_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import folds, pooling, sources
@@ -156,21 +157,23 @@ def _check(config) -> None:
         )
 
 
-def pooled_folds(preps: list, data_cfg) -> tuple[list, dict, dict]:
-    """train.share=pooled: one group per fold, each purged across its own series only.
-
-    Returns:
-      (the plan: per fold in time order its fold PreparedSeries, the train and val ends
-       of every fold coin (`pooling.pool_ends`), fold name -> why it keeps no windows).
-    """
-    plan, pool, emptied = [], {}, {}
+def plan_for(config, clock: StageClock) -> plan_lib.Plan:
+    """The backtest's plan: every (series, fold) coin in chunks of group_size, models not
+    kept, the fold settings in the ledger's fingerprint; with train.share=pooled one group
+    per fold in time order, each purged across its own series only."""
+    preps, skipped = _prepare(config, clock)
+    fields = {"keep_models": False, "extra_print": {"backtest": _settings(config)}}
+    if config.train.share != "pooled":
+        return plan_lib.chunked(config, preps, skipped=skipped, **fields)
+    groups, pool = [], {}
     for f in sorted({folds.fold_of(p.name) for p in preps}):
         fold = [p for p in preps if folds.fold_of(p.name) == f]
-        kept_fold, kept, gone = pooling.pooled_series(fold, data_cfg)
-        plan.append(kept_fold)
+        kept_fold, kept, emptied = pooling.pooled_series(fold, config.data)
+        groups.append(kept_fold)
         pool.update(kept)
-        emptied.update(gone)
-    return [g for g in plan if g], pool, emptied
+        skipped = {**skipped, **emptied}
+    groups = [g for g in groups if g]
+    return plan_lib.of_groups(config, groups, skipped=skipped, pool_ends=pool, **fields)
 
 
 def run_backtest(config, workdir: str) -> dict:
@@ -193,23 +196,11 @@ def run_backtest(config, workdir: str) -> dict:
     started, clock = time.time(), StageClock()
     run_dir = workdir_lib.backtest_run(workdir)
     os.makedirs(run_dir, exist_ok=True)
-    preps, skipped = _prepare(config, clock)
-    plan = pool = None
-    if config.train.share == "pooled":
-        plan, pool, emptied = pooled_folds(preps, config.data)
-        preps, skipped = [p for g in plan for p in g], {**skipped, **emptied}
+    plan = plan_for(config, clock)
+    preps, skipped = plan.coins, dict(plan.skipped)
     if not preps:
         raise NothingBacktested(f"no fold of any series could be trained; skipped: {skipped}")
-    entries, _, plan = driver.train_groups(
-        config,
-        run_dir,
-        preps,
-        clock,
-        keep_models=False,
-        extra_print={"backtest": _settings(config)},
-        pool_ends=pool,
-        plan=plan,
-    )
+    entries, _ = driver.train_groups(config, run_dir, plan, clock)
     with clock.stage("evaluate"):
         series, losses = _series_scores(preps, entries, run_dir, config, skipped)
         intervals = {folds.series_of(p.name): p.interval for p in preps}
@@ -219,7 +210,7 @@ def run_backtest(config, workdir: str) -> dict:
             intervals,
             config.data.horizon,
         )
-    run = {**driver.run_facts(config, started, plan), "mode": "backtest"}
+    run = evaluate.run_facts("backtest", config, started, **plan.facts(config))
     out = writers.to_jsonable(
         {
             "run": run,

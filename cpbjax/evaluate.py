@@ -14,16 +14,19 @@ import time
 from typing import NamedTuple
 
 import numpy as np
+from absl import logging
 
 from cpbjax import (
     band_refit,
     baselines,
+    checkpoint,
     forecast,
     intervals,
     metrics,
     platform,
     report,
     saved,
+    sharding,
     writers,
 )
 from cpbjax import workdir as workdir_lib
@@ -157,19 +160,96 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
     return Scored(entry, record, calibration, scored_params)
 
 
-def run_facts(mode: str, config, workdir: str, started: float) -> dict:
-    """The results "run" block of an evaluate/predict run: versions, devices, data, time."""
-    d = config.data
+# A val loss this many times the zero forecast's marks a model worse than no training.
+WORSE_THAN_UNTRAINED = 10.0
+
+
+def flag_worse_than_untrained(module, spec: EvalSpec, prep, entry: dict, last_params) -> None:
+    """Adds a `warning` to a scored entry whose training went far above the zero forecast.
+
+    Without a baseline that is the kept model's val loss. With one (model.baseline) an
+    epoch is kept only if it beats the untrained model, so a run that went wrong keeps
+    the baseline (best_epoch None); the warning then looks at `last_params`, the last
+    epoch's params (None without model.baseline).
+    """
+    val = entry.get("val") or {}
+    loss, zero = val.get("normalized_mse"), val.get("zero_forecast_mse")
+    if loss is None or not zero:
+        return
+    kept = "the kept model"
+    if last_params is not None and entry["best_epoch"] is None:
+        fc = forecast.split_forecast(module, last_params, prep, "val", spec)
+        loss = metrics.normalized_mse(prep, fc.ends_N, fc.norm_NHC, spec.horizon)
+        kept = "the last epoch (the untrained baseline is kept)"
+    if loss <= WORSE_THAN_UNTRAINED * zero:
+        return
+    entry["warning"] = (
+        f"val loss {loss:.3g} of {kept} is {loss / zero:.3g}x the zero forecast's {zero:.3g}: "
+        "the model learned something worse than not training (check train.learning_rate)"
+    )
+    logging.warning("%s: %s", prep.name, entry["warning"])
+
+
+def reload_forecasts(config, workdir: str, module, preps: list) -> dict:
+    """Test forecast records of the kept models of a group finished by an earlier process:
+    for the plots, and saved to forecasts/ when eval.save_forecasts asks for files that
+    are missing (process 0; {} when neither asks for them)."""
+    c = config
+    plots = c.eval.plots and c.eval.plot_windows and c.data.normalization != "candle_minmax"
+    if not ((plots or c.eval.save_forecasts) and sharding.is_primary()):
+        return {}
+    records, spec, levels = {}, make_spec(c), forecast.quantile_levels(module)
+    for prep in preps:
+        try:
+            params, meta = checkpoint.load_series_model(
+                workdir_lib.series_model(workdir, prep.name)
+            )
+        except (OSError, ValueError) as e:  # its results stand; only its forecasts are lost
+            logging.warning(
+                "%s: no test forecasts: its saved model is unreadable (%s)", prep.name, e
+            )
+            continue
+        fc = forecast.split_forecast(module, params, prep, "test", spec)
+        if fc.prices_NHC is None:
+            continue
+        calibration = meta.get("interval_calibration")
+        records[prep.name] = forecast.forecast_record(prep, fc, spec, levels, calibration)
+        if c.eval.save_forecasts:
+            forecast.save_forecasts(workdir, records[prep.name])
+    return records
+
+
+def run_facts(mode: str, config, started: float, **facts) -> dict:
+    """The "run" block of every results file (results.json, backtest.json, sweep.json,
+    eval-*.json, forecast.json): the mode, model, versions and devices, when it started
+    (`started`, a time.time()) and its wall seconds (this process only, not the parts of
+    a resumed run done before); `facts`: the mode's own (a plan's groups, `scored_workdir`)."""
+    devices = platform.describe_devices()
     return {
         "mode": mode,
+        "model": config.model.name,
+        "seed": config.seed,
+        "versions": platform.versions(),
+        "platform": devices["backend"],
+        "device_count": devices["device_count"],
+        "process_count": devices["process_count"],
+        "devices": devices["devices"],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_seconds": time.time() - started,
+        **facts,
+    }
+
+
+def scored_workdir(config, workdir: str) -> dict:
+    """`run_facts`' facts of --mode evaluate and predict: the workdir of the models, when
+    the results were made, and the data they were made from."""
+    d = config.data
+    return {
         "workdir": os.path.abspath(workdir),
         "created": parsing.iso(time.time() * 1000),
         "data": {
             k: d[k] for k in ("source", "base_url", "local_dir", "months", "end", "max_candles")
         },
-        "versions": platform.versions(),
-        "devices": platform.describe_devices(),
-        "wall_seconds": round(time.monotonic() - started, 3),
     }
 
 
@@ -209,7 +289,7 @@ def run_evaluate(config, workdir: str) -> dict:
       saved.ModelNotFound: a requested series has no model (the message lists those that do).
       NothingEvaluated: no requested series could be scored.
     """
-    started = time.monotonic()
+    started = time.time()
     stem = "eval-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     available = saved.available_models(workdir)
     trained_results = _read_results(workdir)
@@ -228,7 +308,7 @@ def run_evaluate(config, workdir: str) -> dict:
     if not series:
         raise NothingEvaluated(f"no series could be evaluated; skipped: {skipped}")
     results = {
-        "run": run_facts("evaluate", cfg, workdir, started),
+        "run": run_facts("evaluate", cfg, started, **scored_workdir(cfg, workdir)),
         "series": series,
         "skipped": skipped,
     }

@@ -16,7 +16,7 @@ across series; a coin with fewer windows (a shorter series) counts for fewer of 
 With model.series_embedding each coin also keeps its own series vector (the one per-coin
 leaf, `per_coin`): it is trained only by its coin's windows, every other param by all.
 
-It runs on one device (driver.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
+It runs on one device (plan.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
 coin axis the gradient and the pooled val loss would need a cross-device sum.
 
 Shape letters (docs/design.md): K coins, Z coins of one gradient chunk, S steps, B windows
