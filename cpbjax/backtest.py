@@ -136,6 +136,19 @@ def _series_scores(preps: list, entries: dict, run_dir: str, config, skipped: di
     return series, losses
 
 
+def _score_folds(preps: list, entries: dict, run_dir: str, config, skipped: dict):
+    """backtest.json's "series" (`_series_scores`) and "pooled" (over all series)."""
+    series, losses = _series_scores(preps, entries, run_dir, config, skipped)
+    intervals = {folds.series_of(p.name): p.interval for p in preps}
+    pooled = backtest_scores.all_series_pooled(
+        {n: e["pooled"] for n, e in series.items() if "pooled" in e},
+        losses,
+        intervals,
+        config.data.horizon,
+    )
+    return series, pooled
+
+
 def _settings(config) -> dict:
     """backtest.json's "backtest": the fold settings (also in the resume ledger)."""
     return writers.to_jsonable(config.backtest.to_dict())
@@ -202,24 +215,10 @@ def run_backtest(config, workdir: str) -> dict:
         raise NothingBacktested(f"no fold of any series could be trained; skipped: {skipped}")
     entries, _ = driver.train_groups(config, run_dir, plan, clock)
     with clock.stage("evaluate"):
-        series, losses = _series_scores(preps, entries, run_dir, config, skipped)
-        intervals = {folds.series_of(p.name): p.interval for p in preps}
-        pooled = backtest_scores.all_series_pooled(
-            {n: e["pooled"] for n, e in series.items() if "pooled" in e},
-            losses,
-            intervals,
-            config.data.horizon,
-        )
+        series, pooled = _score_folds(preps, entries, run_dir, config, skipped)
     run = evaluate.run_facts("backtest", config, started, **plan.facts(config))
-    out = writers.to_jsonable(
-        {
-            "run": run,
-            "backtest": _settings(config),
-            "series": series,
-            "pooled": pooled,
-            "skipped": skipped,
-        }
-    )
+    out = {"run": run, "backtest": _settings(config), "series": series, "pooled": pooled}
+    out = writers.to_jsonable({**out, "skipped": skipped})
     if sharding.is_primary():
         writers.write_json(workdir_lib.backtest_json(workdir), out)
         with clock.stage("report"):

@@ -299,12 +299,9 @@ def train_groups(config, workdir: str, plan: Plan, clock: StageClock, workers=No
                 finished, group_records = _train_group(run, group, list(group_preps))
             else:
                 logging.info("%s already finished in %s; skipping it", group, workdir)
-                with run.clock.stage("evaluate"):
-                    group_records = {}
-                    if plan.keep_models:
-                        group_records = evaluate.reload_forecasts(
-                            config, workdir, run.module, group_preps
-                        )
+                with run.clock.stage("evaluate"):  # a backtest keeps no model to reload
+                    kept = group_preps if plan.keep_models else ()
+                    group_records = evaluate.reload_forecasts(config, workdir, run.module, kept)
             entries.update(finished)
             records.update(group_records)
             plot_workers.submit_group(workers, workdir, group, finished, group_records)
@@ -332,8 +329,9 @@ def _nothing_trained(config, workdir: str, plan: Plan, started: float) -> Nothin
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-    """Trains every series of `config` group by group, evaluates it, and writes the workdir:
-    config.json, metrics.jsonl, checkpoints/, models/<SERIES>/, results.json, the report.
+    """Trains every series of `config` group by group, evaluates it, and writes the workdir
+    (config.json, metrics.jsonl, checkpoints/, models/<SERIES>/, results.json, the report);
+    returns the results.json dict.
 
     Rerunning with the same workdir resumes: finished groups are skipped and an
     unfinished one continues from its latest checkpoint. In a multi-host run
@@ -341,9 +339,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
     a shared filesystem: the coin axis is sharded over all processes' devices, every
     process saves its shards of the group checkpoints, and process 0 alone writes the
     other files and evaluates.
-
-    Returns:
-      The results dict written to results.json.
 
     Raises:
       ConfigError: a bad config value. RunMismatch: the workdir holds a different run.

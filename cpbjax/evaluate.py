@@ -53,6 +53,11 @@ class EvalSpec:
     # (days, weight) of the interval scale's long-run blend (intervals.vol_settings).
     interval_vol: tuple = intervals.NO_BLEND
 
+    def at_levels(self, levels) -> EvalSpec:
+        """This spec for an interval at other levels (a quantile model's, a saved
+        calibration's): what intervals.py fits or scores at spec.interval_levels."""
+        return dataclasses.replace(self, interval_levels=levels)
+
 
 def make_spec(config) -> EvalSpec:
     """The EvalSpec of a run config (or of a saved model's config)."""
@@ -74,6 +79,24 @@ class Scored(NamedTuple):
     params: dict  # the params test scored: with eval.refit_band, refit on train+val
 
 
+def _window_scores(prep, fc: forecast.SplitForecast, horizon: int) -> dict:
+    """What every normalisation scores of a split: its windows and normalised losses."""
+    ends = fc.ends_N
+    return {
+        "windows": int(len(ends)),
+        "horizon": int(horizon),
+        "first_window_end": parsing.iso(prep.open_time_ms[ends[0]]),
+        "last_window_end": parsing.iso(prep.open_time_ms[ends[-1]]),
+        "normalized_mse": metrics.normalized_mse(prep, ends, fc.norm_NHC, horizon),
+        # The same for an all-zero output: persistence under last_close. A model far
+        # above it learned something worse than not training at all.
+        "zero_forecast_mse": metrics.normalized_mse(
+            prep, ends, np.zeros_like(fc.norm_NHC), horizon
+        ),
+        "price_space": fc.prices_NHC is not None,
+    }
+
+
 def evaluate_split(
     prep, fc: forecast.SplitForecast, split, spec: EvalSpec, levels=(), calibration=None
 ) -> dict:
@@ -91,28 +114,15 @@ def evaluate_split(
       direction, dm, ridge and vol_band; a quantile model adds intervals, a
       calibration adds calibrated_interval.
     """
-    ends, horizon = fc.ends_N, spec.horizon
-    out = {
-        "windows": int(len(ends)),
-        "horizon": int(horizon),
-        "first_window_end": parsing.iso(prep.open_time_ms[ends[0]]),
-        "last_window_end": parsing.iso(prep.open_time_ms[ends[-1]]),
-        "normalized_mse": metrics.normalized_mse(prep, ends, fc.norm_NHC, horizon),
-        # The same for an all-zero output: persistence under last_close. A model far
-        # above it learned something worse than not training at all.
-        "zero_forecast_mse": metrics.normalized_mse(
-            prep, ends, np.zeros_like(fc.norm_NHC), horizon
-        ),
-        "price_space": fc.prices_NHC is not None,
-    }
+    ends, out = fc.ends_N, _window_scores(prep, fc, spec.horizon)
     if fc.prices_NHC is None:  # candle_minmax keeps no price level: nothing to score.
         return out
-    actual = metrics.next_candles(prep.ohlc, ends, horizon)
+    actual = metrics.next_candles(prep.ohlc, ends, spec.horizon)
     out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
     out.update(baselines.fitted_baselines(prep, split, ends, spec, out["columns"]))
     if fc.quantiles_NHCJ is not None:
         out["intervals"] = intervals.score_intervals(
-            prep, split, ends, spec, fc.quantiles_NHCJ, levels
+            prep, split, ends, spec.at_levels(levels), fc.quantiles_NHCJ
         )
     if calibration is not None:
         out["calibrated_interval"] = intervals.score_calibrated(
@@ -307,11 +317,8 @@ def run_evaluate(config, workdir: str) -> dict:
     series, records = _score_all(loaded, preps, trained_results, cfg, forecasts_dir)
     if not series:
         raise NothingEvaluated(f"no series could be evaluated; skipped: {skipped}")
-    results = {
-        "run": run_facts("evaluate", cfg, started, **scored_workdir(cfg, workdir)),
-        "series": series,
-        "skipped": skipped,
-    }
+    run = run_facts("evaluate", cfg, started, **scored_workdir(cfg, workdir))
+    results = {"run": run, "series": series, "skipped": skipped}
     writers.write_json(os.path.join(workdir, f"{stem}.json"), results)
     report.write_reports(workdir, results, cfg, forecasts=records, stem=stem)
     return results

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 from absl import logging
@@ -122,9 +123,20 @@ def _history(run_dir: str, coin_series: dict) -> list[dict]:
     return [{**r, "series": [coin_series.get(n, n) for n in r["series"]]} for r in records]
 
 
-def _publish(config, workdir, run_dir, tab, chosen, entries, records, skipped) -> tuple:
+class _Trained(NamedTuple):
+    """A trained sweep, as publishing reads it."""
+
+    run_dir: str  # <workdir>/sweep/
+    table: dict  # `table`
+    entries: dict  # coin name -> results.json entry
+    records: dict  # coin name -> test forecast record
+
+
+def _publish(config, workdir: str, trained: _Trained, chosen: dict, skipped: dict) -> tuple:
     """Writes models/<SERIES>/ of each chosen setting; returns the results.json series
-    entries, the report's history and its forecasts, by series name."""
+    entries, the report's history and its forecasts, by series name. A series with no
+    chosen setting goes to `skipped`."""
+    run_dir, tab, entries, records = trained
     series_entries, forecasts, coin_series = {}, {}, {}
     for series, name in chosen.items():
         if name is None:
@@ -141,14 +153,15 @@ def _publish(config, workdir, run_dir, tab, chosen, entries, records, skipped) -
     return series_entries, _history(run_dir, coin_series), forecasts
 
 
-def _write(config, workdir: str, results: dict, out: dict, history, forecasts, clock, started):
-    """Writes results.json, sweep.json, config.json, the report and timings.json."""
+def _write(config, workdir: str, results: dict, out: dict, published: tuple, clock) -> None:
+    """Writes results.json, sweep.json, config.json and the report (`published`: the
+    report's history and forecasts, as `_publish` returns them)."""
+    history, forecasts = published
     writers.write_config(workdir, config)
     writers.write_results(workdir, results)
     writers.write_json(workdir_lib.sweep_json(workdir), out)
     with clock.stage("report"):
         report.write_reports(workdir, results, config, history=history, forecasts=forecasts)
-    writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
 
 
 def plan_for(config, clock: StageClock) -> tuple[plan_lib.Plan, list[str]]:
@@ -205,9 +218,11 @@ def run_sweep(config, workdir: str) -> dict:
     series = {s: {"settings": row, "chosen": chosen[s]} for s, row in tab.items()}
     out = {"run": run, **extra, "series": series, "pooled_scores": pooled_scores(tab)}
     if sharding.is_primary():
-        got = _publish(config, workdir, run_dir, tab, chosen, entries, records, skipped)
+        trained = _Trained(run_dir, tab, entries, records)
+        got = _publish(config, workdir, trained, chosen, skipped)
         results = {"run": run, "series": got[0], "skipped": skipped, **extra}
         out = writers.to_jsonable({**out, "skipped": skipped})
-        _write(config, workdir, writers.to_jsonable(results), out, *got[1:], clock, started)
+        _write(config, workdir, writers.to_jsonable(results), out, got[1:], clock)
+        writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
     sharding.barrier("cpbjax sweep finished")
     return writers.to_jsonable({**out, "skipped": skipped})

@@ -60,7 +60,7 @@ def test_fit_calibration_matches_a_plain_loop():
     point = prep.ohlc[ends, 3][:, None, None] * np.exp(
         0.003 * rng.standard_normal((len(ends), H, 4))
     )
-    cal = intervals.fit_calibration(prep, ends, point, L, H, LEVELS)
+    cal = intervals.fit_calibration(prep, ends, point, evaluate.EvalSpec(L, H, LEVELS))
     assert cal["levels"] == list(LEVELS) and cal["fitted_on_windows"] == len(ends)
     k = np.asarray(cal["k"])
     assert k.shape == (H, 4, 2)
@@ -84,7 +84,9 @@ def test_calibrated_interval_covers_its_level_on_later_windows():
     prep = _garch_like_series(9_100, seed=2)
     fit_ends, later = np.arange(L, 3_000), np.arange(3_000, 9_000)
     point = lambda e: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)  # noqa: E731
-    cal = intervals.fit_calibration(prep, fit_ends, point(fit_ends), L, H, LEVELS)
+    cal = intervals.fit_calibration(
+        prep, fit_ends, point(fit_ends), evaluate.EvalSpec(L, H, LEVELS)
+    )
     bounds = intervals.calibrated_bounds(cal, prep.ohlc, later, point(later), L)
     actual = prep.ohlc[later[:, None] + np.arange(1, H + 1)]
     inside = (actual >= bounds[..., 0]) & (actual <= bounds[..., 1])
@@ -110,7 +112,7 @@ def test_sigma_weighting_minimises_the_pinball_loss_in_log_price():
     prep = _garch_like_series(600, seed=3)
     ends = np.arange(L, 600 - H)
     point = np.repeat(prep.ohlc[ends, 3][:, None, None], 4, 2).repeat(H, 1)
-    cal = intervals.fit_calibration(prep, ends, point, L, H, LEVELS, "sigma")
+    cal = intervals.fit_calibration(prep, ends, point, evaluate.EvalSpec(L, H, LEVELS), "sigma")
     k_HCJ = np.asarray(cal["k"])
     sigma = _plain_sigmas(prep, ends)
     log_ratio = np.log(prep.ohlc[ends + 1, 3] / point[:, 0, 3])  # close, h = 1
@@ -136,7 +138,9 @@ def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_pat
     }
     train_val = np.concatenate([point["train"], point["val"]])
     ends = np.concatenate([prep.ends["train"], prep.ends["val"]])
-    assert cal == intervals.fit_calibration(prep, ends, train_val, L, H, LEVELS, "sigma")
+    assert cal == intervals.fit_calibration(
+        prep, ends, train_val, evaluate.EvalSpec(L, H, LEVELS), "sigma"
+    )
     on_val = entry["val"]["calibrated_interval"]["fitted_on"]
     assert on_val["fitted_on_windows"] == len(prep.ends["train"])  # val: fitted on train
     block = entry["test"]["calibrated_interval"]
@@ -256,7 +260,12 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
     assert cal["scale"] == {"long_candles": 168, "long_weight": 0.25}
     ends = np.concatenate([prep.ends["train"], prep.ends["val"]])
     assert cal == intervals.fit_calibration(
-        prep, ends, np.concatenate(list(point.values())), L, H, LEVELS, "sigma", cal["scale"]
+        prep,
+        ends,
+        np.concatenate(list(point.values())),
+        evaluate.EvalSpec(L, H, LEVELS),
+        "sigma",
+        cal["scale"],
     )
     t, k = 1_800, np.asarray(cal["k"])
     bounds = intervals.calibrated_bounds(cal, prep.ohlc, [t], point["val"][:1], L)
