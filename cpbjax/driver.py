@@ -114,9 +114,9 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
         _check_memory(run, group, state, arrays)
     while not finished:
         m = live.run_epoch()
-        (first_s if len(live.epoch_seconds) == 1 else steady_s).append(live.epoch_seconds[-1])
-        seconds, coins = live.epoch_seconds[-1], live.trainer.num_coins
-        record = runlog.epoch_record(group, names, m, seconds, coins, t)
+        epoch_s = live.epoch_seconds[-1]
+        (first_s if len(live.epoch_seconds) == 1 else steady_s).append(epoch_s)
+        record = runlog.epoch_record(group, names, m, epoch_s, live.trainer.num_coins, t)
         run.log.epoch(writers.to_jsonable(record), sharding.memory_bytes()[0])
         epoch = record["epoch"]
         diverged = _log_divergence(names, m, diverged)
