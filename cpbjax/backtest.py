@@ -28,6 +28,7 @@ from cpbjax import (
     backtest_scores,
     baselines,
     driver,
+    evaluate,
     forecast,
     report,
     sharding,
@@ -35,6 +36,7 @@ from cpbjax import (
     writers,
 )
 from cpbjax import config as config_lib
+from cpbjax import plan as plan_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import folds, pooling, sources
@@ -60,7 +62,7 @@ def _prepare(config, clock: StageClock) -> tuple[list, dict]:
     return preps, {**skipped, **unusable}
 
 
-def _fold_arrays(prep, run_dir: str, lookback: int, horizon: int) -> dict | str:
+def _fold_arrays(prep, run_dir: str, spec: evaluate.EvalSpec) -> dict | str:
     """The arrays `backtest_scores` pools for one fold, or why it cannot be pooled.
 
     The model's test forecasts come from the fold's forecasts file (written when its
@@ -74,8 +76,8 @@ def _fold_arrays(prep, run_dir: str, lookback: int, horizon: int) -> dict | str:
     ends_N = prep.ends["test"]
     if not np.array_equal(record["last_open_time_ms"], prep.open_time_ms[ends_N]):
         return f"{path} does not hold this fold's test windows (the data changed)"
-    ridge, band_N2, _, _ = baselines.fitted_predictions(prep, "test", ends_N, lookback, horizon)
-    har_N2 = baselines.har_band(prep, "test", ends_N, horizon)
+    ridge, band_N2, _, _ = baselines.fitted_predictions(prep, "test", ends_N, spec)
+    har_N2 = baselines.har_band(prep, "test", ends_N, spec.horizon)
     keys = ("last_open_time_ms", "last_candle", "actual", "predicted")
     return {
         **{k: record[k] for k in keys},
@@ -108,7 +110,7 @@ def _blocks(prep) -> dict:
 def _series_scores(preps: list, entries: dict, run_dir: str, config, skipped: dict):
     """backtest.json's "series" (per series its folds and pooled scores) and the scaled
     losses of each series for the panel tests; folds that cannot be pooled go to `skipped`."""
-    L, H = config.data.lookback, config.data.horizon
+    spec = evaluate.make_spec(config)
     grouped: dict = {}
     for prep in preps:
         grouped.setdefault(folds.series_of(prep.name), []).append(prep)
@@ -119,7 +121,7 @@ def _series_scores(preps: list, entries: dict, run_dir: str, config, skipped: di
             entry = {k: v for k, v in entries[prep.name].items() if k not in TIMING_FIELDS}
             fold = {"fold": folds.fold_of(prep.name), "name": prep.name, "blocks": _blocks(prep)}
             fold_entries.append({**fold, **entry})
-            got = _fold_arrays(prep, run_dir, L, H)
+            got = _fold_arrays(prep, run_dir, spec)
             if isinstance(got, str):
                 skipped[prep.name] = f"not pooled: {got}"
                 logging.warning("%s: %s", prep.name, skipped[prep.name])
@@ -132,6 +134,19 @@ def _series_scores(preps: list, entries: dict, run_dir: str, config, skipped: di
             series[name]["pooled"]["folds"] = len(arrays)
             losses[name] = backtest_scores.scaled_losses(pooled_arrays, series[name]["pooled"])
     return series, losses
+
+
+def _score_folds(preps: list, entries: dict, run_dir: str, config, skipped: dict):
+    """backtest.json's "series" (`_series_scores`) and "pooled" (over all series)."""
+    series, losses = _series_scores(preps, entries, run_dir, config, skipped)
+    intervals = {folds.series_of(p.name): p.interval for p in preps}
+    pooled = backtest_scores.all_series_pooled(
+        {n: e["pooled"] for n, e in series.items() if "pooled" in e},
+        losses,
+        intervals,
+        config.data.horizon,
+    )
+    return series, pooled
 
 
 def _settings(config) -> dict:
@@ -155,21 +170,23 @@ def _check(config) -> None:
         )
 
 
-def pooled_folds(preps: list, data_cfg) -> tuple[list, dict, dict]:
-    """train.share=pooled: one group per fold, each purged across its own series only.
-
-    Returns:
-      (the plan: per fold in time order its fold PreparedSeries, the train and val ends
-       of every fold coin (`pooling.pool_ends`), fold name -> why it keeps no windows).
-    """
-    plan, pool, emptied = [], {}, {}
+def plan_for(config, clock: StageClock) -> plan_lib.Plan:
+    """The backtest's plan: every (series, fold) coin in chunks of group_size, models not
+    kept, the fold settings in the ledger's fingerprint; with train.share=pooled one group
+    per fold in time order, each purged across its own series only."""
+    preps, skipped = _prepare(config, clock)
+    fields = {"keep_models": False, "extra_print": {"backtest": _settings(config)}}
+    if config.train.share != "pooled":
+        return plan_lib.chunked(config, preps, skipped=skipped, **fields)
+    groups, pool = [], {}
     for f in sorted({folds.fold_of(p.name) for p in preps}):
         fold = [p for p in preps if folds.fold_of(p.name) == f]
-        kept_fold, kept, gone = pooling.pooled_series(fold, data_cfg)
-        plan.append(kept_fold)
+        kept_fold, kept, emptied = pooling.pooled_series(fold, config.data)
+        groups.append(kept_fold)
         pool.update(kept)
-        emptied.update(gone)
-    return [g for g in plan if g], pool, emptied
+        skipped = {**skipped, **emptied}
+    groups = [g for g in groups if g]
+    return plan_lib.of_groups(config, groups, skipped=skipped, pool_ends=pool, **fields)
 
 
 def run_backtest(config, workdir: str) -> dict:
@@ -192,42 +209,16 @@ def run_backtest(config, workdir: str) -> dict:
     started, clock = time.time(), StageClock()
     run_dir = workdir_lib.backtest_run(workdir)
     os.makedirs(run_dir, exist_ok=True)
-    preps, skipped = _prepare(config, clock)
-    plan = pool = None
-    if config.train.share == "pooled":
-        plan, pool, emptied = pooled_folds(preps, config.data)
-        preps, skipped = [p for g in plan for p in g], {**skipped, **emptied}
+    plan = plan_for(config, clock)
+    preps, skipped = plan.coins, dict(plan.skipped)
     if not preps:
         raise NothingBacktested(f"no fold of any series could be trained; skipped: {skipped}")
-    entries, _, plan = driver.train_groups(
-        config,
-        run_dir,
-        preps,
-        clock,
-        keep_models=False,
-        extra_print={"backtest": _settings(config)},
-        pool_ends=pool,
-        plan=plan,
-    )
+    entries, _ = driver.train_groups(config, run_dir, plan, clock)
     with clock.stage("evaluate"):
-        series, losses = _series_scores(preps, entries, run_dir, config, skipped)
-        intervals = {folds.series_of(p.name): p.interval for p in preps}
-        pooled = backtest_scores.all_series_pooled(
-            {n: e["pooled"] for n, e in series.items() if "pooled" in e},
-            losses,
-            intervals,
-            config.data.horizon,
-        )
-    run = {**driver.run_facts(config, started, plan), "mode": "backtest"}
-    out = writers.to_jsonable(
-        {
-            "run": run,
-            "backtest": _settings(config),
-            "series": series,
-            "pooled": pooled,
-            "skipped": skipped,
-        }
-    )
+        series, pooled = _score_folds(preps, entries, run_dir, config, skipped)
+    run = evaluate.run_facts("backtest", config, started, **plan.facts(config))
+    out = {"run": run, "backtest": _settings(config), "series": series, "pooled": pooled}
+    out = writers.to_jsonable({**out, "skipped": skipped})
     if sharding.is_primary():
         writers.write_json(workdir_lib.backtest_json(workdir), out)
         with clock.stage("report"):

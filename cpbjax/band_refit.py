@@ -87,8 +87,10 @@ def shift_json(shift_H2) -> dict:
     return {"high": shift_H2[:, 0].tolist(), "low": shift_H2[:, 1].tolist()}
 
 
-def refit_for(split: str, prep, fcs: dict, lookback: int, horizon: int):
+def refit_for(split: str, prep, fcs: dict, spec):
     """(split -> the forecasts of `fcs` refit for scoring `split`, shift [H, 2]): the
-    shift is fitted on the splits before `split` (train for val, train+val for test)."""
-    shift_H2 = fit_shift(prep, fcs, baselines.SPLITS_BEFORE[split], lookback, horizon)
-    return {s: shifted_forecast(prep, fc, shift_H2, lookback) for s, fc in fcs.items()}, shift_H2
+    shift is fitted on the splits before `split` (train for val, train+val for test);
+    spec: the run's evaluate.EvalSpec (its window sizes)."""
+    L = spec.lookback
+    shift_H2 = fit_shift(prep, fcs, baselines.SPLITS_BEFORE[split], L, spec.horizon)
+    return {s: shifted_forecast(prep, fc, shift_H2, L) for s, fc in fcs.items()}, shift_H2

@@ -221,14 +221,15 @@ def _against_naive(errs: dict, model_cols: dict) -> dict:
     return out
 
 
-def fitted_predictions(prep, split, ends_N, lookback, horizon):
-    """Ridge and volatility-band forecasts of `split`'s windows, fitted on the splits before it.
+def fitted_predictions(prep, split, ends_N, spec):
+    """Ridge and volatility-band forecasts of `split`'s windows, fitted on the splits before
+    it (spec: the run's evaluate.EvalSpec, its window sizes).
 
     Returns:
       (ridge prices float64 [N, H, 4], band prices float64 [N, H, 2] (high, low), the
       fitted band, the number of windows fitted on).
     """
-    fit_on = fit_ends(prep, split)
+    fit_on, lookback, horizon = fit_ends(prep, split), spec.lookback, spec.horizon
     ridge = fit_ridge(prep.ohlc, fit_on, lookback, horizon)
     ridge_pred = ridge_predict(ridge, prep.ohlc, ends_N, lookback, horizon)
     band = fit_vol_band(prep.ohlc, fit_on, lookback, horizon)
@@ -244,13 +245,14 @@ def har_band(prep, split, ends_N, horizon) -> np.ndarray:
     return np.stack(har_predict(har, prep.ohlc, times, interval, ends_N, horizon), axis=-1)
 
 
-def fitted_baselines(prep, split, ends_N, lookback, horizon, model_cols) -> dict:
-    """Ridge, volatility-band and HAR scores on `split`, fitted on the splits before it."""
-    fit_on, actual = fit_ends(prep, split), next_candles(prep.ohlc, ends_N, horizon)
+def fitted_baselines(prep, split, ends_N, spec, model_cols) -> dict:
+    """Ridge, volatility-band and HAR scores on `split`, fitted on the splits before it
+    (spec: the run's evaluate.EvalSpec, its window sizes)."""
+    fit_on, actual = fit_ends(prep, split), next_candles(prep.ohlc, ends_N, spec.horizon)
     return {
-        "ridge": _ridge_block(prep, fit_on, ends_N, lookback, horizon, actual, model_cols),
-        "vol_band": _band_block(prep, fit_on, ends_N, lookback, horizon, actual, model_cols),
-        "har": _har_block(prep, fit_on, ends_N, horizon, actual, model_cols),
+        "ridge": _ridge_block(prep, fit_on, ends_N, spec, actual, model_cols),
+        "vol_band": _band_block(prep, fit_on, ends_N, spec, actual, model_cols),
+        "har": _har_block(prep, fit_on, ends_N, spec.horizon, actual, model_cols),
     }
 
 
@@ -259,8 +261,9 @@ def _high_low_columns(actual_NHC, high_NH, low_NH, model_cols) -> dict:
     return _against_naive(errors(actual_NHC[..., 1:3], pred_NH2, ("high", "low")), model_cols)
 
 
-def _ridge_block(prep, fit_on, ends_N, lookback, horizon, actual_NHC, model_cols) -> dict:
+def _ridge_block(prep, fit_on, ends_N, spec, actual_NHC, model_cols) -> dict:
     """results.json's "ridge": all four columns, and DM on close against the best naive."""
+    lookback, horizon = spec.lookback, spec.horizon
     ridge = fit_ridge(prep.ohlc, fit_on, lookback, horizon)
     pred_NHC = ridge_predict(ridge, prep.ohlc, ends_N, lookback, horizon)
     best = model_cols["close"]["best_naive"]
@@ -273,10 +276,10 @@ def _ridge_block(prep, fit_on, ends_N, lookback, horizon, actual_NHC, model_cols
     }
 
 
-def _band_block(prep, fit_on, ends_N, lookback, horizon, actual_NHC, model_cols) -> dict:
+def _band_block(prep, fit_on, ends_N, spec, actual_NHC, model_cols) -> dict:
     """results.json's "vol_band": its k_h and its high/low scores."""
-    band = fit_vol_band(prep.ohlc, fit_on, lookback, horizon)
-    high_NH, low_NH = vol_band_predict(band, prep.ohlc, ends_N, lookback)
+    band = fit_vol_band(prep.ohlc, fit_on, spec.lookback, spec.horizon)
+    high_NH, low_NH = vol_band_predict(band, prep.ohlc, ends_N, spec.lookback)
     return {
         "ewma_decay": EWMA_DECAY,
         "fit_windows": int(len(fit_on)),

@@ -7,30 +7,68 @@ the same windows. The test split is scored here and nowhere else.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
 from typing import NamedTuple
 
 import numpy as np
+from absl import logging
 
 from cpbjax import (
     band_refit,
     baselines,
+    checkpoint,
     forecast,
     intervals,
     metrics,
     platform,
     report,
     saved,
+    sharding,
     writers,
 )
 from cpbjax import workdir as workdir_lib
-from cpbjax.data import parsing
+from cpbjax.data import parsing, split_dates
 
 
 class NothingEvaluated(RuntimeError):
     """Every requested series was skipped; nothing is written and the reasons are listed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What scoring reads of a run's config, fixed once per run (as step.EpochSpec is for
+    training) and handed down the scoring path in place of loose arguments."""
+
+    lookback: int  # L, candles a window sees
+    horizon: int  # H, candles it forecasts
+    # config.eval.interval_levels: the calibrated interval of each split, fitted on the
+    # splits before it as the fitted baselines are; () fits none.
+    interval_levels: tuple = ()
+    # config.eval.refit_band: each split is scored by the model with its band refit on
+    # the splits before it (cpbjax/band_refit.py).
+    refit_band: bool = False
+    # (days, weight) of the interval scale's long-run blend: intervals.VOL_BLEND in a run,
+    # intervals.NO_BLEND for the band's own fit.
+    interval_vol: tuple = intervals.NO_BLEND
+
+    def at_levels(self, levels) -> EvalSpec:
+        """This spec for an interval at other levels (a saved calibration's): what
+        intervals.py fits or scores at spec.interval_levels."""
+        return dataclasses.replace(self, interval_levels=levels)
+
+
+def make_spec(config) -> EvalSpec:
+    """The EvalSpec of a run config (or of a saved model's config)."""
+    return EvalSpec(
+        lookback=config.data.lookback,
+        horizon=config.data.horizon,
+        interval_levels=tuple(config.eval.interval_levels),
+        refit_band=config.eval.refit_band,
+        interval_vol=intervals.VOL_BLEND,
+    )
 
 
 class Scored(NamedTuple):
@@ -42,23 +80,10 @@ class Scored(NamedTuple):
     params: dict  # the params test scored: with eval.refit_band, refit on train+val
 
 
-def evaluate_split(
-    prep, fc: forecast.SplitForecast, split, lookback, horizon, calibration=None
-) -> dict:
-    """All metrics of one series on one split: the results.json series[name][split].
-
-    Args:
-      prep: windows.PreparedSeries. fc: `forecast.split_forecast` of that split.
-      split: "val" or "test". lookback, horizon: L and H.
-      calibration: an interval calibration fitted on the splits before, or None.
-
-    Returns:
-      The JSON-ready metrics dict (schema: README, "results.json"): windows,
-      normalized_mse, and with a price-preserving normalisation also columns,
-      direction, dm, ridge and vol_band; a calibration adds calibrated_interval.
-    """
+def _window_scores(prep, fc: forecast.SplitForecast, horizon: int) -> dict:
+    """What every normalisation scores of a split: its windows and normalised losses."""
     ends = fc.ends_N
-    out = {
+    return {
         "windows": int(len(ends)),
         "horizon": int(horizon),
         "first_window_end": parsing.iso(prep.open_time_ms[ends[0]]),
@@ -71,90 +96,165 @@ def evaluate_split(
         ),
         "price_space": fc.prices_NHC is not None,
     }
+
+
+def evaluate_split(
+    prep, fc: forecast.SplitForecast, split, spec: EvalSpec, calibration=None
+) -> dict:
+    """All metrics of one series on one split: the results.json series[name][split].
+
+    Args:
+      prep: windows.PreparedSeries. fc: `forecast.split_forecast` of that split.
+      split: "val" or "test". spec: the run's EvalSpec (its window sizes).
+      calibration: an interval calibration fitted on the splits before, or None.
+
+    Returns:
+      The JSON-ready metrics dict (schema: README, "results.json"): windows,
+      normalized_mse, and with a price-preserving normalisation also columns,
+      direction, dm, ridge and vol_band; a calibration adds calibrated_interval.
+    """
+    ends, out = fc.ends_N, _window_scores(prep, fc, spec.horizon)
     if fc.prices_NHC is None:  # candle_minmax keeps no price level: nothing to score.
         return out
-    actual = metrics.next_candles(prep.ohlc, ends, horizon)
+    actual = metrics.next_candles(prep.ohlc, ends, spec.horizon)
     out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
-    out.update(baselines.fitted_baselines(prep, split, ends, lookback, horizon, out["columns"]))
+    out.update(baselines.fitted_baselines(prep, split, ends, spec, out["columns"]))
     if calibration is not None:
         out["calibrated_interval"] = intervals.score_calibrated(
-            prep, split, ends, lookback, horizon, fc.prices_NHC, calibration
+            prep, split, ends, spec, fc.prices_NHC, calibration
         )
     return out
 
 
-def evaluate_model(
-    module,
-    params,
-    prep,
-    lookback,
-    horizon,
-    forecasts_dir=None,
-    interval_levels=(),
-    refit_band=False,
-    interval_vol=intervals.NO_BLEND,
-) -> Scored:
+def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> Scored:
     """Scores one model on the val and test splits of one series.
 
     Args:
       module, params: the model, applied with train=False.
-      prep: windows.PreparedSeries. lookback, horizon: L and H.
+      prep: windows.PreparedSeries. spec: the run's EvalSpec: with interval_levels, the
+        one interval fitted for test (on train+val) is the model's; with refit_band, a
+        model without model.baseline=vol_band has no band and is scored as it is.
       forecasts_dir: if set, the test forecasts are also saved to
         <forecasts_dir>/forecasts/<SERIES>.npz (eval.save_forecasts).
-      interval_levels: config.eval.interval_levels: the calibrated interval of each
-        split, fitted on the splits before it as the fitted baselines are; the one
-        fitted for test (on train+val) is the model's. () for none.
-      refit_band: config.eval.refit_band: each split is scored by the model with its
-        band refit on the splits before it (cpbjax/band_refit.py; a model without
-        model.baseline=vol_band has no band and is scored as it is).
-      interval_vol: (days, weight) of the interval scale's long-run blend
-        (intervals.VOL_BLEND in a run).
     """
     entry, calibration = {}, None
-    refit = refit_band and band_refit.applies(module)
+    refit = spec.refit_band and band_refit.applies(module)
     # One forward pass per split serves every refit (band_refit.shifted_forecast); train
     # is forecast only when a refit or an interval is fitted on it.
-    forecast_splits = ("train", "val", "test") if refit or interval_levels else ("val", "test")
-    trained = {
-        s: forecast.split_forecast(module, params, prep, s, lookback, horizon)
-        for s in forecast_splits
-    }
+    fitted = refit or spec.interval_levels
+    forecast_splits = ("train", "val", "test") if fitted else ("val", "test")
+    trained = {s: forecast.split_forecast(module, params, prep, s, spec) for s in forecast_splits}
     scored_params = params
     for split in ("val", "test"):
         fcs = trained
         if refit:
-            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, lookback, horizon)
+            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, spec)
             scored_params = band_refit.shifted(params, shift_H2)
-        if interval_levels and fcs[split].prices_NHC is not None:
+        if spec.interval_levels and fcs[split].prices_NHC is not None:
             point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
-            calibration = intervals.fit_before(
-                prep, split, point, lookback, horizon, interval_levels, interval_vol
-            )
-        entry[split] = evaluate_split(prep, fcs[split], split, lookback, horizon, calibration)
+            calibration = intervals.fit_before(prep, split, point, spec)
+        entry[split] = evaluate_split(prep, fcs[split], split, spec, calibration)
         if refit:
             entry[split]["band_refit"] = band_refit.shift_json(shift_H2)
     test = fcs["test"]
     if test.prices_NHC is None:  # only the test split is plotted and saved
         return Scored(entry, None, None, scored_params)
-    record = forecast.forecast_record(prep, test, horizon, calibration, lookback)
+    record = forecast.forecast_record(prep, test, spec, calibration)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
     return Scored(entry, record, calibration, scored_params)
 
 
-def run_facts(mode: str, config, workdir: str, started: float) -> dict:
-    """The results "run" block of an evaluate/predict run: versions, devices, data, time."""
-    d = config.data
+# A val loss this many times the zero forecast's marks a model worse than no training.
+WORSE_THAN_UNTRAINED = 10.0
+
+
+def flag_worse_than_untrained(module, spec: EvalSpec, prep, entry: dict, last_params) -> None:
+    """Adds a `warning` to a scored entry whose training went far above the zero forecast.
+
+    Without a baseline that is the kept model's val loss. With one (model.baseline) an
+    epoch is kept only if it beats the untrained model, so a run that went wrong keeps
+    the baseline (best_epoch None); the warning then looks at `last_params`, the last
+    epoch's params (None without model.baseline).
+    """
+    val = entry.get("val") or {}
+    loss, zero = val.get("normalized_mse"), val.get("zero_forecast_mse")
+    if loss is None or not zero:
+        return
+    kept = "the kept model"
+    if last_params is not None and entry["best_epoch"] is None:
+        fc = forecast.split_forecast(module, last_params, prep, "val", spec)
+        loss = metrics.normalized_mse(prep, fc.ends_N, fc.norm_NHC, spec.horizon)
+        kept = "the last epoch (the untrained baseline is kept)"
+    if loss <= WORSE_THAN_UNTRAINED * zero:
+        return
+    entry["warning"] = (
+        f"val loss {loss:.3g} of {kept} is {loss / zero:.3g}x the zero forecast's {zero:.3g}: "
+        "the model learned something worse than not training (check train.learning_rate)"
+    )
+    logging.warning("%s: %s", prep.name, entry["warning"])
+
+
+def reload_forecasts(config, workdir: str, module, preps: list) -> dict:
+    """Test forecast records of the kept models of a group finished by an earlier process:
+    for the plots, and saved to forecasts/ when eval.save_forecasts asks for files that
+    are missing (process 0; {} when neither asks for them)."""
+    c = config
+    plots = c.eval.plots and c.eval.plot_windows and c.data.normalization != "candle_minmax"
+    if not ((plots or c.eval.save_forecasts) and sharding.is_primary()):
+        return {}
+    records, spec = {}, make_spec(c)
+    for prep in (p for p in preps if not split_dates.is_train_only(p)):
+        try:
+            params, meta = checkpoint.load_series_model(
+                workdir_lib.series_model(workdir, prep.name)
+            )
+        except (OSError, ValueError) as e:  # its results stand; only its forecasts are lost
+            logging.warning(
+                "%s: no test forecasts: its saved model is unreadable (%s)", prep.name, e
+            )
+            continue
+        fc = forecast.split_forecast(module, params, prep, "test", spec)
+        if fc.prices_NHC is None:
+            continue
+        calibration = meta.get("interval_calibration")
+        records[prep.name] = forecast.forecast_record(prep, fc, spec, calibration)
+        if c.eval.save_forecasts:
+            forecast.save_forecasts(workdir, records[prep.name])
+    return records
+
+
+def run_facts(mode: str, config, started: float, **facts) -> dict:
+    """The "run" block of every results file (results.json, backtest.json, sweep.json,
+    eval-*.json, forecast.json): the mode, model, versions and devices, when it started
+    (`started`, a time.time()) and its wall seconds (this process only, not the parts of
+    a resumed run done before); `facts`: the mode's own (a plan's groups, `scored_workdir`)."""
+    devices = platform.describe_devices()
     return {
         "mode": mode,
+        "model": config.model.name,
+        "seed": config.seed,
+        "versions": platform.versions(),
+        "platform": devices["backend"],
+        "device_count": devices["device_count"],
+        "process_count": devices["process_count"],
+        "devices": devices["devices"],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_seconds": time.time() - started,
+        **facts,
+    }
+
+
+def scored_workdir(config, workdir: str) -> dict:
+    """`run_facts`' facts of --mode evaluate and predict: the workdir of the models, when
+    the results were made, and the data they were made from."""
+    d = config.data
+    return {
         "workdir": os.path.abspath(workdir),
         "created": parsing.iso(time.time() * 1000),
         "data": {
             k: d[k] for k in ("source", "base_url", "local_dir", "months", "end", "max_candles")
         },
-        "versions": platform.versions(),
-        "devices": platform.describe_devices(),
-        "wall_seconds": round(time.monotonic() - started, 3),
     }
 
 
@@ -166,20 +266,10 @@ def _read_results(workdir: str) -> dict:
 def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
     """results entries (training facts + val/test scores) and test forecast records."""
     series, records = {}, {}
-    d = cfg.data
+    spec = make_spec(cfg)
     for name, prep in preps.items():
         model = loaded[name]
-        entry, record, _, _ = evaluate_model(
-            model.module,
-            model.params,
-            prep,
-            d.lookback,
-            d.horizon,
-            forecasts_dir,
-            cfg.eval.interval_levels,
-            cfg.eval.refit_band,
-            intervals.VOL_BLEND,
-        )
+        entry, record, _, _ = evaluate_model(model.module, model.params, prep, spec, forecasts_dir)
         facts = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}
         series[name].update(entry, data=prep.notes)  # the evaluated data
@@ -204,7 +294,7 @@ def run_evaluate(config, workdir: str) -> dict:
       saved.ModelNotFound: a requested series has no model (the message lists those that do).
       NothingEvaluated: no requested series could be scored.
     """
-    started = time.monotonic()
+    started = time.time()
     stem = "eval-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     available = saved.available_models(workdir)
     trained_results = _read_results(workdir)
@@ -222,11 +312,8 @@ def run_evaluate(config, workdir: str) -> dict:
     series, records = _score_all(loaded, preps, trained_results, cfg, forecasts_dir)
     if not series:
         raise NothingEvaluated(f"no series could be evaluated; skipped: {skipped}")
-    results = {
-        "run": run_facts("evaluate", cfg, workdir, started),
-        "series": series,
-        "skipped": skipped,
-    }
+    run = run_facts("evaluate", cfg, started, **scored_workdir(cfg, workdir))
+    results = {"run": run, "series": series, "skipped": skipped}
     writers.write_json(os.path.join(workdir, f"{stem}.json"), results)
     report.write_reports(workdir, results, cfg, report.PlotInputs(forecasts=records), stem)
     return results

@@ -69,9 +69,10 @@ def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=
     return np.concatenate(outs)[:n].astype(np.float32)
 
 
-def split_forecast(module, params, prep, split, lookback, horizon) -> SplitForecast:
-    """Forecasts every window of one split ("train" | "val" | "test") of one series."""
-    return forecast_ends(module, params, prep, prep.ends[split], lookback, horizon)
+def split_forecast(module, params, prep, split, spec) -> SplitForecast:
+    """Forecasts every window of one split ("train" | "val" | "test") of one series
+    (spec: the run's evaluate.EvalSpec, its window sizes)."""
+    return forecast_ends(module, params, prep, prep.ends[split], spec.lookback, spec.horizon)
 
 
 def forecast_ends(module, params, prep, ends_N, lookback, horizon) -> SplitForecast:
@@ -83,16 +84,17 @@ def forecast_ends(module, params, prep, ends_N, lookback, horizon) -> SplitForec
     return SplitForecast(ends_N, windows.to_prices(prep, ends_N, pred_norm), pred_norm)
 
 
-def forecast_record(prep, fc: SplitForecast, horizon, calibration=None, lookback=0):
-    """The arrays of a forecasts file (see save_forecasts); `calibration`
-    (intervals.fit_calibration, with the model's lookback L) adds the calibrated interval."""
+def forecast_record(prep, fc: SplitForecast, spec, calibration=None):
+    """The arrays of a forecasts file (see save_forecasts); spec: the run's
+    evaluate.EvalSpec (its window sizes); `calibration` (intervals.fit_calibration) adds
+    the calibrated interval."""
     if fc.prices_NHC is None:
         raise ValueError(
             f"{prep.name}: no price forecasts to save: data.normalization="
             f"{prep.norm['kind']!r} keeps no price level"
         )
     ends_N = np.asarray(fc.ends_N, np.int64)
-    idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
+    idx_NH = ends_N[:, None] + np.arange(1, spec.horizon + 1)[None, :]
     record = {
         "series": np.array(prep.name),
         "symbol": np.array(prep.symbol),
@@ -107,7 +109,7 @@ def forecast_record(prep, fc: SplitForecast, horizon, calibration=None, lookback
     if calibration is not None:
         record["interval_levels"] = np.asarray(calibration["levels"], np.float64)
         record["interval_bounds"] = intervals.calibrated_bounds(
-            calibration, prep.ohlc, ends_N, fc.prices_NHC, lookback
+            calibration, prep.ohlc, ends_N, fc.prices_NHC, spec.lookback
         )
     return record
 

@@ -64,7 +64,7 @@ class GroupTrainer:
         if self.spec.share == "pooled" and self.mesh.size > 1:
             raise ValueError(
                 f"train.share='pooled' trains one model on one device, not on a mesh of "
-                f"{self.mesh.size} (driver.coin_mesh)"
+                f"{self.mesh.size} (plan.coin_mesh)"
             )
         self.num_coins = num_coins
         self.data_cfg = config.data

@@ -145,25 +145,26 @@ def _column(actual_NH, pred_NHJ, bands: dict, levels_J) -> dict:
     return out
 
 
-def score_intervals(
-    prep, split, ends_N, lookback, horizon, pred_NHCJ, levels_J, scale=WINDOW_ONLY
-) -> dict:
+def score_intervals(prep, split, ends_N, spec, pred_NHCJ, scale=WINDOW_ONLY) -> dict:
     """results.json's `intervals` block of one split: per column and step, model and band.
 
     Args:
       prep: windows.PreparedSeries. split: the scored split ("val" or "test").
-      ends_N: its window ends. pred_NHCJ: the interval's bounds (levels) in prices.
-      levels_J: their levels, increasing; the central interval is the first to the last.
+      ends_N: its window ends. spec: an evaluate.EvalSpec whose interval_levels are the
+        levels of pred_NHCJ, increasing; the central interval is the first to the last
+        (`EvalSpec.at_levels`).
+      pred_NHCJ: the interval's bounds (at those levels) in prices.
       scale: the interval's `interval_scale`; with a blend it is also scored against the
         band with that scale (`scaled_band`), the strongest simple competitor: how much
         the network adds beyond its scale.
     """
+    lookback, horizon, levels_J = spec.lookback, spec.horizon, spec.interval_levels
     actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
     fit_on = baselines.fit_ends(prep, split)
     k_HCJ = fit_band_quantiles(prep.ohlc, fit_on, lookback, horizon, levels_J)
     bands = {"band": band_quantiles(k_HCJ, prep.ohlc, ends_N, lookback)}
     if scale["long_weight"] > 0:
-        bands["scaled_band"] = scaled_band(prep, fit_on, ends_N, lookback, horizon, levels_J, scale)
+        bands["scaled_band"] = scaled_band(prep, fit_on, ends_N, spec, scale)
     return {
         "levels": [float(q) for q in levels_J],
         "central": [float(levels_J[0]), float(levels_J[-1])],
@@ -188,10 +189,9 @@ def _conformal_quantile(scores, level: float) -> float:
     return float(s[min(max(rank, 1), n) - 1])
 
 
-def fit_calibration(
-    prep, ends_N, point_NHC, lookback, horizon, levels_J, weighting="none", scale=WINDOW_ONLY
-):
-    """The calibrated interval of a point forecast, fitted on the windows ending at ends_N.
+def fit_calibration(prep, ends_N, point_NHC, spec, weighting="none", scale=WINDOW_ONLY):
+    """The calibrated interval of a point forecast, fitted on the windows ending at ends_N,
+    at the levels spec.interval_levels (spec: an evaluate.EvalSpec).
 
     Bound j of column c at step h is point * exp(k[h, c, j] * s), s the window's
     `interval_scale` under `scale` (so the interval widens with volatility), and k a
@@ -205,7 +205,8 @@ def fit_calibration(
     Returns:
       meta.json's `interval_calibration`: levels, k [H][C][J], scale, the windows fitted on.
     """
-    actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
+    lookback, levels_J = spec.lookback, spec.interval_levels
+    actual_NHC = next_candles(prep.ohlc, ends_N, spec.horizon)
     s_N = interval_scale(prep.ohlc, ends_N, lookback, scale)
     point_NHC = np.asarray(point_NHC, np.float64)
     ok_NHC = (s_N[:, None, None] > 0) & (point_NHC > 0) & (actual_NHC > 0)
@@ -223,18 +224,19 @@ def fit_calibration(
     }
 
 
-def fit_before(prep, split, point_by_split, lookback, horizon, levels_J, vol=NO_BLEND) -> dict:
+def fit_before(prep, split, point_by_split, spec) -> dict:
     """`fit_calibration` (s-weighted) on the splits before `split`, as every fitted
     baseline is fitted (baselines.fit_ends): train for val, train+val for test.
 
     Args:
       point_by_split: split -> the model's point forecasts of its windows, [N, H, C].
-      vol: (days, weight) of the scale's long-run blend (VOL_BLEND in a run).
+      spec: the run's evaluate.EvalSpec: its window sizes, interval_levels, and
+        interval_vol, the (days, weight) of the scale's long-run blend (VOL_BLEND in a run).
     """
     point_NHC = np.concatenate([point_by_split[s] for s in baselines.SPLITS_BEFORE[split]])
     ends_N = baselines.fit_ends(prep, split)
-    scale = scale_settings(prep.interval, *vol)
-    return fit_calibration(prep, ends_N, point_NHC, lookback, horizon, levels_J, "sigma", scale)
+    scale = scale_settings(prep.interval, *spec.interval_vol)
+    return fit_calibration(prep, ends_N, point_NHC, spec, "sigma", scale)
 
 
 def check_calibration(calibration, horizon: int, where: str) -> dict | None:
@@ -276,13 +278,13 @@ def calibrated_bounds(calibration: dict, ohlc_TC, ends_N, point_NHC, lookback) -
     return _scaled(k_HCJ, np.asarray(point_NHC, np.float64), s_N)
 
 
-def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibration) -> dict:
+def score_calibrated(prep, split, ends_N, spec, point_NHC, calibration) -> dict:
     """results.json's `calibrated_interval` of one split: `score_intervals` of the bounds,
-    with where the calibration was fitted and its scale."""
-    bounds = calibrated_bounds(calibration, prep.ohlc, ends_N, point_NHC, lookback)
+    with where the calibration was fitted and its scale (spec: the run's evaluate.EvalSpec)."""
+    bounds = calibrated_bounds(calibration, prep.ohlc, ends_N, point_NHC, spec.lookback)
     scale = calibration.get("scale", WINDOW_ONLY)
-    levels = calibration["levels"]
-    out = score_intervals(prep, split, ends_N, lookback, horizon, bounds, levels, scale)
+    at_levels = spec.at_levels(calibration["levels"])
+    out = score_intervals(prep, split, ends_N, at_levels, bounds, scale)
     out["fitted_on"] = {
         k: calibration[k] for k in ("fitted_on_windows", "first_window_end", "last_window_end")
     }
@@ -290,15 +292,14 @@ def score_calibrated(prep, split, ends_N, lookback, horizon, point_NHC, calibrat
     return out
 
 
-def scaled_band(prep, fit_ends_N, ends_N, lookback, horizon, levels_J, scale) -> np.ndarray:
-    """The band's quantiles with the scale `scale`, in prices [N, H, C, J]: the s-weighted
-    calibrated interval of the last close, fitted on the windows ending at fit_ends_N.
-    With WINDOW_ONLY they are the band's own (`fit_band_quantiles`)."""
+def scaled_band(prep, fit_ends_N, ends_N, spec, scale) -> np.ndarray:
+    """The band's quantiles at spec.interval_levels with the scale `scale`, in prices
+    [N, H, C, J]: the s-weighted calibrated interval of the last close, fitted on the
+    windows ending at fit_ends_N. With WINDOW_ONLY they are the band's own
+    (`fit_band_quantiles`)."""
 
     def close(e):  # [N, H, C]: every column at the window's last close
-        return np.repeat(prep.ohlc[e, 3][:, None, None], len(COLUMNS), 2).repeat(horizon, 1)
+        return np.repeat(prep.ohlc[e, 3][:, None, None], len(COLUMNS), 2).repeat(spec.horizon, 1)
 
-    cal = fit_calibration(
-        prep, fit_ends_N, close(fit_ends_N), lookback, horizon, levels_J, "sigma", scale
-    )
-    return calibrated_bounds(cal, prep.ohlc, ends_N, close(ends_N), lookback)
+    cal = fit_calibration(prep, fit_ends_N, close(fit_ends_N), spec, "sigma", scale)
+    return calibrated_bounds(cal, prep.ohlc, ends_N, close(ends_N), spec.lookback)

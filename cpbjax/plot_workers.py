@@ -20,7 +20,8 @@ import os
 
 from absl import logging
 
-from cpbjax import report
+from cpbjax import report, sharding, writers
+from cpbjax import workdir as workdir_lib
 
 
 class PlotWorkers:
@@ -73,3 +74,21 @@ class PlotWorkers:
     def close(self) -> None:
         """Stops the pool without waiting (a run that failed before its report)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def start(config, workdir: str) -> PlotWorkers | None:
+    """The pool drawing each group's plots while the next one trains (process 0, when
+    eval.plots and eval.plot_workers ask for it), else None: plots drawn at the end."""
+    if not (config.eval.plots and config.eval.plot_workers and sharding.is_primary()):
+        return None
+    folder = workdir_lib.plots_dir(workdir, "report")
+    return PlotWorkers(folder, config, config.eval.plot_workers)
+
+
+def submit_group(workers, workdir: str, group: str, entries: dict, records: dict) -> None:
+    """Hands a finished group's series, their loss history and forecasts to the plot pool
+    (nothing without one)."""
+    if workers is None:
+        return
+    history = [r for r in writers.MetricsLog(workdir).records() if r.get("group") == group]
+    workers.submit(entries, history, records)

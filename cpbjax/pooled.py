@@ -13,7 +13,7 @@ Both means weigh windows, not coins: the pooled model is fitted to all windows, 
 data.normalization=last_close and train.loss_scale=persistence a window's loss is comparable
 across series; a coin with fewer windows (a shorter series) counts for fewer of them.
 
-It runs on one device (driver.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
+It runs on one device (plan.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
 coin axis the gradient and the pooled val loss would need a cross-device sum.
 
 Shape letters (docs/design.md): K coins, Z coins of one gradient chunk, S steps, B windows

@@ -14,7 +14,7 @@ from cpbjax import forecast, saved
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import klines_api
 from cpbjax.data.series import SeriesSkipped
-from cpbjax.evaluate import run_facts
+from cpbjax.evaluate import run_facts, scored_workdir
 
 
 class NothingToForecast(RuntimeError):
@@ -87,7 +87,7 @@ def run_predict(config, workdir: str) -> dict:
       saved.ModelNotFound: a requested series or interval has no model.
       NothingToForecast: no requested series could be forecast (the reasons are listed).
     """
-    started = time.monotonic()
+    started = time.time()
     loaded, cfg, unreadable = saved.load_for_forecast(config, workdir)
     preps, skipped = saved.prepare(cfg, loaded, latest=True)
     skipped.update(unreadable)
@@ -95,7 +95,7 @@ def run_predict(config, workdir: str) -> dict:
     if not series:
         raise NothingToForecast(f"no series could be forecast: {skipped}")
     doc = {
-        "run": run_facts("predict", cfg, workdir, started),
+        "run": run_facts("predict", cfg, started, **scored_workdir(cfg, workdir)),
         "model": cfg.model.name,
         "horizon": cfg.data.horizon,
         "series": series,

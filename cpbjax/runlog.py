@@ -31,6 +31,32 @@ def _on_duration(event: str, seconds: float, **kwargs) -> None:
         _COMPILES.append({"program": str(kwargs.get("fun_name")), "seconds": round(seconds, 3)})
 
 
+def epoch_record(group: str, names: list[str], m: dict, seconds: float, coins: int, train_cfg):
+    """One metrics.jsonl line from the host copy of an epoch's metrics (real coins only):
+    `names` the group's series, `coins` the coins its program computed, and the fields
+    that train_cfg's options add."""
+    n = len(names)
+    record = {
+        "group": group,
+        "epoch": int(m["epoch"]),
+        "series": names,
+        "train_loss": m["train_loss"][:n],
+        "val_loss": m["val_loss"][:n],
+        "best_val_loss": m["best_val_loss"][:n],
+        "improved": m["improved"][:n],
+        "lr": float(m["lr"]),
+        "active": m["active"][:n],
+        "seconds": seconds,
+        "coins_computed": coins,
+    }
+    if train_cfg.reduce_on_plateau:
+        record["lr_scale"] = m["lr_scale"][:n]
+    record["val_gain_se"] = m["val_gain_se"][:n]
+    if train_cfg.share == "pooled":  # what its early stopping judged (coin 0 is always real)
+        record["pooled_val_loss"] = m["stop_val_loss"][0]
+    return record
+
+
 class StageClock:
     """Wall seconds of a run's stages, for <workdir>/timings.json and benchmarks/run_bench.py.
 

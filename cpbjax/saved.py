@@ -13,6 +13,7 @@ loaded data, with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, NamedTuple
@@ -33,6 +34,31 @@ MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
 
 class ModelNotFound(ValueError):
     """A requested series or interval has no saved model; the message lists those that do."""
+
+
+def model_meta(config, prep, entry: dict) -> dict:
+    """meta.json of a saved series model: enough to rebuild the module and map prices."""
+    return {
+        "series": prep.name,
+        "symbol": prep.symbol,
+        "interval": prep.interval,
+        "model": dataclasses.asdict(models.make_config(config)),
+        "config": config.to_dict(),
+        "data": config.data.to_dict(),
+        "norm": prep.norm,
+        "price_mask": prep.price_mask,
+        **{k: entry[k] for k in ("num_params", "status", "best_epoch", "best_val_loss")},
+    }
+
+
+def keep_model(workdir: str, config, prep, scored, entry: dict) -> None:
+    """Saves a trained series' model to <workdir>/models/<SERIES>/: the params test
+    scored (`evaluate.Scored`: with eval.refit_band, its band refit on train+val), and
+    meta.json with its interval calibration."""
+    meta = model_meta(config, prep, entry)
+    if scored.calibration is not None:
+        meta["interval_calibration"] = scored.calibration
+    checkpoint.save_series_model(workdir_lib.series_model(workdir, prep.name), scored.params, meta)
 
 
 def available_models(workdir: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ adding "sweep": the chosen setting), the report, config.json and timings.json, s
 predict, export and serve use it unchanged. <workdir>/sweep.json holds the whole grid.
 
 With train.share=pooled a setting is ONE model over every series: its coins form a group
-of their own (`pooled_plan`), purged across series as a pooled train run's, and the
+of their own (`plan_for`), purged across series as a pooled train run's, and the
 groups train one after another in the same compiled program (each has one coin per
 series); the setting's values reach the pooled step from the group's coin arrays.
 """
@@ -22,12 +22,14 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 from absl import logging
 
-from cpbjax import checkpoint, driver, report, sharding, sweep_grid, writers
+from cpbjax import checkpoint, driver, evaluate, report, sharding, sweep_grid, writers
 from cpbjax import config as config_lib
+from cpbjax import plan as plan_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import pooling
 from cpbjax.runlog import StageClock
@@ -121,9 +123,20 @@ def _history(run_dir: str, coin_series: dict) -> list[dict]:
     return [{**r, "series": [coin_series.get(n, n) for n in r["series"]]} for r in records]
 
 
-def _publish(config, workdir, run_dir, tab, chosen, entries, records, skipped) -> tuple:
+class _Trained(NamedTuple):
+    """A trained sweep, as publishing reads it."""
+
+    run_dir: str  # <workdir>/sweep/
+    table: dict  # `table`
+    entries: dict  # coin name -> results.json entry
+    records: dict  # coin name -> test forecast record
+
+
+def _publish(config, workdir: str, trained: _Trained, chosen: dict, skipped: dict) -> tuple:
     """Writes models/<SERIES>/ of each chosen setting; returns the results.json series
-    entries, the report's history and its forecasts, by series name."""
+    entries, the report's history and its forecasts, by series name. A series with no
+    chosen setting goes to `skipped`."""
+    run_dir, tab, entries, records = trained
     series_entries, forecasts, coin_series = {}, {}, {}
     for series, name in chosen.items():
         if name is None:
@@ -140,28 +153,37 @@ def _publish(config, workdir, run_dir, tab, chosen, entries, records, skipped) -
     return series_entries, _history(run_dir, coin_series), forecasts
 
 
-def _write(config, workdir: str, results: dict, out: dict, history, forecasts, clock, started):
-    """Writes results.json, sweep.json, config.json, the report and timings.json."""
+def _write(config, workdir: str, results: dict, out: dict, published: tuple, clock) -> None:
+    """Writes results.json, sweep.json, config.json and the report (`published`: the
+    report's history and forecasts, as `_publish` returns them)."""
+    history, forecasts = published
     writers.write_config(workdir, config)
     writers.write_results(workdir, results)
     writers.write_json(workdir_lib.sweep_json(workdir), out)
     with clock.stage("report"):
         report.write_reports(workdir, results, config, report.PlotInputs(history, forecasts))
-    writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
 
 
-def pooled_plan(preps: list, config) -> tuple[list, list, dict, dict]:
-    """train.share=pooled: one group per setting, each ONE pooled model over every series
-    at that setting, purged across series as a pooled train run is (data/pooling.py).
+def plan_for(config, clock: StageClock) -> tuple[plan_lib.Plan, list[str]]:
+    """The sweep's plan, and the names of the series that train.
 
-    Returns:
-      (the series that keep windows, the plan: per setting its coins, the train and val
-       ends of every coin, series name -> why it keeps no windows).
+    Every (series, setting) coin, a series' settings adjacent, in chunks of group_size;
+    with train.share=pooled one group per setting, each ONE pooled model over every
+    series at that setting, purged across series as a pooled train run is
+    (data/pooling.py). The ledger's fingerprint holds the grid without sweep.select: the
+    choice only reads the trained coins, so a rerun may change it.
     """
+    preps, skipped = plan_lib.prepare_all(config, clock)
+    trained = {k: v for k, v in grid(config).items() if k != "select"}
+    fields = {"extra_print": {"sweep": trained}}
+    if config.train.share != "pooled":
+        coins = sweep_grid.expand(preps, config)
+        return plan_lib.chunked(config, coins, skipped=skipped, **fields), [p.name for p in preps]
     preps, kept, emptied = pooling.pooled_series(preps, config.data)
-    plan = sweep_grid.by_setting(preps, config)
-    pool = {c.name: kept[sweep_grid.series_of(c.name)] for group in plan for c in group}
-    return preps, plan, pool, emptied
+    groups = sweep_grid.by_setting(preps, config)
+    pool = {c.name: kept[sweep_grid.series_of(c.name)] for group in groups for c in group}
+    fields.update(skipped={**skipped, **emptied}, pool_ends=pool)
+    return plan_lib.of_groups(config, groups, **fields), [p.name for p in preps]
 
 
 def run_sweep(config, workdir: str) -> dict:
@@ -183,30 +205,24 @@ def run_sweep(config, workdir: str) -> dict:
     started, clock = time.time(), StageClock()
     run_dir = workdir_lib.sweep_run(workdir)
     os.makedirs(run_dir, exist_ok=True)
-    preps, skipped = driver.prepare_all(config, clock)
-    if config.train.share == "pooled":
-        preps, plan, pool, emptied = pooled_plan(preps, config)
-        coins, skipped = [c for group in plan for c in group], {**skipped, **emptied}
-    else:
-        coins, plan, pool = sweep_grid.expand(preps, config), None, None
-    if not preps:
+    plan, series_names = plan_for(config, clock)
+    skipped = dict(plan.skipped)
+    if not series_names:
         raise driver.NothingTrained(f"no series could be trained; skipped: {skipped}")
-    extra = {"sweep": grid(config)}
-    # The choice only reads the trained coins: a rerun may change sweep.select.
-    trained = {"sweep": {k: v for k, v in extra["sweep"].items() if k != "select"}}
-    entries, records, plan = driver.train_groups(
-        config, run_dir, coins, clock, extra_print=trained, pool_ends=pool, plan=plan
-    )
-    tab = table([p.name for p in preps], entries, config)
+    entries, records = driver.train_groups(config, run_dir, plan, clock)
+    tab = table(series_names, entries, config)
     chosen = choose(tab, config.sweep.select)
     logging.info("sweep: chosen settings (by val loss): %s", chosen)
-    run = driver.run_facts(config, started, plan)
+    run = evaluate.run_facts("sweep", config, started, **plan.facts(config))
+    extra = {"sweep": grid(config)}
     series = {s: {"settings": row, "chosen": chosen[s]} for s, row in tab.items()}
     out = {"run": run, **extra, "series": series, "pooled_scores": pooled_scores(tab)}
     if sharding.is_primary():
-        got = _publish(config, workdir, run_dir, tab, chosen, entries, records, skipped)
+        trained = _Trained(run_dir, tab, entries, records)
+        got = _publish(config, workdir, trained, chosen, skipped)
         results = {"run": run, "series": got[0], "skipped": skipped, **extra}
         out = writers.to_jsonable({**out, "skipped": skipped})
-        _write(config, workdir, writers.to_jsonable(results), out, *got[1:], clock, started)
+        _write(config, workdir, writers.to_jsonable(results), out, got[1:], clock)
+        writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
     sharding.barrier("cpbjax sweep finished")
     return writers.to_jsonable({**out, "skipped": skipped})

@@ -67,7 +67,9 @@ def test_the_saved_model_is_the_one_test_scored_with_its_band_refit(run):
     params, _ = checkpoint.load_series_model(workdir_lib.series_model(workdir, prep.name))
     module = models.build(models.make_config(cfg))
     L, H = cfg.data.lookback, cfg.data.horizon
-    again = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True).entry
+    again = evaluate.evaluate_model(
+        module, params, prep, evaluate.EvalSpec(L, H, refit_band=True)
+    ).entry
     np.testing.assert_allclose(again["test"]["band_refit"]["high"], 0, atol=1e-4)
     np.testing.assert_allclose(again["test"]["band_refit"]["low"], 0, atol=1e-4)
     for col in ("high", "low", "close"):

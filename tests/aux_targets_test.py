@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from cpbjax import batching, driver, group, models, sharding, step, writers
+from cpbjax import batching, group, models, plan, sharding, step, writers
 from cpbjax import config as config_lib
 from cpbjax.data import auxiliary, stacking, windows
 from tests import helpers
@@ -339,7 +339,7 @@ def _aux_trainer(config):
 
 @functools.cache
 def _aux_preps():
-    preps, skipped = driver.prepare_all(_aux_config())  # the run driver's own preparation
+    preps, skipped = plan.prepare_all(_aux_config())  # the run driver's own preparation
     assert not skipped and all(p.aux.shape[1] == 2 for p in preps)
     return tuple(preps)
 

@@ -50,12 +50,13 @@ def run(workdir: str) -> None:
 
 def run_alone(workdir: str) -> None:
     """Trains the fold ALONE as the only coin of a run, through the same driver."""
-    from cpbjax import driver
+    from cpbjax import driver, plan
     from cpbjax.runlog import StageClock
 
     config = backtest_config()
     preps = [p for p in fold_preps(config) if p.name == ALONE]
-    entries, _, _ = driver.train_groups(config, workdir, preps, StageClock(), keep_models=False)
+    alone = plan.chunked(config, preps, keep_models=False)
+    entries, _ = driver.train_groups(config, workdir, alone, StageClock())
     writers.write_json(os.path.join(workdir, "alone.json"), entries)
 
 

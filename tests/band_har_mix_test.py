@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from cpbjax import baselines, metrics
+from cpbjax import baselines, evaluate, metrics
 from experiments.baseline_choice import band_har_mix
 from tests.helpers import levers_preps
 
@@ -19,7 +19,7 @@ def test_band_and_har_skills_are_the_reported_ones(split):
         actual = metrics.next_candles(prep.ohlc, ends, H)
         persistence = metrics.naive_forecasts(prep.ohlc[ends], H)["persistence"]
         model_cols = metrics.score_prices(prep.ohlc[ends], actual, persistence)["columns"]
-        blocks = baselines.fitted_baselines(prep, split, ends, L, H, model_cols)
+        blocks = baselines.fitted_baselines(prep, split, ends, evaluate.EvalSpec(L, H), model_cols)
         for method, block in (("band", "vol_band"), ("HAR", "har")):
             want = [blocks[block]["columns"][c]["skill"] for c in ("high", "low")]
             np.testing.assert_allclose(got[method], want, rtol=1e-9)

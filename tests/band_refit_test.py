@@ -62,7 +62,10 @@ def _model(loss="mae", **model):
 def test_the_shift_minimises_the_absolute_log_error_of_each_step():
     _, prep, module, params = _model()
     params = _perturbed(params, 0)
-    fcs = {s: forecast.split_forecast(module, params, prep, s, L, H) for s in ("train", "val")}
+    fcs = {
+        s: forecast.split_forecast(module, params, prep, s, evaluate.EvalSpec(L, H))
+        for s in ("train", "val")
+    }
     shift = band_refit.fit_shift(prep, fcs, ("val",), L, H)
     for h in (0, 4, 9):
         for j, col in enumerate((1, 2)):
@@ -71,7 +74,7 @@ def test_the_shift_minimises_the_absolute_log_error_of_each_step():
                 assert best <= _lad_objective(prep, fcs["val"], h, col, d) + 1e-9
     # The refit model's own errors leave nothing to shift (the LAD optimum is reached).
     refit = band_refit.shifted(params, shift)
-    again = {"val": forecast.split_forecast(module, refit, prep, "val", L, H)}
+    again = {"val": forecast.split_forecast(module, refit, prep, "val", evaluate.EvalSpec(L, H))}
     np.testing.assert_allclose(band_refit.fit_shift(prep, again, ("val",), L, H), 0, atol=1e-4)
 
 
@@ -79,7 +82,9 @@ def test_an_untrained_model_refit_is_the_fitted_band_of_each_split():
     """The untrained model is the band fitted on train; refit, each split is scored by the
     band the report fits for it (train for val, train+val for test), to float32."""
     _, prep, module, params = _model()
-    entry, _, _, test_params = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True)
+    entry, _, _, test_params = evaluate.evaluate_model(
+        module, params, prep, evaluate.EvalSpec(L, H, refit_band=True)
+    )
     np.testing.assert_allclose(entry["val"]["band_refit"]["high"], 0, atol=1e-5)
     fit = baselines.fit_vol_band(prep.ohlc, baselines.fit_ends(prep, "test"), L, H)
     np.testing.assert_allclose(test_params["output"]["band_high"], fit["k_high_h"], rtol=1e-5)
@@ -94,15 +99,18 @@ def test_each_split_is_scored_by_the_refit_on_the_splits_before_it():
     _, prep, module, params = _model()
     params = _perturbed(params, 1)
     entry, record, _, test_params = evaluate.evaluate_model(
-        module, params, prep, L, H, interval_levels=(0.1, 0.9), refit_band=True
+        module, params, prep, evaluate.EvalSpec(L, H, (0.1, 0.9), refit_band=True)
     )
-    fcs = {s: forecast.split_forecast(module, params, prep, s, L, H) for s in ("train", "val")}
+    fcs = {
+        s: forecast.split_forecast(module, params, prep, s, evaluate.EvalSpec(L, H))
+        for s in ("train", "val")
+    }
     for split, before in (("val", ("train",)), ("test", ("train", "val"))):
         want = band_refit.fit_shift(prep, fcs, before, L, H)
         got = np.stack([entry[split]["band_refit"]["high"], entry[split]["band_refit"]["low"]], -1)
         np.testing.assert_allclose(got, want, rtol=1e-12)
         scored = band_refit.shifted(params, want)
-        fc = forecast.split_forecast(module, scored, prep, split, L, H)
+        fc = forecast.split_forecast(module, scored, prep, split, evaluate.EvalSpec(L, H))
         np.testing.assert_allclose(
             entry[split]["columns"]["high"]["mae"],
             np.abs(
@@ -124,10 +132,10 @@ def test_a_shifted_forecast_is_the_forward_pass_of_the_shifted_model(ensemble):
     params = _perturbed(params, 2)
     shift_H2 = np.random.default_rng(0).uniform(-0.5, 0.5, (H, 2))
     for split in ("train", "test"):
-        trained = forecast.split_forecast(module, params, prep, split, L, H)
+        trained = forecast.split_forecast(module, params, prep, split, evaluate.EvalSpec(L, H))
         got = band_refit.shifted_forecast(prep, trained, shift_H2, L)
         want = forecast.split_forecast(
-            module, band_refit.shifted(params, shift_H2), prep, split, L, H
+            module, band_refit.shifted(params, shift_H2), prep, split, evaluate.EvalSpec(L, H)
         )
         np.testing.assert_array_equal(got.ends_N, want.ends_N)
         np.testing.assert_allclose(got.prices_NHC, want.prices_NHC, rtol=2e-6)
@@ -144,7 +152,7 @@ def test_without_the_option_or_a_band_nothing_is_refit():
         prep = levers_preps()[0]
         module, params = levers_init_params(cfg, prep, np.zeros((H, 2), np.float32))
         entry, _, _, test_params = evaluate.evaluate_model(
-            module, params, prep, L, H, refit_band=refit
+            module, params, prep, evaluate.EvalSpec(L, H, refit_band=refit)
         )
         assert "band_refit" not in entry["val"] and "band_refit" not in entry["test"]
         assert test_params is params

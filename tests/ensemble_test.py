@@ -141,7 +141,9 @@ def test_a_trained_ensemble_saves_the_members_its_test_split_scored(tmp_path):
         saved = workdir_lib.series_model(str(tmp_path), prep.name)
         params, _ = checkpoint.load_series_model(saved)
         assert {a.shape[0] for a in jax.tree.leaves(params[ensemble_lib.MEMBERS])} == {2}
-        again = evaluate.evaluate_model(module, params, prep, L, H, refit_band=True).entry
+        again = evaluate.evaluate_model(
+            module, params, prep, evaluate.EvalSpec(L, H, refit_band=True)
+        ).entry
         for col in ("high", "low", "close"):
             got = again["test"]["columns"][col]["mae"]
             want = results["series"][prep.name]["test"]["columns"][col]["mae"]

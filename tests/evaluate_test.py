@@ -18,7 +18,7 @@ def test_forecast_batches_and_maps_to_prices():
     prep = make_prep()
     params = probe_params()
     norm = forecast.predict_windows(Probe(), params, prep, prep.ends["val"], L, H, batch_size=4)
-    fc = forecast.split_forecast(Probe(), params, prep, "val", L, H)
+    fc = forecast.split_forecast(Probe(), params, prep, "val", evaluate.EvalSpec(L, H))
     ends, prices, norm_big = fc.ends_N, fc.prices_NHC, fc.norm_NHC
     np.testing.assert_array_equal(ends, prep.ends["val"])
     chex.assert_shape(norm, (len(ends), H, 4))
@@ -35,8 +35,8 @@ def test_forecast_batches_and_maps_to_prices():
 def test_zero_forecast_is_persistence():
     prep = make_prep()
     zero = jax.tree.map(jnp.zeros_like, probe_params())
-    fc = forecast.split_forecast(Probe(), zero, prep, "test", L, H)
-    out = evaluate.evaluate_split(prep, fc, "test", L, H)
+    fc = forecast.split_forecast(Probe(), zero, prep, "test", evaluate.EvalSpec(L, H))
+    out = evaluate.evaluate_split(prep, fc, "test", evaluate.EvalSpec(L, H))
     assert out["columns"]["close"]["skill"] == 0.0
     assert out["dm"]["p_value_two_sided"] == 1.0
     assert out["direction"]["scored"] == 0  # every predicted move is a tie
@@ -63,9 +63,11 @@ def test_zero_forecast_is_persistence():
 def test_saved_forecasts_reproduce_the_metrics(tmp_path):
     prep = make_prep()
     params = probe_params(1)
-    fc = forecast.split_forecast(Probe(), params, prep, "test", L, H)
-    out = evaluate.evaluate_split(prep, fc, "test", L, H)
-    path = forecast.save_forecasts(str(tmp_path), forecast.forecast_record(prep, fc, H))
+    fc = forecast.split_forecast(Probe(), params, prep, "test", evaluate.EvalSpec(L, H))
+    out = evaluate.evaluate_split(prep, fc, "test", evaluate.EvalSpec(L, H))
+    path = forecast.save_forecasts(
+        str(tmp_path), forecast.forecast_record(prep, fc, evaluate.EvalSpec(L, H))
+    )
     assert path.endswith("forecasts/BTCUSDT-1h.npz")
     rec = forecast.load_forecasts(path)
     assert str(rec["series"]) == "BTCUSDT-1h"
@@ -92,13 +94,15 @@ def test_saved_forecasts_reproduce_the_metrics(tmp_path):
 def test_candle_minmax_has_no_price_metrics(tmp_path):
     prep = make_prep("candle_minmax")
     params = probe_params()
-    fc = forecast.split_forecast(Probe(), params, prep, "test", L, H)
+    fc = forecast.split_forecast(Probe(), params, prep, "test", evaluate.EvalSpec(L, H))
     assert fc.prices_NHC is None
-    out = evaluate.evaluate_split(prep, fc, "test", L, H)
+    out = evaluate.evaluate_split(prep, fc, "test", evaluate.EvalSpec(L, H))
     assert out["price_space"] is False and out["normalized_mse"] > 0
     with pytest.raises(ValueError, match="candle_minmax"):
-        forecast.forecast_record(prep, fc, H)
-    entry, record, _, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, str(tmp_path))
+        forecast.forecast_record(prep, fc, evaluate.EvalSpec(L, H))
+    entry, record, _, _ = evaluate.evaluate_model(
+        Probe(), params, prep, evaluate.EvalSpec(L, H), str(tmp_path)
+    )
     assert record is None and entry["test"]["price_space"] is False
 
 

@@ -59,7 +59,7 @@ def test_fit_calibration_matches_a_plain_loop():
     point = prep.ohlc[ends, 3][:, None, None] * np.exp(
         0.003 * rng.standard_normal((len(ends), H, 4))
     )
-    cal = intervals.fit_calibration(prep, ends, point, L, H, LEVELS)
+    cal = intervals.fit_calibration(prep, ends, point, evaluate.EvalSpec(L, H, LEVELS))
     assert cal["levels"] == list(LEVELS) and cal["fitted_on_windows"] == len(ends)
     k = np.asarray(cal["k"])
     assert k.shape == (H, 4, 2)
@@ -83,7 +83,9 @@ def test_calibrated_interval_covers_its_level_on_later_windows():
     prep = _garch_like_series(9_100, seed=2)
     fit_ends, later = np.arange(L, 3_000), np.arange(3_000, 9_000)
     point = lambda e: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)  # noqa: E731
-    cal = intervals.fit_calibration(prep, fit_ends, point(fit_ends), L, H, LEVELS)
+    cal = intervals.fit_calibration(
+        prep, fit_ends, point(fit_ends), evaluate.EvalSpec(L, H, LEVELS)
+    )
     bounds = intervals.calibrated_bounds(cal, prep.ohlc, later, point(later), L)
     actual = prep.ohlc[later[:, None] + np.arange(1, H + 1)]
     inside = (actual >= bounds[..., 0]) & (actual <= bounds[..., 1])
@@ -109,7 +111,7 @@ def test_sigma_weighting_minimises_the_pinball_loss_in_log_price():
     prep = _garch_like_series(600, seed=3)
     ends = np.arange(L, 600 - H)
     point = np.repeat(prep.ohlc[ends, 3][:, None, None], 4, 2).repeat(H, 1)
-    cal = intervals.fit_calibration(prep, ends, point, L, H, LEVELS, "sigma")
+    cal = intervals.fit_calibration(prep, ends, point, evaluate.EvalSpec(L, H, LEVELS), "sigma")
     k_HCJ = np.asarray(cal["k"])
     sigma = _plain_sigmas(prep, ends)
     log_ratio = np.log(prep.ohlc[ends + 1, 3] / point[:, 0, 3])  # close, h = 1
@@ -126,14 +128,18 @@ def test_sigma_weighting_minimises_the_pinball_loss_in_log_price():
 def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_path):
     prep = make_prep()
     params = probe_params(2)
-    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, None, LEVELS)
+    entry, record, cal, _ = evaluate.evaluate_model(
+        Probe(), params, prep, evaluate.EvalSpec(L, H, LEVELS)
+    )
     point = {
-        s: forecast.split_forecast(Probe(), params, prep, s, L, H).prices_NHC
+        s: forecast.split_forecast(Probe(), params, prep, s, evaluate.EvalSpec(L, H)).prices_NHC
         for s in ("train", "val")
     }
     train_val = np.concatenate([point["train"], point["val"]])
     ends = np.concatenate([prep.ends["train"], prep.ends["val"]])
-    assert cal == intervals.fit_calibration(prep, ends, train_val, L, H, LEVELS, "sigma")
+    assert cal == intervals.fit_calibration(
+        prep, ends, train_val, evaluate.EvalSpec(L, H, LEVELS), "sigma"
+    )
     on_val = entry["val"]["calibrated_interval"]["fitted_on"]
     assert on_val["fitted_on_windows"] == len(prep.ends["train"])  # val: fitted on train
     block = entry["test"]["calibrated_interval"]
@@ -146,7 +152,7 @@ def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_pat
         assert block["columns"][col]["coverage"] == pytest.approx(inside.mean(), abs=1e-12)
         width = (bounds[..., c, 1] - bounds[..., c, 0]).mean()
         assert block["columns"][col]["width"] == pytest.approx(width, rel=1e-12)
-    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, L, H, None, ())
+    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, evaluate.EvalSpec(L, H))
     assert cal is None and "calibrated_interval" not in entry["test"]
     assert "interval_bounds" not in record
 
@@ -246,11 +252,18 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
         s: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)
         for s, e in prep.ends.items()
     }
-    cal = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.25))
+    cal = intervals.fit_before(
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.25))
+    )
     assert cal["scale"] == {"long_candles": 168, "long_weight": 0.25}
     ends = np.concatenate([prep.ends["train"], prep.ends["val"]])
     assert cal == intervals.fit_calibration(
-        prep, ends, np.concatenate(list(point.values())), L, H, LEVELS, "sigma", cal["scale"]
+        prep,
+        ends,
+        np.concatenate(list(point.values())),
+        evaluate.EvalSpec(L, H, LEVELS),
+        "sigma",
+        cal["scale"],
     )
     t, k = 1_800, np.asarray(cal["k"])
     bounds = intervals.calibrated_bounds(cal, prep.ohlc, [t], point["val"][:1], L)
@@ -262,9 +275,9 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
     np.testing.assert_allclose(
         bounds[0], point["val"][0][..., None] * np.exp(k * sigma), rtol=1e-12
     )
-    assert intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.0))["scale"] == (
-        intervals.WINDOW_ONLY
-    )
+    assert intervals.fit_before(
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.0))
+    )["scale"] == (intervals.WINDOW_ONLY)
 
 
 def test_predict_loads_the_days_the_interval_scale_averages():
@@ -295,8 +308,12 @@ def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():
         s: np.repeat(prep.ohlc[e, 3][:, None, None], 4, 2).repeat(H, 1)
         for s, e in prep.ends.items()
     }
-    cal = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.25))
-    block = intervals.score_calibrated(prep, "test", prep.ends["test"], L, H, point["test"], cal)
+    cal = intervals.fit_before(
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.25))
+    )
+    block = intervals.score_calibrated(
+        prep, "test", prep.ends["test"], evaluate.EvalSpec(L, H), point["test"], cal
+    )
     actual = prep.ohlc[prep.ends["test"][:, None] + np.arange(1, H + 1)]
     bounds = intervals.calibrated_bounds(cal, prep.ohlc, prep.ends["test"], point["test"], L)
     for c, col in enumerate(COLUMNS):
@@ -305,6 +322,10 @@ def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():
         assert scores["scaled_band_pinball"] == pytest.approx(own, rel=1e-12)
         assert scores["skill_vs_scaled_band"] == pytest.approx(0.0, abs=1e-12)
         assert scores["band_pinball"] != pytest.approx(own, rel=1e-6)
-    plain = intervals.fit_before(prep, "test", point, L, H, LEVELS, (7.0, 0.0))
-    block = intervals.score_calibrated(prep, "test", prep.ends["test"], L, H, point["test"], plain)
+    plain = intervals.fit_before(
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.0))
+    )
+    block = intervals.score_calibrated(
+        prep, "test", prep.ends["test"], evaluate.EvalSpec(L, H), point["test"], plain
+    )
     assert "skill_vs_scaled_band" not in block["columns"]["close"]

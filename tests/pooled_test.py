@@ -21,11 +21,11 @@ import pytest
 from cpbjax import (
     batching,
     checkpoint,
-    driver,
     evaluate,
     memory,
     models,
     optimizer,
+    plan,
     pooled,
     saved,
     sharding,
@@ -204,17 +204,17 @@ def test_bad_share_and_conflicting_plans_are_config_errors():
     with pytest.raises(config_lib.ConfigError, match=r"train.share='shared'.*series, pooled"):
         config_lib.validate(c)
     t = pooled_config().train
-    assert driver.group_size(12, t, 1, "cpu") == 12  # all series, not 4 per CPU device
+    assert plan.group_size(12, t, 1, "cpu") == 12  # all series, not 4 per CPU device
     t.group_size = 12
-    assert driver.group_size(12, t, 1, "cpu") == 12
+    assert plan.group_size(12, t, 1, "cpu") == 12
     t.group_size = 4
     with pytest.raises(config_lib.ConfigError, match=r"train.group_size=4.*at least the run's 12"):
-        driver.group_size(12, t, 1, "cpu")
+        plan.group_size(12, t, 1, "cpu")
     t.group_size = 0
-    assert driver.coin_mesh(t).size == 1  # one model, one device
+    assert plan.coin_mesh(t).size == 1  # one model, one device
     multi_host = mock.patch.object(jax, "process_count", return_value=2)
     with multi_host, pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*multi-host"):
-        driver.coin_mesh(t)
+        plan.coin_mesh(t)
 
 
 @pytest.mark.parametrize(
@@ -391,8 +391,8 @@ def test_pooled_backtest_trains_one_model_per_fold_its_last_the_train_run(
     workdir = tmp_path / "bt"
     helpers.finish(_launch(workdir, driver_env, "--mode=backtest", "--config.backtest.folds=3"))
     out = writers.read_json(os.path.join(workdir, "backtest.json"))
-    plan = writers.read_json(workdir_lib.ledger(str(workdir / "backtest")))
-    assert plan["fingerprint"]["groups"] == [
+    ledger = writers.read_json(workdir_lib.ledger(str(workdir / "backtest")))
+    assert ledger["fingerprint"]["groups"] == [
         [f"{name}@fold{f}" for name in POOLED_NAMES] for f in range(3)
     ]
     trained = writers.read_json(os.path.join(pooled_run, "results.json"))["series"]

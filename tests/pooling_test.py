@@ -13,7 +13,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, driver, writers
+from cpbjax import checkpoint, driver, plan, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import pooling
 from cpbjax.data.series import INTERVAL_MS
@@ -125,7 +125,7 @@ def _pooled_run(workdir, garbage):
     config.train.epochs, config.train.patience = 4, 4
     config.eval.plots = False
     preps = _misaligned_preps(garbage)
-    with mock.patch.object(driver, "prepare_all", return_value=(preps, {})):
+    with mock.patch.object(plan, "prepare_all", return_value=(preps, {})):
         results = driver.train_and_evaluate(config, str(workdir))
     params, _ = checkpoint.load_series_model(os.path.join(workdir, "models", "BTCUSDT-1h"))
     return results, params, preps

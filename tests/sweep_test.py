@@ -55,14 +55,14 @@ def run_pooled(workdir: str) -> None:
 def run_alone(workdir: str) -> None:
     """ALONE_SERIES as the only coin of a plain run with ALONE_SETTING's values in
     config.train (same symbols, so its coin key is the sweep coin's)."""
-    from cpbjax import driver
+    from cpbjax import driver, plan
     from cpbjax.runlog import StageClock
 
     config = sweep_config()
     config.sweep.learning_rate, config.sweep.weight_decay = (), ()
     config.train.update(ALONE_SETTING)
-    preps = [p for p in driver.prepare_all(config)[0] if p.name == ALONE_SERIES]
-    entries, _, _ = driver.train_groups(config, workdir, preps, StageClock())
+    preps = [p for p in plan.prepare_all(config)[0] if p.name == ALONE_SERIES]
+    entries, _ = driver.train_groups(config, workdir, plan.chunked(config, preps), StageClock())
     writers.write_json(os.path.join(workdir, "alone.json"), entries)
 
 

@@ -20,7 +20,7 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import checkpoint, driver, early_stopping, models, saved, sharding, step, writers
+from cpbjax import checkpoint, driver, early_stopping, models, plan, saved, sharding, step, writers
 from cpbjax import config as config_lib
 from cpbjax.group import GroupTrainer, coin_keys
 from tests import helpers
@@ -314,14 +314,14 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
 def test_group_size_rounds_to_devices_and_caps_at_series():
     t = tiny_config().train
     t.group_size = 0
-    assert driver.group_size(40, t, 1, "gpu") == 40 and driver.group_size(100, t, 1, "gpu") == 64
-    assert driver.group_size(3, t, 2, "gpu") == 4
+    assert plan.group_size(40, t, 1, "gpu") == 40 and plan.group_size(100, t, 1, "gpu") == 64
+    assert plan.group_size(3, t, 2, "gpu") == 4
     # As many as fit on the CPU: 4 coins per device.
-    assert driver.group_size(40, t, 2, "cpu") == 8 and driver.group_size(40, t, 1, "cpu") == 4
-    assert driver.group_size(3, t, 2, "cpu") == 4
+    assert plan.group_size(40, t, 2, "cpu") == 8 and plan.group_size(40, t, 1, "cpu") == 4
+    assert plan.group_size(3, t, 2, "cpu") == 4
     t.group_size = 5
-    assert driver.group_size(40, t, 4, "gpu") == 8 and driver.group_size(2, t, 1, "gpu") == 2
-    assert driver.group_size(40, t, 2, "cpu") == 6
+    assert plan.group_size(40, t, 4, "gpu") == 8 and plan.group_size(2, t, 1, "gpu") == 2
+    assert plan.group_size(40, t, 2, "cpu") == 6
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
-from cpbjax import baselines, driver, metrics  # noqa: E402
+from cpbjax import baselines, metrics, plan  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
 
 METHODS = ("band", "HAR", "geometric mean")
@@ -71,7 +71,7 @@ def main() -> None:
     config.data.base_url = args.base_url or config.data.base_url
     if args.symbols:
         config.data.symbols = tuple(args.symbols.split(","))
-    preps, _ = driver.prepare_all(config_lib.validate(config))
+    preps, _ = plan.prepare_all(config_lib.validate(config))
     L, H = config.data.lookback, config.data.horizon
     per_split = {s: [_skills(p, s, L, H) for p in preps] for s in ("val", "test")}
     rows = []

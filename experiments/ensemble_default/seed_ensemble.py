@@ -52,7 +52,7 @@ def member_forecasts(workdir: str, base_url: str, series: list[str] | None):
     for name, prep in preps.items():
         model = loaded[name]
         raw = {
-            s: forecast.split_forecast(model.module, model.params, prep, s, L, H)
+            s: forecast.split_forecast(model.module, model.params, prep, s, evaluate.EvalSpec(L, H))
             for s in ("train", *SCORED)
         }
         out[name] = {s: _refit(prep, raw, s, model.module, cfg) for s in SCORED}
@@ -62,7 +62,7 @@ def member_forecasts(workdir: str, base_url: str, series: list[str] | None):
 def _refit(prep, raw, split, module, cfg):
     if not (cfg.eval.get("refit_band", False) and band_refit.applies(module)):
         return raw[split]
-    return band_refit.refit_for(split, prep, raw, cfg.data.lookback, cfg.data.horizon)[0][split]
+    return band_refit.refit_for(split, prep, raw, evaluate.make_spec(cfg))[0][split]
 
 
 def geometric_mean(fcs: list[forecast.SplitForecast]) -> forecast.SplitForecast:
@@ -77,7 +77,10 @@ def geometric_mean(fcs: list[forecast.SplitForecast]) -> forecast.SplitForecast:
 def score(preps, fcs_by_series, L, H) -> dict:
     """name -> {"val": ..., "test": ...} entries, as results.json's (no intervals)."""
     return {
-        name: {s: evaluate.evaluate_split(preps[name], fcs[s], s, L, H) for s in SCORED}
+        name: {
+            s: evaluate.evaluate_split(preps[name], fcs[s], s, evaluate.EvalSpec(L, H))
+            for s in SCORED
+        }
         for name, fcs in fcs_by_series.items()
     }
 

@@ -22,7 +22,7 @@ import numpy as np
 from absl import app
 
 from cpbjax import config as config_lib
-from cpbjax import driver, writers
+from cpbjax import plan, writers
 from cpbjax.data import pooling
 
 
@@ -30,7 +30,7 @@ def pooled_val(config, records: list[dict]) -> np.ndarray:
     """float [E]: each epoch's pooled val loss, logged or rebuilt from the purged counts."""
     if all(r.get("pooled_val_loss") is not None for r in records):
         return np.array([r["pooled_val_loss"] for r in records])
-    preps, _ = driver.prepare_all(config)
+    preps, _ = plan.prepare_all(config)
     kept, _ = pooling.pool_ends(preps, config.data.lookback, config.data.horizon)
     n_S = np.array([len(kept[name]["val"]) for name in records[0]["series"]])
     return np.array([np.asarray(r["val_loss"], float) @ n_S / n_S.sum() for r in records])

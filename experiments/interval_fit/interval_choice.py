@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import forecast, intervals, saved  # noqa: E402
+from cpbjax import evaluate, forecast, intervals, saved  # noqa: E402
 
 LEVELS = (0.1, 0.9)
 COLS = ("high", "low", "close")
@@ -62,7 +62,11 @@ def _scores(model, prep, lookback, horizon) -> dict:
         fit_ends, scored = pick(ends)
         for weighting in ("none", "sigma"):
             cal = intervals.fit_calibration(
-                prep, fit_ends, prices(fit_ends), lookback, horizon, LEVELS, weighting
+                prep,
+                fit_ends,
+                prices(fit_ends),
+                evaluate.EvalSpec(lookback, horizon, LEVELS),
+                weighting,
             )
             bounds = intervals.calibrated_bounds(cal, prep.ohlc, scored, prices(scored), lookback)
             before = np.concatenate([e for e in ends.values() if e[-1] < scored[0]] + [fit_ends])

@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import driver, intervals  # noqa: E402
+from cpbjax import evaluate, intervals, plan  # noqa: E402
 
 LEVELS = (0.1, 0.9)
 BLOCKS = 6
@@ -42,7 +42,9 @@ def _pinball_by_column(prep, fit_ends, scored, lookback, horizon, vol) -> np.nda
     """[C] pinball loss (mean of both levels) on `scored` of the interval around the last
     close, fitted on fit_ends with the scale (days, weight) = vol; and its coverage [C]."""
     scale = intervals.scale_settings(prep.interval, *vol)
-    bounds = intervals.scaled_band(prep, fit_ends, scored, lookback, horizon, LEVELS, scale)
+    bounds = intervals.scaled_band(
+        prep, fit_ends, scored, evaluate.EvalSpec(lookback, horizon, LEVELS), scale
+    )
     actual = intervals.next_candles(prep.ohlc, scored, horizon)
     inside = (actual >= bounds[..., 0]) & (actual <= bounds[..., 1])
     return intervals.pinball(actual, bounds, LEVELS).mean((0, 1, 3)), inside.mean((0, 1))
@@ -93,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     config = config_lib.load(args.config)
     config.data.base_url = args.base_url or config.data.base_url
-    preps, _ = driver.prepare_all(config_lib.validate(config))
+    preps, _ = plan.prepare_all(config_lib.validate(config))
     L, H = config.data.lookback, config.data.horizon
     rolling = [_skills(p, _rolling_folds(p, H), L, H) for p in preps]
     test_fold = lambda p: [(np.concatenate([p.ends["train"], p.ends["val"]]), p.ends["test"])]  # noqa: E731
