@@ -61,15 +61,10 @@ def gather_windows(spec: EpochSpec, data: CoinData, ends_B: jax.Array) -> Window
             f"{spec.num_aux}: prepare the series with "
             "windows.prepare_all(..., aux_targets=config.model.aux_targets)"
         )
-    x_BLF, y_BHC = stacking.gather(
-        data.inputs_TF,
-        data.targets_TC,
-        data.anchor_T,
-        data.price_mask_F,
-        ends_B,
-        spec.lookback,
-        spec.horizon,
+    source = stacking.WindowSource(
+        data.inputs_TF, data.targets_TC, data.anchor_T, data.price_mask_F
     )
+    x_BLF, y_BHC = stacking.gather(source, ends_B, spec.lookback, spec.horizon)
     return Windows(x_BLF, y_BHC, stacking.gather_aux(data.aux_TA, ends_B))
 
 

@@ -33,24 +33,26 @@ class SplitForecast(NamedTuple):
     norm_NHC: np.ndarray  # float32 forecasts in the normalised space
 
 
+# The largest batch of one forecast call: batches are padded to a power of two up to it.
+MAX_BATCH = 1024
+
+
 @functools.partial(jax.jit, static_argnames=("module", "lookback", "horizon"))
-def _forecast_batch(
-    module, params, inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon
-):
-    x_BLF, _ = stacking.gather(inputs_TF, targets_TC, anchor_T, mask_F, ends_B, lookback, horizon)
+def _forecast_batch(module, params, source, ends_B, lookback, horizon):
+    x_BLF, _ = stacking.gather(source, ends_B, lookback, horizon)
     return module.apply({"params": params}, x_BLF, None, train=False)
 
 
-def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=1024):
+def predict_windows(module, params, prep, ends_N, lookback, horizon):
     """Deterministic normalised forecasts of the windows ending at `ends_N`.
 
-    Batches are padded to a power of two (capped at batch_size), so series of
+    Batches are padded to a power of two (capped at MAX_BATCH), so series of
     similar length share one compiled program.
 
     Args:
       module, params: the model, applied with train=False.
       prep: windows.PreparedSeries. ends_N: int [N] window end indices.
-      lookback, horizon: L and H. batch_size: the largest batch per call.
+      lookback, horizon: L and H.
 
     Returns:
       float32 [N, H, C] normalised forecasts.
@@ -59,11 +61,11 @@ def predict_windows(module, params, prep, ends_N, lookback, horizon, batch_size=
     n = len(ends_N)
     if n == 0:
         return np.zeros((0, horizon, windows.NUM_TARGETS), np.float32)
-    b = min(batch_size, 1 << max(n - 1, 0).bit_length())
+    b = min(MAX_BATCH, 1 << max(n - 1, 0).bit_length())
     padded = np.concatenate([ends_N, np.full(-n % b, ends_N[-1], np.int32)])
-    arrays = [jax.device_put(a) for a in (prep.inputs, prep.targets, prep.anchor, prep.price_mask)]
+    source = jax.device_put(stacking.window_source(prep))
     outs = [
-        np.asarray(_forecast_batch(module, params, *arrays, padded[i : i + b], lookback, horizon))
+        np.asarray(_forecast_batch(module, params, source, padded[i : i + b], lookback, horizon))
         for i in range(0, len(padded), b)
     ]
     return np.concatenate(outs)[:n].astype(np.float32)
@@ -168,12 +170,34 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
         windows.latest_window(prep, lookback)
     except ValueError as e:
         raise SeriesSkipped(str(e)) from None
-    step = INTERVAL_MS[prep.interval]
     t = len(prep.ohlc) - 1
     fc = forecast_ends(module, params, prep, np.array([t]), lookback, horizon)
-    pred_HC = consistent_ohlc(fc.prices_NHC[0])
-    times = prep.open_time_ms[t] + step * np.arange(1, horizon + 1, dtype=np.int64)
-    candles = [
+    entry = {
+        "symbol": prep.symbol,
+        "interval": prep.interval,
+        "last_open_time": parsing.iso(prep.open_time_ms[t]),
+        "last_open_time_ms": int(prep.open_time_ms[t]),
+        "last_candle": _candle(prep.ohlc[t]),
+        "forecast": _next_candles(prep, consistent_ohlc(fc.prices_NHC[0])),
+    }
+    if calibration is not None:
+        _warn_short_history(prep, calibration)
+        # Around the raw forecast, as scored on test; [H, C, 2] lower and upper.
+        bounds = intervals.calibrated_bounds(calibration, prep.ohlc, [t], fc.prices_NHC, lookback)
+        for h, candle in enumerate(entry["forecast"]):
+            candle["interval"] = {
+                "lower": _candle(bounds[0, h, :, 0]),
+                "upper": _candle(bounds[0, h, :, 1]),
+            }
+        entry["interval_levels"] = list(calibration["levels"])
+    return entry
+
+
+def _next_candles(prep, pred_HC) -> list[dict]:
+    """forecast.json's candles of the H forecast candles after the newest one of `prep`."""
+    step = INTERVAL_MS[prep.interval]
+    times = prep.open_time_ms[-1] + step * np.arange(1, len(pred_HC) + 1, dtype=np.int64)
+    return [
         {
             "step": h + 1,
             "open_time": parsing.iso(ms),
@@ -182,25 +206,6 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
         }
         for h, ms in enumerate(times)
     ]
-    entry = {
-        "symbol": prep.symbol,
-        "interval": prep.interval,
-        "last_open_time": parsing.iso(prep.open_time_ms[t]),
-        "last_open_time_ms": int(prep.open_time_ms[t]),
-        "last_candle": _candle(prep.ohlc[t]),
-        "forecast": candles,
-    }
-    if calibration is not None:
-        _warn_short_history(prep, calibration)
-        # Around the raw forecast, as scored on test; [H, C, 2] lower and upper.
-        bounds = intervals.calibrated_bounds(calibration, prep.ohlc, [t], fc.prices_NHC, lookback)
-        for h, candle in enumerate(candles):
-            candle["interval"] = {
-                "lower": _candle(bounds[0, h, :, 0]),
-                "upper": _candle(bounds[0, h, :, 1]),
-            }
-        entry["interval_levels"] = list(calibration["levels"])
-    return entry
 
 
 def _warn_short_history(prep, calibration: dict) -> None:

@@ -14,18 +14,18 @@ from tests.helpers import H, L, Probe, make_prep, probe_params
 # Forecasts of a module, evaluate_split and saved forecasts.
 
 
-def test_forecast_batches_and_maps_to_prices():
+def test_forecast_batches_and_maps_to_prices(monkeypatch):
     prep = make_prep()
     params = probe_params()
-    norm = forecast.predict_windows(Probe(), params, prep, prep.ends["val"], L, H, batch_size=4)
+    monkeypatch.setattr(forecast, "MAX_BATCH", 4)  # several padded batches
+    norm = forecast.predict_windows(Probe(), params, prep, prep.ends["val"], L, H)
+    monkeypatch.undo()
     fc = forecast.split_forecast(Probe(), params, prep, "val", evaluate.EvalSpec(L, H))
     ends, prices, norm_big = fc.ends_N, fc.prices_NHC, fc.norm_NHC
     np.testing.assert_array_equal(ends, prep.ends["val"])
     chex.assert_shape(norm, (len(ends), H, 4))
     np.testing.assert_allclose(norm, norm_big, rtol=1e-6, atol=1e-7)
-    x, _ = stacking.gather(
-        prep.inputs, prep.targets, prep.anchor, prep.price_mask, jnp.asarray(ends[:3]), L, H
-    )
+    x, _ = stacking.gather(stacking.window_source(prep), jnp.asarray(ends[:3]), L, H)
     ref = Probe().apply({"params": params}, x)
     np.testing.assert_allclose(norm[:3], ref, rtol=1e-5, atol=1e-7)
     ref_prices = prep.ohlc[ends, 3][:, None, None] * np.exp(norm.astype(np.float64))

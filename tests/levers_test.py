@@ -74,9 +74,7 @@ def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_s
     band = stacking.band_factors(prep, lookback, horizon)
     module, params = levers_init_params(cfg, prep, band)
     ends_N = prep.ends["val"]
-    x, _ = stacking.gather(
-        prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends_N, lookback, horizon
-    )
+    x, _ = stacking.gather(stacking.window_source(prep), ends_N, lookback, horizon)
     y_hat = np.asarray(module.apply({"params": params}, x, None, train=False), np.float64)
     # The float64 numpy baseline, fitted on the train windows only.
     fit = baselines.fit_vol_band(prep.ohlc, prep.ends["train"], lookback, horizon)
@@ -183,9 +181,7 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
     for i, prep in enumerate(levers_preps()):
         params = jax.tree.map(lambda a, i=i: a[i], state.params)
         ends_N = prep.ends["val"]
-        x, y = stacking.gather(
-            prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends_N, 30, 10
-        )
+        x, y = stacking.gather(stacking.window_source(prep), ends_N, 30, 10)
         y_hat = module.apply({"params": params}, x, None)
         scale = stacking.persistence_scale(prep, 10)
         want = np.mean(_loop_loss("mae", np.asarray(y_hat), np.asarray(y), scale))

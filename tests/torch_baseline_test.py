@@ -258,8 +258,8 @@ def test_windows_equal_cpbjax_gather_and_a_plain_reference(tb):
     series = synthetic.generate("ETHUSDT", "1h", 300)
     prep = windows.prepare_series(series, data_cfg)
     (x_t, y_t), ends = tb.prepare_windows([series], data_cfg)[0]["train"], prep.ends["train"]
-    arrays = (prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends)
-    x_j, y_j = stacking.gather(*map(jnp.asarray, arrays), L, H)
+    source = stacking.WindowSource(*map(jnp.asarray, stacking.window_source(prep)))
+    x_j, y_j = stacking.gather(source, jnp.asarray(ends), L, H)
     np.testing.assert_allclose(x_t.numpy(), np.asarray(x_j), atol=2e-6)
     np.testing.assert_allclose(y_t.numpy(), np.asarray(y_j), atol=2e-6)
     ohlc = series.ohlcv[:, :4]

@@ -29,9 +29,9 @@ NORMALIZATIONS = ("last_close", "candle_minmax")
 
 
 def _vmapped_gather(inputs, targets, anchor, price_mask, ends):
-    return jax.vmap(stacking.gather, in_axes=(0, 0, 0, None, 0, None, None))(
-        inputs, targets, anchor, price_mask, ends, L, H
-    )
+    axes = stacking.WindowSource(0, 0, 0, None)
+    gather = jax.vmap(lambda source, e: stacking.gather(source, e, L, H), in_axes=(axes, 0))
+    return gather(stacking.WindowSource(inputs, targets, anchor, price_mask), ends)
 
 
 class GatherTest(chex.TestCase):
@@ -43,8 +43,8 @@ class GatherTest(chex.TestCase):
         ends = np.concatenate(
             [prep.ends[s][:: max(len(prep.ends[s]) // 4, 1)] for s in windows.SPLITS]
         )
-        gather = self.variant(lambda *a: stacking.gather(*a, L, H))
-        x, y = gather(prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends)
+        gather = self.variant(lambda source, e: stacking.gather(source, e, L, H))
+        x, y = gather(stacking.window_source(prep), ends)
         chex.assert_shape(x, (len(ends), L, len(INDICATORS)))
         chex.assert_shape(y, (len(ends), H, 4))
         x_ref, y_ref = reference_windows(series, prep, INDICATORS, kind, ends)
@@ -61,15 +61,7 @@ class GatherTest(chex.TestCase):
             group.inputs, group.targets, group.anchor, group.price_mask, ends_KB
         )
         for k, prep in enumerate(preps):
-            x, y = stacking.gather(
-                prep.inputs,
-                prep.targets,
-                prep.anchor,
-                prep.price_mask,
-                prep.ends["train"][5:21],
-                L,
-                H,
-            )
+            x, y = stacking.gather(stacking.window_source(prep), prep.ends["train"][5:21], L, H)
             np.testing.assert_array_equal(x_KBLF[k], x)
             np.testing.assert_array_equal(y_KBHC[k], y)
 
@@ -80,9 +72,7 @@ def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
     actual = metrics.next_candles(prep.ohlc, ends, H)
     y_true = np.log(actual / prep.ohlc[ends, 3][:, None, None])  # float64, on the host
     np.testing.assert_allclose(windows.to_prices(prep, ends, y_true), actual, rtol=1e-12)
-    _, y_device = stacking.gather(
-        prep.inputs, prep.targets, prep.anchor, prep.price_mask, ends, L, H
-    )
+    _, y_device = stacking.gather(stacking.window_source(prep), ends, L, H)
     np.testing.assert_allclose(windows.to_prices(prep, ends, y_device), actual, rtol=2e-6)
 
 
@@ -95,9 +85,7 @@ def test_candle_minmax_has_no_prices():
 def _train_view(prep):
     """Everything training reads: train ends and the rows, inputs and targets they touch."""
     n_train = prep.ends["train"][-1] + H + 1
-    x, y = stacking.gather(
-        prep.inputs, prep.targets, prep.anchor, prep.price_mask, prep.ends["train"], L, H
-    )
+    x, y = stacking.gather(stacking.window_source(prep), prep.ends["train"], L, H)
     return prep.ends["train"], prep.inputs[:n_train], prep.targets[:n_train], x, y
 
 

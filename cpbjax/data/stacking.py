@@ -7,6 +7,8 @@ step: windows are never materialised, so memory stays O(K·T·F).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -218,20 +220,33 @@ def stack_group(
     return _host_arrays(preps, group_size, sizes, data_cfg)
 
 
-def gather(inputs_TF, targets_TC, anchor_T, price_mask_F, ends_B, lookback: int, horizon: int):
+class WindowSource(NamedTuple):
+    """The device arrays of ONE series that its windows are sliced from (`gather`)."""
+
+    inputs_TF: jax.Array  # float32 [T, F]
+    targets_TC: jax.Array  # float32 [T, C]
+    anchor_T: jax.Array  # float32 [T]
+    price_mask_F: jax.Array  # float32 [F]
+
+
+def window_source(prep) -> WindowSource:
+    """The WindowSource of a PreparedSeries (host arrays)."""
+    return WindowSource(prep.inputs, prep.targets, prep.anchor, prep.price_mask)
+
+
+def gather(source: WindowSource, ends_B, lookback: int, horizon: int):
     """Slices B windows of ONE coin on the device.
 
     Args:
-      inputs_TF: float32 [T, F]; targets_TC: float32 [T, C]; anchor_T: float32 [T].
-      price_mask_F: float32 [F]. ends_B: int32 [B] window end indices.
+      source: the coin's arrays. ends_B: int32 [B] window end indices.
     Returns:
       x_BLF: float32 [B, L, F] inputs; y_BHC: float32 [B, H, C] targets.
     """
     in_idx_BL = ends_B[:, None] + jnp.arange(-lookback + 1, 1)[None, :]
     out_idx_BH = ends_B[:, None] + jnp.arange(1, horizon + 1)[None, :]
-    anchor_B = anchor_T[ends_B]
-    x_BLF = inputs_TF[in_idx_BL] - anchor_B[:, None, None] * price_mask_F
-    y_BHC = targets_TC[out_idx_BH] - anchor_B[:, None, None]
+    anchor_B = source.anchor_T[ends_B]
+    x_BLF = source.inputs_TF[in_idx_BL] - anchor_B[:, None, None] * source.price_mask_F
+    y_BHC = source.targets_TC[out_idx_BH] - anchor_B[:, None, None]
     return x_BLF, y_BHC
 
 

@@ -18,14 +18,11 @@ indexed by its end t.
 
 Splits are chronological over the gap-free windows, by fractions of each series'
 windows (data.splits) or by calendar dates shared by every series (data.split_dates,
-`split_dates.split_ends`). Fractional purging is by candle index:
-a window of one split is kept only if its last target candle comes before the
-last input candle of the next split's first window, so the target candles of
-the splits are disjoint however the gaps fall (without gaps this is exactly
-"drop the H windows before each boundary"). "Train candles" are the candles
-some training window reads (inputs or targets); the non-price features' z-score
-statistics are fitted on them alone, so changing any later candle changes nothing in
-training.
+`split_dates.split_ends`). Fractional purging is by candle index: a window of one split
+is kept only if its last target candle comes before the last input candle of the next
+split's first window, so the splits' target candles are disjoint however the gaps fall.
+"Train candles" are those some training window reads; the non-price features' z-score
+statistics are fitted on them alone, so no later candle changes anything in training.
 
 Calendar splits (`split_dates`) purge by time instead. A training-data-only series has
 no val or test windows to score, so it is skipped with that reason, except where a
@@ -194,23 +191,24 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
     return ends
 
 
-def _normalised(ohlc_TC, feats_TF, names, aux_names, ends: dict, data_cfg, fitted) -> dict:
+def _normalised(rows, ends: dict, data_cfg, fitted) -> dict:
     """The normalised PreparedSeries fields: inputs, targets, anchor, aux, norm, price_mask.
 
-    `feats_TF` holds the columns of `names`, then bb_position when an aux target needs it.
+    `rows`: `kept_rows`; its features hold the columns of its names, then bb_position when
+    an aux target needs it.
     """
     H = data_cfg.horizon
+    ohlc_TC, feats_TF, names = rows.ohlcv[:, :NUM_TARGETS], rows.features, rows.names
     n_train = int(ends["train"][-1]) + H + 1  # every candle a training window reads
     inputs_TF, targets_TC, anchor_T, norm = normalize.normalise(
         ohlc_TC, feats_TF[:, : len(names)], names, n_train, data_cfg.normalization, fitted
     )
     normalize.check_finite(inputs_TF, names)
     aux_TA = np.zeros((len(ohlc_TC), 0), np.float32)
-    if aux_names:
+    if rows.aux_names:
         y_scale = auxiliary.target_rms(targets_TC, anchor_T, ends["train"], H)
-        aux_TA, aux_norm = auxiliary.compute(
-            aux_names, auxiliary.AuxInputs(ohlc_TC[:, 3], feats_TF[:, -1]), y_scale, ends, H, fitted
-        )
+        aux_in = auxiliary.AuxInputs(ohlc_TC[:, 3], feats_TF[:, -1])
+        aux_TA, aux_norm = auxiliary.compute(rows.aux_names, aux_in, y_scale, ends, H, fitted)
         norm = {**norm, **aux_norm}
     return {
         "inputs": inputs_TF.astype(np.float32),
@@ -303,9 +301,7 @@ def with_ends(
       SeriesSkipped: a normalised value is not finite.
     """
     ohlc_TC = rows.ohlcv[:, :NUM_TARGETS]
-    fields = _normalised(
-        ohlc_TC, rows.features, rows.names, rows.aux_names, ends, data_cfg, fitted_norm
-    )
+    fields = _normalised(rows, ends, data_cfg, fitted_norm)
     counts = {split: len(e) for split, e in ends.items()}
     return PreparedSeries(
         name=name or series.name,
@@ -316,6 +312,18 @@ def with_ends(
         ends=ends,
         notes=dict(series.notes, used_candles=len(ohlc_TC), windows=counts),
         **fields,
+    )
+
+
+def _check_past_warmup(series: Series, names, past: int, warmup_rows: int, lookback: int):
+    """Raises SeriesSkipped when fewer than `lookback` candles are left past the warm-up."""
+    if past >= lookback:
+        return
+    warmup = features_lib.warmup_candles(names, series.interval)
+    raise SeriesSkipped(
+        f"only {past} candles past the {warmup_rows} of indicator warm-up; a forecast needs "
+        f"data.lookback={lookback} past the warm-up of data.features ({warmup + lookback} "
+        f"candles of {series.interval} in all)"
     )
 
 
@@ -337,13 +345,7 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
         fitted_norm = None  # an earlier cpbjax's norm without the fitted statistics
     feats_TF, first_valid = series_features(series, names)
     start = newest_start(len(series.ohlcv), first_valid, data_cfg.max_candles)
-    if len(series.ohlcv) - start < lookback:
-        warmup = features_lib.warmup_candles(names, series.interval)
-        raise SeriesSkipped(
-            f"only {len(series.ohlcv) - start} candles past the {first_valid} of indicator "
-            f"warm-up; a forecast needs data.lookback={lookback} past the warm-up of "
-            f"data.features ({warmup + lookback} candles of {series.interval} in all)"
-        )
+    _check_past_warmup(series, names, len(series.ohlcv) - start, first_valid, lookback)
     ohlc_TC = series.ohlcv[start:, :NUM_TARGETS]
     inputs_TF, targets_TC, anchor_T, norm = normalize.normalise(
         ohlc_TC, feats_TF[start:], names, len(ohlc_TC), data_cfg.normalization, fitted_norm
