@@ -8,6 +8,7 @@ The hostile modes play what a broken or malicious exchange does; every one is bo
 (it stops at HOSTILE_LIMIT_S, at a byte limit, or when the client hangs up), so a test
 never hangs on its own server:
   slow_body      the right body, one byte every SLOW_BYTE_S
+  slow_headers   the status line and headers one byte every SLOW_BYTE_S, then the body
   huge_body      a body that never ends (no Content-Length), until HUGE_BODY_BYTES
   tarpit         accepts and reads the request, never answers
   beyond_limit   every candle from startTime on, ignoring `limit`
@@ -114,19 +115,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if mode == "huge_body":
             self._send_huge(body)
             return
+        if mode == "slow_headers":
+            head = [f"HTTP/1.1 {status} OK"]
+            head += [f"{k}: {v}" for k, v in {**headers, "Content-Length": len(body)}.items()]
+            self._trickle(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+            return
         self.send_response(status)
         for key, value in {**headers, "Content-Length": str(len(body))}.items():
             self.send_header(key, value)
         self.end_headers()
-        if mode != "slow_body":
+        if mode == "slow_body":
+            self._trickle(body)
+        else:
             self.wfile.write(body)
-            return
-        deadline = time.monotonic() + HOSTILE_LIMIT_S
+
+    def _trickle(self, data: bytes) -> None:
+        """Writes `data` one byte every SLOW_BYTE_S, until HOSTILE_LIMIT_S or hang-up."""
+        deadline, stopping = time.monotonic() + HOSTILE_LIMIT_S, self.exchange.stopping
         with contextlib.suppress(OSError):  # the client hung up at its deadline
-            for i in range(len(body)):
+            for i in range(len(data)):
                 if stopping.wait(SLOW_BYTE_S) or time.monotonic() > deadline:
                     return
-                self.wfile.write(body[i : i + 1])
+                self.wfile.write(data[i : i + 1])
                 self.wfile.flush()
 
     def _send_huge(self, body: bytes) -> None:

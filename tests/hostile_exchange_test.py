@@ -71,7 +71,12 @@ def _timed_failure(api_url, match, **kw):
 
 
 @pytest.mark.parametrize(
-    "mode, got", [("slow_body", r"\d+ bytes of the body"), ("tarpit", "no headers")]
+    "mode, got",
+    [
+        ("slow_body", r"\d+ bytes of the body"),
+        ("slow_headers", "no headers"),  # each byte well inside the per-read timeout
+        ("tarpit", "no headers"),
+    ],
 )
 def test_a_slow_body_or_a_tarpit_ends_at_the_request_deadline(exchange, mode, got):
     api_url, ex = exchange

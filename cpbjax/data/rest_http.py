@@ -4,8 +4,9 @@ A `Client` makes every request of one operation (the top-up of one series) again
 one `Budget`: a deadline on the monotonic clock, a number of requests and a number
 of seconds of waiting. Each request has its own total deadline as well (the client's
 `timeout`, or what is left of the budget if less): connect, headers and the whole
-body, which is streamed and read with the socket's timeout set to the time left, so
-a server sending one byte a second cannot stretch it. A body over `max_body_bytes`
+body. A watchdog shuts the connection down if the reply's head is not in by then, and
+the body is streamed with the socket's timeout set to the time left, so a server
+sending one byte a second cannot stretch either. A body over `max_body_bytes`
 (announced or streamed) is refused at the cap, so memory stays bounded.
 
 Retries are made here, not by urllib3 (whose waits this module could not see or
@@ -18,9 +19,12 @@ the caller can skip the other series instead of waiting again for each.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
+import socket
+import threading
 import time
 
 import requests
@@ -101,10 +105,71 @@ class Budget:
         self.waited_s += time.monotonic() - started
 
 
+class _Reading(threading.local):
+    """The sockets whose status line and headers this thread is reading (`_watched`)."""
+
+    sockets: list | None = None
+
+
+_READING = _Reading()
+
+
+def _watched(connection_cls):
+    """connection_cls, noting the socket it reads a reply's head from in _READING: a
+    watchdog can then cut a head that trickles in a byte at a time (each read within
+    the socket timeout) off at the request's deadline."""
+
+    class Watched(connection_cls):
+        def getresponse(self, *args, **kwargs):
+            if _READING.sockets is not None and self.sock is not None:
+                _READING.sockets.append(self.sock)
+            return super().getresponse(*args, **kwargs)
+
+    return Watched
+
+
+class _Pool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _watched(urllib3.connection.HTTPConnection)
+
+
+class _TLSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _watched(urllib3.connection.HTTPSConnection)
+
+
+class _Adapter(HTTPAdapter):
+    """requests' adapter over the watched connections."""
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+
+
+@contextlib.contextmanager
+def _head_deadline(seconds: float):
+    """Shuts the connection down if the reply's head is not read within `seconds`;
+    yields a list that holds True once it did."""
+    sockets, fired = [], []
+
+    def cut_off():
+        fired.append(True)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(seconds, cut_off)
+    _READING.sockets = sockets
+    timer.start()
+    try:
+        yield fired
+    finally:
+        timer.cancel()
+        _READING.sockets = None
+
+
 def make_session() -> requests.Session:
     """A Session without urllib3 retries (`Client` retries itself, within its budget)."""
     session = requests.Session()
-    adapter = HTTPAdapter(max_retries=urllib3.Retry(0, read=False, redirect=3))
+    adapter = _Adapter(max_retries=urllib3.Retry(0, read=False, redirect=3))
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = f"cpbjax/{__version__}"
@@ -149,14 +214,18 @@ class Client:
     def _once(self, url: str, budget: Budget) -> bytes:
         deadline = min(time.monotonic() + self.timeout, budget.deadline)
         left = max(deadline - time.monotonic(), 0.001)
-        try:
-            resp = self.session.get(url, timeout=(left, left), stream=True)
-        except requests.ConnectionError as e:  # ConnectTimeout included
-            raise _Retry(f"request failed for {url} ({type(e).__name__}: {str(e)[:200]})") from e
-        except requests.Timeout as e:
-            raise self._too_slow(url, "headers", 0) from e
-        except requests.RequestException as e:
-            raise SeriesSkipped(f"request failed for {url} ({type(e).__name__})") from e
+        with _head_deadline(left) as cut_off:
+            try:
+                resp = self.session.get(url, timeout=(left, left), stream=True)
+            except requests.ConnectionError as e:  # ConnectTimeout included
+                if cut_off:  # the head was still coming in at the deadline
+                    raise self._too_slow(url, "headers", 0) from e
+                message = f"request failed for {url} ({type(e).__name__}: {str(e)[:200]})"
+                raise _Retry(message) from e
+            except requests.Timeout as e:
+                raise self._too_slow(url, "headers", 0) from e
+            except requests.RequestException as e:
+                raise SeriesSkipped(f"request failed for {url} ({type(e).__name__})") from e
         with resp:
             status = resp.status_code
             if status == 200:
