@@ -28,7 +28,7 @@ import pytest
 
 from cpbjax import config as config_lib
 from cpbjax import epoch_spec, metrics, models, sharding, step, writers
-from cpbjax.data import features, sources, synthetic, windows
+from cpbjax.data import binance, features, sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS, Series
 from cpbjax.group import GroupTrainer
 
@@ -571,3 +571,10 @@ def damage_deflate(path: str) -> None:
     digest = hashlib.sha256(broken).hexdigest()
     with open(path + ".CHECKSUM", "w") as f:
         f.write(f"{digest}  {os.path.basename(path)}\n")
+
+
+def fast_backoff(monkeypatch) -> None:
+    """Retry waits of hundredths of a second (the module's own autouse fixture calls this)."""
+    monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
+    monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
+    monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
