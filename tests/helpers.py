@@ -6,6 +6,7 @@ read, run and changed alone. Caches (functools.cache) live once per test process
 they did in the modules they came from; module-scoped fixtures stay per module.
 """
 
+import datetime
 import functools
 import hashlib
 import io
@@ -578,3 +579,12 @@ def fast_backoff(monkeypatch) -> None:
     monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
     monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
     monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
+
+
+def last_complete_months(n: int) -> list[str]:
+    """The n calendar months before this one, oldest first ("YYYY-MM")."""
+    first, months = datetime.date.today().replace(day=1), []
+    for _ in range(n):
+        first = (first - datetime.timedelta(days=1)).replace(day=1)
+        months.append(first.strftime("%Y-%m"))
+    return sorted(months)

@@ -7,7 +7,6 @@ Deadlines are made small through the client's arguments; every server reply is b
 
 from __future__ import annotations
 
-import datetime
 import gzip
 import json
 import logging
@@ -195,21 +194,12 @@ def test_inconsistent_prices_are_refused_naming_the_candle(exchange):
 # -- --mode predict end to end: each case ends within 60 s, one clear line, no traceback --
 
 
-def _last_complete_months(n: int) -> list[str]:
-    first = datetime.date.today().replace(day=1)
-    months = []
-    for _ in range(n):
-        first = (first - datetime.timedelta(days=1)).replace(day=1)
-        months.append(first.strftime("%Y-%m"))
-    return sorted(months)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """(workdir, newest history open time, its close): a tiny GRU on a 2-month mirror."""
     root = tmp_path_factory.mktemp("hostile")
     mirror, workdir = str(root / "mirror"), str(root / "run")
-    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), _last_complete_months(2))
+    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), helpers.last_complete_months(2))
     c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     c.data.source, c.data.base_url, c.data.months = "binance", mirror, 2
     c.data.symbols, c.data.intervals = ("BTCUSDT",), ("1h",)
