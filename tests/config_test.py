@@ -8,6 +8,7 @@ import pytest
 
 from cpbjax import config as config_lib
 from cpbjax import config_rules as rules
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,17 +33,6 @@ RETIRED = {
 }
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[prefix + key] = value
-    return flat
-
-
 @pytest.mark.parametrize("path", CONFIGS)
 @pytest.mark.parametrize("arg", [None, "", "demo", "tiny", "replaced"])
 def test_every_config_is_the_one_of_commit_2c4dd27(path, arg):
@@ -52,8 +42,8 @@ def test_every_config_is_the_one_of_commit_2c4dd27(path, arg):
     with open(os.path.join(ROOT, "tests/data/configs_2c4dd27.json")) as f:
         snapshot = json.load(f)
     model = os.path.basename(path)[:-3]
-    want = _flat(snapshot[f"{model}:{arg or ''}"])
-    got = _flat(
+    want = helpers.flat(snapshot[f"{model}:{arg or ''}"])
+    got = helpers.flat(
         json.loads(json.dumps(config_lib.load(path + (f":{arg}" if arg else "")).to_dict()))
     )
     kept = [field for field in want if field not in RETIRED]

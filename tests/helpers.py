@@ -588,3 +588,14 @@ def last_complete_months(n: int) -> list[str]:
         first = (first - datetime.timedelta(days=1)).replace(day=1)
         months.append(first.strftime("%Y-%m"))
     return sorted(months)
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}, in the tree's order."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
