@@ -306,16 +306,21 @@ def _launch_tiny(workdir, overrides):
     )
 
 
-def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tmp_path):
-    """End to end through launch.py: a pooled tiny run of a 15m and a 1h series."""
-    workdir, dates = str(tmp_path / "run"), ("2025-06-20", "2025-06-25")
-    overrides = {
-        "data.symbols": ("BTCUSDT",),
+def _pooled_overrides(dates, **data) -> dict:
+    """The overrides of a one-epoch pooled tiny run split at `dates`; data: data.* fields."""
+    fields = {f"data.{key}": value for key, value in data.items()}
+    return fields | {
         "data.split_dates": dates,
         "train.share": "pooled",
         "train.epochs": 1,
         "eval.plots": False,
     }
+
+
+def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tmp_path):
+    """End to end through launch.py: a pooled tiny run of a 15m and a 1h series."""
+    workdir, dates = str(tmp_path / "run"), ("2025-06-20", "2025-06-25")
+    overrides = _pooled_overrides(dates, symbols=("BTCUSDT",))
     proc = _launch_tiny(workdir, overrides)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(os.path.join(workdir, "config.json")) as f:
@@ -354,16 +359,13 @@ def test_a_pooled_run_trains_on_a_train_only_series_and_scores_the_others(tmp_pa
     full = _write_csv(folder, "AAAUSDT", split_date_ms("2025-06-30"), 1400)
     early = _write_csv(folder, "BBBUSDT", split_date_ms("2025-06-10"), 1400)
     workdir = str(tmp_path / "run")
-    overrides = {
-        "data.source": "local",
-        "data.local_dir": str(folder),
-        "data.symbols": ("AAAUSDT", "BBBUSDT"),
-        "data.intervals": ("1h",),
-        "data.split_dates": dates,
-        "train.share": "pooled",
-        "train.epochs": 1,
-        "eval.plots": False,
-    }
+    overrides = _pooled_overrides(
+        dates,
+        source="local",
+        local_dir=str(folder),
+        symbols=("AAAUSDT", "BBBUSDT"),
+        intervals=("1h",),
+    )
     proc = _launch_tiny(workdir, overrides)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(os.path.join(workdir, "results.json")) as f:
