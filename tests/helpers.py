@@ -336,17 +336,22 @@ def probe_params(seed=0):
 # Random 1h series and their windows written out plainly (windows and aux-target tests).
 
 
-def make_series(n=420, seed=0, missing=()):
-    """A random 1h series of n grid candles with the rows in `missing` left out."""
+FIRST_OPEN_MS = 1_700_000_000_000 // STEP_MS * STEP_MS  # make_series' default first open
+
+
+def make_series(
+    n=420, seed=0, missing=(), symbol="TESTUSDT", interval="1h", first_open_ms=FIRST_OPEN_MS
+):
+    """A random series of n grid candles from first_open_ms, rows in `missing` left out."""
     rng = np.random.default_rng(seed)
     close = 50.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n)))
     open_ = np.concatenate([[50.0], close[:-1]])
     high = np.maximum(open_, close) * (1.0 + rng.uniform(0.0, 0.01, n))
     low = np.minimum(open_, close) * (1.0 - rng.uniform(0.0, 0.01, n))
     ohlcv = np.stack([open_, high, low, close, rng.uniform(1.0, 9.0, n)], axis=1)
-    times = 1_700_000_000_000 // STEP_MS * STEP_MS + STEP_MS * np.arange(n, dtype=np.int64)
+    times = first_open_ms + INTERVAL_MS[interval] * np.arange(n, dtype=np.int64)
     keep = np.setdiff1d(np.arange(n), np.asarray(missing, np.int64))
-    return Series("TESTUSDT", "1h", times[keep], ohlcv[keep])
+    return Series(symbol, interval, times[keep], ohlcv[keep])
 
 
 def data_config(**overrides):
