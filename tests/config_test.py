@@ -22,17 +22,6 @@ def test_configs_load_and_validate(path, variant):
     assert config_lib.validate(config) is config
 
 
-# Fields that cpbjax retired since commit 2c4dd27 (their values are no longer compared).
-RETIRED = {
-    "recurrent_gradient",
-    "model.quantiles",
-    "model.series_embedding",
-    "train.min_delta_mode",
-    "eval.interval_vol_days",
-    "eval.interval_vol_weight",
-}
-
-
 @pytest.mark.parametrize("path", CONFIGS)
 @pytest.mark.parametrize("arg", [None, "", "demo", "tiny", "replaced"])
 def test_every_config_is_the_one_of_commit_2c4dd27(path, arg):
@@ -46,7 +35,7 @@ def test_every_config_is_the_one_of_commit_2c4dd27(path, arg):
     got = helpers.flat(
         json.loads(json.dumps(config_lib.load(path + (f":{arg}" if arg else "")).to_dict()))
     )
-    kept = [field for field in want if field not in RETIRED]
+    kept = [field for field in want if field not in helpers.RETIRED_SINCE_2C4DD27]
     assert [field for field in got if field in kept] == kept  # present, in the same order
     for field in kept:
         assert json.dumps(got[field]) == json.dumps(want[field]), field

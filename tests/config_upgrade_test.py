@@ -27,14 +27,7 @@ def test_the_previous_release_config_loads_as_todays_tiny_config():
     got, want = helpers.flat(upgraded.to_dict()), helpers.flat(today.to_dict())
     assert got == want  # every field that still exists, and no retired one
     retired = set(helpers.flat(saved)) - set(want)
-    assert retired == {
-        "recurrent_gradient",
-        "model.quantiles",
-        "model.series_embedding",
-        "train.min_delta_mode",
-        "eval.interval_vol_days",
-        "eval.interval_vol_weight",
-    }
+    assert retired == helpers.RETIRED_SINCE_2C4DD27
 
 
 @pytest.mark.parametrize("path", ["configs/gru.py", "configs/transformer.py:tiny"])

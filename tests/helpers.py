@@ -595,6 +595,17 @@ def last_complete_months(n: int) -> list[str]:
     return sorted(months)
 
 
+# The config fields that cpbjax retired since commit 2c4dd27 (dotted, without "config.").
+RETIRED_SINCE_2C4DD27 = {
+    "recurrent_gradient",
+    "model.quantiles",
+    "model.series_embedding",
+    "train.min_delta_mode",
+    "eval.interval_vol_days",
+    "eval.interval_vol_weight",
+}
+
+
 def flat(tree: dict, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}, in the tree's order."""
     out = {}
