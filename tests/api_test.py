@@ -21,20 +21,12 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.data import sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.metrics import COLUMNS
+from tests import helpers
 from tests.fake_exchange import FakeExchange, running
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP = INTERVAL_MS["1h"]
 PREDICT = (sys.executable, "launch.py", "--mode=predict")
-
-
-def _last_complete_months(n: int) -> list[str]:
-    first = datetime.date.today().replace(day=1)
-    months = []
-    for _ in range(n):
-        first = (first - datetime.timedelta(days=1)).replace(day=1)
-        months.append(first.strftime("%Y-%m"))
-    return sorted(months)
 
 
 def _config(mirror: str):
@@ -50,7 +42,7 @@ def run(tmp_path_factory):
     """(workdir, mirror, results): tiny GRU trained by cpbjax.train on a 2-month mirror."""
     root = tmp_path_factory.mktemp("api")
     mirror = str(root / "mirror")
-    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), _last_complete_months(2))
+    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), helpers.last_complete_months(2))
     workdir = str(root / "run")
     return workdir, mirror, cpbjax.train(_config(mirror), workdir)
 

@@ -20,6 +20,7 @@ import urllib3
 
 from cpbjax import config as config_lib
 from cpbjax.data import binance, parsing, synthetic
+from tests import helpers
 from tests.helpers import damage_deflate
 
 MONTHS = ["2024-10", "2024-11", "2024-12", "2025-01", "2025-02"]
@@ -76,9 +77,7 @@ def _reference(symbol, months, seed=7):
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
-    monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
+    helpers.fast_backoff(monkeypatch)
 
 
 def test_end_month_and_month_arithmetic():

@@ -8,6 +8,7 @@ import pytest
 
 from cpbjax import config as config_lib
 from cpbjax import config_rules as rules
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,28 +22,6 @@ def test_configs_load_and_validate(path, variant):
     assert config_lib.validate(config) is config
 
 
-# Fields that cpbjax retired since commit 2c4dd27 (their values are no longer compared).
-RETIRED = {
-    "recurrent_gradient",
-    "model.quantiles",
-    "model.series_embedding",
-    "train.min_delta_mode",
-    "eval.interval_vol_days",
-    "eval.interval_vol_weight",
-}
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[prefix + key] = value
-    return flat
-
-
 @pytest.mark.parametrize("path", CONFIGS)
 @pytest.mark.parametrize("arg", [None, "", "demo", "tiny", "replaced"])
 def test_every_config_is_the_one_of_commit_2c4dd27(path, arg):
@@ -52,11 +31,11 @@ def test_every_config_is_the_one_of_commit_2c4dd27(path, arg):
     with open(os.path.join(ROOT, "tests/data/configs_2c4dd27.json")) as f:
         snapshot = json.load(f)
     model = os.path.basename(path)[:-3]
-    want = _flat(snapshot[f"{model}:{arg or ''}"])
-    got = _flat(
+    want = helpers.flat(snapshot[f"{model}:{arg or ''}"])
+    got = helpers.flat(
         json.loads(json.dumps(config_lib.load(path + (f":{arg}" if arg else "")).to_dict()))
     )
-    kept = [field for field in want if field not in RETIRED]
+    kept = [field for field in want if field not in helpers.RETIRED_SINCE_2C4DD27]
     assert [field for field in got if field in kept] == kept  # present, in the same order
     for field in kept:
         assert json.dumps(got[field]) == json.dumps(want[field]), field

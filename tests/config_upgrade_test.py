@@ -6,6 +6,7 @@ import os
 import pytest
 
 from cpbjax import config as config_lib
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The config.json that `launch.py --config configs/gru.py:tiny --config.train.epochs=1`
@@ -18,32 +19,15 @@ def _saved() -> dict:
         return json.load(f)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def test_the_previous_release_config_loads_as_todays_tiny_config():
     saved = _saved()
     upgraded = config_lib.validate(config_lib.upgrade(saved))
     today = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     today.train.epochs = 1  # as the saved run was launched
-    got, want = _flat(upgraded.to_dict()), _flat(today.to_dict())
+    got, want = helpers.flat(upgraded.to_dict()), helpers.flat(today.to_dict())
     assert got == want  # every field that still exists, and no retired one
-    retired = set(_flat(saved)) - set(want)
-    assert retired == {
-        "recurrent_gradient",
-        "model.quantiles",
-        "model.series_embedding",
-        "train.min_delta_mode",
-        "eval.interval_vol_days",
-        "eval.interval_vol_weight",
-    }
+    retired = set(helpers.flat(saved)) - set(want)
+    assert retired == helpers.RETIRED_SINCE_2C4DD27
 
 
 @pytest.mark.parametrize("path", ["configs/gru.py", "configs/transformer.py:tiny"])

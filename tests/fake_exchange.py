@@ -38,6 +38,8 @@ SLOW_BYTE_S = 0.05
 HUGE_BODY_BYTES = 256 << 20
 HOSTILE_LIMIT_S = 30.0  # the longest any hostile reply lasts
 MINUTE_MS = 60_000
+STEP = 3_600_000  # 1h in ms
+T0 = 1_735_689_600_000  # 2025-01-01T00:00:00Z: the first open time of hourly_exchange
 
 
 def rows(times, ohlcv, step_ms: int, close_after_ms: int | None = None):
@@ -58,7 +60,7 @@ class FakeExchange:
 
     times: np.ndarray
     ohlcv: Callable[[np.ndarray], np.ndarray]  # open times [N] -> float64 [N, 5]
-    step_ms: int = 3_600_000
+    step_ms: int = STEP
     faults: list = dataclasses.field(default_factory=list)  # (status, headers, body)
     mode: str = "normal"  # normal | ignore_start (same page always) | endless (full pages)
     requests: list = dataclasses.field(default_factory=list)  # query dicts
@@ -152,6 +154,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             sent = self.wfile.write(b"[")
             while sent < HUGE_BODY_BYTES and not self.exchange.stopping.is_set():
                 sent += self.wfile.write(chunk)
+
+
+def candles(times) -> np.ndarray:
+    """Deterministic valid candles float64 [N, 5] for 1h open times [N]: rising from 100 at T0."""
+    base = 100.0 + (np.asarray(times) - T0) / STEP * 0.01
+    return np.stack([base, base + 1, base - 1, base + 0.5, base * 10], axis=1)
+
+
+def hourly_exchange() -> FakeExchange:
+    """2500 closed 1h candles from T0, plus the open one after them, valued by `candles`."""
+    return FakeExchange(T0 + np.arange(2501, dtype=np.int64) * STEP, candles)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ read, run and changed alone. Caches (functools.cache) live once per test process
 they did in the modules they came from; module-scoped fixtures stay per module.
 """
 
+import datetime
 import functools
 import hashlib
 import io
@@ -28,7 +29,7 @@ import pytest
 
 from cpbjax import config as config_lib
 from cpbjax import epoch_spec, metrics, models, sharding, step, writers
-from cpbjax.data import features, sources, synthetic, windows
+from cpbjax.data import binance, features, sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS, Series
 from cpbjax.group import GroupTrainer
 
@@ -335,17 +336,22 @@ def probe_params(seed=0):
 # Random 1h series and their windows written out plainly (windows and aux-target tests).
 
 
-def make_series(n=420, seed=0, missing=()):
-    """A random 1h series of n grid candles with the rows in `missing` left out."""
+FIRST_OPEN_MS = 1_700_000_000_000 // STEP_MS * STEP_MS  # make_series' default first open
+
+
+def make_series(
+    n=420, seed=0, missing=(), symbol="TESTUSDT", interval="1h", first_open_ms=FIRST_OPEN_MS
+):
+    """A random series of n grid candles from first_open_ms, rows in `missing` left out."""
     rng = np.random.default_rng(seed)
     close = 50.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n)))
     open_ = np.concatenate([[50.0], close[:-1]])
     high = np.maximum(open_, close) * (1.0 + rng.uniform(0.0, 0.01, n))
     low = np.minimum(open_, close) * (1.0 - rng.uniform(0.0, 0.01, n))
     ohlcv = np.stack([open_, high, low, close, rng.uniform(1.0, 9.0, n)], axis=1)
-    times = 1_700_000_000_000 // STEP_MS * STEP_MS + STEP_MS * np.arange(n, dtype=np.int64)
+    times = first_open_ms + INTERVAL_MS[interval] * np.arange(n, dtype=np.int64)
     keep = np.setdiff1d(np.arange(n), np.asarray(missing, np.int64))
-    return Series("TESTUSDT", "1h", times[keep], ohlcv[keep])
+    return Series(symbol, interval, times[keep], ohlcv[keep])
 
 
 def data_config(**overrides):
@@ -571,3 +577,41 @@ def damage_deflate(path: str) -> None:
     digest = hashlib.sha256(broken).hexdigest()
     with open(path + ".CHECKSUM", "w") as f:
         f.write(f"{digest}  {os.path.basename(path)}\n")
+
+
+def fast_backoff(monkeypatch) -> None:
+    """Retry waits of hundredths of a second (the module's own autouse fixture calls this)."""
+    monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
+    monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
+    monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
+
+
+def last_complete_months(n: int) -> list[str]:
+    """The n calendar months before this one, oldest first ("YYYY-MM")."""
+    first, months = datetime.date.today().replace(day=1), []
+    for _ in range(n):
+        first = (first - datetime.timedelta(days=1)).replace(day=1)
+        months.append(first.strftime("%Y-%m"))
+    return sorted(months)
+
+
+# The config fields that cpbjax retired since commit 2c4dd27 (dotted, without "config.").
+RETIRED_SINCE_2C4DD27 = {
+    "recurrent_gradient",
+    "model.quantiles",
+    "model.series_embedding",
+    "train.min_delta_mode",
+    "eval.interval_vol_days",
+    "eval.interval_vol_weight",
+}
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}, in the tree's order."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out

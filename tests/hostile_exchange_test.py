@@ -7,7 +7,6 @@ Deadlines are made small through the client's arguments; every server reply is b
 
 from __future__ import annotations
 
-import datetime
 import gzip
 import json
 import logging
@@ -22,33 +21,25 @@ import pytest
 
 import cpbjax
 from cpbjax import config as config_lib
-from cpbjax.data import binance, klines_api, parsing, rest_http, sources, synthetic
+from cpbjax.data import klines_api, parsing, rest_http, sources, synthetic
 from cpbjax.data.series import SeriesSkipped
-from tests.fake_exchange import FakeExchange, rows, running
+from tests import helpers
+from tests.fake_exchange import STEP, T0, FakeExchange, candles, hourly_exchange, rows, running
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEP = 3_600_000  # 1h in ms.
-T0 = 1_735_689_600_000  # 2025-01-01T00:00:00Z.
 NOW = T0 + 2500 * STEP + STEP // 2  # half way through the candle opened at T0 + 2500 h
 DEADLINE_S = 0.6  # one request's total deadline in these tests
 BUDGET_S = 3.0  # one fetch's wall clock in these tests
 
 
-def _ohlcv(times):
-    base = 100.0 + (np.asarray(times) - T0) / STEP * 0.01
-    return np.stack([base, base + 1, base - 1, base + 0.5, base * 10], axis=1)
-
-
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
-    monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
+    helpers.fast_backoff(monkeypatch)
 
 
 @pytest.fixture
 def exchange():
-    ex = FakeExchange(T0 + np.arange(2501, dtype=np.int64) * STEP, _ohlcv)
+    ex = hourly_exchange()
     with running(ex) as api_url:
         yield api_url, ex
 
@@ -93,7 +84,7 @@ def test_a_tarpit_skips_the_other_series_unasked(exchange):
     d.update(dict(min_candles=100, retries=2, timeout_seconds=DEADLINE_S, api_url=api_url))
     t = T0 + np.arange(2000, dtype=np.int64) * STEP
     history = {
-        f"{sym}-1h": parsing.build_series(sym, "1h", [(t, _ohlcv(t))], d)
+        f"{sym}-1h": parsing.build_series(sym, "1h", [(t, candles(t))], d)
         for sym in ("BTCUSDT", "ETHUSDT", "SOLUSDT")
     }
     started = time.monotonic()
@@ -166,7 +157,7 @@ def test_an_exchange_that_stops_early_says_why_the_data_is_stale(exchange, caplo
     d = config_lib.base_config().data
     d.update(dict(min_candles=100, retries=2, timeout_seconds=DEADLINE_S, api_url=api_url))
     t = T0 + np.arange(1500, dtype=np.int64) * STEP
-    history = parsing.build_series("BTCUSDT", "1h", [(t, _ohlcv(t))], d)
+    history = parsing.build_series("BTCUSDT", "1h", [(t, candles(t))], d)
     with caplog.at_level(logging.WARNING):
         loaded, _ = klines_api.top_up({history.name: history}, {}, d, NOW)
     assert loaded["BTCUSDT-1h"].notes["fresh_nothing_after_ms"] == T0 + 2000 * STEP
@@ -196,7 +187,7 @@ def test_impossible_candles_are_refused_naming_the_candle(exchange, mode, rule, 
 def test_inconsistent_prices_are_refused_naming_the_candle(exchange):
     api_url, ex = exchange
     times = T0 + np.arange(3, dtype=np.int64) * STEP
-    bad = _ohlcv(times)
+    bad = candles(times)
     bad[1, 2] = bad[1, 3] + 1  # low above the close
     body = str(rows(times, bad, STEP)).replace("'", '"').encode()
     ex.faults = [(200, {}, body)]
@@ -208,21 +199,12 @@ def test_inconsistent_prices_are_refused_naming_the_candle(exchange):
 # -- --mode predict end to end: each case ends within 60 s, one clear line, no traceback --
 
 
-def _last_complete_months(n: int) -> list[str]:
-    first = datetime.date.today().replace(day=1)
-    months = []
-    for _ in range(n):
-        first = (first - datetime.timedelta(days=1)).replace(day=1)
-        months.append(first.strftime("%Y-%m"))
-    return sorted(months)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """(workdir, newest history open time, its close): a tiny GRU on a 2-month mirror."""
     root = tmp_path_factory.mktemp("hostile")
     mirror, workdir = str(root / "mirror"), str(root / "run")
-    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), _last_complete_months(2))
+    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), helpers.last_complete_months(2))
     c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     c.data.source, c.data.base_url, c.data.months = "binance", mirror, 2
     c.data.symbols, c.data.intervals = ("BTCUSDT",), ("1h",)
@@ -289,11 +271,11 @@ def test_predict_pages_past_a_gap_in_the_exchange_and_names_it(trained):
 def test_a_gzipped_page_is_decoded_and_a_gzip_bomb_stops_at_the_cap(exchange):
     api_url, ex = exchange
     times = T0 + np.arange(3, dtype=np.int64) * STEP
-    page = json.dumps(rows(times, _ohlcv(times), STEP)).encode()
+    page = json.dumps(rows(times, candles(times), STEP)).encode()
     ex.faults = [(200, {"Content-Encoding": "gzip"}, gzip.compress(page))]
     got, ohlcv, _ = _fetch(api_url, now=T0 + 3 * STEP)
     np.testing.assert_array_equal(got, times)
-    np.testing.assert_allclose(ohlcv, _ohlcv(times), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(ohlcv, candles(times), rtol=0, atol=1e-8)
     bomb = gzip.compress(b"[" + b" " * (64 << 20) + b"]")  # 64 MiB of JSON in about 64 KB
     ex.faults = [(200, {"Content-Encoding": "gzip"}, bomb)]
     _timed_failure(api_url, r"passed the 1048576 byte cap", max_body_bytes=1 << 20)

@@ -11,32 +11,23 @@ import numpy as np
 import pytest
 
 from cpbjax import config as config_lib
-from cpbjax.data import binance, klines_api, parsing, rest_http
+from cpbjax.data import klines_api, parsing, rest_http
 from cpbjax.data.series import SeriesSkipped
-from tests.fake_exchange import FakeExchange, rows, running
+from tests import helpers
+from tests.fake_exchange import STEP, T0, candles, hourly_exchange, rows, running
 
-STEP = 3_600_000  # 1h in ms.
-T0 = 1_735_689_600_000  # 2025-01-01T00:00:00Z.
 HALF = STEP // 2
-
-
-def _ohlcv(times):
-    """Deterministic valid candles float64 [N, 5] for open times [N]."""
-    base = 100.0 + (np.asarray(times) - T0) / STEP * 0.01
-    return np.stack([base, base + 1, base - 1, base + 0.5, base * 10], axis=1)
 
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
-    monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
+    helpers.fast_backoff(monkeypatch)
 
 
 @pytest.fixture
 def exchange():
     """(api_url, FakeExchange) on 127.0.0.1:<random port>; 2500 closed 1h candles + 1 open."""
-    ex = FakeExchange(T0 + np.arange(2501, dtype=np.int64) * STEP, _ohlcv)
+    ex = hourly_exchange()
     with running(ex) as api_url:
         yield api_url, ex
 
@@ -63,7 +54,7 @@ def test_pages_across_three_requests_and_drops_the_open_candle(exchange):
     times, ohlcv = _fetch(api_url)
     assert times.dtype == np.int64 and ohlcv.dtype == np.float64 and ohlcv.shape == (2500, 5)
     np.testing.assert_array_equal(times, ex.times[:2500])  # The open candle is dropped.
-    np.testing.assert_allclose(ohlcv, _ohlcv(times), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(ohlcv, candles(times), rtol=0, atol=1e-8)
     starts = [int(q["startTime"]) for q in ex.requests]
     assert starts == [T0, T0 + 1000 * STEP, T0 + 2000 * STEP]
     assert {q["endTime"] for q in ex.requests} == {str(NOW)}
@@ -170,7 +161,7 @@ def test_a_start_too_far_back_is_refused_before_any_request():
 
 def _hist(first, count):
     times = T0 + np.arange(first, first + count, dtype=np.int64) * STEP
-    return times, _ohlcv(times)
+    return times, candles(times)
 
 
 def test_merge_overlap_keeps_the_history():
@@ -260,7 +251,7 @@ def test_top_up_asks_no_more_once_the_api_does_not_connect():
 def test_rows_are_sorted_and_exact_duplicates_dropped(exchange):
     api_url, ex = exchange
     times = T0 + np.array([2, 0, 1, 1], dtype=np.int64) * STEP
-    ex.faults = [_status(200, body=json.dumps(rows(times, _ohlcv(times), STEP)).encode())]
+    ex.faults = [_status(200, body=json.dumps(rows(times, candles(times), STEP)).encode())]
     got, ohlcv = _fetch(api_url, now=T0 + 3 * STEP + HALF)  # one page reaches now
     np.testing.assert_array_equal(got, T0 + np.arange(3) * STEP)
-    np.testing.assert_allclose(ohlcv, _ohlcv(got), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(ohlcv, candles(got), rtol=0, atol=1e-8)

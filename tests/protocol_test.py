@@ -29,6 +29,7 @@ from cpbjax.data import (
 )
 from cpbjax.data.series import INTERVAL_MS, Series, split_date_ms
 from tests import binance_test, launch_test
+from tests.helpers import make_series
 
 L, H = 8, 3
 HOUR = INTERVAL_MS["1h"]
@@ -114,19 +115,6 @@ def test_launch_expands_a_named_list_and_config_json_records_the_symbols(tmp_pat
 # Calendar splits.
 
 
-def _series(symbol, interval, first_open_ms, n, missing=(), seed=0):
-    """A random series of n grid candles from first_open_ms, rows in `missing` left out."""
-    rng = np.random.default_rng(seed)
-    close = 50.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n)))
-    open_ = np.concatenate([[50.0], close[:-1]])
-    high = np.maximum(open_, close) * (1.0 + rng.uniform(0.0, 0.01, n))
-    low = np.minimum(open_, close) * (1.0 - rng.uniform(0.0, 0.01, n))
-    ohlcv = np.stack([open_, high, low, close, rng.uniform(1.0, 9.0, n)], axis=1)
-    times = first_open_ms + INTERVAL_MS[interval] * np.arange(n, dtype=np.int64)
-    keep = np.setdiff1d(np.arange(n), np.asarray(missing, np.int64))
-    return Series(symbol, interval, times[keep], ohlcv[keep])
-
-
 def _data_cfg(**overrides):
     d = config_lib.base_config().data
     d.lookback, d.horizon, d.max_candles, d.min_candles = L, H, 0, 50
@@ -158,10 +146,16 @@ def _reference_split(series, t, bounds, lookback=L, horizon=H):
 SERIES = (
     # 1h from Jan 1 with a gap in the train span; 1h from Jan 6 03:00 with a gap in the
     # val span (Jan 15 05:00); 15m from Jan 12 (3 days of train); 1h from Jan 3 to Jan 26.
-    _series("AAAUSDT", "1h", JAN_1, 26 * 24, missing=(100, 101, 102)),
-    _series("BBBUSDT", "1h", JAN_1 + 5 * DAY + 3 * HOUR, 19 * 24, missing=(218, 219), seed=1),
-    _series("CCCUSDT", "15m", JAN_1 + 11 * DAY, 12 * 96, seed=2),
-    _series("DDDUSDT", "1h", JAN_1 + 2 * DAY, 23 * 24, seed=3),
+    make_series(26 * 24, symbol="AAAUSDT", first_open_ms=JAN_1, missing=(100, 101, 102)),
+    make_series(
+        19 * 24,
+        symbol="BBBUSDT",
+        first_open_ms=JAN_1 + 5 * DAY + 3 * HOUR,
+        missing=(218, 219),
+        seed=1,
+    ),
+    make_series(12 * 96, symbol="CCCUSDT", interval="15m", first_open_ms=JAN_1 + 11 * DAY, seed=2),
+    make_series(23 * 24, symbol="DDDUSDT", first_open_ms=JAN_1 + 2 * DAY, seed=3),
 )
 
 
@@ -194,7 +188,9 @@ def _span(prep, split):
     return min(a for a, _ in spans), max(b for _, b in spans)
 
 
-EARLY = _series("EEEUSDT", "1h", JAN_1, 13 * 24, seed=4)  # ends Jan 14, before the val span
+EARLY = make_series(
+    13 * 24, symbol="EEEUSDT", first_open_ms=JAN_1, seed=4
+)  # ends Jan 14, before the val span
 
 
 def test_no_training_window_of_any_series_overlaps_another_series_val_or_test_span():
@@ -306,16 +302,21 @@ def _launch_tiny(workdir, overrides):
     )
 
 
-def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tmp_path):
-    """End to end through launch.py: a pooled tiny run of a 15m and a 1h series."""
-    workdir, dates = str(tmp_path / "run"), ("2025-06-20", "2025-06-25")
-    overrides = {
-        "data.symbols": ("BTCUSDT",),
+def _pooled_overrides(dates, **data) -> dict:
+    """The overrides of a one-epoch pooled tiny run split at `dates`; data: data.* fields."""
+    fields = {f"data.{key}": value for key, value in data.items()}
+    return fields | {
         "data.split_dates": dates,
         "train.share": "pooled",
         "train.epochs": 1,
         "eval.plots": False,
     }
+
+
+def test_a_pooled_run_with_split_dates_trains_and_scores_the_calendar_windows(tmp_path):
+    """End to end through launch.py: a pooled tiny run of a 15m and a 1h series."""
+    workdir, dates = str(tmp_path / "run"), ("2025-06-20", "2025-06-25")
+    overrides = _pooled_overrides(dates, symbols=("BTCUSDT",))
     proc = _launch_tiny(workdir, overrides)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(os.path.join(workdir, "config.json")) as f:
@@ -354,16 +355,13 @@ def test_a_pooled_run_trains_on_a_train_only_series_and_scores_the_others(tmp_pa
     full = _write_csv(folder, "AAAUSDT", split_date_ms("2025-06-30"), 1400)
     early = _write_csv(folder, "BBBUSDT", split_date_ms("2025-06-10"), 1400)
     workdir = str(tmp_path / "run")
-    overrides = {
-        "data.source": "local",
-        "data.local_dir": str(folder),
-        "data.symbols": ("AAAUSDT", "BBBUSDT"),
-        "data.intervals": ("1h",),
-        "data.split_dates": dates,
-        "train.share": "pooled",
-        "train.epochs": 1,
-        "eval.plots": False,
-    }
+    overrides = _pooled_overrides(
+        dates,
+        source="local",
+        local_dir=str(folder),
+        symbols=("AAAUSDT", "BBBUSDT"),
+        intervals=("1h",),
+    )
     proc = _launch_tiny(workdir, overrides)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(os.path.join(workdir, "results.json")) as f:

@@ -1,6 +1,5 @@
 """experiments/ensemble_default/seed_ensemble.py: members scored as their runs were, and their geometric mean."""
 
-import datetime
 import itertools
 import os
 
@@ -13,16 +12,9 @@ from cpbjax import forecast
 from cpbjax.data import synthetic
 from experiments import ablation
 from experiments.ensemble_default import seed_ensemble
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _months(n: int) -> list[str]:
-    first, months = datetime.date.today().replace(day=1), []
-    for _ in range(n):
-        first = (first - datetime.timedelta(days=1)).replace(day=1)
-        months.append(first.strftime("%Y-%m"))
-    return sorted(months)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +22,9 @@ def runs(tmp_path_factory):
     """(workdirs, mirror): the tiny GRU trained at seeds 0 and 1 on two series."""
     root = tmp_path_factory.mktemp("ensemble")
     mirror = str(root / "mirror")
-    synthetic.write_vision_mirror(mirror, ("BTCUSDT", "ETHUSDT"), ("1h",), _months(2))
+    synthetic.write_vision_mirror(
+        mirror, ("BTCUSDT", "ETHUSDT"), ("1h",), helpers.last_complete_months(2)
+    )
     workdirs = []
     for seed in (0, 1):
         c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))

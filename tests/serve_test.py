@@ -323,25 +323,10 @@ class _FailingForecaster:
 
 
 def test_a_failing_handler_answers_json_500_without_traceback():
-    port = _free_port()
-    config = uvicorn.Config(
-        serve.build_app(_FailingForecaster()), host="127.0.0.1", port=port, log_level="critical"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.started
+    with _in_process(serve.build_app(_FailingForecaster())) as port:
         for path, kind in ((f"/forecast/{SERIES}", "RuntimeError"), ("/series", "ValueError")):
             status, body, _ = _get(port, path)
             assert status == 500 and body["error"] == f"internal error ({kind}); see the server log"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-    assert not thread.is_alive()
 
 
 @contextlib.contextmanager
