@@ -15,7 +15,7 @@ import os
 
 import ml_collections
 
-from cpbjax import config_check, config_history
+from cpbjax import config_check, config_history, config_rules
 from cpbjax.config_check import SHARES as SHARES
 from cpbjax.config_rules import ConfigError as ConfigError  # config_lib.ConfigError, as before
 from cpbjax.data.pairs import CONFIRMATION_SYMBOLS as CONFIRMATION_SYMBOLS
@@ -239,7 +239,8 @@ def upgrade(saved) -> ml_collections.ConfigDict:
     default are dropped, and one set to anything else is a ConfigError naming it and what
     to use instead (config_history.RETIRED); fields added since take the value that
     reproduces what the saved config did (config_history.ADDED), every other missing
-    field today's default. Does not validate.
+    field today's default; a value another field's value ignores takes its default
+    (config_rules.IGNORED: nothing it does changes). Does not validate.
     """
     plain = saved.to_dict() if isinstance(saved, ml_collections.ConfigDict) else saved
 
@@ -251,7 +252,9 @@ def upgrade(saved) -> ml_collections.ConfigDict:
     d = tuples(plain)
     config_history.drop_retired(d)
     config_history.fill_added(d)
-    return _merge(base_config(), d)
+    upgraded = _merge(base_config(), d)
+    config_rules.reset_ignored(upgraded, base_config())  # values it accepted but ignored
+    return upgraded
 
 
 def _merge(c: ml_collections.ConfigDict, saved: dict) -> ml_collections.ConfigDict:

@@ -137,9 +137,9 @@ def _check_distributed(h) -> None:
         check(h.process_id < h.num_processes, "distributed.process_id", h.process_id, allowed)
 
 
-def _check_ignored(c, defaults) -> None:
-    """A non-default value of a field that another field's value ignores (IGNORED), and a
-    sweep.select without a sweep."""
+def _ignored(c, defaults):
+    """(field, value, default, why) of each non-default value that another field's value
+    ignores (IGNORED)."""
     absent = object()
     for other, values, why, fields in IGNORED:
         other_value = get(c, other, absent)
@@ -148,8 +148,22 @@ def _check_ignored(c, defaults) -> None:
         for field in fields:
             value, default = get(c, field, absent), get(defaults, field, absent)
             if absent not in (value, default) and value != default:
-                allowed = f"{default!r} (its default) with {other}={other_value!r}: {why}"
-                fail(field, value, allowed)
+                yield field, value, default, f"with {other}={other_value!r}: {why}"
+
+
+def reset_ignored(c, defaults) -> None:
+    """Sets every value of `c` that another field's value ignores to its default, which
+    changes nothing it does (`config.upgrade`: an earlier cpbjax accepted such values)."""
+    for field, _, default, _ in list(_ignored(c, defaults)):
+        group, leaf = field.rsplit(".", 1)
+        get(c, group)[leaf] = default
+
+
+def _check_ignored(c, defaults) -> None:
+    """A non-default value of a field that another field's value ignores (IGNORED), and a
+    sweep.select without a sweep."""
+    for field, value, default, why in _ignored(c, defaults):
+        fail(field, value, f"{default!r} (its default) {why}")
     sweep = get(c, "sweep", {})
     swept = [name for name in sweep if name != "select" and sweep[name]]
     if sweep and not swept and sweep.select != get(defaults, "sweep.select"):

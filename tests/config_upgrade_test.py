@@ -79,7 +79,13 @@ def test_fields_added_since_take_the_value_of_the_earlier_behaviour():
     c = config_lib.validate(config_lib.upgrade(saved))
     assert (c.model.baseline, c.model.window_scale, c.model.ensemble) == ("none", "none", 1)
     assert (c.train.loss, c.train.loss_scale, c.train.share) == ("mse", "none", "series")
-    assert (c.eval.interval_levels, c.eval.refit_band) == ((), False)
+    # No interval; the band refit is off, and without a band (baseline none) the field
+    # takes its default, which refits nothing.
+    assert c.eval.interval_levels == () and c.model.baseline == "none"
+    assert c.eval.refit_band == config_lib.base_config().eval.refit_band
+    saved["model"]["baseline"] = "vol_band"  # with a band the old run had no refit
+    assert config_lib.validate(config_lib.upgrade(saved)).eval.refit_band is False
+    saved["model"]["baseline"] = "none"
     assert c.train.min_delta == 0.0 and c.sweep.learning_rate == ()
     # A margin in the loss's units has no counterpart now.
     saved["train"]["min_delta"] = 0.005
