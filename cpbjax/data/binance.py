@@ -43,9 +43,9 @@ BACKOFF_FACTOR = 0.5  # urllib3 sleeps BACKOFF_FACTOR * 2**(n - 1) s before retr
 BACKOFF_JITTER_S = 0.5  # ...plus uniform(0, BACKOFF_JITTER_S) s...
 BACKOFF_MAX_S = 30.0  # ...but never longer than this (Retry-After included).
 RETRY_STATUSES = (429, 500, 502, 503, 504)
-# Plain http:// base_urls warned about in this process: one warning per URL and run,
+# (field, URL) of plain http:// URLs warned about in this process: one warning per run,
 # however many times the run loads data.
-_WARNED_PLAIN_HTTP: set[str] = set()
+_WARNED_PLAIN_HTTP: set[tuple[str, str]] = set()
 
 
 def resolve_end(end: str, today: datetime.date) -> str:
@@ -111,7 +111,13 @@ def open_mirror(data_cfg):
     url = data_cfg.base_url
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "http":
-        _warn_plain_http(url)
+        # The CHECKSUM comes over the same channel as the zip: both can be replaced.
+        warn_plain_http(
+            "data.base_url",
+            url,
+            "the zips and the CHECKSUM files that verify them come over one channel that "
+            "anyone on the path can alter. Use https:// or a local mirror.",
+        )
     if parsed.scheme in ("http", "https"):
         session = make_session(data_cfg.download_workers, data_cfg.retries)
         progress = Progress("rich" if os.isatty(2) else "plain")
@@ -127,21 +133,13 @@ def open_mirror(data_cfg):
     return DirMirror(path)
 
 
-def _warn_plain_http(url: str) -> None:
-    """Warns, once per URL, that a plain http:// mirror cannot be trusted.
-
-    The CHECKSUM comes over the same unencrypted channel as the zip, so anyone on
-    the path can replace both and the verification still passes.
-    """
-    if url in _WARNED_PLAIN_HTTP:
+def warn_plain_http(field: str, url: str, why: str) -> None:
+    """Warns, once per field and URL, that `field`'s plain http:// `url` cannot be trusted
+    (`why`: what anyone on the path can change)."""
+    if (field, url) in _WARNED_PLAIN_HTTP:
         return
-    _WARNED_PLAIN_HTTP.add(url)
-    logging.warning(
-        "data.base_url %s is plain http://, not encrypted: the zips and the CHECKSUM files "
-        "that verify them come over one channel that anyone on the path can alter. "
-        "Use https:// or a local mirror.",
-        url,
-    )
+    _WARNED_PLAIN_HTTP.add((field, url))
+    logging.warning("%s %s is plain http://, not encrypted: %s", field, url, why)
 
 
 def _fetch_rounds(mirror, cursors: dict, need: int | None, pool) -> dict:

@@ -42,7 +42,7 @@ import urllib.parse
 import numpy as np
 from absl import logging
 
-from cpbjax.data import parsing, rest_http
+from cpbjax.data import binance, parsing, rest_http
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 KLINES_PATH = "/api/v3/klines"
@@ -60,7 +60,6 @@ PAGE_RULES = (
     "low above min(open, close)",
     "open_time off the interval grid",
 )
-_warned_plain_http: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,17 +366,6 @@ def _top_up_one(s: Series, data_cfg, client, now: int | None) -> Series:
     return parsing.build_series(s.symbol, s.interval, [(times, ohlcv)], data_cfg, notes)
 
 
-def _warn_plain_http(api_url: str) -> None:
-    """Warns once per URL: over plain http:// anyone on the path can change the candles."""
-    if api_url.startswith("http://") and api_url not in _warned_plain_http:
-        _warned_plain_http.add(api_url)
-        logging.warning(
-            "data.api_url %s is plain http://: the fresh candles come unencrypted and "
-            "unauthenticated, so anyone on the path can change them; use https://",
-            api_url,
-        )
-
-
 def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
     """Extends every loaded series with its newest closed candles from the REST API.
 
@@ -394,7 +382,10 @@ def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
       each would wait out the same deadline.
     """
     api_url = data_cfg.api_url
-    _warn_plain_http(api_url)
+    if api_url.startswith("http://"):
+        binance.warn_plain_http(
+            "data.api_url", api_url, "anyone on the path can change the fresh candles; use https://"
+        )
     session = rest_http.make_session()
     client = rest_http.Client(api_url, session, data_cfg.timeout_seconds, data_cfg.retries)
     extended, skipped = {}, dict(skipped)
