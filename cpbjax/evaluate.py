@@ -29,6 +29,7 @@ from cpbjax import (
     sharding,
     writers,
 )
+from cpbjax import config_rules as rules
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing, split_dates
 
@@ -245,16 +246,25 @@ def run_facts(mode: str, config, started: float, **facts) -> dict:
     }
 
 
+# The data fields that say where a run's candles came from (those its source reads).
+_DATA_FACTS = ("source", "base_url", "local_dir", "months", "end", "max_candles")
+
+
 def scored_workdir(config, workdir: str) -> dict:
-    """`run_facts`' facts of --mode evaluate and predict: the workdir of the models, when
-    the results were made, and the data they were made from."""
+    """`run_facts`' facts of --mode evaluate and predict: the workdir of the models (its
+    name: the file lies in it, and a path would name the machine), when the results were
+    made, and the data they were made from (less the fields data.source ignores)."""
     d = config.data
+    ignored = {
+        field
+        for other, values, _, fields in rules.IGNORED
+        if other == "data.source" and d.source in values
+        for field in fields
+    }
     return {
-        "workdir": os.path.abspath(workdir),
+        "workdir": os.path.basename(os.path.abspath(workdir)),
         "created": parsing.iso(time.time() * 1000),
-        "data": {
-            k: d[k] for k in ("source", "base_url", "local_dir", "months", "end", "max_candles")
-        },
+        "data": {k: d[k] for k in _DATA_FACTS if f"data.{k}" not in ignored},
     }
 
 

@@ -234,10 +234,84 @@ def _candle(values_C) -> dict:
     return dict(zip(metrics.COLUMNS, map(float, values_C), strict=True))
 
 
+# Significant digits of the prices in forecast.json and .csv: a Binance price has at most
+# 8, and a forecast's own error is far wider than the rounding (51417.033, not
+# 51417.03295599103).
+PRICE_DIGITS = 8
+
+
+def _rounded_candle(candle: dict) -> dict:
+    """A candle of a next_candles entry with its OHLC (and interval) prices rounded."""
+    out = {
+        k: float(f"{v:.{PRICE_DIGITS}g}") if k in metrics.COLUMNS else v for k, v in candle.items()
+    }
+    if "interval" in candle:
+        out["interval"] = {side: _rounded_candle(c) for side, c in candle["interval"].items()}
+    return out
+
+
+def rounded_prices(entry: dict) -> dict:
+    """A next_candles entry with every price at PRICE_DIGITS significant digits."""
+    return dict(
+        entry,
+        last_candle=_rounded_candle(entry["last_candle"]),
+        forecast=[_rounded_candle(c) for c in entry["forecast"]],
+    )
+
+
+def skill_on_test(scored: dict | None, baseline: str) -> dict:
+    """How good a series' forecasts were on its test split, for its forecast.json entry.
+
+    Args:
+      scored: the series' results.json entry (None: the run scored none).
+      baseline: the model's model.baseline.
+
+    Returns:
+      {"test_skill": {"windows", "vs_naive": per column the skill against the better
+      naive forecast (results' test.columns.<col>.skill), "vs_band": high and low, the
+      skill against the volatility band (1 - MAE / the band's MAE; the band forecasts no
+      other column)} or None where test was not scored; "kept_baseline": true when no
+      epoch beat the untrained model (best_epoch null) under a baseline, so the
+      forecast IS the baseline's; None without a results entry}.
+    """
+    test = (scored or {}).get("test") or {}
+    cols, band = test.get("columns"), (test.get("vol_band") or {}).get("columns") or {}
+    skill = None
+    if cols:
+        skill = {
+            "windows": test.get("windows"),
+            "vs_naive": {c: cols[c]["skill"] for c in metrics.COLUMNS},
+            "vs_band": {c: metrics.skill(cols[c]["mae"], band[c]["mae"]) for c in band},
+        }
+    kept = None
+    if scored and "best_epoch" in scored:
+        kept = scored["best_epoch"] is None and baseline != "none"
+    return {"test_skill": skill, "kept_baseline": kept}
+
+
+def _skill_columns(s: dict) -> dict:
+    """forecast.csv's columns of a series' test skill and kept_baseline (on each of its rows)."""
+    skill = s.get("test_skill") or {}
+    out = {
+        f"test_skill_{against}_{col}": value
+        for against in ("vs_naive", "vs_band")
+        for col, value in (skill.get(against) or {}).items()
+    }
+    if "kept_baseline" in s:
+        out["kept_baseline"] = s["kept_baseline"]
+    return out
+
+
 def forecast_csv(series: dict) -> str:
     """forecast.json's series as CSV text, one row per (series, step)."""
     rows = [
-        {"series": name, "symbol": s["symbol"], "interval": s["interval"], **flat_candle(c)}
+        {
+            "series": name,
+            "symbol": s["symbol"],
+            "interval": s["interval"],
+            **flat_candle(c),
+            **_skill_columns(s),
+        }
         for name, s in series.items()
         for c in s["forecast"]
     ]

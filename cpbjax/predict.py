@@ -6,11 +6,13 @@ fields and training normalisation; the given config's data location).
 
 from __future__ import annotations
 
+import os
 import time
 
 from absl import logging
 
-from cpbjax import forecast, saved
+from cpbjax import forecast, saved, writers
+from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import klines_api
 from cpbjax.data.series import SeriesSkipped
@@ -21,13 +23,14 @@ class NothingToForecast(RuntimeError):
     """Every requested series was skipped; the message lists each reason."""
 
 
-def _forecast_all(loaded, preps, cfg, skipped: dict) -> dict:
-    """forecast.json's series of every prepared series; the others go to `skipped`."""
+def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
+    """forecast.json's series of every prepared series, its prices rounded and with its
+    test skill (`scored`: results.json's series); the others go to `skipped`."""
     series = {}
     for name, prep in preps.items():
         model = loaded[name]
         try:
-            series[name] = forecast.next_candles(
+            entry = forecast.next_candles(
                 model.module,
                 model.params,
                 prep,
@@ -37,7 +40,17 @@ def _forecast_all(loaded, preps, cfg, skipped: dict) -> dict:
             )
         except SeriesSkipped as e:
             skipped[name] = str(e)
+            continue
+        baseline = model.trained.model.baseline
+        series[name] = forecast.rounded_prices(entry)
+        series[name].update(forecast.skill_on_test(scored.get(name), baseline))
     return series
+
+
+def _scored_series(workdir: str) -> dict:
+    """results.json's series of the run that trained the models ({} without one)."""
+    path = workdir_lib.results_json(workdir)
+    return writers.read_json(path).get("series", {}) if os.path.exists(path) else {}
 
 
 def freshness(entry: dict, now_ms: int) -> int:
@@ -76,9 +89,11 @@ def run_predict(config, workdir: str) -> dict:
     Writes <workdir>/forecast.json ({"run", "model", "horizon", "series": {name:
     {"symbol", "interval", "last_open_time", "last_open_time_ms", "last_candle",
     "forecast": [{"step", "open_time", "open_time_ms", "open", "high", "low",
-    "close"}, ...], "age_intervals"}}, "skipped"}) and <workdir>/forecast.csv, and keeps
-    every earlier forecast as <workdir>/predictions/forecast-<UTC time>.json. Prints the
-    newest closed candle and the forecast span of each series.
+    "close"}, ...], "age_intervals", "test_skill", "kept_baseline"}}, "skipped"}; prices
+    at forecast.PRICE_DIGITS significant digits, the skill as `forecast.skill_on_test`
+    says) and <workdir>/forecast.csv, and keeps every earlier forecast as
+    <workdir>/predictions/forecast-<UTC time>.json. Prints the newest closed candle and the
+    forecast span of each series.
 
     Returns:
       The forecast.json dict.
@@ -91,7 +106,7 @@ def run_predict(config, workdir: str) -> dict:
     loaded, cfg, unreadable = saved.load_for_forecast(config, workdir)
     preps, skipped = saved.prepare(cfg, loaded, latest=True)
     skipped.update(unreadable)
-    series = _forecast_all(loaded, preps, cfg, skipped)
+    series = _forecast_all(loaded, preps, cfg, _scored_series(workdir), skipped)
     if not series:
         raise NothingToForecast(f"no series could be forecast: {skipped}")
     doc = {

@@ -4,15 +4,17 @@ import csv
 import glob
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, evaluate, models, predict, saved, writers
+from cpbjax import checkpoint, evaluate, forecast, models, predict, saved, writers
 from cpbjax import config as config_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import sources, windows
+from cpbjax.metrics import COLUMNS
 
 SYMBOLS = ("BTCUSDT", "ETHUSDT")
 
@@ -136,6 +138,75 @@ def test_predict_continues_the_grid_and_matches_the_model(workdir):
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * H
     assert float(rows[0]["close"]) == doc["series"][rows[0]["series"]]["forecast"][0]["close"]
+
+
+def _scored(best_epoch) -> dict:
+    """A results.json entry whose test skills are known: every column's model MAE is 3,
+    the band's high and low MAEs 4 and 2 (skill 1 - 3/4 and 1 - 3/2)."""
+    columns = {c: {"mae": 3.0, "skill": 0.125 * j} for j, c in enumerate(COLUMNS)}
+    band = {"columns": {"high": {"mae": 4.0, "skill": 0.5}, "low": {"mae": 2.0, "skill": 0.5}}}
+    test = {"windows": 7, "columns": columns, "vol_band": band}
+    return {"status": "trained", "best_epoch": best_epoch, "test": test}
+
+
+def test_forecast_files_say_how_good_each_model_was(workdir, tmp_path):
+    """forecast.json and .csv carry each series' test skill against the better naive
+    forecast and against the band, and whether the kept model is the untrained baseline;
+    prices have 8 significant digits; the run names its workdir, not a path, and a
+    synthetic run lists no Binance location."""
+    run = str(tmp_path / "my-run")
+    shutil.copytree(workdir, run)
+    results = writers.read_json(os.path.join(run, "results.json"))
+    results["series"].update({"BTCUSDT-1h": _scored(None), "ETHUSDT-1h": _scored(3)})
+    writers.write_results(run, results)
+    doc = predict.run_predict(_config(), run)
+    skill = {
+        "windows": 7,
+        "vs_naive": {"open": 0.0, "high": 0.125, "low": 0.25, "close": 0.375},
+        "vs_band": {"high": 0.25, "low": -0.5},
+    }
+    for name, kept in (("BTCUSDT-1h", True), ("ETHUSDT-1h", False)):
+        assert doc["series"][name]["test_skill"] == skill
+        assert doc["series"][name]["kept_baseline"] is kept
+    assert doc["run"]["workdir"] == "my-run"
+    assert doc["run"]["data"] == {"source": "synthetic", "max_candles": 1200}
+    with open(os.path.join(run, "forecast.csv")) as f:
+        rows = list(csv.DictReader(f))
+    btc = next(r for r in rows if r["series"] == "BTCUSDT-1h")
+    assert btc["test_skill_vs_naive_close"] == "0.375" and btc["test_skill_vs_band_low"] == "-0.5"
+    assert btc["kept_baseline"] == "True"
+    # Every price at 8 significant digits, within rounding of the model's own forecast.
+    raw = _raw_forecasts(run, _config())
+    for name, fc in doc["series"].items():
+        prices = [[c[k] for k in COLUMNS] for c in [fc["last_candle"], *fc["forecast"]]]
+        assert all(float(f"{p:.8g}") == p for row in prices for p in row)
+        want = [[c[k] for k in COLUMNS] for c in [raw[name]["last_candle"], *raw[name]["forecast"]]]
+        np.testing.assert_allclose(prices, want, rtol=5.01e-8, atol=0)
+
+
+def _raw_forecasts(workdir, config) -> dict:
+    """forecast.next_candles of every saved model: the prices before rounding."""
+    loaded, cfg, _ = saved.load_for_forecast(config, workdir)
+    preps, _ = saved.prepare(cfg, loaded, latest=True)
+    d = cfg.data
+    return {
+        n: forecast.next_candles(m.module, m.params, preps[n], d.lookback, d.horizon)
+        for n, m in loaded.items()
+    }
+
+
+def test_the_run_facts_list_the_data_fields_of_the_source():
+    config = _config()
+    config.data.source, config.data.base_url, config.data.end = "binance", "/mirror", "2024-02"
+    facts = evaluate.scored_workdir(config, "/somewhere/runs/demo/")
+    assert facts["workdir"] == "demo"
+    assert facts["data"] == {
+        "source": "binance",
+        "base_url": "/mirror",
+        "months": 12,
+        "end": "2024-02",
+        "max_candles": 1200,
+    }
 
 
 def test_models_saved_with_their_norm_are_scaled_with_it(workdir):
