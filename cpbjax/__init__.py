@@ -4,6 +4,7 @@ The Python API (cpbjax/api.py), loaded on first use so that `import cpbjax.metri
 no jax:
 
     results = cpbjax.train("configs/gru.py:demo", "runs/demo")
+    models = cpbjax.fit({"BTCUSDT-1h": candles_df})  # {series: Model}, trained on frames
     model = cpbjax.load("runs/demo/models/BTCUSDT-1h")
     forecast = model.predict(candles_df)
     folders = cpbjax.export("runs/demo")
@@ -11,7 +12,7 @@ no jax:
 
 __version__ = "0.1.0"
 
-_API = ("train", "load", "export", "Model")
+_API = ("train", "fit", "load", "export", "Model")
 
 
 def __getattr__(name: str):

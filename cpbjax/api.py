@@ -2,32 +2,40 @@
 
     import cpbjax
     results = cpbjax.train("configs/gru.py:demo", "runs/demo")   # what launch.py runs
+    models = cpbjax.fit({"BTCUSDT-1h": candles_df})              # or from frames
     model = cpbjax.load("runs/demo/models/BTCUSDT-1h")            # or an exported folder
     forecast = model.predict(candles_df)                         # the next H candles
     folders = cpbjax.export("runs/demo")                          # portable model folders
 
-`candles_df` is an ordinary pandas OHLCV frame (columns open, high, low, close, volume)
-indexed by timezone-aware UTC open times. The model's saved normalisation is applied, and
-the forecast candles are made consistent (high >= max(open, close), low <= min(open,
-close); see forecast.consistent_ohlc).
+`candles_df` is an ordinary pandas OHLCV frame (columns open, high, low, close, volume;
+volume may be left out where no feature of data.features reads it) indexed by
+timezone-aware UTC open times. The model's saved normalisation is applied, and the
+forecast candles are made consistent (high >= max(open, close), low <= min(open, close);
+see forecast.consistent_ohlc).
 """
 
 from __future__ import annotations
 
+import io
 import os
+import tempfile
 
 import ml_collections
 import numpy as np
 import pandas as pd
+from absl import logging
 
 from cpbjax import config as config_lib
+from cpbjax import config_rules as rules
 from cpbjax import driver, forecast, platform, portable, saved, sweep, sweep_grid, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
-from cpbjax.data import parsing, windows
+from cpbjax.data import features, parsing, windows
 from cpbjax.data.series import Series, SeriesSkipped
 
 OHLCV = ("open", "high", "low", "close", "volume")
+# The config `fit` trains with when given none: the GRU's default run.
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "gru.py")
 
 
 def train(config: str | ml_collections.ConfigDict, workdir: str) -> dict:
@@ -49,6 +57,103 @@ def train(config: str | ml_collections.ConfigDict, workdir: str) -> dict:
         sweep.run_sweep(config, workdir)  # results.json holds the chosen settings
         return writers.read_json(workdir_lib.results_json(workdir))
     return driver.train_and_evaluate(config, workdir)
+
+
+def fit(
+    frames: dict[str, pd.DataFrame] | pd.DataFrame,
+    config: str | ml_collections.ConfigDict | None = None,
+    workdir: str | None = None,
+) -> dict[str, Model]:
+    """Trains and evaluates on pandas frames of candles, as `train` does from a data source.
+
+    Every frame is checked as `Model.predict` checks its frame, then written to
+    <workdir>/frames/<SERIES>.parquet, which the run reads as its `local` data source: the
+    workdir is an ordinary run that resumes and that every --mode reads.
+
+    Args:
+      frames: {series name: frame}, names <SYMBOL>-<INTERVAL> such as "BTCUSDT-1h", or
+        one long frame whose `series` column names each row's series (taken in sorted
+        order: the order sets each series' seed, as data.symbols does); a series' frame as
+        `Model.predict` takes it (a missing volume is written as 0, allowed only where
+        no feature reads it).
+      config: as `train` takes; None: the GRU's default run (configs/gru.py). The
+        frames set its data source and series (data.symbols x data.intervals: a pair
+        without a frame is skipped with its reason).
+      workdir: the run folder; None: a new temporary folder (logged).
+
+    Returns:
+      series name -> its trained Model, in the frames' order; a series the run skipped
+      (e.g. fewer candles than data.min_candles) is logged with its reason and left out.
+
+    Raises:
+      ValueError, TypeError: a bad frame (named by its series, as Model.predict names
+        the problem), a bad config value (ConfigError), or frames that differ from
+        those of the run already in `workdir`. driver.NothingTrained: no series trained.
+    """
+    config = _fit_config(config)
+    series = _frames_series(frames, volume_features(config.data))
+    if workdir is None:
+        workdir = tempfile.mkdtemp(prefix="cpbjax-fit-")
+        logging.info("cpbjax.fit: the run's folder is %s", workdir)
+    config.data.local_dir = _write_frames(series, workdir)
+    config.data.symbols = tuple(dict.fromkeys(s.symbol for s in series.values()))
+    config.data.intervals = tuple(dict.fromkeys(s.interval for s in series.values()))
+    trained = train(config, workdir)["series"]
+    return {n: load(workdir_lib.series_model(workdir, n)) for n in series if n in trained}
+
+
+def _fit_config(config) -> ml_collections.ConfigDict:
+    """A copy of fit's `config` that reads the `local` source, the other sources' fields
+    at their defaults (they would be refused as ignored)."""
+    if config is None:
+        config = config_lib.load(DEFAULT_CONFIG)
+    elif isinstance(config, str):
+        config = config_lib.load(config)
+    else:
+        config = config.copy_and_resolve_references()
+    config.data.source = "local"
+    rules.reset_ignored(config, config_lib.base_config())
+    return config
+
+
+def _frames_series(frames, volume_read_by) -> dict[str, Series]:
+    """{series name: its validated Series} of fit's `frames` (a dict or a long frame)."""
+    if isinstance(frames, pd.DataFrame):
+        if "series" not in frames.columns:
+            raise ValueError("a long frame needs a 'series' column naming each row's series")
+        groups = frames.groupby("series", dropna=False)  # sorted: rows may come in any order
+        frames = {name: part.drop(columns="series") for name, part in groups}
+    if not isinstance(frames, dict) or not frames:
+        raise TypeError("frames must be a non-empty dict {series name: DataFrame} or a DataFrame")
+    out = {}
+    for name, frame in frames.items():
+        symbol, interval = saved.parse_series(str(name))
+        if interval not in INTERVAL_MS:
+            raise ValueError(f"series name {name!r} is not <SYMBOL>-<INTERVAL>, e.g. BTCUSDT-1h")
+        try:
+            out[str(name)] = candles_to_series(frame, symbol, interval, volume_read_by)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{name}: {e}") from None
+    return out
+
+
+def _write_frames(series: dict[str, Series], workdir: str) -> str:
+    """Writes each Series to workdir_lib.frames_file; returns their folder. A file already
+    there must hold the same candles: a resumed run reads its own data."""
+    paths = {name: workdir_lib.frames_file(workdir, name) for name in series}
+    for name, path in paths.items():
+        if os.path.exists(path):
+            times, ohlcv = parsing.read_local_file(path)
+            s = series[name]
+            if not (np.array_equal(times, s.open_time_ms) and np.array_equal(ohlcv, s.ohlcv)):
+                raise ValueError(f"{path} holds other candles of {name}: fit into a new workdir")
+    for name, path in paths.items():
+        table = pd.DataFrame(series[name].ohlcv, columns=list(OHLCV))
+        table.insert(0, "open_time", series[name].open_time_ms)
+        buf = io.BytesIO()
+        table.to_parquet(buf, index=False)
+        writers.atomic_write(path, buf.getvalue())
+    return workdir_lib.frames_dir(workdir)
 
 
 def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) -> dict:
@@ -82,8 +187,9 @@ def load(path: str) -> Model:
     return Model(loaded, symbol, interval)
 
 
-def _check_frame(candles, interval: str) -> pd.DataFrame:
-    """The OHLCV columns of `candles`, lower-cased, after the checks that name a problem."""
+def _check_frame(candles, interval: str, volume_read_by) -> pd.DataFrame:
+    """The OHLCV columns of `candles`, lower-cased, after the checks that name a problem;
+    `volume_read_by`: the features that read the volume (none: a volume of 0 stands in)."""
     if not isinstance(candles, pd.DataFrame):
         raise TypeError(f"candles must be a pandas DataFrame, not {type(candles).__name__}")
     twice = parsing.columns_twice(candles.columns, OHLCV)
@@ -91,9 +197,13 @@ def _check_frame(candles, interval: str) -> pd.DataFrame:
         both = " and ".join(repr(c) for c in sum(twice.values(), []))
         raise ValueError(f"candles have {both}: one column each, please (names ignore case)")
     frame = candles.rename(columns=str.lower)
-    missing = [c for c in OHLCV if c not in frame.columns]
+    needed = OHLCV if volume_read_by else OHLCV[:4]
+    missing = [c for c in needed if c not in frame.columns]
     if missing:
-        raise ValueError(f"candles lack the columns {missing} (need {list(OHLCV)})")
+        why = f"; data.features {list(volume_read_by)} read volume" if volume_read_by else ""
+        raise ValueError(f"candles lack the columns {missing} (need {list(needed)}{why})")
+    if "volume" not in frame.columns:  # no feature reads it
+        frame = frame.assign(volume=0.0)
     index = frame.index
     if not isinstance(index, pd.DatetimeIndex) or index.tz is None:
         raise ValueError("candles need a timezone-aware UTC DatetimeIndex of open times")
@@ -111,14 +221,22 @@ def _check_frame(candles, interval: str) -> pd.DataFrame:
     return frame
 
 
-def candles_to_series(candles: pd.DataFrame, symbol: str, interval: str) -> Series:
+def volume_features(data_cfg) -> list[str]:
+    """The features of data_cfg.features that read the volume."""
+    return [f for f in data_cfg.features if f in features.VOLUME_FEATURES]
+
+
+def candles_to_series(candles: pd.DataFrame, symbol: str, interval: str, volume_read_by) -> Series:
     """A validated Series from an OHLCV DataFrame (see the module docstring).
+
+    `volume_read_by`: the features that read the volume (`volume_features`); with none,
+    a frame may leave the volume out.
 
     Raises:
       ValueError, TypeError: naming the problem (columns, index, NaN, interval, an
         invalid candle).
     """
-    frame = _check_frame(candles, interval)
+    frame = _check_frame(candles, interval, volume_read_by)
     times = frame.index.tz_convert("UTC").as_unit("ms").asi8
     ohlcv = parsing.ohlcv_floats(frame, "candles")  # a KlineError is a ValueError
     for rule, bad in parsing.invalid_rows(times, ohlcv, INTERVAL_MS[interval]).items():
@@ -161,8 +279,8 @@ class Model:
           ValueError, TypeError: bad input, naming the problem (too few candles, a gap
             in the newest L candles, the wrong interval, NaN, ...).
         """
-        series = candles_to_series(candles, self.symbol, self.interval)
         model, d = self.loaded, self.config.data
+        series = candles_to_series(candles, self.symbol, self.interval, volume_features(d))
         try:
             prep = windows.prepare_latest(series, d, model.norm)
             doc = forecast.next_candles(

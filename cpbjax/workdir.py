@@ -16,6 +16,7 @@
 <workdir>/eval-<stamp>.json, .md, .html --mode evaluate
 <workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard)
 <workdir>/export/<SERIES>/            --mode export: a portable model folder
+<workdir>/frames/<SERIES>.parquet     cpbjax.fit's candles, read as the run's `local` source
 <workdir>/backtest.json, .md, .html   --mode backtest: per series x fold and pooled scores
 <workdir>/backtest/                   --mode backtest's own run folder (config.json,
                                       metrics.jsonl, checkpoints/, forecasts/<SERIES>@fold<f>.npz),
@@ -47,6 +48,7 @@ PLOTS_DIR = "plots"
 TENSORBOARD_DIR = "tb"
 EXPORT_DIR = "export"
 PREDICTIONS_DIR = "predictions"
+FRAMES_DIR = "frames"
 BACKTEST_STEM = "backtest"  # backtest.json, backtest.md and the backtest/ run folder
 SWEEP_STEM = "sweep"  # sweep.json and the sweep/ run folder
 # Inside a saved series model folder (models/<SERIES>/).
@@ -118,6 +120,16 @@ def tensorboard_dir(workdir: str) -> str:
 
 def export_dir(workdir: str, series: str) -> str:
     return os.path.join(workdir, EXPORT_DIR, series)
+
+
+def frames_dir(workdir: str) -> str:
+    """frames/: the candles given to cpbjax.fit, the run's data.local_dir."""
+    return os.path.join(workdir, FRAMES_DIR)
+
+
+def frames_file(workdir: str, series: str) -> str:
+    """frames/<SERIES>.parquet: one series' candles given to cpbjax.fit."""
+    return os.path.join(frames_dir(workdir), f"{series}.parquet")
 
 
 def prediction_archive(workdir: str, stamp: str) -> str:

@@ -188,7 +188,7 @@ def _check_interval(model, frame, fc, test_scores) -> None:
         (lambda f: f.drop(f.index[-3]), "newest 30 candles"),
         (lambda f: f.tz_localize(None), "timezone-aware UTC"),
         (lambda f: f.assign(close=f["close"].where(f.index != f.index[-2])), "NaN"),
-        (lambda f: f.drop(columns="volume"), "lack the columns ['volume']"),
+        (lambda f: f.drop(columns="close"), "lack the columns ['close']"),
         (lambda f: f.iloc[::-1], "strictly increasing"),
         (lambda f: f.iloc[::4], "model forecasts 1h candles"),
         (lambda f: f.assign(high=f["low"] * 0.5), "high below max(open, close)"),

@@ -54,14 +54,14 @@ def test_a_word_in_a_close_column_is_named():
     with pytest.raises(
         ValueError, match=r"candles: column 'close' holds 'abc' \(row 3, index 2024"
     ):
-        api.candles_to_series(frame, "BTCUSDT", "1h")
+        api.candles_to_series(frame, "BTCUSDT", "1h", ())
 
 
 def test_close_and_CLOSE_together_are_named():
     frame = _candles()
     frame["CLOSE"] = frame["close"]
     with pytest.raises(ValueError, match=r"candles have 'close' and 'CLOSE': one column each"):
-        api.candles_to_series(frame, "BTCUSDT", "1h")
+        api.candles_to_series(frame, "BTCUSDT", "1h", ())
 
 
 def test_a_word_in_a_local_files_close_column_is_named(tmp_path):

@@ -67,6 +67,8 @@ from cpbjax.data.series import INTERVAL_MS
 
 # Feature columns whose values are prices; windows normalise them like OHLC.
 PRICE_FEATURES = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"})
+# Feature columns that read the volume: without them a series' volume is never used.
+VOLUME_FEATURES = frozenset({"volume", "volume_norm", "volume_norm_1d"})
 
 RSI_PERIOD = 14
 MACD_FAST, MACD_SLOW, MACD_SIGNAL = 12, 26, 9
