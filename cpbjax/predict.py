@@ -48,9 +48,16 @@ def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
 
 
 def _scored_series(workdir: str) -> dict:
-    """results.json's series of the run that trained the models ({} without one)."""
+    """results.json's series of the run that trained the models; {} without a readable
+    one (warned: the forecasts do not need it, only their test skill does)."""
     path = workdir_lib.results_json(workdir)
-    return writers.read_json(path).get("series", {}) if os.path.exists(path) else {}
+    if not os.path.exists(path):
+        return {}
+    try:
+        return writers.read_json(path)["series"]
+    except (ValueError, KeyError, TypeError) as e:
+        logging.warning("%s: no test skill in the forecasts: %s", path, e)
+        return {}
 
 
 def freshness(entry: dict, now_ms: int) -> int:

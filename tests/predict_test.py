@@ -184,6 +184,17 @@ def test_forecast_files_say_how_good_each_model_was(workdir, tmp_path):
         np.testing.assert_allclose(prices, want, rtol=5.01e-8, atol=0)
 
 
+def test_a_damaged_results_json_leaves_the_forecast_without_its_skill(workdir, tmp_path, caplog):
+    run = str(tmp_path / "run")
+    shutil.copytree(workdir, run)
+    with open(os.path.join(run, "results.json"), "w") as f:
+        f.write('{"series": ')
+    doc = predict.run_predict(_config(), run)
+    for fc in doc["series"].values():
+        assert fc["test_skill"] is None and fc["kept_baseline"] is None and fc["forecast"]
+    assert "results.json is not valid JSON" in caplog.text
+
+
 def _raw_forecasts(workdir, config) -> dict:
     """forecast.next_candles of every saved model: the prices before rounding."""
     loaded, cfg, _ = saved.load_for_forecast(config, workdir)
