@@ -4,7 +4,8 @@
 call per power-of-two batch, so series of similar length share a program);
 `next_candles` forecasts the H candles after the newest one. Forecast files:
 forecasts/<SERIES>.npz (every test window, eval.save_forecasts) and, for --mode predict,
-forecast.json / forecast.csv.
+forecast.json / forecast.csv (prices at PRICE_DIGITS significant digits, each series with
+its test skill: `skill_on_test`).
 """
 
 from __future__ import annotations
