@@ -90,11 +90,17 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def full(env, tmp_path_factory):
+def finished(env, tmp_path_factory):
+    """(workdir, what it printed) of the backtest."""
     workdir = tmp_path_factory.mktemp("backtest")
     proc = helpers.spawn("backtest_test", "run", workdir, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return workdir
+    return workdir, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def full(finished):
+    return finished[0]
 
 
 def _read(workdir) -> dict:
@@ -319,6 +325,27 @@ def test_backtest_html_shows_the_fold_and_pooled_tables_and_the_fold_chart(full,
     page = report_html.render_backtest_html(out, backtest_config(), chart)
     assert page.count("data:image/png;base64,") == 1
     assert 'href="#s-' not in page  # the folds' "series" column is a count, not a link
+
+
+def test_a_backtest_prints_its_pooled_skill_and_the_paths_it_wrote(finished):
+    workdir, printed = finished
+    text = " ".join(printed.split())  # the console wraps long lines
+    pooled = _read(workdir)["pooled"]
+    for col, ref, words in (
+        ("close", "naive", "the better naive"),
+        ("high", "vol_band", "the band"),
+        ("low", "har", "HAR"),
+    ):
+        r = pooled["columns"][col][ref]
+        (p,) = (t["p_value_better"] for t in r["dm"].values())  # one interval, 1h
+        assert (
+            f"{col} against {words}: mean skill {100 * r['mean_skill']:+.2f}% (median "
+            f"{100 * r['median_skill']:+.2f}%), positive on {r['positive']} of {len(SERIES)} "
+            f"series; panel DM p 1h {p:.3g}"
+        ) in text
+    assert "ridge" not in text
+    for name in ("backtest.json", "backtest.md", "backtest.html"):
+        assert os.path.join(str(workdir), name) in text
 
 
 def test_fold_choice_chooses_on_earlier_folds_and_reports_the_last(full):
