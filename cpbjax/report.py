@@ -57,13 +57,26 @@ def print_table(results: dict, console: Console | None = None) -> None:
         console.print(f"skipped {name}: {reason}")
 
 
+# The references a backtest's printed table keeps (ridge is in backtest.md).
+PRINTED_REFERENCES = ("naive", "vol_band", "har")
+
+
 def print_backtest(backtest: dict, paths: list[str], console: Console | None = None) -> None:
-    """Prints a finished backtest's pooled skill per column (`tables.pooled_lines`), its
-    skipped series and folds, and the paths it wrote."""
+    """Prints a finished backtest's pooled skill of each column against the better naive,
+    the band and HAR with its panel DM p (`tables.pooled_rows`), its skipped series and
+    folds, and the paths it wrote."""
+    table = Table(title="cpbjax backtest, pooled over folds", box=box.SIMPLE_HEAD, show_edge=False)
+    for header in tables.POOLED_HEADERS:
+        table.add_column(header, justify="left" if header in ("column", "against") else "right")
+    for row in tables.pooled_rows(backtest):
+        if row[1] in PRINTED_REFERENCES:
+            table.add_row(*row)
     console = console or terminal_console()
-    console.print(f"Backtest pooled over folds ({tables.POOLED_SHORT_LEGEND}):")
-    for line in tables.pooled_lines(backtest):
-        console.print(f"  {line}")
+    console.print(table)
+    console.print(
+        "skill% = 1 - MAE / MAE of the reference; panel DM p: one-sided Diebold-Mariano "
+        "p-value of 'model better', per interval (backtest.md explains it)."
+    )
     for name, reason in sorted((backtest.get("skipped") or {}).items()):
         console.print(f"skipped {name}: {reason}")
     console.print("wrote " + ", ".join(paths), soft_wrap=True)

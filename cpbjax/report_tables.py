@@ -46,7 +46,7 @@ STATUS_LEGEND = (
 
 
 SIGNIFICANCE = 0.05
-COLS = ("close", "high", "low")
+SCORED_COLUMNS = ("close", "high", "low")  # the columns a model is judged on
 
 
 def fmt(x, spec=".4g", scale=1.0) -> str:
@@ -137,7 +137,7 @@ def console_rows(results: dict) -> list[list[str]]:
             [
                 name,
                 kept_epoch(entry),
-                *(fmt((columns.get(c) or {}).get("skill"), "+.2f", 100) for c in COLS),
+                *(fmt((columns.get(c) or {}).get("skill"), "+.2f", 100) for c in SCORED_COLUMNS),
                 fmt(_vs_band(test, "high"), "+.2f", 100),
                 fmt(_vs_band(test, "low"), "+.2f", 100),
                 fmt((interval or {}).get("coverage"), ".1f", 100),
@@ -172,9 +172,9 @@ def summary_lines(results: dict) -> list[str]:
 
 # What a series that kept its untrained band gives, and what usually changes that.
 KEPT_BAND_MEANS = (
-    "for those you get the band's forecast (the volatility band for high and low, "
-    "persistence, the last close, for close), and more data or one pooled model over many "
-    "series (train.share=pooled) is what usually changes that"
+    "for those you get the band's forecast (the volatility band for high and low, the last "
+    "close for close), and more data or one pooled model over many series "
+    "(train.share=pooled) is what usually changes that"
 )
 
 
@@ -407,32 +407,3 @@ def pooled_rows(backtest: dict) -> list[list[str]]:
                 ]
             )
     return rows
-
-
-POOLED_SHORT_LEGEND = (
-    "skill = 1 - MAE / MAE of the reference, over series; panel DM p: one-sided "
-    "Diebold-Mariano p-value of 'model better' per interval"
-)
-# The references a backtest's printed summary names, in words (backtest_scores' keys).
-PRINTED_REFERENCES = {"naive": "the better naive", "vol_band": "the band", "har": "HAR"}
-
-
-def pooled_lines(backtest: dict) -> list[str]:
-    """The pooled skill of each column against the better naive, the band and HAR, with
-    its panel DM p per interval, one line each (the printed end of a backtest)."""
-    pooled = backtest.get("pooled") or {}
-    lines = []
-    for col, refs in (pooled.get("columns") or {}).items():
-        for ref, r in refs.items():
-            if ref not in PRINTED_REFERENCES:
-                continue
-            dm = ", ".join(
-                f"{iv} {fmt(t.get('p_value_better'), '.3g')}" for iv, t in r["dm"].items()
-            )
-            lines.append(
-                f"{col} against {PRINTED_REFERENCES[ref]}: mean skill "
-                f"{fmt(r['mean_skill'], '+.2f', 100)}% (median "
-                f"{fmt(r['median_skill'], '+.2f', 100)}%), positive on {r['positive']} of "
-                f"{pooled['series']} series; panel DM p {dm or '-'}"
-            )
-    return lines

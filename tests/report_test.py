@@ -97,6 +97,17 @@ def test_summary_counts_the_models_that_kept_their_refit_band():
     assert "2 of them kept the untrained band" in line
     results = {"series": {"D": entry(None, False)}}
     assert not any("refit" in x for x in report_tables.summary_lines(results))
+    assert not any("kept" in x for x in report_tables.summary_lines(results))  # no val loss
+    # Without a refit: the series that kept their baseline, and what they give.
+    results["series"]["D"]["best_val_loss"] = 0.5
+    results["series"]["E"] = {**entry(2, False), "best_val_loss": 0.4}
+    line = report_tables.summary_lines(results)[-1]
+    assert line.startswith("1 of 2 series kept the untrained band (no epoch beat it")
+    assert line.endswith(
+        ": for those you get the band's forecast (the volatility band for high and low, the "
+        "last close for close), and more data or one pooled model over many series "
+        "(train.share=pooled) is what usually changes that."
+    )
 
 
 def test_write_reports_files(tmp_path):
@@ -241,7 +252,7 @@ def test_the_printed_table_fits_80_columns(kept):
     assert rows["BTCUSDT-1h"][-1] == f"{100 * coverage:.1f}"
     # The kept band is explained in one sentence of the summary.
     text = " ".join(printed.split())
-    assert "1 of them kept the untrained band" in text or "1 of 2 series kept" in text
+    assert "after training for 2 series; 1 of them kept the untrained band" in text
     assert "you get the band's forecast (the volatility band for high and low" in text
 
 
