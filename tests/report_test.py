@@ -260,5 +260,9 @@ def test_terminal_console_takes_the_terminal_width(monkeypatch):
     monkeypatch.setenv("COLUMNS", "97")
     assert report.terminal_console().width == 97
     monkeypatch.delenv("COLUMNS")
-    # pytest's stdout is no terminal: the fallback.
+
+    def piped(fd):
+        raise OSError(25, "Inappropriate ioctl for device")  # what a pipe answers
+
+    monkeypatch.setattr(os, "get_terminal_size", piped)
     assert report.terminal_console().width == report.FALLBACK_WIDTH
