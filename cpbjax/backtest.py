@@ -193,7 +193,8 @@ def run_backtest(config, workdir: str) -> dict:
     """Trains every (series, fold) pair as a coin, scores and pools the folds.
 
     Writes <workdir>/backtest.json, <workdir>/backtest.md and the run folder
-    <workdir>/backtest/ (config.json, metrics.jsonl, checkpoints/, forecasts/). Rerunning
+    <workdir>/backtest/ (config.json, metrics.jsonl, checkpoints/, forecasts/), and prints
+    the pooled skill and those paths. Rerunning
     with the same workdir resumes it as a train run resumes (the ledger of
     backtest/checkpoints/ also holds the fold settings, so other folds are refused).
 
@@ -222,6 +223,8 @@ def run_backtest(config, workdir: str) -> dict:
     if sharding.is_primary():
         writers.write_json(workdir_lib.backtest_json(workdir), out)
         with clock.stage("report"):
-            report.write_backtest_report(workdir, out, config)
+            md = report.write_backtest_report(workdir, out, config)
+        html = workdir_lib.report_html(workdir, workdir_lib.BACKTEST_STEM)
+        report.print_backtest(out, [workdir_lib.backtest_json(workdir), md, html, run_dir])
     sharding.barrier("cpbjax backtest finished")
     return out

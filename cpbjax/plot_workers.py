@@ -33,9 +33,7 @@ class PlotWorkers:
         config: the run config (eval.plot_windows, data.lookback).
         workers: processes in the pool (eval.plot_workers, >= 1).
         """
-        self.folder = folder
-        self.plot_windows = config.eval.plot_windows
-        self.lookback = config.data.lookback
+        self.spec = report.series_plot_spec(folder, config)
         os.makedirs(folder, exist_ok=True)
         self._pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn")
@@ -50,10 +48,9 @@ class PlotWorkers:
             holding those series. forecasts: series name -> test forecast record.
         """
         curves = report.loss_curves(history)
-        spec = report.SeriesPlotSpec(self.folder, self.plot_windows, self.lookback)
         for name, entry in entries.items():
             args = (name, entry, curves.get(name), forecasts.get(name))
-            self._futures[name] = self._pool.submit(report.series_plots, spec, *args)
+            self._futures[name] = self._pool.submit(report.series_plots, self.spec, *args)
 
     def finish(self) -> dict[str, list[str]]:
         """Waits for every queued series; returns series name -> its plot paths.

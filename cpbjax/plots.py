@@ -8,6 +8,7 @@ DPI dots per inch, sized to be read at their natural size on a laptop screen.
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -66,40 +67,77 @@ def loss_curves(history: list[dict]) -> dict:
     return curves
 
 
-def _best_epoch(epochs, val, best_epoch):
-    """(epoch, val loss) of the best epoch: `best_epoch` if given, else the lowest val."""
-    val = np.asarray(val, float)
-    if best_epoch is None:
-        if np.isnan(val).all():
-            return None
-        return epochs[int(np.nanargmin(val))], float(np.nanmin(val))
-    at = [v for e, v in zip(epochs, val, strict=True) if e == best_epoch]
-    return (best_epoch, at[0]) if at else None
+def loss_label(train_cfg) -> str:
+    """The y label of a loss plot, named from the run's own train.loss and train.loss_scale
+    (cpbjax/losses.py): e.g. "loss (MAE / persistence MAE)"."""
+    kind = train_cfg.loss.upper()
+    if train_cfg.loss_scale != "persistence":
+        return f"loss ({kind} of normalised prices)"
+    return (
+        "loss (MAE / persistence MAE)"
+        if kind == "MAE"
+        else f"loss ({kind}, errors / persistence MAE)"
+    )
 
 
-def plot_loss(path: str, name: str, curve: tuple, best_epoch=None, status=None) -> str:
-    """Train and validation loss of one series against the (whole) epoch, best epoch marked.
+def kept_point(epochs, val, entry: dict, pooled: bool = False):
+    """(epoch, val loss, legend label) of the model a series kept, or None if unknown.
+
+    The kept model is results.json's `best_epoch`; None there means no epoch beat the
+    untrained model (the baseline), so epoch 0 is kept, at the untrained val loss, which
+    is the `best_val_loss` no epoch beat (step.init_state; with train.share=pooled that
+    loss is the pooled one of all series, and the label says so). An entry without a
+    best_epoch at all (not a trained run's) marks nothing.
+    """
+    if "best_epoch" not in entry:
+        return None
+    best = entry["best_epoch"]
+    if best is None:
+        untrained = entry.get("best_val_loss")
+        if untrained is None or not math.isfinite(untrained):
+            return None  # no baseline (model.baseline=none) and no epoch kept
+        which = "pooled val" if pooled else "val"
+        return (
+            0,
+            float(untrained),
+            f"kept: epoch 0, the untrained baseline ({which} {untrained:.3g})",
+        )
+    at = [v for e, v in zip(epochs, val, strict=True) if e == best]
+    return (best, float(at[0]), f"kept: epoch {best} (val {at[0]:.3g})") if at else None
+
+
+def loss_figure(name: str, curve: tuple, entry: dict, ylabel: str, pooled: bool = False) -> Figure:
+    """Train and validation loss of one series against the (whole) epoch, the kept model
+    marked (`kept_point`: epoch 0 when the series kept its untrained baseline).
 
     Args:
       curve: (epochs, train losses, val losses), lists of equal length (`loss_curves`).
-      best_epoch: the epoch whose params were kept (results.json); None = the lowest val.
-      status: results.json status, shown in the title.
+      entry: its results.json entry (best_epoch, best_val_loss, status).
+      ylabel: `loss_label` of the run's config. pooled: train.share == "pooled".
     """
     epochs, train, val = curve
     fig = _figure(5.0, 3.2)
     ax = fig.add_subplot()
     ax.plot(epochs, train, "o-", ms=3, label="train")
     ax.plot(epochs, val, "o-", ms=3, label="val")
-    best = _best_epoch(epochs, val, best_epoch)
-    if best is not None:
-        ax.axvline(best[0], color="C2", ls="--", lw=1)
-        ax.plot(*best, "*", color="C2", ms=11, label=f"best epoch {best[0]} (val {best[1]:.3g})")
+    kept = kept_point(epochs, np.asarray(val, float), entry, pooled)
+    losses = np.r_[np.asarray(train, float), np.asarray(val, float)]
+    if kept is not None:
+        ax.axvline(kept[0], color="C2", ls="--", lw=1)
+        ax.plot([kept[0]], [kept[1]], "*", color="C2", ms=11, label=kept[2])
+        losses = np.r_[losses, kept[1]]
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _loss_axis(ax, np.r_[np.asarray(train, float), np.asarray(val, float)])
+    _loss_axis(ax, losses)
+    status = entry.get("status")
     title = f"{name} loss" + (f" ({status.replace('_', ' ')})" if status else "")
-    ax.set(title=title, xlabel="epoch", ylabel="loss (normalised MSE)")
+    ax.set(title=title, xlabel="epoch", ylabel=ylabel)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return fig
+
+
+def plot_loss(path: str, name: str, curve: tuple, entry: dict, ylabel: str, pooled=False) -> str:
+    """Writes `loss_figure` as a PNG at `path`; returns the path."""
+    return _save(loss_figure(name, curve, entry, ylabel, pooled), path)
 
 
 def _loss_axis(ax, losses) -> None:

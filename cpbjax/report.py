@@ -7,17 +7,20 @@ the same content as report.md with every figure inlined, in one file.
 from __future__ import annotations
 
 import os
+import shutil
 from typing import NamedTuple
 
 from absl import logging
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from cpbjax import forecast, report_html, writers
+from cpbjax import forecast, report_html, report_sweep, writers
 from cpbjax import report_tables as tables
 from cpbjax import workdir as workdir_lib
 from cpbjax.plots import (
     loss_curves,
+    loss_label,
     plot_fold_skill,
     plot_forecasts,
     plot_loss,
@@ -25,27 +28,58 @@ from cpbjax.plots import (
     plot_skill,
 )
 
-MIN_WIDTH = 160  # Console columns when not on a terminal (CI logs): keep rows on one line.
+FALLBACK_WIDTH = 80  # Console columns when the width is unknown (not a terminal, no $COLUMNS).
 
 
-def print_table(results: dict, model_name: str = "-", console: Console | None = None) -> None:
-    """Prints the per-series table, the summary and the skipped series."""
-    table = Table(title="cpbjax results (test split, prices)")
-    for header in tables.HEADERS:
-        table.add_column(
-            header, justify="left" if header in ("series", "model", "status") else "right"
-        )
-    for row in tables.table_rows(results, model_name):
+def terminal_console() -> Console:
+    """A Console as wide as the terminal (shutil.get_terminal_size: $COLUMNS, then the
+    terminal; FALLBACK_WIDTH when piped or in a CI log)."""
+    return Console(width=shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns)
+
+
+def print_table(results: dict, console: Console | None = None) -> None:
+    """Prints the per-series table (the columns that fit a terminal: `tables.console_rows`),
+    its legend, the summary and the skipped series."""
+    table = Table(
+        title="cpbjax results (test split)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
+    )
+    for header in tables.CONSOLE_HEADERS:
+        table.add_column(header, justify="left" if header == "series" else "right")
+    for row in tables.console_rows(results):
         table.add_row(*row)
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console.width = max(console.width, MIN_WIDTH)
+    console = console or terminal_console()
     console.print(table)
-    for line in tables.summary_lines(results):
+    for line in (tables.CONSOLE_LEGEND, *tables.summary_lines(results)):
+        console.print(line)
+    for line in report_sweep.choice_lines(results):
         console.print(line)
     for name, reason in sorted(results.get("skipped", {}).items()):
         console.print(f"skipped {name}: {reason}")
+
+
+# The references a backtest's printed table keeps (ridge is in backtest.md).
+PRINTED_REFERENCES = ("naive", "vol_band", "har")
+
+
+def print_backtest(backtest: dict, paths: list[str], console: Console | None = None) -> None:
+    """Prints a finished backtest's pooled skill of each column against the better naive,
+    the band and HAR with its panel DM p (`tables.pooled_rows`), its skipped series and
+    folds, and the paths it wrote."""
+    table = Table(title="cpbjax backtest, pooled over folds", box=box.SIMPLE_HEAD, show_edge=False)
+    for header in tables.POOLED_HEADERS:
+        table.add_column(header, justify="left" if header in ("column", "against") else "right")
+    for row in tables.pooled_rows(backtest):
+        if row[1] in PRINTED_REFERENCES:
+            table.add_row(*row)
+    console = console or terminal_console()
+    console.print(table)
+    console.print(
+        "skill% = 1 - MAE / MAE of the reference; panel DM p: one-sided Diebold-Mariano "
+        "p-value of 'model better', per interval (backtest.md explains it)."
+    )
+    for name, reason in sorted((backtest.get("skipped") or {}).items()):
+        console.print(f"skipped {name}: {reason}")
+    console.print("wrote " + ", ".join(paths), soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------
@@ -76,11 +110,22 @@ def render_markdown(results: dict, config, plots: list[str], title: str = "cpbja
     lines += ["## Baselines: test skill % against the better naive forecast", ""]
     lines += _md_table(tables.BASELINE_HEADERS, tables.baseline_rows(results))
     lines += ["", "Ridge, band and HAR are fitted on train+val only (see cpbjax/baselines.py).", ""]
+    lines += _md_sweep(results)
     skipped = results.get("skipped") or {}
     if skipped:
         lines += ["## Skipped series", ""]
         lines += [f"- {name}: {reason}" for name, reason in sorted(skipped.items())] + [""]
     return "\n".join(lines + _md_plots(plots))
+
+
+def _md_sweep(results: dict) -> list[str]:
+    """A sweep run's section: its choice and ties, and per setting its val loss and how
+    many series chose it; [] for any other run."""
+    rows = report_sweep.setting_rows(results)
+    if not rows:
+        return []
+    lines = ["## Sweep", "", *[f"- {s}" for s in report_sweep.choice_lines(results)], ""]
+    return lines + _md_table(report_sweep.HEADERS, rows) + ["", report_sweep.LEGEND, ""]
 
 
 def _md_plots(plots: list[str]) -> list[str]:
@@ -114,6 +159,19 @@ class SeriesPlotSpec(NamedTuple):
     folder: str  # the plots folder
     plot_windows: int  # eval.plot_windows; 0 draws no forecast plot
     lookback: int  # data.lookback: the input closes shown before each forecast
+    loss_label: str  # the loss plots' y label (`plots.loss_label` of train.loss)
+    pooled: bool  # train.share == "pooled": a kept baseline's val loss is the pooled one
+
+
+def series_plot_spec(folder: str, config) -> SeriesPlotSpec:
+    """The SeriesPlotSpec of a run's config, drawing into `folder`."""
+    return SeriesPlotSpec(
+        folder,
+        config.eval.plot_windows,
+        config.data.lookback,
+        loss_label(config.train),
+        config.train.share == "pooled",
+    )
 
 
 class PlotInputs(NamedTuple):
@@ -136,15 +194,14 @@ def series_plots(spec: SeriesPlotSpec, name, entry, curve, record) -> list[str]:
 
     Args:
       spec: the run's plots folder, eval.plot_windows and data.lookback.
-      name: the series. entry: its results.json entry (for best_epoch and status).
+      name: the series. entry: its results.json entry (best_epoch, best_val_loss, status).
       curve: (epochs, train, val) from `loss_curves`, or None.
       record: its test `forecast.forecast_record`, or None.
     """
     paths = []
     if curve is not None:
         path = os.path.join(spec.folder, plot_name("loss", name))
-        best, status = entry.get("best_epoch"), entry.get("status")
-        paths.append(plot_loss(path, name, curve, best_epoch=best, status=status))
+        paths.append(plot_loss(path, name, curve, entry, spec.loss_label, spec.pooled))
     if not spec.plot_windows:
         return paths
     if record is None:
@@ -167,7 +224,7 @@ def write_plots(folder, results, config, history, forecasts, drawn=None) -> list
     skill = plot_skill(os.path.join(folder, plot_name("skill")), results)
     paths = [skill] if skill else []
     curves = loss_curves(history)
-    spec = SeriesPlotSpec(folder, config.eval.plot_windows, config.data.lookback)
+    spec = series_plot_spec(folder, config)
     for name, entry in sorted(results.get("series", {}).items()):
         if name in drawn:
             paths += drawn[name]
@@ -209,7 +266,7 @@ def write_reports(
     Returns:
       The path of the markdown report (the HTML one is workdir.report_html(workdir, stem)).
     """
-    print_table(results, config.model.name, console)
+    print_table(results, console)
     plots = _report_plots(workdir, results, config, inputs or PlotInputs(), stem)
     path = workdir_lib.report_md(workdir, stem)
     rel = [os.path.relpath(p, workdir) for p in plots]

@@ -13,6 +13,7 @@ import html
 import os
 
 from cpbjax import plots as plots_lib
+from cpbjax import report_sweep
 from cpbjax import report_tables as tables
 
 CSS = """
@@ -77,7 +78,7 @@ SORT_JS = """
 })();
 """
 
-TEXT_COLUMNS = ("series", "model", "status", "dir%(up%)")
+TEXT_COLUMNS = ("series", "model", "status", "dir%(up%)", "setting")
 SKILL_COLUMNS = ("skill%", "model close", "model high", "model low", "ridge close")
 
 
@@ -95,10 +96,23 @@ def _anchor(series: str) -> str:
     return "s-" + "".join(c if c.isalnum() else "-" for c in series)
 
 
+def _skill_class(value: str) -> str:
+    """ "pos"/"neg" for a skill cell (in %) that clears noise, else "". The bar is the
+    project's: |skill| < 1% (plots.NOISE_BAND) on a single series is noise. A per-series
+    DM p exists for close only, so the one rule serves every skill column."""
+    try:
+        pct = float(value)
+    except ValueError:  # "-": not scored
+        return ""
+    if abs(pct) < 100 * plots_lib.NOISE_BAND:
+        return ""
+    return "pos" if pct > 0 else "neg"
+
+
 def _cell(header: str, value: str, link_series: bool) -> str:
     cls = "text" if header in TEXT_COLUMNS else ""
-    if header in SKILL_COLUMNS and value[:1] in "+-" and value != "-":
-        cls = "pos" if value.startswith("+") else "neg"
+    if header in SKILL_COLUMNS:
+        cls = _skill_class(value)
     link = link_series and header == "series"
     value_html = f'<a href="#{_anchor(value)}">{_e(value)}</a>' if link else _e(value)
     return f'<td class="{cls}">{value_html}</td>' if cls else f"<td>{value_html}</td>"
@@ -133,12 +147,18 @@ def _figure(path: str | None, alt: str, caption: str) -> str:
     )
 
 
+def _kept_epoch(entry: dict) -> str:
+    """The kept epoch in words: an epoch, 0 for the untrained baseline, "-" for none."""
+    kept = tables.kept_epoch(entry)
+    return "0 (the untrained baseline, kept)" if kept == "0" else kept
+
+
 def _series_facts(entry: dict) -> str:
     """One line on how a series trained: status, best epoch, epochs run, close skill."""
     skill = plots_lib.skill_of(entry, "close")
     parts = [
         f"status {entry.get('status', '-')}",
-        f"best epoch {entry.get('best_epoch') or '-'} of {entry.get('epochs_run') or '-'} run",
+        f"best epoch {_kept_epoch(entry)} of {entry.get('epochs_run') or '-'} run",
         "test close skill " + ("-" if skill is None else f"{100 * skill:+.2f}%"),
     ]
     return ", ".join(parts)
@@ -151,7 +171,10 @@ def _series_sections(results: dict, by_name: dict) -> str:
         loss = by_name.get(plots_lib.plot_name("loss", name))
         fc = by_name.get(plots_lib.plot_name("forecast", name))
         figs = _figure(
-            loss, f"{name} loss curves", "train and validation loss; the star marks the best epoch"
+            loss,
+            f"{name} loss curves",
+            "train and validation loss; the star marks the kept model (epoch 0: the "
+            "untrained baseline)",
         ) + _figure(
             fc,
             f"{name} forecasts",
@@ -205,6 +228,19 @@ def _tables(results: dict, config) -> str:
     )
 
 
+def _sweep(results: dict) -> str:
+    """A sweep run's section (as report.md's); "" for any other run."""
+    rows = report_sweep.setting_rows(results)
+    if not rows:
+        return ""
+    lines = "".join(f"<li>{_e(s)}</li>" for s in report_sweep.choice_lines(results))
+    return (
+        f'<section id="sweep"><h2>Sweep</h2><ul>{lines}</ul>'
+        + table_html("sweep-table", report_sweep.HEADERS, rows, link_series=False)
+        + f'<p class="legend">{_e(report_sweep.LEGEND)}</p></section>'
+    )
+
+
 def _skipped(results: dict, heading: str = "Skipped series") -> str:
     skipped = results.get("skipped") or {}
     if not skipped:
@@ -242,12 +278,14 @@ def render_html(results: dict, config, plots: list[str], title: str = "cpbjax re
         ("summary", "Summary"),
         ("results", "Results"),
         ("baselines", "Baselines"),
+        *((("sweep", "Sweep"),) if report_sweep.setting_rows(results) else ()),
         ("skill", "Skill"),
         ("series", "Series"),
     )
     body = (
         _summary(results)
         + _tables(results, config)
+        + _sweep(results)
         + f'<section id="skill"><h2>Skill per series</h2>{skill or no_plots}</section>'
         + f'<section id="series"><h2>Series</h2>{_series_sections(results, by_name)}</section>'
         + _skipped(results)

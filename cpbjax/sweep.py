@@ -8,7 +8,9 @@ compaction, sharding), in the run folder <workdir>/sweep/. A setting is chosen p
 series by validation loss only (`choose`; the test scores are reported, never read), and
 the run is then published as a train run of the chosen settings: models/<SERIES>/ (its
 meta.json holding the config of the chosen setting alone), results.json (each entry
-adding "sweep": the chosen setting), the report, config.json and timings.json, so
+adding "sweep": the chosen setting; its top-level "sweep" the grid, `by_setting` and the
+series whose lowest val loss several settings tie on), the report (with a sweep section,
+cpbjax/report_sweep.py), config.json and timings.json, so
 predict, export and serve use it unchanged. <workdir>/sweep.json holds the whole grid.
 
 With train.share=pooled a setting is ONE model over every series: its coins form a group
@@ -27,7 +29,16 @@ from typing import NamedTuple
 import numpy as np
 from absl import logging
 
-from cpbjax import checkpoint, driver, evaluate, report, sharding, sweep_grid, writers
+from cpbjax import (
+    checkpoint,
+    driver,
+    evaluate,
+    report,
+    report_sweep,
+    sharding,
+    sweep_grid,
+    writers,
+)
 from cpbjax import config as config_lib
 from cpbjax import plan as plan_lib
 from cpbjax import workdir as workdir_lib
@@ -86,6 +97,35 @@ def pooled_scores(tab: dict) -> dict:
         for name, v in losses.items():
             ratios.setdefault(name, []).append(v / low)
     return {name: float(np.mean(r)) for name, r in ratios.items()}
+
+
+def lowest(row: dict) -> list[str]:
+    """The settings of one series' row at its lowest finite val loss, ties included (the
+    untrained baseline, kept, has the same val loss at every setting); [] if none is finite."""
+    losses = {name: val_loss(cell) for name, cell in row.items()}
+    low = min(losses.values())
+    if not math.isfinite(low):
+        return []
+    return [
+        name for name, v in losses.items() if math.isclose(v, low, rel_tol=report_sweep.TIE_RTOL)
+    ]
+
+
+def by_setting(tab: dict, chosen: dict) -> dict:
+    """results.json's sweep.by_setting, the report's sweep section: setting (grid order) ->
+    the median over series of its val loss, its `pooled_scores` ("relative_val_loss"),
+    how many series chose it and on how many its val loss is the lowest, ties included."""
+    scores, rows = pooled_scores(tab), list(tab.values())
+    out = {}
+    for name in rows[0] if rows else ():
+        finite = [v for v in (val_loss(row[name]) for row in rows) if math.isfinite(v)]
+        out[name] = {
+            "median_val_loss": float(np.median(finite)) if finite else None,
+            "relative_val_loss": scores.get(name),
+            "chosen_by": sum(c == name for c in chosen.values()),
+            "lowest_on": sum(name in lowest(row) for row in rows),
+        }
+    return out
 
 
 def choose(tab: dict, select: str) -> dict:
@@ -220,7 +260,9 @@ def run_sweep(config, workdir: str) -> dict:
     if sharding.is_primary():
         trained = _Trained(run_dir, tab, entries, records)
         got = _publish(config, workdir, trained, chosen, skipped)
-        results = {"run": run, "series": got[0], "skipped": skipped, **extra}
+        tied = sorted(s for s, row in tab.items() if len(lowest(row)) > 1)
+        summary = {**extra["sweep"], "by_setting": by_setting(tab, chosen), "tied_series": tied}
+        results = {"run": run, "series": got[0], "skipped": skipped, "sweep": summary}
         out = writers.to_jsonable({**out, "skipped": skipped})
         _write(config, workdir, writers.to_jsonable(results), out, got[1:], clock)
         writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))

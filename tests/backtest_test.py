@@ -90,11 +90,17 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def full(env, tmp_path_factory):
+def finished(env, tmp_path_factory):
+    """(workdir, what it printed) of the backtest."""
     workdir = tmp_path_factory.mktemp("backtest")
     proc = helpers.spawn("backtest_test", "run", workdir, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return workdir
+    return workdir, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def full(finished):
+    return finished[0]
 
 
 def _read(workdir) -> dict:
@@ -319,6 +325,27 @@ def test_backtest_html_shows_the_fold_and_pooled_tables_and_the_fold_chart(full,
     page = report_html.render_backtest_html(out, backtest_config(), chart)
     assert page.count("data:image/png;base64,") == 1
     assert 'href="#s-' not in page  # the folds' "series" column is a count, not a link
+
+
+def test_a_backtest_prints_its_pooled_skill_and_the_paths_it_wrote(finished):
+    workdir, printed = finished
+    pooled = _read(workdir)["pooled"]
+    lines = printed.splitlines()
+    assert "…" not in printed
+    for col, refs in pooled["columns"].items():
+        for ref, r in refs.items():
+            rows = [line.split() for line in lines if line.split()[:2] == [col, ref]]
+            if ref == "ridge":
+                assert rows == []  # in backtest.md, not printed
+                continue
+            (p,) = (t["p_value_better"] for t in r["dm"].values())  # one interval, 1h
+            mean, median = f"{100 * r['mean_skill']:+.2f}", f"{100 * r['median_skill']:+.2f}"
+            assert rows == [
+                [col, ref, mean, median, str(r["positive"]), "of", "2", "1h", f"{p:.3g}"]
+            ]
+    text = " ".join(printed.split())
+    for name in ("backtest.json", "backtest.md", "backtest.html"):
+        assert os.path.join(str(workdir), name) in text
 
 
 def test_fold_choice_chooses_on_earlier_folds_and_reports_the_last(full):

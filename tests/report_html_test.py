@@ -34,9 +34,35 @@ CHROMIUM_ARGS = [
 SKILL_COLUMN = report_tables.HEADERS.index("skill%") + 1  # 1-based, for :nth-child
 
 
-def _write(workdir, plots_on=True, results=None):
+# A sweep run's results.json "sweep" block (cpbjax/sweep.py): 2 settings, both series
+# tied on the second, which the first (grid order) won.
+SWEEP = {
+    "fields": {"learning_rate": [0.001, 0.003]},
+    "settings": ["lr=0.001", "lr=0.003"],
+    "select": "series",
+    "by_setting": {
+        "lr=0.001": {
+            "median_val_loss": 0.8,
+            "relative_val_loss": 1.0,
+            "chosen_by": 2,
+            "lowest_on": 2,
+        },
+        "lr=0.003": {
+            "median_val_loss": 0.8,
+            "relative_val_loss": 1.0,
+            "chosen_by": 0,
+            "lowest_on": 2,
+        },
+    },
+    "tied_series": list(NAMES),
+}
+
+
+def _write(workdir, plots_on=True, results=None, sweep=None):
     records = {n: forecast_record(n, i) for i, n in enumerate(NAMES)}
     results = results or report_results(records)
+    if sweep:
+        results["sweep"] = sweep
     for i, name in enumerate(NAMES):
         results["series"][name]["best_epoch"] = 2 + i
     report.write_reports(
@@ -93,10 +119,29 @@ def test_markdown_fixes(tmp_path):
 
 
 def test_table_cells_link_and_colour():
-    table = report_html.table_html("t", ("series", "skill%"), [["A-1h", "+1.50"], ["B-1h", "-"]])
+    rows = [["A-1h", "+1.50"], ["B-1h", "-"], ["C-1h", "+0.00"], ["D-1h", "-0.99"], ["E", "-1.00"]]
+    table = report_html.table_html("t", ("series", "skill%"), rows)
     assert '<td class="text"><a href="#s-A-1h">A-1h</a></td>' in table
     assert '<td class="pos">+1.50</td>' in table and "<td>-</td>" in table
+    # Only a skill that clears the noise band (|skill| >= 1% on one series) is coloured.
+    assert "<td>+0.00</td>" in table and "<td>-0.99</td>" in table
+    assert '<td class="neg">-1.00</td>' in table
     assert table.count("<button") == 2
+
+
+def test_a_sweep_run_has_a_sweep_section(tmp_path):
+    page = _write(tmp_path, sweep=SWEEP)
+    assert '<a href="#sweep">Sweep</a>' in page and '<section id="sweep">' in page
+    section = page.split('<section id="sweep">')[1].split("</section>")[0]
+    assert "lr=0.001 by 2 series" in section
+    assert "2 of 2 series had several settings at their lowest val loss" in section
+    assert (
+        '<td class="text">lr=0.003</td><td>0.8</td><td>1.0000</td><td>0</td><td>2</td>' in section
+    )
+    with open(os.path.join(tmp_path, "report.md")) as f:
+        md = f.read()
+    assert "## Sweep" in md and "| lr=0.003 | 0.8 | 1.0000 | 0 | 2 |" in md
+    assert "sweep" not in _write(tmp_path / "plain")  # no section without a sweep
 
 
 def test_fact_lines_round_seconds():
@@ -161,7 +206,7 @@ def _skill_values(page) -> list[float]:
 @pytest.mark.slow
 def test_page_renders_in_headless_chromium(tmp_path):
     sync_playwright = _sync_playwright()
-    _write(tmp_path)
+    _write(tmp_path, sweep=SWEEP)
     url = "file://" + os.path.join(tmp_path, "report.html")
     shot = str(tmp_path / "report_html.png")
     errors, blocked = [], []
@@ -177,6 +222,7 @@ def test_page_renders_in_headless_chromium(tmp_path):
         try:
             page = _open(context, url, errors, blocked)
             rows = page.locator("#results-table tbody tr").count()
+            sweep_rows = page.locator("#sweep-table tbody tr").count()
             images = page.evaluate(
                 "Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)"
             )
@@ -189,7 +235,7 @@ def test_page_renders_in_headless_chromium(tmp_path):
             context.close()
     _keep_screenshot(shot)
     assert errors == [] and blocked == []
-    assert rows == len(NAMES)
+    assert rows == len(NAMES) and sweep_rows == len(SWEEP["by_setting"])
     assert images == [True] * (1 + 2 * len(NAMES))
     assert ascending == sorted(ascending) and descending == sorted(ascending, reverse=True)
     assert os.path.getsize(shot) > 10_000

@@ -1,12 +1,18 @@
-"""Tests of cpbjax/report.py: the table, report.md and the PNG plots."""
+"""Tests of cpbjax/report.py: the table, report.md and the PNG plots.
+
+The loss plot and the printed table are also checked on one tiny run trained in-process
+(module fixture `kept`) whose series keep their untrained baseline.
+"""
 
 import io
 import os
 
 import numpy as np
+import pytest
 from rich.console import Console
 
-from cpbjax import metrics, plots, report, report_tables
+from cpbjax import driver, metrics, plots, report, report_tables, writers
+from tests import helpers
 from tests.helpers import forecast_record, report_config, report_history, report_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -91,6 +97,17 @@ def test_summary_counts_the_models_that_kept_their_refit_band():
     assert "2 of them kept the untrained band" in line
     results = {"series": {"D": entry(None, False)}}
     assert not any("refit" in x for x in report_tables.summary_lines(results))
+    assert not any("kept" in x for x in report_tables.summary_lines(results))  # no val loss
+    # Without a refit: the series that kept their baseline, and what they give.
+    results["series"]["D"]["best_val_loss"] = 0.5
+    results["series"]["E"] = {**entry(2, False), "best_val_loss": 0.4}
+    line = report_tables.summary_lines(results)[-1]
+    assert line.startswith("1 of 2 series kept the untrained band (no epoch beat it")
+    assert line.endswith(
+        ": for those you get the band's forecast (the volatility band for high and low, the "
+        "last close for close), and more data or one pooled model over many series "
+        "(train.share=pooled) is what usually changes that."
+    )
 
 
 def test_write_reports_files(tmp_path):
@@ -160,3 +177,92 @@ def test_loss_curves_from_history():
     assert epochs == [1, 2, 3]
     np.testing.assert_allclose(val, [1.5, 0.75, 0.5])
     assert np.isnan(curves["B-1h"][1]).all()
+
+
+# -- a tiny run whose series keep their untrained baseline -------------------------------
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    """(config, workdir, results) of a 1-series, 2-epoch run of the default objective (vol_band
+    baseline, MAE / persistence MAE) with min_delta 1e3: no epoch beats the baseline by a
+    thousand standard errors, so the series keeps it (best_epoch null), as 36 of the 40 demo
+    series do."""
+    c = helpers.tiny_config()
+    c.data.symbols, c.train.epochs = ("BTCUSDT",), 2
+    c.model.baseline, c.train.loss, c.train.loss_scale = "vol_band", "mae", "persistence"
+    c.train.min_delta = 1e3
+    workdir = str(tmp_path_factory.mktemp("kept"))
+    results = driver.train_and_evaluate(c, workdir)
+    return c, workdir, results
+
+
+def test_the_loss_plot_marks_the_kept_baseline_at_epoch_0(kept):
+    config, workdir, results = kept
+    history = writers.MetricsLog(workdir).records()
+    (name,) = results["series"]
+    entry = results["series"][name]
+    assert entry["best_epoch"] is None and entry["epochs_run"] == 2
+    curve = plots.loss_curves(history)[name]
+    ylabel = report.series_plot_spec(workdir, config).loss_label
+    ax = plots.loss_figure(name, curve, entry, ylabel).axes[0]
+    assert ax.get_ylabel() == "loss (MAE / persistence MAE)"
+    (star,) = [line for line in ax.get_lines() if line.get_label().startswith("kept")]
+    # The untrained val loss: the loss epoch 1 had to beat and did not (metrics.jsonl).
+    first = history[0]
+    untrained = first["best_val_loss"][first["series"].index(name)]
+    assert list(star.get_xdata()) == [0]
+    assert star.get_ydata()[0] == pytest.approx(untrained)
+    assert "epoch 0, the untrained baseline" in star.get_label()
+    # Not the epoch of lowest val loss, which was not kept.
+    assert ax.get_legend() is not None and min(curve[0]) == 1
+
+
+def test_the_loss_plot_stars_a_kept_epoch_and_labels_mse():
+    curve = plots.loss_curves(report_history(("A-1h", "B-1h")))["A-1h"]  # val 1.5, 0.75, 0.5
+    config = report_config()
+    config.train.loss, config.train.loss_scale = "mse", "none"
+    entry = {"best_epoch": 2, "best_val_loss": 0.75, "status": "stopped_early"}
+    ax = plots.loss_figure("A-1h", curve, entry, plots.loss_label(config.train)).axes[0]
+    assert ax.get_ylabel() == "loss (MSE of normalised prices)"
+    (star,) = [line for line in ax.get_lines() if line.get_label().startswith("kept")]
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([2], [0.75])
+    # An entry without best_epoch (not a trained run's) marks nothing.
+    ax = plots.loss_figure("A-1h", curve, {}, "loss").axes[0]
+    assert not [line for line in ax.get_lines() if line.get_label().startswith("kept")]
+
+
+def test_the_printed_table_fits_80_columns(kept):
+    _, _, results = kept
+    results = {**results, "series": dict(results["series"])}
+    (entry,) = results["series"].values()
+    results["series"]["1000SHIBUSDT-15m"] = {**entry, "best_epoch": 12}  # a long name
+    out = io.StringIO()
+    report.print_table(results, Console(file=out, width=80))
+    printed = out.getvalue()
+    assert "…" not in printed and max(map(len, printed.splitlines())) <= 80
+    rows = {line.split()[0]: line.split() for line in printed.splitlines() if "USDT-" in line}
+    close = entry["test"]["columns"]["close"]["skill"]
+    band = entry["test"]["vol_band"]["columns"]["high"]["mae"]
+    vs_band = 1 - entry["test"]["columns"]["high"]["mae"] / band
+    assert rows["BTCUSDT-1h"][1:3] == ["0", f"{100 * close:+.2f}"]
+    assert rows["BTCUSDT-1h"][5] == f"{100 * vs_band:+.2f}"
+    assert rows["1000SHIBUSDT-15m"][1] == "12"
+    coverage = entry["test"]["calibrated_interval"]["columns"]["close"]["coverage"]
+    assert rows["BTCUSDT-1h"][-1] == f"{100 * coverage:.1f}"
+    # The kept band is explained in one sentence of the summary.
+    text = " ".join(printed.split())
+    assert "after training for 2 series; 1 of them kept the untrained band" in text
+    assert "you get the band's forecast (the volatility band for high and low" in text
+
+
+def test_terminal_console_takes_the_terminal_width(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "97")
+    assert report.terminal_console().width == 97
+    monkeypatch.delenv("COLUMNS")
+
+    def piped(fd):
+        raise OSError(25, "Inappropriate ioctl for device")  # what a pipe answers
+
+    monkeypatch.setattr(os, "get_terminal_size", piped)
+    assert report.terminal_console().width == report.FALLBACK_WIDTH

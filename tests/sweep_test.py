@@ -118,11 +118,17 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def full(env, tmp_path_factory):
+def finished(env, tmp_path_factory):
+    """(workdir, what it printed) of the sweep."""
     workdir = tmp_path_factory.mktemp("sweep")
     proc = helpers.spawn("sweep_test", "run", workdir, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return workdir
+    return workdir, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def full(finished):
+    return finished[0]
 
 
 def _read(workdir, name="sweep.json") -> dict:
@@ -206,6 +212,46 @@ def test_chosen_settings_are_published_as_the_run(full):
         for field in ("learning_rate", "weight_decay"):
             assert meta["config"]["train"][field] == cell[field]
             assert meta["config"]["sweep"][field] == []
+
+
+def test_the_choice_is_printed_and_each_setting_reported(finished):
+    workdir, printed = finished
+    out = _read(workdir)
+    chosen = [out["series"][s]["chosen"] for s in SERIES]
+    counts = {name: chosen.count(name) for name in _settings()}
+    text = " ".join(printed.split())  # the console wraps long lines
+    said = ", ".join(f"{n} by {c}" for n, c in counts.items() if c)
+    assert f"Sweep choice (sweep.select=series, by each series' val loss): {said} series." in text
+    with open(os.path.join(workdir, "report.md")) as f:
+        md = f.read()
+    assert "## Sweep" in md
+    for name in _settings():
+        losses = [out["series"][s]["settings"][name]["best_val_loss"] for s in SERIES]
+        row = md.split(f"| {name} | ")[1].split("\n")[0].split(" | ")
+        assert float(row[0]) == pytest.approx(float(np.median(losses)), rel=1e-3)
+        assert int(row[2]) == counts[name]
+    with open(os.path.join(workdir, "report.html")) as f:
+        page = f.read()
+    assert '<section id="sweep">' in page and 'id="sweep-table"' in page
+
+
+def test_by_setting_counts_choices_and_ties():
+    tab = {
+        "A": {"lr=0.001": _cell(1.0, 0), "lr=0.003": _cell(1.0, 0)},  # a tie (a kept baseline)
+        "B": {"lr=0.001": _cell(3.0, 0), "lr=0.003": _cell(2.0, 0)},
+        "C": {"lr=0.001": _cell(None, 0), "lr=0.003": _cell(math.inf, 0)},
+    }
+    chosen = sweep.choose(tab, "series")
+    got = sweep.by_setting(tab, chosen)
+    assert got["lr=0.001"] == {
+        "median_val_loss": 2.0,
+        "relative_val_loss": pytest.approx((1.0 + 1.5) / 2),
+        "chosen_by": 1,
+        "lowest_on": 1,
+    }
+    assert got["lr=0.003"]["chosen_by"] == 1 and got["lr=0.003"]["lowest_on"] == 2
+    assert got["lr=0.003"]["median_val_loss"] == 1.5
+    assert [s for s, row in tab.items() if len(sweep.lowest(row)) > 1] == ["A"]
 
 
 def test_evaluate_mode_rescores_the_published_models(full, env, tmp_path):
