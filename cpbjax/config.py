@@ -180,6 +180,12 @@ def base_config() -> ml_collections.ConfigDict:
     # (cpbjax/band_refit.py). It won on an earlier fold on 12 real series, 3 seeds of 3
     # (experiments/early_stopping_margin).
     e.refit_band = True
+    # With model.baseline=vol_band (ignored without a baseline): after training, each series
+    # keeps the network's correction on a column (open, high, low, close) only where it
+    # beats the baseline on val by train.min_delta standard errors; other columns forecast
+    # the baseline's (persistence, the band). Saved with the model; results.json lists the
+    # fallen-back columns as baseline_columns (cpbjax/column_fallback.py).
+    e.column_fallback = True
     e.plots = True  # Write PNG plots under <workdir>/plots/.
     e.plot_windows = 3  # Test windows drawn per series.
     # Processes drawing each finished group's plots while the next group trains (spawned

@@ -30,6 +30,7 @@ ADDED: dict[str, Any] = {
     "train.compact_groups": False,
     "eval.interval_levels": (),  # no calibrated interval
     "eval.refit_band": False,
+    "eval.column_fallback": False,  # the kept model's correction on every column
     "eval.plot_workers": 0,  # plots drawn at the end of the run
 }
 

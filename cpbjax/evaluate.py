@@ -20,6 +20,7 @@ from cpbjax import (
     band_refit,
     baselines,
     checkpoint,
+    column_fallback,
     forecast,
     intervals,
     metrics,
@@ -32,6 +33,7 @@ from cpbjax import (
 from cpbjax import config_rules as rules
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing, split_dates
+from cpbjax.models import heads
 
 
 class NothingEvaluated(RuntimeError):
@@ -54,6 +56,12 @@ class EvalSpec:
     # (days, weight) of the interval scale's long-run blend: intervals.VOL_BLEND in a run,
     # intervals.NO_BLEND for the band's own fit.
     interval_vol: tuple = intervals.NO_BLEND
+    # config.eval.column_fallback under a model.baseline: before scoring, each column
+    # keeps the network's correction only where it beats the baseline on val by the
+    # early-stopping bar (cpbjax/column_fallback.py), with train.loss and train.min_delta.
+    column_fallback: bool = False
+    loss: str = "mae"
+    min_delta: float = 0.0
 
     def at_levels(self, levels) -> EvalSpec:
         """This spec for an interval at other levels (a saved calibration's): what
@@ -69,6 +77,9 @@ def make_spec(config) -> EvalSpec:
         interval_levels=tuple(config.eval.interval_levels),
         refit_band=config.eval.refit_band,
         interval_vol=intervals.VOL_BLEND,
+        column_fallback=config.eval.column_fallback and config.model.baseline != "none",
+        loss=config.train.loss,
+        min_delta=config.train.min_delta,
     )
 
 
@@ -137,8 +148,17 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
         model without model.baseline=vol_band has no band and is scored as it is.
       forecasts_dir: if set, the test forecasts are also saved to
         <forecasts_dir>/forecasts/<SERIES>.npz (eval.save_forecasts).
+
+    With spec.column_fallback the columns are first decided on val
+    (`column_fallback.apply`), and everything after scores the masked params; the entry's
+    `baseline_columns` lists the columns whose forecast is the baseline's (from the
+    params' saved mask where no decision is made, e.g. --mode evaluate).
     """
     entry, calibration = {}, None
+    if spec.column_fallback:
+        params, entry["baseline_columns"] = column_fallback.apply(module, params, prep, spec)
+    elif (keep_C := heads.keep_columns(params)) is not None:
+        entry["baseline_columns"] = column_fallback.baseline_columns(keep_C)
     refit = spec.refit_band and band_refit.applies(module)
     # One forward pass per split serves every refit (band_refit.shifted_forecast); train
     # is forecast only when a refit or an interval is fitted on it.
@@ -276,7 +296,8 @@ def _read_results(workdir: str) -> dict:
 def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
     """results entries (training facts + val/test scores) and test forecast records."""
     series, records = {}, {}
-    spec = make_spec(cfg)
+    # The saved mask stands: it was decided on the training run's own val split.
+    spec = dataclasses.replace(make_spec(cfg), column_fallback=False)
     for name, prep in preps.items():
         model = loaded[name]
         entry, record, _, _ = evaluate_model(model.module, model.params, prep, spec, forecasts_dir)

@@ -226,7 +226,13 @@ def _check_shapes(params_path: str, module, params, trained) -> None:
     x_BLF = jnp.zeros((1, d.lookback, len(d.features)), jnp.float32)
     y_BHC = jnp.zeros((1, d.horizon, windows.NUM_TARGETS), jnp.float32)
     rngs = {k: jax.random.PRNGKey(0) for k in ("params", "dropout", "teacher")}
-    want = jax.eval_shape(lambda: heads.init_params(module, rngs, x_BLF, y_BHC))
+    init = lambda: heads.init_params(module, rngs, x_BLF, y_BHC)  # noqa: E731
+    if isinstance(params, dict) and heads.keep_columns(params) is not None:
+        # eval.column_fallback's mask: set after training, never by init (models/heads.py)
+        keep = np.ones(windows.NUM_TARGETS, bool)
+        want = jax.eval_shape(lambda: heads.with_keep(init(), keep))
+    else:
+        want = jax.eval_shape(init)
     want = flax.traverse_util.flatten_dict(want, sep="/")
     got = flax.traverse_util.flatten_dict(params, sep="/") if isinstance(params, dict) else {}
     for key in sorted(set(want) | set(got)):

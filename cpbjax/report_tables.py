@@ -166,6 +166,7 @@ def summary_lines(results: dict) -> list[str]:
         f"{noise} of {len(skills)} series have |skill| < {100 * NOISE_BAND:.0f}%, "
         "which on a single series is noise.",
         *band_lines(results),
+        *fallback_lines(results),
         *interval_lines(results),
     ]
 
@@ -196,6 +197,22 @@ def band_lines(results: dict) -> list[str]:
     if not kept:
         return [head + "."] if refit else []
     return [f"{head} (no epoch beat it on validation by train.min_delta): {KEPT_BAND_MEANS}."]
+
+
+def fallback_lines(results: dict) -> list[str]:
+    """How many series forecast a column by its baseline (eval.column_fallback: the
+    correction did not beat it on validation), per column; [] when no series decided."""
+    decided = [
+        e["baseline_columns"] for e in results.get("series", {}).values() if "baseline_columns" in e
+    ]
+    if not decided:
+        return []
+    counts = [f"{col} {sum(col in cols for cols in decided)}" for col in metrics.COLUMNS]
+    return [
+        f"Columns forecast by their baseline (persistence for open and close, the band for "
+        f"high and low; the correction did not beat it on validation by train.min_delta), "
+        f"series of {len(decided)}: {', '.join(counts)}."
+    ]
 
 
 def interval_lines(results: dict) -> list[str]:

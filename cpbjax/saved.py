@@ -48,6 +48,8 @@ def model_meta(config, prep, entry: dict) -> dict:
         "norm": prep.norm,
         "price_mask": prep.price_mask,
         **{k: entry[k] for k in ("num_params", "status", "best_epoch", "best_val_loss")},
+        # eval.column_fallback's columns forecast by the baseline (the mask is in the params)
+        **{k: entry[k] for k in ("baseline_columns",) if k in entry},
     }
 
 

@@ -1,6 +1,7 @@
 """The output side shared by the architectures: the forecast head's init and its baseline
-(`ForecastOutput`, the vol_band factors `band_factors` / `with_band`), the aux head, and
-`init_params`, which refuses a baseline or window scale a model would ignore.
+(`ForecastOutput`, the vol_band factors `band_factors` / `with_band`, the per-column
+fallback mask `keep_columns` / `with_keep`), the aux head, and `init_params`, which
+refuses a baseline or window scale a model would ignore.
 
 Shape suffixes: models/layers.py; Y ensemble members.
 """
@@ -10,9 +11,17 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cpbjax import config_rules as rules
 from cpbjax.models import ensemble, layers, model_config
+
+# The params key of the per-column fallback mask under "output" (cpbjax/column_fallback.py):
+# float32 [C] ([Y, C] for an ensemble's members), 1 where the column keeps the network's
+# correction, 0 where its forecast is the baseline's. It is set on the kept params after
+# training, never by init, so no optimizer step sees it; without it every column keeps
+# its correction.
+KEEP_COLUMNS = "keep_columns"
 
 
 def head_init(cfg: model_config.ModelConfig):
@@ -39,6 +48,9 @@ class ForecastOutput(nn.Module):
         sigma_B = layers.window_range(x_BLF)
         if cfg.window_scale == "range":  # the output is in range units
             y_BHC = y_BHC * layers.floored_range(sigma_B)[:, None, None]
+        if self.has_variable("params", KEEP_COLUMNS):  # the correction, masked per column
+            keep_C = self.get_variable("params", KEEP_COLUMNS)
+            y_BHC = jnp.where(keep_C > 0, y_BHC, 0.0)
         if cfg.baseline == "vol_band":
             steps_H = jnp.sqrt(jnp.arange(1, cfg.horizon + 1, dtype=jnp.float32))
             k_high_H = self.param("band_high", lambda _: 0.5 * steps_H)
@@ -86,7 +98,7 @@ def init_params(module: nn.Module, rngs, x_BLF, y_BHC) -> dict:
 def band_factors(params) -> jax.Array:
     """The vol_band factors of one model's params: [H, 2] (high, low), or [Y, H, 2] for an
     ensemble's members."""
-    out = params[ensemble.MEMBERS]["output"] if ensemble.MEMBERS in params else params["output"]
+    out = _output(params)
     return jnp.stack([out["band_high"], out["band_low"]], axis=-1)
 
 
@@ -102,6 +114,38 @@ def with_band(params, k_H2) -> dict:
         }
     out = dict(params)
     out["output"] = {**params["output"], "band_high": k_H2[..., 0], "band_low": k_H2[..., 1]}
+    return out
+
+
+def _output(params) -> dict:
+    """The ForecastOutput params of one model, or an ensemble's stacked [Y, ...] ones."""
+    return params[ensemble.MEMBERS]["output"] if ensemble.MEMBERS in params else params["output"]
+
+
+def keep_columns(params):
+    """The fallback mask of one model's params as bool [C] (an ensemble's members share
+    one), or None where the params carry none (every column keeps its correction)."""
+    out = (params.get(ensemble.MEMBERS) or params).get("output") or {}
+    if KEEP_COLUMNS not in out:
+        return None
+    keep = np.asarray(out[KEEP_COLUMNS]) > 0
+    return keep.reshape(-1, keep.shape[-1])[0]
+
+
+def with_keep(params, keep_C) -> dict:
+    """params with the fallback mask set to keep_C (bool [C]); an ensemble's members all
+    take it, as a [Y, C] leaf."""
+    keep = np.asarray(keep_C, np.float32)
+    if ensemble.MEMBERS in params:
+        members = params[ensemble.MEMBERS]
+        size = jax.tree.leaves(members)[0].shape[0]  # Y
+        return {**params, ensemble.MEMBERS: _set_keep(members, np.tile(keep, (size, 1)))}
+    return _set_keep(params, keep)
+
+
+def _set_keep(params, keep) -> dict:
+    out = dict(params)
+    out["output"] = {**params.get("output", {}), KEEP_COLUMNS: keep}
     return out
 
 
