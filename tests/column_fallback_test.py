@@ -15,6 +15,7 @@ import pytest
 
 import cpbjax
 from cpbjax import baselines, column_fallback, evaluate, forecast, metrics, portable, saved, writers
+from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import sources, stacking
 from cpbjax.models import heads
@@ -169,3 +170,13 @@ def test_load_predict_and_export_apply_the_saved_mask(tmp_path):
     again = evaluate.evaluate_model(loaded.module, loaded.params, prep, keep_as_saved)
     assert again.entry["baseline_columns"] == ["open", "close"]
     np.testing.assert_allclose(again.record["predicted"], scored.record["predicted"], rtol=1e-6)
+
+
+def test_the_switch_without_a_baseline_is_refused_by_name():
+    c = levers_config()
+    c.model.baseline, c.eval.refit_band, c.eval.column_fallback = "none", True, False
+    with pytest.raises(config_lib.ConfigError, match=r"eval\.column_fallback.*model\.baseline"):
+        config_lib.validate(c)
+    assert evaluate.make_spec(levers_config()).column_fallback  # on by default with a band
+    c.eval.column_fallback = True  # the default: no baseline, nothing to fall back to
+    assert not evaluate.make_spec(config_lib.validate(c)).column_fallback

@@ -24,6 +24,8 @@ def test_the_previous_release_config_loads_as_todays_tiny_config():
     upgraded = config_lib.validate(config_lib.upgrade(saved))
     today = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     today.train.epochs = 1  # as the saved run was launched
+    # Added since, with the value that reproduces the saved run (config_history.ADDED).
+    today.eval.column_fallback = False
     got, want = helpers.flat(upgraded.to_dict()), helpers.flat(today.to_dict())
     assert got == want  # every field that still exists, and no retired one
     retired = set(helpers.flat(saved)) - set(want)
@@ -85,6 +87,8 @@ def test_fields_added_since_take_the_value_of_the_earlier_behaviour():
     assert c.eval.refit_band == config_lib.base_config().eval.refit_band
     saved["model"]["baseline"] = "vol_band"  # with a band the old run had no refit
     assert config_lib.validate(config_lib.upgrade(saved)).eval.refit_band is False
+    # nor a per-column fallback to the band
+    assert config_lib.validate(config_lib.upgrade(saved)).eval.column_fallback is False
     saved["model"]["baseline"] = "none"
     assert c.train.min_delta == 0.0 and c.sweep.learning_rate == ()
     # A margin in the loss's units has no counterpart now.
