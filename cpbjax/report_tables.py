@@ -211,7 +211,7 @@ def fallback_lines(results: dict) -> list[str]:
     return [
         f"Columns forecast by their baseline (persistence for open and close, the band for "
         f"high and low; the correction did not beat it on validation by train.min_delta), "
-        f"series of {len(decided)}: {', '.join(counts)}."
+        f"of {len(decided)} series: {', '.join(counts)}."
     ]
 
 

@@ -14,7 +14,17 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import baselines, column_fallback, evaluate, forecast, metrics, portable, saved, writers
+from cpbjax import (
+    baselines,
+    column_fallback,
+    evaluate,
+    forecast,
+    metrics,
+    portable,
+    report_tables,
+    saved,
+    writers,
+)
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import sources, stacking
@@ -180,3 +190,17 @@ def test_the_switch_without_a_baseline_is_refused_by_name():
     assert evaluate.make_spec(levers_config()).column_fallback  # on by default with a band
     c.eval.column_fallback = True  # the default: no baseline, nothing to fall back to
     assert not evaluate.make_spec(config_lib.validate(c)).column_fallback
+
+
+def test_the_report_counts_each_column_forecast_by_its_baseline():
+    results = {
+        "series": {
+            "A-1h": {"baseline_columns": ["close"]},
+            "B-1h": {"baseline_columns": ["open", "close"]},
+            "C-1h": {"baseline_columns": []},
+            "D-1h": {},  # decided nothing (eval.column_fallback off, an earlier run)
+        }
+    }
+    (line,) = report_tables.fallback_lines(results)
+    assert line.endswith("of 3 series: open 1, high 0, low 0, close 2.")
+    assert report_tables.fallback_lines({"series": {"D-1h": {}}}) == []
