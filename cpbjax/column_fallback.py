@@ -74,7 +74,7 @@ def apply(module, params, prep, spec):
     exactly as before), and the names of the columns whose forecast is the baseline's."""
     keep_C = decide(module, params, prep, spec)
     if keep_C.all():
-        return params, []
+        return heads.without_keep(params), []
     return heads.with_keep(params, keep_C), baseline_columns(keep_C)
 
 

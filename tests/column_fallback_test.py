@@ -204,3 +204,13 @@ def test_the_report_counts_each_column_forecast_by_its_baseline():
     (line,) = report_tables.fallback_lines(results)
     assert line.endswith("of 3 series: open 1, high 0, low 0, close 2.")
     assert report_tables.fallback_lines({"series": {"D-1h": {}}}) == []
+
+
+def test_a_mask_comes_off_as_it_went_on():
+    _, _, module, params = _forced_model()
+    for p in (params, {"members": jax.tree.map(lambda a: np.stack([a, a]), params)}):
+        masked = heads.with_keep(p, [True, False, True, False])
+        np.testing.assert_array_equal(heads.keep_columns(masked), [True, False, True, False])
+        stripped = heads.without_keep(masked)
+        assert heads.keep_columns(stripped) is None
+        assert jax.tree.structure(stripped) == jax.tree.structure(p)

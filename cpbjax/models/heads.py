@@ -149,6 +149,19 @@ def _set_keep(params, keep) -> dict:
     return out
 
 
+def without_keep(params) -> dict:
+    """params without a fallback mask: the trained model on every column, and the tree
+    init makes (what training starts from, e.g. train.init_from)."""
+    if keep_columns(params) is None:
+        return params
+    inner = params.get(ensemble.MEMBERS) or params
+    stripped = dict(inner)
+    stripped["output"] = {k: v for k, v in inner["output"].items() if k != KEEP_COLUMNS}
+    if ensemble.MEMBERS in params:
+        return {**params, ensemble.MEMBERS: stripped}
+    return stripped
+
+
 def aux_head(cfg: model_config.ModelConfig) -> nn.Dense | None:
     """The multi-task head: a linear map from the window summary to the A aux targets.
 
