@@ -41,13 +41,17 @@ def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
         except SeriesSkipped as e:
             skipped[name] = str(e)
             continue
-        baseline = model.trained.model.baseline
-        series[name] = forecast.rounded_prices(entry)
-        series[name].update(forecast.skill_on_test(scored.get(name), baseline))
+        series[name] = described(entry, scored.get(name), model.trained.model.baseline)
     return series
 
 
-def _scored_series(workdir: str) -> dict:
+def described(entry: dict, scored: dict | None, baseline: str) -> dict:
+    """forecast.json's entry of a next_candles entry (predict's and serve's): its prices
+    rounded, with the test skill of `scored` (the series' results.json entry)."""
+    return {**forecast.rounded_prices(entry), **forecast.skill_on_test(scored, baseline)}
+
+
+def scored_series(workdir: str) -> dict:
     """results.json's series of the run that trained the models; {} without a readable
     one (warned: the forecasts do not need it, only their test skill does)."""
     path = workdir_lib.results_json(workdir)
@@ -113,7 +117,7 @@ def run_predict(config, workdir: str) -> dict:
     loaded, cfg, unreadable = saved.load_for_forecast(config, workdir)
     preps, skipped = saved.prepare(cfg, loaded, latest=True)
     skipped.update(unreadable)
-    series = _forecast_all(loaded, preps, cfg, _scored_series(workdir), skipped)
+    series = _forecast_all(loaded, preps, cfg, scored_series(workdir), skipped)
     if not series:
         raise NothingToForecast(f"no series could be forecast: {skipped}")
     doc = {
