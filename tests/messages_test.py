@@ -34,6 +34,15 @@ def _candles(n=5):
             ["--config", "configs/gru.py:tiny", "--config.data.nope=1"],
             "error: unknown config key nope",
         ),
+        (
+            [
+                "--config",
+                "configs/gru.py:tiny",
+                "--config.data.symbols=('BTCUSDT',)",
+                "--config.data.symbols=('ETHUSDT',)",
+            ],
+            "error: --config.data.symbols is given more than once",
+        ),
     ],
 )
 def test_the_data_table_cli_gives_one_line_and_exit_2(flags, words):
