@@ -27,6 +27,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from cpbjax import cli_errors, platform, sweep_grid  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
+from cpbjax import workdir as workdir_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
@@ -76,12 +77,24 @@ def _quiet_orbax() -> None:
 def _workdir_problem(workdir: str) -> str | None:
     """Why `workdir` cannot hold a run (not a folder, under a file, read-only), or None."""
     try:
-        os.makedirs(workdir, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=workdir, prefix=".cpbjax-probe-")  # noqa: SIM115
         probe.close()
     except OSError as e:
         return f"--workdir {workdir} cannot hold a run: {e.strerror or e}"
     return None
+
+
+def _make_workdir(workdir: str) -> list[str]:
+    """Makes `workdir`; returns the folders it made (exits 2 if it cannot hold a run)."""
+    try:
+        made = workdir_lib.make(workdir)
+    except OSError as e:
+        cli_errors.fail(f"--workdir {workdir} cannot hold a run: {e.strerror or e}")
+    problem = _workdir_problem(workdir)
+    if problem:
+        workdir_lib.remove_if_empty(made)
+        cli_errors.fail(problem)
+    return made
 
 
 def main(argv):
@@ -108,13 +121,21 @@ def main(argv):
         cli_errors.fail(str(e))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.model.name}-{stamp}")
-    problem = _workdir_problem(workdir)
-    if problem:
-        cli_errors.fail(problem)
+    made = _make_workdir(workdir)
     logging.info(
         "cpbjax %s: workdir %s, devices %s", _MODE.value, workdir, platform.describe_devices()
     )
+    try:
+        _run_mode(config, workdir)
+    except BaseException:
+        # A run that fails before writing anything (a bad data.base_url, no series)
+        # leaves no empty folder behind; a folder that existed before is never removed.
+        workdir_lib.remove_if_empty(made)
+        raise
 
+
+def _run_mode(config, workdir: str) -> None:
+    """Runs --mode in `workdir`; its known failures exit 2 with one line."""
     if _MODE.value == "train":
         from cpbjax import driver, ledger
 
