@@ -128,7 +128,7 @@ class Forecaster:
                 cfg.data.horizon,
                 model.calibration,
             )
-        predict.freshness(entry, klines_api.clock_ms())  # age_intervals; > 1 is stale
+        predict.freshness(entry, klines_api.clock_ms(), cfg.data.source)  # > 1 is stale
         return {
             "series": name,
             "model": cfg.model.name,
