@@ -204,6 +204,9 @@ def base_config() -> ml_collections.ConfigDict:
     # series: each series keeps its own best setting; pooled: all keep the one setting of
     # lowest mean val loss relative to each series' best. Chosen by validation loss only.
     w.select = "series"
+    # The most settings a grid may have (checked at validation, before any data is read):
+    # each setting trains one model per series, as much work as the run without a sweep.
+    w.max_settings = 64
 
     c.predict = p = ml_collections.ConfigDict()
     p.symbols = ()  # --mode predict: symbols to forecast; () = all with a model.

@@ -31,6 +31,7 @@ ADDED: dict[str, Any] = {
     "eval.interval_levels": (),  # no calibrated interval
     "eval.refit_band": False,
     "eval.plot_workers": 0,  # plots drawn at the end of the run
+    "sweep.max_settings": 64,  # the cap every earlier sweep ran under
 }
 
 _MARGIN = (

@@ -64,11 +64,30 @@ def scored_series(workdir: str) -> dict:
         return {}
 
 
-def freshness(entry: dict, now_ms: int) -> int:
+# Why a forecast's newest candle can be old, and what would make it newer, per data.source
+# (after saved.forecast_config: binance with predict.fresh reads binance_rest).
+_STALE_HINTS = {
+    "synthetic": "the data is generated (data.source='synthetic') and ends there; there is "
+    "nothing fresher to load",
+    "local": "data.local_dir's files end there; append the newer candles to them",
+    "binance": "the history is the monthly files of data.base_url alone; "
+    "--config.predict.fresh=True tops it up to now from data.api_url",
+    "binance_rest": "the exchange (data.api_url) gave no newer closed candles; the top-up's "
+    "warning above says where they stop",
+}
+
+
+def stale_hint(source: str) -> str:
+    """Why a forecast from data.source `source` can start from an old candle, and the remedy."""
+    return _STALE_HINTS.get(source, f"data.source={source!r} holds no newer candles")
+
+
+def freshness(entry: dict, now_ms: int, source: str) -> int:
     """Sets entry["age_intervals"] (a next_candles entry) and returns it, warning when stale.
 
     1 means the forecast starts from the newest closed candle; more means newer closed
     candles exist that the data did not hold, so early forecast steps are already past.
+    The warning's hint fits `source`, the data.source the candles came from.
     """
     step = INTERVAL_MS[entry["interval"]]
     age = klines_api.newest_closed_age([entry["last_open_time_ms"]], step, now_ms)
@@ -76,13 +95,13 @@ def freshness(entry: dict, now_ms: int) -> int:
     if age > 1:
         logging.warning(
             "%s-%s: STALE: the newest candle (%s) is %d intervals old, so %d forecast steps "
-            "are already past; data.source='binance_rest' (the default for predict on "
-            "binance data) tops the history up to now",
+            "are already past: %s",
             entry["symbol"],
             entry["interval"],
             entry["last_open_time"],
             age,
             min(age - 1, len(entry["forecast"])),
+            stale_hint(source),
         )
     return age
 
@@ -129,7 +148,7 @@ def run_predict(config, workdir: str) -> dict:
     }
     now_ms = klines_api.clock_ms()
     for entry in series.values():
-        freshness(entry, now_ms)
+        freshness(entry, now_ms, cfg.data.source)
     paths = forecast.write_forecast_files(workdir, doc)
     for name, reason in skipped.items():
         logging.warning("%s: not forecast: %s", name, reason)

@@ -127,7 +127,7 @@ class Forecaster:
                 cfg.data.horizon,
                 model.calibration,
             )
-        predict.freshness(entry, klines_api.clock_ms())  # age_intervals; > 1 is stale
+        predict.freshness(entry, klines_api.clock_ms(), cfg.data.source)  # > 1 is stale
         baseline = model.trained.model.baseline
         entry = predict.described(entry, predict.scored_series(self.workdir).get(name), baseline)
         return {
