@@ -39,21 +39,27 @@ def _source_models(config) -> tuple[dict, str]:
 
 def check_source(config, workdir: str) -> None:
     """Before a run trains into `workdir`: ConfigError (one line) unless
-    config.train.init_from is '' or another trained workdir whose share suits this run
-    and whose models have this run's window fields and param shapes (`check_shape`)."""
+    config.train.init_from is '' or another workdir that `_checked_source` accepts."""
     source = config.train.init_from
-    if not source:
-        return
-    if os.path.realpath(source) == os.path.realpath(workdir):
+    if source and os.path.realpath(source) == os.path.realpath(workdir):
         raise ConfigError(f"{FIELD}={source!r} is this run's own --workdir: start from another")
+    if source:
+        _checked_source(config)
+
+
+def _checked_source(config) -> tuple[dict, str]:
+    """`_source_models`, once the source's share suits this run (a pooled run needs a
+    pooled source) and its models have this run's window fields and param shapes
+    (`check_shape`, on one of them: a run's models share them)."""
     available, share = _source_models(config)
     if share != "pooled" and config.train.share == "pooled":
         raise ConfigError(
-            f"{FIELD}={source!r} trained a model per series (train.share='series'): a "
-            "pooled run starts from a pooled workdir"
+            f"{FIELD}={config.train.init_from!r} trained a model per series "
+            "(train.share='series'): a pooled run starts from a pooled workdir"
         )
     model = saved.load_model(next(iter(available.values())))
     check_shape(config, model.trained, model.params)
+    return available, share
 
 
 def _differing_field(config, trained) -> tuple[str, object, object] | None:
@@ -116,16 +122,17 @@ def _pooled_start(config, available: dict):
 
 def starting_params(config, names: list[str], num_coins: int):
     """Host params [K, ...] of the coins of series `names` (padding coins take the first
-    coin's), from config.train.init_from (checked by `check_source`).
+    coin's), from config.train.init_from.
 
     Raises:
-      ConfigError: one line naming a series that a per-series source has no model of.
+      ConfigError: one line, as `_checked_source` says, or naming a series that a
+        per-series source has no model of.
     """
-    available, share = _source_models(config)
+    available, share = _checked_source(config)  # also for a sweep or a backtest's folds
     source = config.train.init_from
     if share == "pooled":
         per_coin = [_pooled_start(config, available)] * len(names)
-    else:  # check_source refused a per-series source for a pooled run
+    else:  # a per-series source, so a per-series run
         missing = [n for n in names if n not in available]
         if missing:
             raise ConfigError(

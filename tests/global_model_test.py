@@ -70,6 +70,7 @@ def test_a_pooled_run_forecasts_a_pair_it_never_saw_with_its_own_fits(pooled_run
     assert list(out["step"]) == list(range(1, trained.data.horizon + 1))
     assert {"high_lower", "high_upper"} <= set(out.columns)
     assert np.isfinite(out.to_numpy(float)).all()
+    pd.testing.assert_frame_equal(run.predict(candles), out)  # unnamed: the same model
     # Every trained series' folder holds the same network: whichever is the base, the
     # forecast is the same (no series' own band, interval or normalisation enters).
     for path in saved.available_models(pooled_run).values():
