@@ -173,6 +173,7 @@ def test_fine_tuning_a_pooled_run_on_other_pairs_keeps_the_start_it_cannot_beat(
         _assert_same(params, start)  # the pooled network, the median of the source's bands
         entry = results["series"][name]
         assert entry["best_epoch"] is None and entry["started_from"] == pooled_run
+        assert "the starting model is kept" in entry["warning"]
     epochs = _epochs(workdir)
     assert epochs and not any(any(e["improved"]) for e in epochs)
 
