@@ -317,9 +317,12 @@ def load_for_forecast(config, workdir: str, fit_days: float = 0.0):
         none could be read.
     """
     available = available_models(workdir)
-    run = run_config_of(workdir)
+    # A models/ folder without its run's config.json (put together by hand): the given
+    # config is the run's, and its models are per series.
+    has_run = os.path.exists(workdir_lib.config_json(workdir))
+    run = run_config_of(workdir) if has_run else config
     symbols, intervals_ = requested_series(config, run)
-    pooled = run.train.share == "pooled"
+    pooled = has_run and run.train.share == "pooled"
     if pooled and not fit_days:
         names, _ = select_series(available, symbols, intervals_)
         unseen = []
