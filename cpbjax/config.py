@@ -164,6 +164,11 @@ def base_config() -> ml_collections.ConfigDict:
     # own size (the stopped ones cost as much as live ones in a vmapped step). Same results
     # up to float rounding, which the MAE loss's sign gradient can grow (docs/design.md).
     t.compact_groups = True
+    # A trained workdir to start from, '' = none (cpbjax/init_from.py): its pooled params, or
+    # for a per-series run each series' own; the model's shape must match. The starting
+    # model's val loss is the bar early stopping keeps, so training on other pairs or newer
+    # months can only keep or improve it (best_epoch null: it was kept).
+    t.init_from = ""
 
     c.ckpt = k = ml_collections.ConfigDict()
     k.every_epochs = 5  # Save the full group train state this often.

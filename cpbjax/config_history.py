@@ -28,6 +28,7 @@ ADDED: dict[str, Any] = {
     "train.share": "series",  # a model per series
     "train.pooled_chunk": 0,
     "train.compact_groups": False,
+    "train.init_from": "",  # trained from scratch
     "eval.interval_levels": (),  # no calibrated interval
     "eval.refit_band": False,
     "eval.plot_workers": 0,  # plots drawn at the end of the run

@@ -100,6 +100,11 @@ class GroupTrainer:
         init = functools.partial(self._math().init_state, self.spec)
         init_specs = (P(sharding.COIN_AXIS), arrays_specs)
         self._init_jit = jax.jit(per_device(init, in_specs=init_specs, out_specs=state_specs))
+        start = functools.partial(self._math().start_from, self.spec)
+        start_specs = (state_specs, state_specs.params, arrays_specs)
+        self._start_jit = jax.jit(
+            per_device(start, in_specs=start_specs, out_specs=state_specs), donate_argnums=0
+        )
 
     def _math(self):
         """The module whose init_state and run_epoch the programs run: cpbjax/pooled.py
@@ -150,6 +155,13 @@ class GroupTrainer:
         with jax.default_matmul_precision(self.matmul_precision):
             keys = sharding.place(np.asarray(keys_K2, np.uint32), self.coin_sharding)
             return self._init_jit(keys, arrays)
+
+    def start_from(self, state: step.GroupState, params_K, arrays) -> step.GroupState:
+        """`state` (fresh, donated) starting from the host params [K, ...] `params_K`
+        (train.init_from): their val loss is the bar (step.start_from / pooled.start_from)."""
+        with jax.default_matmul_precision(self.matmul_precision):
+            params = sharding.place(params_K, self.state_sharding.params)
+            return self._start_jit(state, params, arrays)
 
     def abstract_state(self) -> step.GroupState:
         """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""

@@ -80,6 +80,21 @@ def init_state(
     return state
 
 
+def start_from(
+    spec: epoch_spec.EpochSpec, state: step.GroupState, params, arrays: stacking.GroupArrays
+) -> step.GroupState:
+    """step.start_from for the one pooled model (`params` [K, ...], every coin's the
+    same): the starting model's pooled val loss is the one to beat."""
+    val = pooled_mean(*step.val_sums(spec, params, arrays), state.active)
+    k = state.active.shape[0]
+    return state.replace(
+        params=params,
+        opt_state=replicate(spec.tx.init(first(params)), k),
+        best_params=jax.tree.map(jnp.copy, params),
+        best_val=jnp.where(state.active, val, jnp.inf).astype(jnp.float32),
+    )
+
+
 def coin_sums(
     spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_KB, mask_KB, keys_K
 ):

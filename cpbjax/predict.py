@@ -11,7 +11,7 @@ import time
 
 from absl import logging
 
-from cpbjax import forecast, saved, writers
+from cpbjax import forecast, saved, writers, zero_shot
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import klines_api
@@ -25,11 +25,16 @@ class NothingToForecast(RuntimeError):
 
 def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
     """forecast.json's series of every prepared series, its prices rounded and with its
-    test skill (`scored`: results.json's series); the others go to `skipped`."""
+    test skill (`scored`: results.json's series); the others go to `skipped`. A series a
+    pooled run never trained on first gets its own fits (zero_shot.fit_series) and its
+    entry's `zero_shot`: {"fitted_on_windows": N}."""
     series = {}
     for name, prep in preps.items():
-        model = loaded[name]
+        model, fits = loaded[name], None
         try:
+            if model.zero_shot:
+                model, fitted_on = zero_shot.fit_series(model, prep)
+                fits = {"fitted_on_windows": fitted_on}
             entry = forecast.next_candles(
                 model.module,
                 model.params,
@@ -42,6 +47,8 @@ def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
             skipped[name] = str(e)
             continue
         series[name] = described(entry, scored.get(name), model.trained.model.baseline)
+        if fits is not None:
+            series[name]["zero_shot"] = fits
     return series
 
 
@@ -114,12 +121,15 @@ def _summary(name: str, s: dict) -> str:
 
 
 def run_predict(config, workdir: str) -> dict:
-    """Forecasts the next H candles of config.predict.symbols x intervals from the newest data.
+    """Forecasts the next H candles of the requested series (saved.requested_series:
+    predict.symbols x intervals, or a changed data.symbols / data.intervals) from the
+    newest data. A pooled run also forecasts series it never trained on (zero_shot.py).
 
     Writes <workdir>/forecast.json ({"run", "model", "horizon", "series": {name:
     {"symbol", "interval", "last_open_time", "last_open_time_ms", "last_candle",
     "forecast": [{"step", "open_time", "open_time_ms", "open", "high", "low",
-    "close"}, ...], "age_intervals", "test_skill", "kept_baseline"}}, "skipped"}; prices
+    "close"}, ...], "age_intervals", "test_skill", "kept_baseline", and for an unseen series
+    "zero_shot"}}, "skipped"}; prices
     at forecast.PRICE_DIGITS significant digits, the skill as `forecast.skill_on_test`
     says) and <workdir>/forecast.csv, and keeps every earlier forecast as
     <workdir>/predictions/forecast-<UTC time>.json. Prints the newest closed candle and the
@@ -129,11 +139,11 @@ def run_predict(config, workdir: str) -> dict:
       The forecast.json dict.
 
     Raises:
-      saved.ModelNotFound: a requested series or interval has no model.
+      saved.ModelNotFound: a requested series or interval has no model (per-series run).
       NothingToForecast: no requested series could be forecast (the reasons are listed).
     """
     started = time.time()
-    loaded, cfg, unreadable = saved.load_for_forecast(config, workdir)
+    loaded, cfg, unreadable = saved.load_for_forecast(config, workdir, zero_shot.FIT_DAYS)
     preps, skipped = saved.prepare(cfg, loaded, latest=True)
     skipped.update(unreadable)
     series = _forecast_all(loaded, preps, cfg, scored_series(workdir), skipped)
