@@ -79,7 +79,7 @@ def test_a_pooled_run_forecasts_a_pair_it_never_saw_with_its_own_fits(pooled_run
         np.testing.assert_allclose(again.to_numpy(float), out.to_numpy(float), rtol=2e-6)
     # The band is the new pair's own least-absolute-deviation fit: refit again on the
     # fitted model's windows, nothing is left to move.
-    series = api.candles_to_series(candles, "NEWUSDT", "1h")
+    series = api.candles_to_series(candles, "NEWUSDT", "1h", ())
     prep = windows.prepare_latest(series, trained.data, None)
     base = saved.shared_model(
         saved.load_model(next(iter(saved.available_models(pooled_run).values())))
