@@ -56,7 +56,7 @@ def shared(tree):
     """Inside the epoch's shard_map: `first` of the whole coin axis on every device. A
     device's own first coin may be padding, whose plateau and sweep values are not the
     model's; so each device's first leaf is gathered and device 0's taken."""
-    return jax.tree.map(lambda a: jax.lax.all_gather(a[0], sharding.COIN_AXIS)[0], tree)
+    return jax.tree.map(lambda a: jax.lax.all_gather(a, sharding.COIN_AXIS)[0], first(tree))
 
 
 def device_sum(tree):
@@ -199,8 +199,7 @@ def pooled_train_step(spec: epoch_spec.EpochSpec, params, opt_state, data, s: Po
     per-coin sums [K] and one nonfinite."""
     n_K = jnp.sum(s.batch.mask_KB, axis=1)
     n = device_sum(jnp.sum(n_K))
-    value_and_grad = pooled_value_and_grad(spec, params, data, s.batch, n)
-    (objective, err_K), grads = value_and_grad
+    (objective, err_K), grads = pooled_value_and_grad(spec, params, data, s.batch, n)
     objective, grads = device_sum((objective, grads))
     opt_state = optimizer.with_learning_rate(opt_state, s.lr, **s.hparams)
     updates, new_opt = spec.tx.update(grads, opt_state, params)
