@@ -91,7 +91,7 @@ def group_size(num_series: int, train_cfg, num_devices: int, backend: str) -> in
     return -(-k // num_devices) * num_devices
 
 
-def pooled_group_size(num_series: int, train_cfg, num_devices: int = 1) -> int:
+def pooled_group_size(num_series: int, train_cfg, num_devices: int) -> int:
     """train.share=pooled: every series in one group (one model), rounded up to the device
     count, as each device trains on its share of the coins (cpbjax/pooled.py).
 
