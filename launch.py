@@ -9,8 +9,6 @@ python launch.py --config configs/transformer.py [--config.train.learning_rate=3
 
 import logging as std_logging
 import os
-import re
-import sys
 import tempfile
 import time
 
@@ -27,8 +25,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from cpbjax import cli_errors, platform, sweep_grid  # noqa: E402
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import platform, sweep_grid  # noqa: E402
+from cpbjax import workdir as workdir_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
@@ -63,24 +62,9 @@ def _with_run_config(argv):
 
 
 def _parse_flags(argv):
-    """absl parsing, but an unknown or mistyped config key exits 2 with one clear line."""
-    try:
-        return flags.FLAGS(_with_run_config(argv))
-    except (AttributeError, KeyError) as e:
-        # ml_collections reports only the last path component, e.g. "'lr_typo'".
-        key = re.findall(r"'([^']+)'", str(e))
-        given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-        print(
-            f"error: unknown config key {key[-1] if key else e!s} (given: {given})", file=sys.stderr
-        )
-        sys.exit(2)
-    except (TypeError, ValueError, flags.Error) as e:
-        # A config file that fails to load puts its whole traceback in the message.
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        where = lines[0].split(": ")[0] if len(lines) > 1 else ""
-        reason = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else repr(e)
-        print(f"error: {where + ': ' if where else ''}{reason}", file=sys.stderr)
-        sys.exit(2)
+    """absl parsing (cli_errors: a bad config key or file is one line, exit 2), with the
+    run's own config where a mode that reads a trained run is given no --config."""
+    return cli_errors.parse_flags(_with_run_config(argv))
 
 
 def _quiet_orbax() -> None:
@@ -90,26 +74,27 @@ def _quiet_orbax() -> None:
     )
 
 
-def _exit(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _load_error(e: BaseException) -> str:
-    """One line from a config file that failed to load: the last line of its message."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return "cannot load --config: " + (lines[-1] if lines else type(e).__name__)
-
-
 def _workdir_problem(workdir: str) -> str | None:
     """Why `workdir` cannot hold a run (not a folder, under a file, read-only), or None."""
     try:
-        os.makedirs(workdir, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=workdir, prefix=".cpbjax-probe-")  # noqa: SIM115
         probe.close()
     except OSError as e:
         return f"--workdir {workdir} cannot hold a run: {e.strerror or e}"
     return None
+
+
+def _make_workdir(workdir: str) -> list[str]:
+    """Makes `workdir`; returns the folders it made (exits 2 if it cannot hold a run)."""
+    try:
+        made = workdir_lib.make(workdir)
+    except OSError as e:
+        cli_errors.fail(f"--workdir {workdir} cannot hold a run: {e.strerror or e}")
+    problem = _workdir_problem(workdir)
+    if problem:
+        workdir_lib.remove_if_empty(made)
+        cli_errors.fail(problem)
+    return made
 
 
 def main(argv):
@@ -119,30 +104,38 @@ def main(argv):
         config = _CONFIG.value
         config.to_dict()  # a config file that failed to load raises only when read
     except (OSError, ValueError) as e:
-        _exit(_load_error(e))
+        cli_errors.fail(cli_errors.load_error(e))
     if _MODE.value not in TRAINING_MODES and not _WORKDIR.value:
-        _exit(f"--mode {_MODE.value} needs --workdir of a trained run")
+        cli_errors.fail(f"--mode {_MODE.value} needs --workdir of a trained run")
     try:
         config_lib.validate(config)
         distributed = config.distributed.enabled
         if distributed and (_MODE.value not in TRAINING_MODES or not _WORKDIR.value):
             # Every process must write into the same folder; evaluate and predict run on one.
-            _exit(
+            cli_errors.fail(
                 "config.distributed.enabled=True needs --mode train or backtest and a --workdir on a "
                 "filesystem that all processes share"
             )
         platform.configure(config)
     except (config_lib.ConfigError, platform.PlatformError) as e:
-        _exit(str(e))
+        cli_errors.fail(str(e))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.model.name}-{stamp}")
-    problem = _workdir_problem(workdir)
-    if problem:
-        _exit(problem)
+    made = _make_workdir(workdir)
     logging.info(
         "cpbjax %s: workdir %s, devices %s", _MODE.value, workdir, platform.describe_devices()
     )
+    try:
+        _run_mode(config, workdir)
+    except BaseException:
+        # A run that fails before writing anything (a bad data.base_url, no series)
+        # leaves no empty folder behind; a folder that existed before is never removed.
+        workdir_lib.remove_if_empty(made)
+        raise
 
+
+def _run_mode(config, workdir: str) -> None:
+    """Runs --mode in `workdir`; its known failures exit 2 with one line."""
     if _MODE.value == "train":
         from cpbjax import driver, ledger
 
@@ -154,14 +147,14 @@ def main(argv):
             else:
                 driver.train_and_evaluate(config, workdir)
         except (config_lib.ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
-            _exit(str(e))
+            cli_errors.fail(str(e))
     elif _MODE.value == "backtest":
         from cpbjax import backtest, ledger
 
         try:
             backtest.run_backtest(config, workdir)
         except (config_lib.ConfigError, ledger.RunMismatch, backtest.NothingBacktested) as e:
-            _exit(str(e))
+            cli_errors.fail(str(e))
     else:
         from cpbjax import evaluate, portable, predict, saved, serve
 
@@ -181,7 +174,7 @@ def main(argv):
             portable.NothingToExport,
             serve.ServeError,
         ) as e:
-            _exit(str(e))
+            cli_errors.fail(str(e))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
     models = cpbjax.fit({"BTCUSDT-1h": candles_df})              # or from frames
     model = cpbjax.load("runs/demo/models/BTCUSDT-1h")            # or an exported folder
     forecast = model.predict(candles_df)                         # the next H candles
+    run = cpbjax.load("runs/pooled")                              # a whole (pooled) run
+    forecast = run.predict(new_pair_df, symbol="NEWUSDT")         # any pair, zero-shot
     folders = cpbjax.export("runs/demo")                          # portable model folders
 
 `candles_df` is an ordinary pandas OHLCV frame (columns open, high, low, close, volume;
@@ -27,7 +29,17 @@ from absl import logging
 
 from cpbjax import config as config_lib
 from cpbjax import config_rules as rules
-from cpbjax import driver, forecast, platform, portable, saved, sweep, sweep_grid, writers
+from cpbjax import (
+    driver,
+    forecast,
+    platform,
+    portable,
+    saved,
+    sweep,
+    sweep_grid,
+    writers,
+    zero_shot,
+)
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import features, parsing, windows
@@ -173,10 +185,13 @@ def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) 
     return portable.run_export(config, workdir)
 
 
-def load(path: str) -> Model:
-    """A trained series model: <workdir>/models/<SERIES>/ or an --mode export folder."""
+def load(path: str) -> Model | RunModel:
+    """A trained series model: <workdir>/models/<SERIES>/ or an --mode export folder; or a
+    whole trained run, <workdir> (a `RunModel`: any series of a pooled run)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a model folder")
+    if os.path.isdir(workdir_lib.models_dir(path)):  # a run's folder, not one model's
+        return RunModel(path)
     if portable.is_export(path):  # verified against its manifest, which names the series
         loaded, name = portable.load_export(path), portable.exported_series(path)
     else:
@@ -185,6 +200,22 @@ def load(path: str) -> Model:
     if interval not in INTERVAL_MS:
         raise ValueError(f"{path}: the folder name is not <SYMBOL>-<INTERVAL>, e.g. BTCUSDT-1h")
     return Model(loaded, symbol, interval)
+
+
+def candles_interval(candles) -> str:
+    """The interval of `candles` (a DataFrame indexed by open times): the spacing most of
+    its neighbouring candles have (gaps aside). ValueError if it is no interval."""
+    index = getattr(candles, "index", None)
+    if not isinstance(index, pd.DatetimeIndex) or len(index) < 2:
+        raise ValueError("candles need a DatetimeIndex of at least 2 open times")
+    steps, counts = np.unique(np.diff(index.as_unit("ms").asi8), return_counts=True)
+    step = int(steps[np.argmax(counts)])
+    named = [name for name, ms in INTERVAL_MS.items() if ms == step]
+    if not named:
+        raise ValueError(
+            f"candles are {pd.Timedelta(step, 'ms')} apart: no interval of {list(INTERVAL_MS)}"
+        )
+    return named[0]
 
 
 def _check_frame(candles, interval: str, volume_read_by) -> pd.DataFrame:
@@ -283,6 +314,8 @@ class Model:
         series = candles_to_series(candles, self.symbol, self.interval, volume_features(d))
         try:
             prep = windows.prepare_latest(series, d, model.norm)
+            if model.zero_shot:  # a series the pooled run never saw: its own fits
+                model, _ = zero_shot.fit_series(model, prep)
             doc = forecast.next_candles(
                 model.module, model.params, prep, d.lookback, d.horizon, model.calibration
             )
@@ -295,3 +328,41 @@ class Model:
         out.index = pd.to_datetime(out.pop("open_time_ms"), unit="ms", utc=True)
         out.index.name = "open_time"
         return out
+
+
+# The symbol a RunModel forecast is named by when predict() is given none.
+UNNAMED = "UNNAMED"
+
+
+class RunModel:
+    """Every series of one trained run (`load(<workdir>)`).
+
+    `predict(candles, symbol)` forecasts with the series' own saved model where the run
+    has one; a pooled run (train.share=pooled) forecasts any other pair or interval with
+    its shared model, fitting that series' normalisation, band and interval on the
+    candles given (cpbjax/zero_shot.py). A per-series run has no model for a series it
+    did not train: a ValueError names it.
+    """
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.available = saved.available_models(workdir)
+        self.pooled = saved.run_config_of(workdir).train.share == "pooled"
+
+    def model_for(self, symbol: str | None, interval: str) -> Model:
+        """The Model that forecasts symbol-interval (see the class docstring)."""
+        name = f"{symbol or UNNAMED}-{interval}"
+        if name in self.available:
+            return Model(saved.load_model(self.available[name]), symbol, interval)
+        if not self.pooled:
+            raise ValueError(
+                f"{name}: no model in {self.workdir}, which trained a model per series "
+                f"(train.share='series'){saved.UNSEEN_HINT}"
+            )
+        base = saved.load_model(next(iter(self.available.values())))
+        return Model(saved.shared_model(base), symbol or UNNAMED, interval)
+
+    def predict(self, candles: pd.DataFrame, symbol: str | None = None) -> pd.DataFrame:
+        """`Model.predict` of the candles' series: `symbol` (None: one the run never saw)
+        at the candles' interval (`candles_interval`)."""
+        return self.model_for(symbol, candles_interval(candles)).predict(candles)

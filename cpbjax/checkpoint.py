@@ -153,14 +153,12 @@ class GroupCheckpoints:
                 return state, step
             except Exception as e:  # noqa: BLE001 (Orbax/TensorStore raise many kinds)
                 path = os.path.join(self.directory, str(step))
-                # One line: TensorStore's own messages run to dozens of lines.
-                first = (str(e).strip().splitlines() or [""])[0][:200]
                 logging.warning(
-                    "checkpoint %s is unreadable (%s: %s); deleting it and "
+                    "checkpoint of epoch %d (%s) is unreadable (%s); deleting it and "
                     "falling back to the previous one",
+                    step,
                     path,
-                    type(e).__name__,
-                    first,
+                    _reason(e),
                 )
                 logging.debug("checkpoint %s: %s", path, e)
                 self._delete(step, path)
@@ -177,6 +175,20 @@ class GroupCheckpoints:
         """Waits for a pending save to finish and releases the manager."""
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _reason(error: BaseException) -> str:
+    """`error`'s root cause as one line "Type: first line of its text".
+
+    Orbax wraps TensorStore's read errors in a bare Exception whose text is the array
+    index and a method's repr ("<bound method pybind11...spec>"); the real reason (e.g.
+    "DATA_LOSS: ... Error reading ...") is its __cause__. TensorStore's own messages
+    run to dozens of lines, so only the first line is kept.
+    """
+    while error.__cause__ is not None:
+        error = error.__cause__
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    return f"{type(error).__name__}: {first}"
 
 
 def _process_local_checkpointer() -> ocp.StandardCheckpointer:

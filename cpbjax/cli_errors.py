@@ -19,9 +19,10 @@ def fail(message: str) -> None:
 
 
 def parse_flags(argv):
-    """absl parsing, but an unknown config key or a failing config file is one line, exit 2."""
+    """absl parsing, but an unknown config key, a failing config file or a list-valued
+    config key given twice is one line, exit 2."""
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:
         # ml_collections reports only the last path component, e.g. "'lr_typo'".
         key = re.findall(r"'([^']+)'", str(e))
@@ -33,6 +34,44 @@ def parse_flags(argv):
         where = lines[0].split(": ")[0] if len(lines) > 1 else ""
         reason = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else repr(e)
         fail(f"{where + ': ' if where else ''}{reason}")
+    _refuse_repeated_sequences(argv)
+    return rest
+
+
+def _repeated_config_keys(argv) -> list[str]:
+    """The keys of --config.<key> overrides that argv gives more than once."""
+    seen, repeated = set(), []
+    for arg in argv[1:]:
+        if not arg.startswith("--config."):
+            continue
+        key = arg[len("--config.") :].split("=", 1)[0]
+        if key in seen and key not in repeated:
+            repeated.append(key)
+        seen.add(key)
+    return repeated
+
+
+def _refuse_repeated_sequences(argv) -> None:
+    """Exits 2 where a tuple-valued config key is given twice: ml_collections joins the
+    two tuples (symbols=('BTCUSDT',) twice with ETHUSDT gives both) where a user expects
+    the second to replace the first. A scalar given twice keeps absl's rule: the last wins."""
+    repeated = _repeated_config_keys(argv)
+    if not repeated:
+        return
+    try:
+        config = flags.FLAGS["config"].value
+    except (OSError, ValueError):  # a config file that fails to load: main says so
+        return
+    for key in repeated:
+        value = config
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        if isinstance(value, (tuple, list)):
+            fail(
+                f"--config.{key} is given more than once; a tuple given twice is joined, not "
+                "replaced: give it once with every value, e.g. "
+                f"--config.{key}=\"('A', 'B')\""
+            )
 
 
 def load_error(e: BaseException) -> str:

@@ -164,6 +164,11 @@ def base_config() -> ml_collections.ConfigDict:
     # own size (the stopped ones cost as much as live ones in a vmapped step). Same results
     # up to float rounding, which the MAE loss's sign gradient can grow (docs/design.md).
     t.compact_groups = True
+    # A trained workdir to start from, '' = none (cpbjax/init_from.py): its pooled params, or
+    # for a per-series run each series' own; the model's shape must match. The starting
+    # model's val loss is the bar early stopping keeps, so training on other pairs or newer
+    # months can only keep or improve it (best_epoch null: it was kept).
+    t.init_from = ""
 
     c.ckpt = k = ml_collections.ConfigDict()
     k.every_epochs = 5  # Save the full group train state this often.
@@ -210,6 +215,9 @@ def base_config() -> ml_collections.ConfigDict:
     # series: each series keeps its own best setting; pooled: all keep the one setting of
     # lowest mean val loss relative to each series' best. Chosen by validation loss only.
     w.select = "series"
+    # The most settings a grid may have (checked at validation, before any data is read):
+    # each setting trains one model per series, as much work as the run without a sweep.
+    w.max_settings = 64
 
     c.predict = p = ml_collections.ConfigDict()
     p.symbols = ()  # --mode predict: symbols to forecast; () = all with a model.

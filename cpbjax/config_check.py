@@ -222,6 +222,10 @@ def _validate_train(c) -> None:
     _int_range(c, "train.pooled_chunk", 0, 1_000_000)
     _bool(c, "train.reduce_on_plateau")
     _bool(c, "train.compact_groups")
+    init_from = c.train.init_from
+    rules.check(
+        isinstance(init_from, str), "train.init_from", init_from, "a workdir path, '' = none"
+    )
 
 
 def _check_interval_levels(levels) -> None:
@@ -295,9 +299,10 @@ def _validate_protocol(c) -> None:
 
 def _validate_sweep(c) -> None:
     """sweep.<field>: only per-coin hyperparameters (sweep_grid.FIELDS), each a tuple of
-    distinct allowed values of its train field; anything else is refused with the reason."""
+    distinct allowed values of its train field; anything else is refused with the reason;
+    a grid of more than sweep.max_settings settings is refused with its projected cost."""
     for field in c.sweep:
-        if field != "select" and field not in sweep_grid.FIELDS:
+        if field not in ("select", "max_settings") and field not in sweep_grid.FIELDS:
             raise ConfigError(sweep_grid.refusal(field))
     for field in sweep_grid.FIELDS:
         values = c.sweep[field]
@@ -308,6 +313,8 @@ def _validate_sweep(c) -> None:
         for v in values:
             rules.num_in(name, v, *_SWEEPABLE_RANGES[field])
     _choice(c, "sweep.select", sweep_grid.SELECT)
+    _int_range(c, "sweep.max_settings", 1)
+    sweep_grid.check_size(c)  # here, so a grid over the cap is refused before data loads
 
 
 def _validate_serve(c) -> None:

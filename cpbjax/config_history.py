@@ -28,10 +28,12 @@ ADDED: dict[str, Any] = {
     "train.share": "series",  # a model per series
     "train.pooled_chunk": 0,
     "train.compact_groups": False,
+    "train.init_from": "",  # trained from scratch
     "eval.interval_levels": (),  # no calibrated interval
     "eval.refit_band": False,
     "eval.column_fallback": False,  # the kept model's correction on every column
     "eval.plot_workers": 0,  # plots drawn at the end of the run
+    "sweep.max_settings": 64,  # the cap every earlier sweep ran under
 }
 
 _MARGIN = (

@@ -167,7 +167,7 @@ def _check_ignored(c, defaults) -> None:
     for field, value, default, why in _ignored(c, defaults):
         fail(field, value, f"{default!r} (its default) {why}")
     sweep = get(c, "sweep", {})
-    swept = [name for name in sweep if name != "select" and sweep[name]]
+    swept = [name for name in sweep if name not in ("select", "max_settings") and sweep[name]]
     if sweep and not swept and sweep.select != get(defaults, "sweep.select"):
         allowed = f"{defaults.sweep.select!r} (its default) without a sweep.* value to choose among"
         fail("sweep.select", sweep.select, allowed)

@@ -23,6 +23,7 @@ from absl import logging
 from cpbjax import (
     checkpoint,
     evaluate,
+    init_from,
     memory,
     models,
     plot_workers,
@@ -169,7 +170,12 @@ def _start_state(run: _Run, group: str, preps: list, arrays) -> tuple[GroupState
     # name): every fold and setting starts as the series would.
     series = [index[f"{p.symbol}-{p.interval}"] for p in preps]
     keys = coin_keys(run.config.seed, series + pad)
-    return trainer.init_state(keys, arrays), 0
+    state = trainer.init_state(keys, arrays)
+    if run.config.train.init_from:  # a trained model to fine-tune, the bar to beat
+        names = [f"{p.symbol}-{p.interval}" for p in preps]
+        start_K = init_from.starting_params(run.config, names, trainer.num_coins)
+        state = trainer.start_from(state, start_K, arrays)
+    return state, 0
 
 
 def _train_group(run: _Run, group: str, preps: list) -> tuple[dict, dict]:
@@ -243,6 +249,8 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
         params = jax.tree.map(lambda a, i=i: a[i], host["best_params"])
         entry = _series_entry(host, i, group, seconds, len(preps))
         entry.update(num_params=num_params, peak_memory_bytes=peak, data=prep.notes)
+        if run.config.train.init_from:  # best_epoch None: no epoch beat this start, kept
+            entry["started_from"] = run.config.train.init_from
         if sharding.is_primary():
             with run.clock.stage("evaluate"):
                 last_params = host.get("params")
@@ -348,6 +356,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       NothingTrained: every series was skipped (results.json still lists why).
     """
     config_lib.validate(config)
+    init_from.check_source(config, workdir)
     started, clock = time.time(), StageClock()
     os.makedirs(workdir, exist_ok=True)
     plan = plan_lib.for_train(config, clock)

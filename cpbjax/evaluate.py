@@ -206,7 +206,8 @@ def flag_worse_than_untrained(module, spec: EvalSpec, prep, entry: dict, last_pa
     if last_params is not None and entry["best_epoch"] is None:
         fc = forecast.split_forecast(module, last_params, prep, "val", spec)
         loss = metrics.normalized_mse(prep, fc.ends_N, fc.norm_NHC, spec.horizon)
-        kept = "the last epoch (the untrained baseline is kept)"
+        start = "starting model" if entry.get("started_from") else "untrained baseline"
+        kept = f"the last epoch (the {start} is kept)"
     if loss <= WORSE_THAN_UNTRAINED * zero:
         return
     entry["warning"] = (

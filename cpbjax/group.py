@@ -2,10 +2,11 @@
 
 `GroupTrainer` owns shapes and compilation only. The math is cpbjax/step.py's pure
 functions over an `EpochSpec` fixed at construction; here they are `shard_map`ped over
-the `coins` mesh (each device runs its own K / num_devices coins, so no collective can
-appear between devices: coins are independent, and a collective on XLA:CPU's host
-devices can also deadlock) and jitted with the state donated. The program depends only
-on the spec and K, so every group of a run (same padded shapes) reuses one compilation.
+the `coins` mesh (each device runs its own K / num_devices coins) and jitted with the
+state donated. Per-series coins are independent, so their epoch has no collective
+between devices; a pooled model's (cpbjax/pooled.py) has an all-reduce per step and
+all-gathers per epoch, written there. The program depends only on the spec and K, so
+every group of a run (same padded shapes) reuses one compilation.
 """
 
 from __future__ import annotations
@@ -61,11 +62,6 @@ class GroupTrainer:
             )
         self.t_max = config.data.max_candles if t_max is None else t_max
         self.spec = epoch_spec.make_spec(config, module, self.t_max)
-        if self.spec.share == "pooled" and self.mesh.size > 1:
-            raise ValueError(
-                f"train.share='pooled' trains one model on one device, not on a mesh of "
-                f"{self.mesh.size} (plan.coin_mesh)"
-            )
         self.num_coins = num_coins
         self.data_cfg = config.data
         self.hparam_names = sweep_grid.hparam_names(config)  # GroupArrays.hparams of a sweep
@@ -98,8 +94,31 @@ class GroupTrainer:
             donate_argnums=0,
         )
         init = functools.partial(self._math().init_state, self.spec)
-        init_specs = (P(sharding.COIN_AXIS), arrays_specs)
-        self._init_jit = jax.jit(per_device(init, in_specs=init_specs, out_specs=state_specs))
+        start = functools.partial(self._math().start_from, self.spec)
+        if self.spec.share == "pooled":
+            # One model for all K coins: its init (and train.init_from's start) reads coin
+            # 0's key and every coin's band and val loss, so each is one global program
+            # that XLA partitions over the mesh (it runs once per group; the epoch's sums
+            # cross devices in pooled.py).
+            self._init_jit = jax.jit(
+                init,
+                in_shardings=(self.coin_sharding, self.arrays_sharding),
+                out_shardings=self.state_sharding,
+            )
+            start_shardings = (self.state_sharding, self.state_sharding.params)
+            self._start_jit = jax.jit(
+                start,
+                in_shardings=start_shardings + (self.arrays_sharding,),
+                out_shardings=self.state_sharding,
+                donate_argnums=0,
+            )
+        else:
+            init_specs = (P(sharding.COIN_AXIS), arrays_specs)
+            self._init_jit = jax.jit(per_device(init, in_specs=init_specs, out_specs=state_specs))
+            start_specs = (state_specs, state_specs.params, arrays_specs)
+            self._start_jit = jax.jit(
+                per_device(start, in_specs=start_specs, out_specs=state_specs), donate_argnums=0
+            )
 
     def _math(self):
         """The module whose init_state and run_epoch the programs run: cpbjax/pooled.py
@@ -150,6 +169,13 @@ class GroupTrainer:
         with jax.default_matmul_precision(self.matmul_precision):
             keys = sharding.place(np.asarray(keys_K2, np.uint32), self.coin_sharding)
             return self._init_jit(keys, arrays)
+
+    def start_from(self, state: step.GroupState, params_K, arrays) -> step.GroupState:
+        """`state` (fresh, donated) starting from the host params [K, ...] `params_K`
+        (train.init_from): their val loss is the bar (step.start_from / pooled.start_from)."""
+        with jax.default_matmul_precision(self.matmul_precision):
+            params = sharding.place(params_K, self.state_sharding.params)
+            return self._start_jit(state, params, arrays)
 
     def abstract_state(self) -> step.GroupState:
         """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""

@@ -83,9 +83,12 @@ def _interval(entry: dict) -> list[str]:
 
 
 def _best_epoch(entry: dict, model: dict) -> str:
-    """The kept epoch; with a baseline, none means the untrained model (the baseline) won."""
+    """The kept epoch; with a baseline, none means the untrained model (the baseline) won,
+    and with train.init_from the starting model."""
     if entry.get("best_epoch"):
         return str(entry["best_epoch"])
+    if entry.get("started_from"):  # train.init_from: the start was the first best
+        return f"none (no epoch beat the starting model of {entry['started_from']}, which is kept)"
     if model.get("baseline", "none") == "none":
         return "none"
     return "none (no epoch beat the untrained baseline, which is kept)"

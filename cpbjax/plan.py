@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-import jax
 from jax.sharding import Mesh
 
 from cpbjax import config_rules as rules
@@ -34,7 +33,7 @@ class Plan:
 
     groups: tuple  # tuples of PreparedSeries, each group's coins (empty: nothing to train)
     group_coins: int  # K of every group's program (a multiple of the mesh's devices)
-    mesh: Mesh | None  # the coin mesh (`coin_mesh`); None when there is nothing to train
+    mesh: Mesh | None  # the coin mesh over every device; None when there is nothing to train
     t_max: int  # T, the padded length of the coins (stacking.padded_length)
     index: dict  # series name -> its position in config.data: its coin key's fold-in
     skipped: dict = dataclasses.field(default_factory=dict)  # name -> why it does not train
@@ -86,15 +85,15 @@ def group_size(num_series: int, train_cfg, num_devices: int, backend: str) -> in
     (rounded up to the device count).
     """
     if train_cfg.share == "pooled":
-        return pooled_group_size(num_series, train_cfg)
+        return pooled_group_size(num_series, train_cfg, num_devices)
     fit = CPU_COINS_PER_DEVICE * num_devices if backend == "cpu" else MAX_GROUP_SIZE
     k = min(train_cfg.group_size or fit, num_series)
     return -(-k // num_devices) * num_devices
 
 
-def pooled_group_size(num_series: int, train_cfg) -> int:
-    """train.share=pooled: every series in one group (one model; its mesh is one device,
-    `coin_mesh`).
+def pooled_group_size(num_series: int, train_cfg, num_devices: int) -> int:
+    """train.share=pooled: every series in one group (one model), rounded up to the device
+    count, as each device trains on its share of the coins (cpbjax/pooled.py).
 
     Raises:
       ConfigError: a train.group_size that would split the series.
@@ -106,25 +105,7 @@ def pooled_group_size(num_series: int, train_cfg) -> int:
         f"0 or at least the run's {num_series} series with train.share='pooled' (one "
         "model trains on all of them in one group)",
     )
-    return num_series
-
-
-def coin_mesh(train_cfg) -> Mesh:
-    """The run's coin mesh: every device, or one for a pooled model, whose gradient is
-    not split across devices (cpbjax/pooled.py).
-
-    Raises:
-      ConfigError: train.share=pooled in a multi-host run.
-    """
-    if train_cfg.share == "series":
-        return sharding.coin_mesh()
-    rules.check(
-        jax.process_count() == 1,
-        "train.share",
-        train_cfg.share,
-        "'series' in a multi-host run (a pooled model trains on one device)",
-    )
-    return sharding.coin_mesh(jax.local_devices()[:1])
+    return -(-num_series // num_devices) * num_devices
 
 
 def prepare_all(config, clock: StageClock | None = None, keep_train_only=False):
@@ -153,13 +134,12 @@ def of_groups(config, groups: list, **fields) -> Plan:
     largest; `fields`: the other Plan fields (skipped, keep_models, pool_ends, extra_print).
 
     Raises:
-      ConfigError: a train.share or train.group_size the run cannot have (`coin_mesh`,
-        `pooled_group_size`).
+      ConfigError: a train.group_size a pooled run cannot have (`pooled_group_size`).
     """
     groups = tuple(tuple(g) for g in groups)
     if not any(groups):  # nothing to train: no mesh to build
         return Plan((), 0, None, 0, _series_index(config), **fields)
-    mesh = coin_mesh(config.train)
+    mesh = sharding.coin_mesh()
     backend = mesh.devices.flat[0].platform
     k = group_size(max(len(g) for g in groups), config.train, mesh.size, backend)
     t_max = stacking.padded_length([p for g in groups for p in g], config.data)
@@ -171,7 +151,7 @@ def chunked(config, coins: list, **fields) -> Plan:
     `of_groups`'."""
     if not coins:
         return of_groups(config, [], **fields)
-    mesh = coin_mesh(config.train)
+    mesh = sharding.coin_mesh()
     k = group_size(len(coins), config.train, mesh.size, mesh.devices.flat[0].platform)
     return of_groups(config, [coins[i : i + k] for i in range(0, len(coins), k)], **fields)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging as std_logging
 import os
 import sys
 
@@ -19,6 +20,20 @@ class PlatformError(RuntimeError):
     """The requested platform is not usable here; never fall back silently."""
 
 
+class _NoTpuProbeLog(std_logging.Filter):
+    """Drops JAX's "Unable to initialize backend 'tpu': ..." record.
+
+    With jax_platforms unset (config.platform=auto) JAX probes every backend, and on a
+    machine without a TPU every command started with that line (it is logged at INFO,
+    which absl shows). Only that record goes; JAX's other messages stay."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Unable to initialize backend 'tpu'")
+
+
+_NO_TPU_PROBE_LOG = _NoTpuProbeLog()
+
+
 def configure(config) -> str:
     """Applies config.platform and config.matmul_precision; returns the backend used.
 
@@ -26,6 +41,8 @@ def configure(config) -> str:
       PlatformError: `gpu` or `tpu` asked for on a machine that has none. The
         replaced system silently fell back to the CPU, which cost users hours.
     """
+    if config.platform != "tpu":  # a TPU asked for and missing still says why
+        std_logging.getLogger("jax._src.xla_bridge").addFilter(_NO_TPU_PROBE_LOG)
     jax.config.update("jax_default_matmul_precision", config.matmul_precision)
     # A rerun (resume, evaluate, predict) reuses compiled programs instead of paying
     # the compile again (measured: a tiny GRU rerun 44 s -> 15 s on 2 CPU cores).

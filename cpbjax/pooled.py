@@ -13,8 +13,15 @@ Both means weigh windows, not coins: the pooled model is fitted to all windows, 
 data.normalization=last_close and train.loss_scale=persistence a window's loss is comparable
 across series; a coin with fewer windows (a shorter series) counts for fewer of them.
 
-It runs on one device (plan.coin_mesh; GroupTrainer refuses a larger mesh): on a sharded
-coin axis the gradient and the pooled val loss would need a cross-device sum.
+Data-parallel over every device (docs/design.md): the coin axis is sharded over the `coins`
+mesh as in a per-series run, and the epoch runs per device under group.py's shard_map on
+its K / num_devices coins. Each device sums its coins' objective and gradient; one psum
+(an all-reduce) per step makes the update of every device the same, so the params stay
+replicated. Per epoch, the shared view (`shared`: coin 0's params, optimizer, plateau and
+sweep setting) and the val losses the pooled val loss and its standard error read are
+all-gathered; nothing else crosses devices. The init (`init_state`) is one global
+program that XLA partitions (group.py). On one device every collective is the identity,
+so a 1-device run computes what it computed before the mesh grew.
 
 Shape letters (docs/design.md): K coins, Z coins of one gradient chunk, S steps, B windows
 per step, H horizon.
@@ -29,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cpbjax import batching, early_stopping, epoch_spec, optimizer, step
+from cpbjax import batching, early_stopping, epoch_spec, optimizer, sharding, step
 from cpbjax.data import stacking
 
 
@@ -37,6 +44,24 @@ def first(tree):
     """The shared view of a [K, ...] pytree: coin 0's copy of every replicated leaf (coin 0
     is always a real series)."""
     return jax.tree.map(lambda a: a[0], tree)
+
+
+def gather_coins(tree):
+    """Inside the epoch's shard_map: every leaf's [K / num_devices, ...] shard -> all K coins,
+    in coin order (an all-gather; on one device the leaf itself)."""
+    return jax.tree.map(lambda a: jax.lax.all_gather(a, sharding.COIN_AXIS, tiled=True), tree)
+
+
+def shared(tree):
+    """Inside the epoch's shard_map: `first` of the whole coin axis on every device. A
+    device's own first coin may be padding, whose plateau and sweep values are not the
+    model's; so each device's first leaf is gathered and device 0's taken."""
+    return jax.tree.map(lambda a: jax.lax.all_gather(a, sharding.COIN_AXIS)[0], first(tree))
+
+
+def device_sum(tree):
+    """Inside the epoch's shard_map: every leaf summed over the devices (an all-reduce)."""
+    return jax.lax.psum(tree, sharding.COIN_AXIS)
 
 
 def replicate(tree, k: int):
@@ -80,25 +105,45 @@ def init_state(
     return state
 
 
-def coin_sums(
-    spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_KB, mask_KB, keys_K
-):
+def start_from(
+    spec: epoch_spec.EpochSpec, state: step.GroupState, params, arrays: stacking.GroupArrays
+) -> step.GroupState:
+    """step.start_from for the one pooled model (`params` [K, ...], every coin's the
+    same): the starting model's pooled val loss is the one to beat."""
+    val = pooled_mean(*step.val_sums(spec, params, arrays), state.active)
+    k = state.active.shape[0]
+    return state.replace(
+        params=params,
+        opt_state=replicate(spec.tx.init(first(params)), k),
+        best_params=jax.tree.map(jnp.copy, params),
+        best_val=jnp.where(state.active, val, jnp.inf).astype(jnp.float32),
+    )
+
+
+class Batch(NamedTuple):
+    """One step's windows of the coins at hand (a device's, or a chunk of them)."""
+
+    ends_KB: jax.Array  # int32 [K, B] window ends
+    mask_KB: jax.Array  # bool [K, B] valid windows, False for coins that do not train
+    keys_K: jax.Array  # each coin's key of this step
+
+
+def coin_sums(spec: epoch_spec.EpochSpec, params, data: batching.CoinData, batch: Batch):
     """(objective float32 [K], forecast loss float32 [K]): each coin's batch under the
     shared `params`, summed over its valid windows (step.coin_loss_sums, vmapped)."""
     sums = jax.vmap(
         functools.partial(step.coin_loss_sums, spec),
         in_axes=(None, batching.COIN_DATA_AXES, 0, 0, 0),
     )
-    return sums(params, data, ends_KB, mask_KB, keys_K)
+    return sums(params, data, *batch)
 
 
-def pooled_objective(
-    spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_KB, mask_KB, keys_K
-):
-    """Mean training objective of the shared `params` over the valid windows of every
-    coin's batch, and (aux) each coin's summed forecast loss, float32 [K]."""
-    objective_K, err_K = coin_sums(spec, params, data, ends_KB, mask_KB, keys_K)
-    return jnp.sum(objective_K) / jnp.maximum(jnp.sum(mask_KB), 1), err_K
+def pooled_objective(spec: epoch_spec.EpochSpec, params, data, batch: Batch, n):
+    """The training objective of the shared `params` summed over the valid windows of
+    every coin's batch, over n (the step's valid windows on every device, int32 []), and
+    (aux) each coin's summed forecast loss, float32 [K]."""
+    objective_K, err_K = coin_sums(spec, params, data, batch)
+    return jnp.sum(objective_K) / jnp.maximum(n, 1), err_K
 
 
 def chunk_of(tree, axes, start, size: int):
@@ -112,24 +157,21 @@ def chunk_of(tree, axes, start, size: int):
     )
 
 
-def chunked_value_and_grad(spec: epoch_spec.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
-    """pooled_objective's ((mean, err_K), gradient), taken over chunks of Z =
+def chunked_value_and_grad(spec: epoch_spec.EpochSpec, params, data, batch: Batch, n):
+    """pooled_objective's ((sum / n, err_K), gradient), taken over chunks of Z =
     train.pooled_chunk coins whose gradients are summed: a chunk's activations are freed
     before the next one runs. The last chunk ends at coin K (dynamic_slice clamps its
     start); its coins that an earlier chunk took are masked out."""
-    k, z = mask_KB.shape[0], spec.pooled_chunk
-    axes = (None, batching.COIN_DATA_AXES, 0, 0, 0)  # the shared params: no coin axis
+    k, z = batch.mask_KB.shape[0], spec.pooled_chunk
+    axes = (None, batching.COIN_DATA_AXES, Batch(0, 0, 0))  # the shared params: no coin axis
 
     def chunk_sums(p, j):
         first = j * z
         start = jnp.minimum(first, k - z)
         fresh_Z = start + jnp.arange(z) >= first
-        p_Z, data_Z, ends_ZB, mask_ZB, keys_Z = chunk_of(
-            (p, data, ends_KB, mask_KB, keys_K), axes, start, z
-        )
-        objective_Z, err_Z = coin_sums(
-            spec, p_Z, data_Z, ends_ZB, mask_ZB & fresh_Z[:, None], keys_Z
-        )
+        p_Z, data_Z, batch_Z = chunk_of((p, data, batch), axes, start, z)
+        batch_Z = batch_Z._replace(mask_KB=batch_Z.mask_KB & fresh_Z[:, None])
+        objective_Z, err_Z = coin_sums(spec, p_Z, data_Z, batch_Z)
         return jnp.sum(objective_Z), (start, err_Z)
 
     def body(carry, j):
@@ -143,40 +185,41 @@ def chunked_value_and_grad(spec: epoch_spec.EpochSpec, params, data, ends_KB, ma
     zeros = (jnp.zeros((), jnp.float32), jnp.zeros((k,), jnp.float32))
     carry = (*zeros, jax.tree.map(jnp.zeros_like, params))
     (total, err_K, grads), _ = jax.lax.scan(body, carry, jnp.arange(-(-k // z)))
-    n = jnp.maximum(jnp.sum(mask_KB), 1)
+    n = jnp.maximum(n, 1)
     return (total / n, err_K), jax.tree.map(lambda g: g / n, grads)
 
 
-def pooled_value_and_grad(spec: epoch_spec.EpochSpec, params, data, ends_KB, mask_KB, keys_K):
-    """((mean objective, err_K), gradient of the shared params): in one vmap over the K
-    coins, or in chunks of train.pooled_chunk coins when that is smaller than K."""
-    if 0 < spec.pooled_chunk < mask_KB.shape[0]:
-        return chunked_value_and_grad(spec, params, data, ends_KB, mask_KB, keys_K)
+def pooled_value_and_grad(spec: epoch_spec.EpochSpec, params, data, batch: Batch, n):
+    """((objective summed over these coins' valid windows / n, err_K), its gradient of the
+    shared params): in one vmap over the K coins, or in chunks of train.pooled_chunk coins
+    when that is smaller than K. With n the windows of every device, the devices' values
+    and gradients sum to those of the mean over all of them."""
+    if 0 < spec.pooled_chunk < batch.mask_KB.shape[0]:
+        return chunked_value_and_grad(spec, params, data, batch, n)
     loss_fn = functools.partial(pooled_objective, spec)
-    return jax.value_and_grad(loss_fn, has_aux=True)(params, data, ends_KB, mask_KB, keys_K)
+    return jax.value_and_grad(loss_fn, has_aux=True)(params, data, batch, n)
 
 
 class PooledStep(NamedTuple):
     """What one pooled update takes besides the shared params and the data."""
 
-    ends_KB: jax.Array  # int32 [K, B] window ends
-    mask_KB: jax.Array  # bool [K, B] valid windows, False for coins that do not train
-    keys_K: jax.Array  # each coin's key of this step
+    batch: Batch  # this device's coins' windows of the step
     lr: jax.Array  # learning rate (schedule x plateau scale x a sweep setting's lr_mult)
     hparams: dict  # a sweep setting's other injected optimizer values ({} without one)
 
 
 def pooled_train_step(spec: epoch_spec.EpochSpec, params, opt_state, data, s: PooledStep):
-    """One update of the shared params from every coin's batch; a StepResult with per-coin
-    sums [K] and one nonfinite."""
-    n_K = jnp.sum(s.mask_KB, axis=1)
-    (objective, err_K), grads = pooled_value_and_grad(
-        spec, params, data, s.ends_KB, s.mask_KB, s.keys_K
-    )
+    """One update of the shared params from every coin's batch, the same on every device
+    (the objective and gradient summed over them); a StepResult with this device's
+    per-coin sums [K] and one nonfinite."""
+    n_K = jnp.sum(s.batch.mask_KB, axis=1)
+    n = device_sum(jnp.sum(n_K))
+    (objective, err_K), grads = pooled_value_and_grad(spec, params, data, s.batch, n)
+    objective, grads = device_sum((objective, grads))
     opt_state = optimizer.with_learning_rate(opt_state, s.lr, **s.hparams)
     updates, new_opt = spec.tx.update(grads, opt_state, params)
     finite = jnp.isfinite(objective) & jnp.isfinite(optax.tree.norm(grads))
-    trains = jnp.sum(n_K) > 0
+    trains = n > 0
     take = trains & finite
     params = jax.tree.map(
         lambda a, b: jnp.where(take, a, b), optax.apply_updates(params, updates), params
@@ -190,24 +233,24 @@ def pooled_train_step(spec: epoch_spec.EpochSpec, params, opt_state, data, s: Po
 
 def train_pass(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays) -> step.TrainPass:
     """Scan over this epoch's batches with the shared params; returns them replicated to
-    [K, ...] and per-coin sums, as step.train_pass does."""
+    this device's [K, ...] and its per-coin sums, as step.train_pass does."""
     ends_SKB, mask_SKB, step_keys_K = batching.train_batches(spec, state, arrays)
     data = batching.coin_data(arrays)
-    lr_scale, hparams = setting_hparams(arrays, optimizer.plateau_scale(first(state.plateau)))
+    lr_scale, hparams = setting_hparams(arrays, optimizer.plateau_scale(shared(state.plateau)))
 
     def body(carry: step.TrainPass, xs):
         s, ends_KB, mask_KB = xs
         lr = spec.schedule(state.epoch * spec.train_steps + s)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
         mask_KB = mask_KB & state.active[:, None]
-        pooled_step = PooledStep(ends_KB, mask_KB, keys_K, lr * lr_scale, hparams)
+        pooled_step = PooledStep(Batch(ends_KB, mask_KB, keys_K), lr * lr_scale, hparams)
         r = pooled_train_step(spec, carry.params, carry.opt_state, data, pooled_step)
         return carry.add(r), None
 
     k = state.active.shape[0]
     carry = step.TrainPass(
-        first(state.params),
-        first(state.opt_state),
+        shared(state.params),
+        shared(state.opt_state),
         jnp.zeros((k,), jnp.float32),
         jnp.zeros((k,), jnp.int32),
         jnp.zeros((), bool),
@@ -227,7 +270,7 @@ def setting_hparams(arrays: stacking.GroupArrays, lr_scale: jax.Array):
     sweep, (lr_scale, {}) untouched."""
     k = arrays.train_mask.shape[0]
     lr_scale_K, hparams_K = step.coin_hparams(arrays, jnp.broadcast_to(lr_scale, (k,)))
-    return lr_scale_K[0], {name: v[0] for name, v in hparams_K.items()}
+    return shared((lr_scale_K, hparams_K))
 
 
 def run_epoch(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays):
@@ -239,7 +282,8 @@ def run_epoch(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays):
     """
     trained = train_pass(spec, state, arrays)
     val = step.val_pass(spec, trained.params, arrays)
-    pooled_val_K = jnp.broadcast_to(pooled_mean(val.sum_K, val.n_K, state.active), val.n_K.shape)
+    pooled_val = pooled_mean(*gather_coins((val.sum_K, val.n_K, state.active)))
+    pooled_val_K = jnp.broadcast_to(pooled_val, val.n_K.shape)
     n_K = trained.num_windows_K
     train_K = jnp.where(state.active & (n_K > 0), trained.loss_sum_K / jnp.maximum(n_K, 1), jnp.nan)
     gain_se_K = jnp.broadcast_to(pooled_gain_se(spec, val, state, arrays), val.n_K.shape)
@@ -252,6 +296,5 @@ def pooled_gain_se(spec: epoch_spec.EpochSpec, candidate: step.ValPass, state, a
     """The standard error of the pooled val gain over the best, float32 [] (as
     step.gain_se, over every training coin's windows)."""
     best = step.val_pass(spec, state.best_params, arrays)
-    return early_stopping.pooled_gain_se(
-        candidate.loss_KN, best.loss_KN, candidate.mask_KN, state.active, spec.horizon - 1
-    )
+    every_coin = gather_coins((candidate.loss_KN, best.loss_KN, candidate.mask_KN, state.active))
+    return early_stopping.pooled_gain_se(*every_coin, spec.horizon - 1)

@@ -11,7 +11,7 @@ import time
 
 from absl import logging
 
-from cpbjax import forecast, saved, writers
+from cpbjax import forecast, saved, writers, zero_shot
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import INTERVAL_MS
 from cpbjax.data import klines_api
@@ -25,11 +25,16 @@ class NothingToForecast(RuntimeError):
 
 def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
     """forecast.json's series of every prepared series, its prices rounded and with its
-    test skill (`scored`: results.json's series); the others go to `skipped`."""
+    test skill (`scored`: results.json's series); the others go to `skipped`. A series a
+    pooled run never trained on first gets its own fits (zero_shot.fit_series) and its
+    entry's `zero_shot`: {"fitted_on_windows": N}."""
     series = {}
     for name, prep in preps.items():
-        model = loaded[name]
+        model, fits = loaded[name], None
         try:
+            if model.zero_shot:
+                model, fitted_on = zero_shot.fit_series(model, prep)
+                fits = {"fitted_on_windows": fitted_on}
             entry = forecast.next_candles(
                 model.module,
                 model.params,
@@ -41,13 +46,19 @@ def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
         except SeriesSkipped as e:
             skipped[name] = str(e)
             continue
-        baseline = model.trained.model.baseline
-        series[name] = forecast.rounded_prices(entry)
-        series[name].update(forecast.skill_on_test(scored.get(name), baseline))
+        series[name] = described(entry, scored.get(name), model.trained.model.baseline)
+        if fits is not None:
+            series[name]["zero_shot"] = fits
     return series
 
 
-def _scored_series(workdir: str) -> dict:
+def described(entry: dict, scored: dict | None, baseline: str) -> dict:
+    """forecast.json's entry of a next_candles entry (predict's and serve's): its prices
+    rounded, with the test skill of `scored` (the series' results.json entry)."""
+    return {**forecast.rounded_prices(entry), **forecast.skill_on_test(scored, baseline)}
+
+
+def scored_series(workdir: str) -> dict:
     """results.json's series of the run that trained the models; {} without a readable
     one (warned: the forecasts do not need it, only their test skill does)."""
     path = workdir_lib.results_json(workdir)
@@ -60,11 +71,30 @@ def _scored_series(workdir: str) -> dict:
         return {}
 
 
-def freshness(entry: dict, now_ms: int) -> int:
+# Why a forecast's newest candle can be old, and what would make it newer, per data.source
+# (after saved.forecast_config: binance with predict.fresh reads binance_rest).
+_STALE_HINTS = {
+    "synthetic": "the data is generated (data.source='synthetic') and ends there; there is "
+    "nothing fresher to load",
+    "local": "data.local_dir's files end there; append the newer candles to them",
+    "binance": "the history is the monthly files of data.base_url alone; "
+    "--config.predict.fresh=True tops it up to now from data.api_url",
+    "binance_rest": "the exchange (data.api_url) gave no newer closed candles; the top-up's "
+    "warning above says where they stop",
+}
+
+
+def stale_hint(source: str) -> str:
+    """Why a forecast from data.source `source` can start from an old candle, and the remedy."""
+    return _STALE_HINTS.get(source, f"data.source={source!r} holds no newer candles")
+
+
+def freshness(entry: dict, now_ms: int, source: str) -> int:
     """Sets entry["age_intervals"] (a next_candles entry) and returns it, warning when stale.
 
     1 means the forecast starts from the newest closed candle; more means newer closed
     candles exist that the data did not hold, so early forecast steps are already past.
+    The warning's hint fits `source`, the data.source the candles came from.
     """
     step = INTERVAL_MS[entry["interval"]]
     age = klines_api.newest_closed_age([entry["last_open_time_ms"]], step, now_ms)
@@ -72,13 +102,13 @@ def freshness(entry: dict, now_ms: int) -> int:
     if age > 1:
         logging.warning(
             "%s-%s: STALE: the newest candle (%s) is %d intervals old, so %d forecast steps "
-            "are already past; data.source='binance_rest' (the default for predict on "
-            "binance data) tops the history up to now",
+            "are already past: %s",
             entry["symbol"],
             entry["interval"],
             entry["last_open_time"],
             age,
             min(age - 1, len(entry["forecast"])),
+            stale_hint(source),
         )
     return age
 
@@ -91,12 +121,15 @@ def _summary(name: str, s: dict) -> str:
 
 
 def run_predict(config, workdir: str) -> dict:
-    """Forecasts the next H candles of config.predict.symbols x intervals from the newest data.
+    """Forecasts the next H candles of the requested series (saved.requested_series:
+    predict.symbols x intervals, or a changed data.symbols / data.intervals) from the
+    newest data. A pooled run also forecasts series it never trained on (zero_shot.py).
 
     Writes <workdir>/forecast.json ({"run", "model", "horizon", "series": {name:
     {"symbol", "interval", "last_open_time", "last_open_time_ms", "last_candle",
     "forecast": [{"step", "open_time", "open_time_ms", "open", "high", "low",
-    "close"}, ...], "age_intervals", "test_skill", "kept_baseline"}}, "skipped"}; prices
+    "close"}, ...], "age_intervals", "test_skill", "kept_baseline", and for an unseen series
+    "zero_shot"}}, "skipped"}; prices
     at forecast.PRICE_DIGITS significant digits, the skill as `forecast.skill_on_test`
     says) and <workdir>/forecast.csv, and keeps every earlier forecast as
     <workdir>/predictions/forecast-<UTC time>.json. Prints the newest closed candle and the
@@ -106,14 +139,14 @@ def run_predict(config, workdir: str) -> dict:
       The forecast.json dict.
 
     Raises:
-      saved.ModelNotFound: a requested series or interval has no model.
+      saved.ModelNotFound: a requested series or interval has no model (per-series run).
       NothingToForecast: no requested series could be forecast (the reasons are listed).
     """
     started = time.time()
-    loaded, cfg, unreadable = saved.load_for_forecast(config, workdir)
+    loaded, cfg, unreadable = saved.load_for_forecast(config, workdir, zero_shot.FIT_DAYS)
     preps, skipped = saved.prepare(cfg, loaded, latest=True)
     skipped.update(unreadable)
-    series = _forecast_all(loaded, preps, cfg, _scored_series(workdir), skipped)
+    series = _forecast_all(loaded, preps, cfg, scored_series(workdir), skipped)
     if not series:
         raise NothingToForecast(f"no series could be forecast: {skipped}")
     doc = {
@@ -125,7 +158,7 @@ def run_predict(config, workdir: str) -> dict:
     }
     now_ms = klines_api.clock_ms()
     for entry in series.values():
-        freshness(entry, now_ms)
+        freshness(entry, now_ms, cfg.data.source)
     paths = forecast.write_forecast_files(workdir, doc)
     for name, reason in skipped.items():
         logging.warning("%s: not forecast: %s", name, reason)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import ml_collections
 from absl import logging
 
-from cpbjax import checkpoint, intervals, models
+from cpbjax import checkpoint, intervals, models, writers
 from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import features as features_lib
@@ -86,7 +86,9 @@ def parse_series(name: str) -> tuple[str, str]:
     return symbol, interval
 
 
-def select_series(available, symbols, intervals, excused=None) -> tuple[list[str], dict]:
+def select_series(
+    available, symbols, intervals, excused=None, hint: str = ""
+) -> tuple[list[str], dict]:
     """The series of symbols x intervals to use, each of which must have a model.
 
     Args:
@@ -94,6 +96,7 @@ def select_series(available, symbols, intervals, excused=None) -> tuple[list[str
       symbols, intervals: requested; an empty one means every one with a model.
       excused: series name -> reason for series known to have no model (skipped in
         training); they are returned as skipped instead of raising.
+      hint: appended to the ModelNotFound message.
 
     Returns:
       (names in request order, skipped: name -> reason).
@@ -118,7 +121,7 @@ def select_series(available, symbols, intervals, excused=None) -> tuple[list[str
     if missing or not wanted:
         raise ModelNotFound(
             f"no saved model for {', '.join(missing) or 'the request'}; "
-            f"series with a model: {', '.join(sorted(available))}"
+            f"series with a model: {', '.join(sorted(available))}{hint}"
         )
     skipped = {n: f"no model (skipped in training: {excused[n]})" for n in wanted if n not in pairs}
     return [n for n in wanted if n in pairs], skipped
@@ -134,6 +137,9 @@ class LoadedModel(NamedTuple):
     # meta.json's `interval_calibration` (intervals.fit_calibration on the val split), or
     # None for a model saved without one (eval.interval_levels=(), or an earlier cpbjax)
     calibration: dict | None = None
+    # A pooled run's shared model for a series it never saw (`shared_model`): its norm,
+    # band and calibration are fitted on that series' candles (zero_shot.fit_series).
+    zero_shot: bool = False
 
 
 def load_model(path: str) -> LoadedModel:
@@ -219,17 +225,19 @@ def history_months(data_cfg, interval_days: float = 0.0) -> int:
     return math.ceil(needed_ms / (28 * features_lib.DAY_MS))
 
 
-def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
+def forecast_config(config, trained, names, fit_days: float = 0.0) -> ml_collections.ConfigDict:
     """`run_config` for forecasting from the newest candles (--mode predict, serve, the API).
 
     Only data.lookback candles past the indicator warm-up are needed, so min_candles is
-    lowered to data.lookback, and binance data.months is raised to `history_months` if
+    lowered to data.lookback, and binance data.months is raised to `history_months` (plus
+    the months of `fit_days`, the windows an unseen series' fits need, zero_shot.py) if
     it holds fewer; and with predict.fresh, Binance Vision history is topped up
     to now from data.api_url (the registered `binance_rest` source).
     """
     c = run_config(config, trained, names)
     c.data.min_candles = min(c.data.min_candles, c.data.lookback)
     months = history_months(c.data, intervals.VOL_DAYS)  # the interval scale's span
+    months += math.ceil(fit_days / 28)
     if c.data.source == "binance" and c.data.months < months:
         logging.info(
             "loading %d months, not data.months=%d: the warm-up of data.features plus "
@@ -243,19 +251,91 @@ def forecast_config(config, trained, names) -> ml_collections.ConfigDict:
     return c
 
 
-def load_for_forecast(config, workdir: str):
-    """The models of config.predict.symbols x intervals in `workdir`, ready to forecast.
+# What a per-series run's ModelNotFound adds for a series it has no model of.
+UNSEEN_HINT = (
+    "; a symbol or interval the run never trained on needs a pooled workdir "
+    "(train.share='pooled'), whose one model forecasts any pair"
+)
+
+
+def requested_series(config, run) -> tuple[tuple, tuple]:
+    """(symbols, intervals) to forecast: predict.symbols / predict.intervals, or else the
+    given data.symbols / data.intervals where they differ from the run's own (`run`: its
+    config.json), e.g. --config.data.symbols="('NEWUSDT',)"; () = every one with a model."""
+
+    def pick(given, data, own):
+        return tuple(given) or (tuple(data) if tuple(data) != tuple(own) else ())
+
+    return (
+        pick(config.predict.symbols, config.data.symbols, run.data.symbols),
+        pick(config.predict.intervals, config.data.intervals, run.data.intervals),
+    )
+
+
+def resolve_series(available, symbols, intervals, pooled: bool) -> tuple[list[str], list[str]]:
+    """(requested series with a saved model, requested series without one).
+
+    A pooled run forecasts every requested series, those without a model with its shared
+    model (zero_shot.py): symbols x intervals, where () means the run's own. A per-series
+    run has no model for a series it did not train: `select_series` raises ModelNotFound
+    naming it, and saying that it needs a pooled workdir.
+    """
+    if not pooled:
+        return select_series(available, symbols, intervals, hint=UNSEEN_HINT)[0], []
+    if not symbols and not intervals:
+        return list(available), []
+    pairs = [parse_series(n) for n in available]
+    symbols = symbols or tuple(dict.fromkeys(s for s, _ in pairs))
+    intervals = intervals or tuple(dict.fromkeys(i for _, i in pairs))
+    wanted = [f"{s}-{i}" for s in symbols for i in intervals]
+    return [n for n in wanted if n in available], [n for n in wanted if n not in available]
+
+
+def shared_model(base: LoadedModel) -> LoadedModel:
+    """A pooled run's model for a series it never saw: `base`, any of its series' saved
+    models (all hold the same network), without that series' normalisation and interval;
+    zero_shot.fit_series fits those, and the band, on the new series' own candles."""
+    return base._replace(norm=None, calibration=None, zero_shot=True)
+
+
+def run_config_of(workdir: str) -> ml_collections.ConfigDict:
+    """The config a trained workdir's run was trained with (its config.json, upgraded)."""
+    return config_lib.upgrade(writers.read_json(workdir_lib.config_json(workdir)))
+
+
+def load_for_forecast(config, workdir: str, fit_days: float = 0.0):
+    """The models of the requested series (`requested_series`) in `workdir`, ready to forecast.
+
+    Args:
+      fit_days: > 0 lets a pooled run forecast series it never trained on (their
+        LoadedModel is `shared_model`), loading that many more days of candles to fit
+        their own band and interval on (zero_shot.FIT_DAYS); 0 refuses them.
 
     Returns:
       (name -> LoadedModel, their `forecast_config`, name -> reason a model is unreadable).
 
     Raises:
-      ModelNotFound: a requested series has no model, or none could be read.
+      ModelNotFound: a requested series has no model (and is not forecast zero-shot), or
+        none could be read.
     """
     available = available_models(workdir)
-    names, _ = select_series(available, config.predict.symbols, config.predict.intervals)
-    loaded, trained, unreadable = load_models(available, names)
-    return loaded, forecast_config(config, trained, list(loaded)), unreadable
+    # A models/ folder without its run's config.json (put together by hand): the given
+    # config is the run's, and its models are per series.
+    has_run = os.path.exists(workdir_lib.config_json(workdir))
+    run = run_config_of(workdir) if has_run else config
+    symbols, intervals_ = requested_series(config, run)
+    pooled = has_run and run.train.share == "pooled"
+    if pooled and not fit_days:
+        names, _ = select_series(available, symbols, intervals_)
+        unseen = []
+    else:
+        names, unseen = resolve_series(available, symbols, intervals_, pooled)
+    loaded, trained, unreadable = load_models(available, names or list(available)[:1])
+    if unseen:
+        shared = shared_model(next(iter(loaded.values())))
+        loaded = {**(loaded if names else {}), **{n: shared for n in unseen}}
+    cfg = forecast_config(config, trained, list(loaded), fit_days if unseen else 0.0)
+    return loaded, cfg, unreadable
 
 
 def _prepare_latest(series_list, data_cfg, norms: dict) -> tuple[list, dict]:

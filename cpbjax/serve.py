@@ -43,7 +43,7 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from cpbjax import forecast, predict, saved, writers
+from cpbjax import forecast, predict, saved
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import ConfigError
 from cpbjax.data import klines_api, parsing
@@ -89,11 +89,10 @@ class Forecaster:
 
     def series(self) -> list[dict]:
         """One entry per loaded model: name, symbol, interval and its training facts."""
-        path = workdir_lib.results_json(self.workdir)
-        results = writers.read_json(path) if os.path.exists(path) else {}
+        scored = predict.scored_series(self.workdir)
         out = []
         for name in self.models:
-            entry = results.get("series", {}).get(name, {})
+            entry = scored.get(name, {})
             close = ((entry.get("test") or {}).get("columns") or {}).get("close") or {}
             symbol, interval = saved.parse_series(name)
             out.append(
@@ -128,7 +127,9 @@ class Forecaster:
                 cfg.data.horizon,
                 model.calibration,
             )
-        predict.freshness(entry, klines_api.clock_ms())  # age_intervals; > 1 is stale
+        predict.freshness(entry, klines_api.clock_ms(), cfg.data.source)  # > 1 is stale
+        baseline = model.trained.model.baseline
+        entry = predict.described(entry, predict.scored_series(self.workdir).get(name), baseline)
         return {
             "series": name,
             "model": cfg.model.name,

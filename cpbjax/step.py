@@ -162,6 +162,20 @@ def init_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
     )
 
 
+def start_from(spec: epoch_spec.EpochSpec, state: GroupState, params, arrays) -> GroupState:
+    """A fresh `state` that starts from trained `params` [K, ...] (train.init_from,
+    cpbjax/init_from.py): the optimizer state anew for them, and their val loss the one to
+    beat, as an untrained baseline's is, so an epoch replaces them only if it beats the
+    starting model (best_epoch 0 = never, the start is kept)."""
+    best_val_K = jnp.where(state.active, val_loss(spec, params, arrays), jnp.inf)
+    return state.replace(
+        params=params,
+        opt_state=jax.vmap(spec.tx.init)(params),
+        best_params=jax.tree.map(jnp.copy, params),
+        best_val=best_val_K.astype(jnp.float32),
+    )
+
+
 # -- one coin ---------------------------------------------------------------------------
 
 

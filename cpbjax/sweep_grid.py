@@ -18,11 +18,10 @@ Only swept fields get an entry, so a run without a sweep stacks and compiles exa
 before. Fields that change the compiled program's shapes or its traced code (the model,
 the windows, dropout, the loss) cannot be per-coin arrays and are refused (`refusal`).
 
-A grid of more than MAX_SETTINGS settings is refused (`check_size`, on every use of
-`settings`) with its projected size and cost: each setting trains one model per series,
-as costly as the whole run without the sweep, so 2,000 learning rates would be 2,000
-runs' work. The cap is a module constant (`check_size(config, max_settings)` takes
-another); a config field to override it is left to the config's owners.
+A grid of more than `sweep.max_settings` settings (default 64) is refused (`check_size`,
+at config validation and on every use of `settings`) with its projected size and cost:
+each setting trains one model per series, as costly as the whole run without the sweep,
+so 2,000 learning rates would be 2,000 runs' work.
 Imports nothing heavy: config.py validates with it.
 """
 
@@ -40,7 +39,6 @@ FIELDS = {"learning_rate": "lr", "weight_decay": "wd"}
 # Swept train field -> its name in PreparedSeries.hparams and GroupArrays.hparams.
 HPARAMS = {"learning_rate": "lr_mult", "weight_decay": "weight_decay"}
 SELECT = ("series", "pooled")
-MAX_SETTINGS = 64  # settings of one grid; each is a whole run's training
 # Why a field cannot be swept in one program (fields not listed get a general reason).
 _SHAPES = "changes the shapes of the compiled program (params or windows)"
 _TRACED = "is compiled into the program's code, not read from a per-coin array"
@@ -72,25 +70,27 @@ def is_sweep(config) -> bool:
     return bool(swept(config))
 
 
-def check_size(config, max_settings: int = MAX_SETTINGS) -> None:
-    """Refuses a grid of more than `max_settings` settings, giving its projected cost.
+def check_size(config) -> None:
+    """Refuses a grid of more than `sweep.max_settings` settings, giving its projected cost.
 
     Raises:
-      ConfigError: naming each swept field's count, the settings, and the models.
+      ConfigError: naming each swept field's count, the settings, the models and how to
+        raise the cap.
     """
     fields = swept(config)
     counts = {f: len(config.sweep[f]) for f in fields}
     size = math.prod(counts.values()) if fields else 0
-    if size <= max_settings:
+    cap = config.sweep.max_settings
+    if size <= cap:
         return
     series = len(config.data.symbols) * len(config.data.intervals)
     factors = " x ".join(f"{n} sweep.{f}" for f, n in counts.items())
     raise ConfigError(
         f"config.sweep: the grid is {factors} = {size} settings, over the cap of "
-        f"{max_settings}; with {series} series that is {size * series} models of "
+        f"{cap}; with {series} series that is {size * series} models of "
         f"{config.train.epochs} epochs, about {size} times the training of this run "
         "without the sweep. Sweep fewer values (a coarse grid first, then a finer one "
-        "around the best)"
+        f"around the best), or raise the cap: --config.sweep.max_settings={size}"
     )
 
 
@@ -98,7 +98,7 @@ def settings(config) -> list[dict]:
     """Every setting of the grid: dicts swept field -> value, in product order.
 
     Raises:
-      ConfigError: the grid is over MAX_SETTINGS (`check_size`).
+      ConfigError: the grid is over sweep.max_settings (`check_size`).
     """
     check_size(config)
     fields = swept(config)

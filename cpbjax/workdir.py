@@ -157,3 +157,24 @@ def sweep_json(workdir: str) -> str:
 def sweep_run(workdir: str) -> str:
     """sweep/: the folder a sweep's (series, setting) coins train in, laid out as a run's."""
     return os.path.join(workdir, SWEEP_STEM)
+
+
+def make(workdir: str) -> list[str]:
+    """Makes `workdir` and its missing parents; returns the folders it made, deepest first."""
+    made, path = [], os.path.abspath(workdir)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        made.append(path)
+        path = os.path.dirname(path)
+    os.makedirs(workdir, exist_ok=True)
+    return made
+
+
+def remove_if_empty(folders: list[str]) -> None:
+    """Removes `folders` (from `make`, deepest first) while each is empty: a run that
+    failed before writing anything leaves nothing. os.rmdir refuses a folder with
+    anything in it, so no file is ever removed."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return

@@ -125,6 +125,7 @@ def test_predict_from_monthly_files_alone_says_it_is_stale(run):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STALE" in proc.stderr and "intervals old" in proc.stdout
+    assert "--config.predict.fresh=True tops it up" in proc.stderr  # the hint for its source
 
 
 def test_model_predict_equals_the_run_model_and_its_export(run):

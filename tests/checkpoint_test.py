@@ -160,6 +160,30 @@ def test_flipped_bytes_in_array_data_are_caught(tmp_path, position):
     _assert_trees_equal(state, _random_state(1))
 
 
+def test_a_truncated_array_file_is_reported_by_its_root_cause(tmp_path, caplog):
+    # Orbax wraps TensorStore's read error in a bare Exception whose text is a method's
+    # repr ("<bound method pybind11...spec of TensorStore(...)>"); the warning must give
+    # the epoch, the folder and TensorStore's own reason instead.
+    ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 2)
+    for epoch in (1, 2):
+        ckpts.maybe_save(epoch, _random_state(epoch))
+    ckpts.close()
+    data = tmp_path / "group-000" / "2" / "default" / "ocdbt.process_0" / "d"
+    largest = max(data.iterdir(), key=lambda f: f.stat().st_size)
+    raw = largest.read_bytes()
+    largest.write_bytes(raw[: len(raw) // 2])
+    ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 2)
+    with caplog.at_level(logging.WARNING):
+        _, epoch = ckpts.restore_latest(_abstract(_random_state(0)))
+    ckpts.close()
+    assert epoch == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    (warning,) = [w for w in warnings if "unreadable" in w]
+    assert "epoch 2" in warning and str(tmp_path / "group-000" / "2") in warning
+    assert "OUT_OF_RANGE" in warning, warning
+    assert "bound method" not in warning and "\n" not in warning
+
+
 def test_state_digest_sees_one_flipped_bit_and_moved_values():
     state = _state(1.5)
     digest = checkpoint.state_digest(state)

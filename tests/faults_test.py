@@ -174,6 +174,14 @@ def _warned_in_results(fragment: str) -> Callable[[str], None]:
     return check
 
 
+# A run whose data.base_url names a folder that does not exist.
+NO_MIRROR = (*TINY, "--config.data.source=binance", "--config.data.base_url={w}-nowhere")
+
+
+def _absent(path: str) -> None:
+    assert not os.path.exists(path), os.listdir(path)
+
+
 FAULTS = [
     Fault(
         "rerun_that_skips_every_series",
@@ -283,6 +291,17 @@ FAULTS = [
         exit_code=0,
         says="worse than not training",
         check=_warned_in_results("worse than not training"),
+    ),
+    Fault(
+        "missing_mirror_folder_leaves_no_new_workdir",
+        (*NO_MIRROR, "--workdir={w}-new/run"),
+        says="-nowhere is not a directory",
+        check=lambda w: _absent(w + "-new"),
+    ),
+    Fault(
+        "missing_mirror_folder_on_a_finished_workdir",
+        (*NO_MIRROR, "--workdir={w}"),
+        says="-nowhere is not a directory",
     ),
     Fault(
         "save_forecasts_on_a_finished_rerun",

@@ -168,6 +168,34 @@ def test_an_exchange_that_stops_early_says_why_the_data_is_stale(exchange, caplo
     assert f"data.api_url {api_url} is plain http://" in caplog.text
 
 
+def test_fresh_candles_that_do_not_continue_the_history_are_refused(exchange):
+    # The exchange serves `candles` (about 120 at the seam) for every symbol; ETHUSDT's
+    # history is 1,000 times higher, as a wrong symbol or a wrong unit would be.
+    api_url, _ = exchange
+    d = config_lib.base_config().data
+    d.update(dict(min_candles=100, retries=2, timeout_seconds=DEADLINE_S, api_url=api_url))
+    t = T0 + np.arange(2000, dtype=np.int64) * STEP
+    history = {
+        "BTCUSDT-1h": parsing.build_series("BTCUSDT", "1h", [(t, candles(t))], d),
+        "ETHUSDT-1h": parsing.build_series("ETHUSDT", "1h", [(t, candles(t) * 1000)], d),
+    }
+    loaded, skipped = klines_api.top_up(history, {}, d, NOW)
+    assert (
+        list(loaded) == ["BTCUSDT-1h"] and loaded["BTCUSDT-1h"].open_time_ms[-1] == T0 + 2499 * STEP
+    )
+    last_close = candles(t[-1:])[0, 3] * 1000  # 120490.0
+    first_open = candles([T0 + 2000 * STEP])[0, 0]  # 120.0
+    assert skipped == {
+        "ETHUSDT-1h": (
+            "fresh candles: they do not continue the history: the first fresh candle "
+            f"({parsing.iso(T0 + 2000 * STEP)}) opens at {first_open:.8g}, the history's last "
+            f"close ({parsing.iso(int(t[-1]))}) is {last_close:.8g}, "
+            f"{last_close / first_open:.3g} times apart (over 10: another symbol or price scale?)"
+        )
+    }
+    assert "120490" in skipped["ETHUSDT-1h"] and "opens at 120," in skipped["ETHUSDT-1h"]
+
+
 @pytest.mark.parametrize(
     "mode, rule, at",
     [

@@ -51,6 +51,22 @@ def test_gpu_without_a_gpu_is_an_error_not_a_silent_cpu_run():
     assert "no usable GPU" in proc.stderr
 
 
+def test_only_the_tpu_probe_record_is_dropped_when_no_tpu_is_asked_for(caplog):
+    import logging
+
+    from cpbjax import config as config_lib
+    from cpbjax import platform
+
+    platform.configure(config_lib.load("configs/gru.py:tiny"))  # platform=auto
+    bridge = logging.getLogger("jax._src.xla_bridge")
+    with caplog.at_level(logging.INFO, logger="jax._src.xla_bridge"):
+        bridge.info("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so")
+        bridge.info("Unable to initialize backend 'cuda': no CUDA devices")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Unable to initialize backend 'cuda': no CUDA devices"
+    ]
+
+
 def test_evaluate_mode_needs_a_workdir():
     proc = _launch("--config", "configs/gru.py:tiny", "--mode", "evaluate")
     assert proc.returncode == 2
@@ -70,6 +86,10 @@ def test_train_then_predict_through_launch(tmp_path):
     small = ["--config.data.symbols=('BTCUSDT',)", "--config.train.epochs=1"]
     proc = _launch("--config", "configs/gru.py:tiny", "--workdir", workdir, *small, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # JAX's INFO lines are shown (JAX_PLATFORMS unset, so it probes every backend), but not
+    # its TPU probe on a machine where no TPU was asked for.
+    assert "platform=auto chose backend" in proc.stderr
+    assert "Unable to initialize backend 'tpu'" not in proc.stderr
     for name in ("config.json", "metrics.jsonl", "results.json", "report.md"):
         assert os.path.exists(os.path.join(workdir, name)), name
     for series in ("BTCUSDT-15m", "BTCUSDT-1h"):

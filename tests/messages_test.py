@@ -34,6 +34,15 @@ def _candles(n=5):
             ["--config", "configs/gru.py:tiny", "--config.data.nope=1"],
             "error: unknown config key nope",
         ),
+        (
+            [
+                "--config",
+                "configs/gru.py:tiny",
+                "--config.data.symbols=('BTCUSDT',)",
+                "--config.data.symbols=('ETHUSDT',)",
+            ],
+            "error: --config.data.symbols is given more than once",
+        ),
     ],
 )
 def test_the_data_table_cli_gives_one_line_and_exit_2(flags, words):
@@ -73,19 +82,28 @@ def test_a_word_in_a_local_files_close_column_is_named(tmp_path):
         parsing.read_local_file(str(tmp_path / "BTCUSDT-1h.csv"))
 
 
-def test_a_sweep_grid_over_the_cap_gives_its_projected_cost():
+def test_a_sweep_grid_over_the_cap_is_refused_at_validation_with_its_cost():
     c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     c.sweep.learning_rate = tuple(float(v) for v in np.geomspace(1e-5, 1e-2, 2000))
     c.sweep.weight_decay = (0.0, 0.1)
     c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
+    assert c.sweep.max_settings == 64
+    for refuse in (config_lib.validate, sweep_grid.settings):  # before the data, and on use
+        with pytest.raises(config_lib.ConfigError) as caught:
+            refuse(c)
+        message = str(caught.value)
+        assert message.startswith(
+            "config.sweep: the grid is 2000 sweep.learning_rate x 2 sweep.weight_decay = 4000 "
+            "settings, over the cap of 64; with 2 series that is 8000 "
+            f"models of {c.train.epochs} epochs, about 4000 times the training"
+        )
+        assert message.endswith("or raise the cap: --config.sweep.max_settings=4000")
+    c.sweep.max_settings = 4000  # a raised cap lets it through
     config_lib.validate(c)
-    with pytest.raises(config_lib.ConfigError) as caught:
-        sweep_grid.settings(c)
-    assert str(caught.value).startswith(
-        "config.sweep: the grid is 2000 sweep.learning_rate x 2 sweep.weight_decay = 4000 "
-        f"settings, over the cap of {sweep_grid.MAX_SETTINGS}; with 2 series that is 8000 "
-        f"models of {c.train.epochs} epochs, about 4000 times the training"
-    )
-    sweep_grid.check_size(c, max_settings=4000)  # another cap lets it through
+    c.sweep.max_settings = 0
+    with pytest.raises(config_lib.ConfigError, match="sweep.max_settings=0"):
+        config_lib.validate(c)
+    c.sweep.max_settings = 64
     c.sweep.learning_rate = c.sweep.learning_rate[:3]
+    config_lib.validate(c)
     assert len(sweep_grid.settings(c)) == 6

@@ -3,7 +3,9 @@
 Two real processes, one CPU device each, train one group of two coins: the coin axis
 is sharded across the processes, both save their shards of the group checkpoints, and
 process 0 writes the workdir (TensorBoard files included). A single process with two devices runs the same
-per-device programs, so results.json and metrics.jsonl must match it exactly.
+per-device programs, so results.json and metrics.jsonl must match it exactly. So must a
+pooled model's (train.share=pooled), data-parallel over the two processes: its steps'
+all-reduces (gloo between processes) add two partial sums, which is exact in either order.
 """
 
 import os
@@ -11,6 +13,7 @@ import socket
 import subprocess
 import sys
 
+import jax
 import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 
@@ -20,19 +23,23 @@ from tests import helpers
 
 ROOT = helpers.ROOT
 EPOCHS = 4
+NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
 _DRIVE = (
     "import sys; from tests import multihost_test as t; "
-    "t.drive(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))"
+    "t.drive(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])"
 )
 
 
-def run_config(port: int, process_id: int, num_processes: int):
-    """Two series in one group of two (one coin per device), checkpoints every 2 epochs."""
-    c = helpers.tiny_config()
+def run_config(port: int, process_id: int, num_processes: int, share: str = "series"):
+    """Two series in one group of two (one coin per device), checkpoints every 2 epochs;
+    with share="pooled", one model of both, without plots or TensorBoard."""
+    c = helpers.pooled_config() if share == "pooled" else helpers.tiny_config()
     c.data.symbols = ("BTCUSDT", "ETHUSDT")
     c.train.group_size, c.train.epochs, c.train.patience = 2, EPOCHS, EPOCHS
     c.ckpt.every_epochs = 2
-    c.logging.tensorboard = True
+    c.logging.tensorboard = share == "series"
+    if share == "pooled":
+        c.eval.plots = False
     if num_processes > 1:
         c.distributed.enabled = True
         c.distributed.coordinator_address = f"127.0.0.1:{port}"
@@ -40,10 +47,10 @@ def run_config(port: int, process_id: int, num_processes: int):
     return config_lib.validate(c)
 
 
-def drive(workdir: str, port: int, process_id: int, num_processes: int) -> None:
+def drive(workdir: str, port: int, process_id: int, num_processes: int, share: str) -> None:
     from cpbjax import driver, platform  # noqa: PLC0415 (after the subprocess's env is set)
 
-    config = run_config(port, process_id, num_processes)
+    config = run_config(port, process_id, num_processes, share)
     platform.configure(config)
     driver.train_and_evaluate(config, workdir)
 
@@ -54,7 +61,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(workdir, port, process_id, num_processes, devices_per_process):
+def _start(workdir, port, process_id, num_processes, devices_per_process, share="series"):
     env = helpers.subprocess_env(
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}"
     )
@@ -67,6 +74,7 @@ def _start(workdir, port, process_id, num_processes, devices_per_process):
         str(port),
         str(process_id),
         str(num_processes),
+        share,
     ]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     proc.log = log
@@ -121,3 +129,31 @@ def test_two_processes_equal_one_process_with_two_devices(tmp_path):
     val = [e.value for e in events.Scalars("val_loss/BTCUSDT-1h")]
     expected = [r["val_loss"][0] for r in multi_metrics]
     np.testing.assert_allclose(val, expected, rtol=1e-6)
+
+
+def test_pooled_model_over_two_processes_equals_one_process_with_two_devices(tmp_path):
+    port = _free_port()
+    multi = tmp_path / "multi"
+    procs = [_start(multi, port, i, 2, 1, share="pooled") for i in range(2)]
+    for proc in procs:
+        _wait(proc)
+    single = tmp_path / "single"
+    _wait(_start(single, port, 0, 1, 2, share="pooled"))
+
+    multi_results, multi_metrics, multi_run = _comparable(multi)
+    single_results, single_metrics, single_run = _comparable(single)
+    assert multi_run["process_count"] == 2 and multi_run["device_count"] == 2
+    assert multi_run["share"] == single_run["share"] == "pooled"
+    assert multi_results == single_results
+    assert multi_metrics == single_metrics
+    assert [r["epoch"] for r in multi_metrics] == list(range(1, EPOCHS + 1))
+    # One model: both series' saved models hold the same params, but for the band that
+    # eval.refit_band fits to each series.
+    models = [checkpoint.load_series_model(str(multi / "models" / n))[0] for n in NAMES]
+    leaves = [jax.tree_util.tree_flatten_with_path(m)[0] for m in models]
+    shared = 0
+    for (path, a), (_, b) in zip(*leaves, strict=True):
+        if "band" not in jax.tree_util.keystr(path):
+            np.testing.assert_array_equal(a, b)
+            shared += 1
+    assert shared == len(leaves[0]) - 2  # all but band_high and band_low

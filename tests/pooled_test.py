@@ -10,7 +10,6 @@ import functools
 import os
 import subprocess
 import sys
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -159,8 +158,9 @@ def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch, chunk):
     params = pooled.first(state0.params)
     keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, 0)
     value_and_grad = functools.partial(pooled.pooled_value_and_grad, spec)
+    batch = pooled.Batch(ends_SKB[0], mask_KB, keys_K)
     (loss, err_K), grads = jax.jit(value_and_grad)(
-        params, batching.coin_data(arrays), ends_SKB[0], mask_KB, keys_K
+        params, batching.coin_data(arrays), batch, jnp.sum(mask_KB)
     )
     batches = _reference_batches(config, *jax.device_get((ends_SKB[0], mask_KB, step_keys_K)), 0)
     assert [len(b[0]) for b in batches] == [4, 12, 32]
@@ -211,10 +211,8 @@ def test_bad_share_and_conflicting_plans_are_config_errors():
     with pytest.raises(config_lib.ConfigError, match=r"train.group_size=4.*at least the run's 12"):
         plan.group_size(12, t, 1, "cpu")
     t.group_size = 0
-    assert plan.coin_mesh(t).size == 1  # one model, one device
-    multi_host = mock.patch.object(jax, "process_count", return_value=2)
-    with multi_host, pytest.raises(config_lib.ConfigError, match=r"share='pooled'.*multi-host"):
-        plan.coin_mesh(t)
+    # Each device trains on its share of the coins: padded to a multiple of the devices.
+    assert plan.group_size(12, t, 8, "cpu") == 16 and plan.group_size(3, t, 4, "gpu") == 4
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 import csv
 import glob
 import json
+import logging
 import os
 import shutil
 
@@ -104,6 +105,37 @@ def test_no_models_folder(tmp_path):
 
 # ---------------------------------------------------------------------------
 # --mode predict.
+
+
+@pytest.mark.parametrize(
+    "source, says, not_says",
+    [
+        ("synthetic", "the data is generated", "binance_rest"),
+        ("local", "data.local_dir's files end there", "binance_rest"),
+        ("binance", "--config.predict.fresh=True tops it up", "binance_rest"),
+        ("binance_rest", "the exchange (data.api_url) gave no newer closed candles", "fresh=True"),
+    ],
+)
+def test_the_stale_hint_fits_the_source(source, says, not_says, caplog):
+    step = INTERVAL_MS["1h"]
+    last = 1_750_000_000_000 // step * step
+    entry = {
+        "symbol": "BTCUSDT",
+        "interval": "1h",
+        "last_open_time": "2025-06-15T15:00:00Z",
+        "last_open_time_ms": last,
+        "forecast": [{}] * 10,
+    }
+    with caplog.at_level(logging.WARNING):
+        assert predict.freshness(entry, last + 5 * step, source) == 5
+    (warning,) = [r.getMessage() for r in caplog.records]
+    head = "BTCUSDT-1h: STALE: the newest candle (2025-06-15T15:00:00Z) is 5 intervals old"
+    assert warning.startswith(f"{head}, so 4 forecast steps are already past: "), warning
+    assert says in warning and not_says not in warning, warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert predict.freshness(entry, last + step, source) == 1  # just closed: not stale
+    assert not caplog.records
 
 
 def test_predict_continues_the_grid_and_matches_the_model(workdir):

@@ -152,9 +152,15 @@ def test_forecast_is_fresh_and_in_prices(server, trained):
         lower, upper = c["interval"]["lower"], c["interval"]["upper"]
         assert all(0.5 * last_close < lower[k] <= upper[k] < 2 * last_close for k in lower)
     assert body["interval_levels"] == [0.1, 0.9]
-    # The same path as --mode predict: its forecast.json for the same series agrees.
+    # forecast.json's entry, as --mode predict writes it: prices at 8 significant digits,
+    # and the test skill and kept flag of the run's results.json.
+    prices = [c[k] for c in candles for k in ("open", "high", "low", "close")]
+    assert all(float(f"{p:.8g}") == p for p in prices + [last_close])
     with open(os.path.join(trained, "results.json")) as f:
-        assert SERIES in json.load(f)["series"]
+        recorded = json.load(f)["series"][SERIES]
+    columns = recorded["test"]["columns"]
+    assert body["test_skill"]["vs_naive"] == {c: columns[c]["skill"] for c in columns}
+    assert body["kept_baseline"] is (recorded["best_epoch"] is None)
 
 
 @pytest.mark.parametrize(

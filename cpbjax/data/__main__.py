@@ -2,7 +2,7 @@
 of each split (data.splits or data.split_dates), skip reason; then the totals and times.
 
   python -m cpbjax.data --config configs/transformer.py \\
-      --config.data.base_url=../shared/data/binance-vision
+      --config.data.base_url=/path/to/mirror
 
 The windows are each series' own (`windows.prepare_all`); a pooled run (train.share=
 pooled) may purge some more with fractional splits (`pooling`), none with split_dates.

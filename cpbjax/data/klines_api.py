@@ -12,7 +12,9 @@ Every candle is checked before use (`_check_page`): close time = open time + the
 interval - 1 ms, opening no later than now, on the interval's grid, prices positive
 and low <= open, close <= high. A page with more rows than its limit, or a body over
 rest_http.MAX_BODY_BYTES, is refused. One bad page skips the series with a message
-naming the URL or the candle (`SeriesSkipped`); the run goes on.
+naming the URL or the candle (`SeriesSkipped`); the run goes on. So does a series whose
+fresh candles open more than CONTINUITY_RATIO times away from its history's last close
+(`_check_continues`): they are another symbol's or another scale's, not its newest.
 
 Requests go through `rest_http.Client`: each has a total deadline (data.timeout_seconds,
 body included), each series' fetch a wall-clock budget (rest_http.SERIES_BUDGET_S),
@@ -51,6 +53,12 @@ MIN_COLUMNS = 7  # open_time, open, high, low, close, volume, close_time (Binanc
 EXTRA_REQUESTS = 10  # Requests allowed beyond the pages the span needs (retries, waits).
 MAX_PAGES = 200  # 200k candles: 1m back about 4.6 months; older history is Vision's job.
 GAPS_LOGGED = 10  # Gaps in the exchange's history logged one by one; the rest counted.
+# The most the fresh candles' first open may differ from the history's last close, as a
+# ratio either way. Across the seam (at most about a month and a day: Vision's files end
+# at the last complete month) a listed pair rarely moves 10x, while another symbol's
+# prices (BTC vs ETH ~20x, vs XRP ~10^5x) or another unit (1,000x) are far beyond it.
+# A plain round bound, not tuned: pairs within 10x of each other are not caught.
+CONTINUITY_RATIO = 10.0
 # Rules of parsing.invalid_rows a REST candle must pass; the price-jump rule is left to
 # data.bad_rows on the whole series (a page is too short a neighbourhood to judge it).
 PAGE_RULES = (
@@ -344,11 +352,36 @@ def _why_stale(name: str, times, report: dict, step: int, now: int | None) -> No
     )
 
 
+def _check_continues(s: Series, fresh_times, fresh_ohlcv) -> None:
+    """Refuses fresh candles whose first open is more than CONTINUITY_RATIO times away
+    from the history's last close (either way): another symbol's candles or another
+    price scale, which would give a forecast from a window that is half another market.
+
+    Raises:
+      SeriesSkipped: naming both candles and both prices.
+    """
+    beyond = np.flatnonzero(fresh_times > s.open_time_ms[-1])
+    if not len(beyond):
+        return
+    last_close, first_open = float(s.ohlcv[-1, 3]), float(fresh_ohlcv[beyond[0], 0])
+    ratio = first_open / last_close
+    if 1 / CONTINUITY_RATIO <= ratio <= CONTINUITY_RATIO:
+        return
+    raise SeriesSkipped(
+        f"they do not continue the history: the first fresh candle "
+        f"({parsing.iso(int(fresh_times[beyond[0]]))}) opens at {first_open:.8g}, the "
+        f"history's last close ({parsing.iso(int(s.open_time_ms[-1]))}) is {last_close:.8g}, "
+        f"{max(ratio, 1 / ratio):.3g} times apart (over {CONTINUITY_RATIO:g}: another "
+        "symbol or price scale?)"
+    )
+
+
 def _top_up_one(s: Series, data_cfg, client, now: int | None) -> Series:
     """One history Series extended with the fresh closed candles after its last one."""
     step = INTERVAL_MS[s.interval]
     start = int(s.open_time_ms[-1]) + step
     *fresh, report = fetch_recent(s.symbol, s.interval, start, client, now)
+    _check_continues(s, *fresh)
     times, ohlcv, seam = merge_with_history(s.open_time_ms, s.ohlcv, *fresh, step)
     if seam.missing:
         logging.warning(
