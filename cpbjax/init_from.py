@@ -58,7 +58,7 @@ def _checked_source(config) -> tuple[dict, str]:
             "(train.share='series'): a pooled run starts from a pooled workdir"
         )
     model = saved.load_model(next(iter(available.values())))
-    check_shape(config, model.trained, model.params)
+    check_shape(config, model.trained, heads.without_keep(model.params))
     return available, share
 
 
@@ -113,7 +113,7 @@ def _pooled_start(config, available: dict):
     """One model from a pooled source: its shared params, the band the median of its
     series' saved band factors (see the module docstring)."""
     loaded = [saved.load_model(path) for path in available.values()]
-    params = loaded[0].params
+    params = heads.without_keep(loaded[0].params)  # a run decides its own column fallback
     if config.model.baseline == "vol_band":
         bands = np.stack([np.asarray(heads.band_factors(m.params)) for m in loaded])
         params = heads.with_band(params, np.median(bands, axis=0).astype(np.float32))
@@ -139,6 +139,7 @@ def starting_params(config, names: list[str], num_coins: int):
                 f"{FIELD}={source!r} has no model of {', '.join(missing)}: a per-series "
                 "workdir starts only the series it trained"
             )
-        per_coin = [jax.tree.map(np.asarray, saved.load_model(available[n]).params) for n in names]
+        loaded = [saved.load_model(available[n]).params for n in names]
+        per_coin = [jax.tree.map(np.asarray, heads.without_keep(p)) for p in loaded]
     per_coin += [per_coin[0]] * (num_coins - len(per_coin))
     return jax.tree.map(lambda *leaves: np.stack(leaves), *per_coin)

@@ -27,6 +27,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.data import features as features_lib
 from cpbjax.data import sources, windows
 from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
+from cpbjax.models import heads
 
 # data fields that define a model's windows: always taken from the model's saved config.
 MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
@@ -293,9 +294,12 @@ def resolve_series(available, symbols, intervals, pooled: bool) -> tuple[list[st
 
 def shared_model(base: LoadedModel) -> LoadedModel:
     """A pooled run's model for a series it never saw: `base`, any of its series' saved
-    models (all hold the same network), without that series' normalisation and interval;
-    zero_shot.fit_series fits those, and the band, on the new series' own candles."""
-    return base._replace(norm=None, calibration=None, zero_shot=True)
+    models (all hold the same network), without that series' normalisation, interval and
+    column fallback (eval.column_fallback decided it on that series' val windows; a new
+    series has none, so the network forecasts every column); zero_shot.fit_series fits
+    the others, and the band, on the new series' own candles."""
+    params = heads.without_keep(base.params)
+    return base._replace(params=params, norm=None, calibration=None, zero_shot=True)
 
 
 def run_config_of(workdir: str) -> ml_collections.ConfigDict:
