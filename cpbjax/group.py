@@ -74,7 +74,7 @@ class GroupTrainer:
         return self.spec.module
 
     def _build_programs(self) -> None:
-        """Jits the shard_mapped init and epoch."""
+        """Jits the shard_mapped epoch, then the init and start programs."""
         state_specs = sharding.coin_specs(self._state_shapes())
         arrays_specs = sharding.coin_specs(self._abstract_arrays()).replace(price_mask=P())
         metrics_specs = {
@@ -93,6 +93,10 @@ class GroupTrainer:
             ),
             donate_argnums=0,
         )
+        self._build_start_programs(per_device, state_specs, arrays_specs)
+
+    def _build_start_programs(self, per_device, state_specs, arrays_specs) -> None:
+        """Jits the init and train.init_from's start (`_build_programs`' shard_map)."""
         init = functools.partial(self._math().init_state, self.spec)
         start = functools.partial(self._math().start_from, self.spec)
         if self.spec.share == "pooled":
