@@ -87,10 +87,14 @@ class GroupTrainer:
         # inputs only, so they are the same on every device by construction.
         per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
         epoch = functools.partial(self._math().run_epoch, self.spec)
+        # out_shardings: the state leaves the epoch exactly as the init places it (XLA
+        # would otherwise pick P() for some leaves of a 1-device mesh, and the next
+        # epoch would compile again for that placement).
         self._epoch_jit = jax.jit(
             per_device(
                 epoch, in_specs=(state_specs, arrays_specs), out_specs=(state_specs, metrics_specs)
             ),
+            out_shardings=(self.state_sharding, sharding.named(self.mesh, metrics_specs)),
             donate_argnums=0,
         )
         self._build_start_programs(per_device, state_specs, arrays_specs)

@@ -34,6 +34,7 @@ from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import pooling, stacking
 from cpbjax.group import GroupTrainer, coin_keys
+from cpbjax.models import heads
 from tests import helpers
 from tests.helpers import POOLED_NAMES, pooled_config
 
@@ -277,7 +278,9 @@ def pooled_run(driver_env, tmp_path_factory):
 
 def _without_band_refit(params, entry):
     """A saved series model's params less its test band refit (eval.refit_band shifts
-    band_high and band_low by results.json's test band_refit): the trained params."""
+    band_high and band_low by results.json's test band_refit) and its column fallback
+    (eval.column_fallback, decided per series after training): the trained params."""
+    params = heads.without_keep(params)
     out = dict(params["output"])
     for col in ("high", "low"):
         shift = np.asarray(entry["test"]["band_refit"][col], np.float32)
