@@ -182,8 +182,18 @@ KEPT_BAND_MEANS = (
 def band_lines(results: dict) -> list[str]:
     """How many models kept their untrained band (model.baseline=vol_band, no epoch beat
     it on validation), and what that gives; for a run whose band was refit after training
-    (eval.refit_band, cpbjax/band_refit.py) counted among the refit ones. [] when none kept."""
+    (eval.refit_band, cpbjax/band_refit.py) counted among the refit ones; for a
+    fine-tuned run (train.init_from), how many kept their starting model instead. [] when
+    none kept."""
     series = list(results.get("series", {}).values())
+    started = [e for e in series if e.get("started_from")]
+    if started:  # train.init_from: the bar was the starting model, not the untrained band
+        kept = sum(e.get("best_epoch") is None for e in started)
+        return [
+            f"{len(started)} series started from {started[0]['started_from']} "
+            f"(train.init_from); {kept} of them kept that starting model (no epoch beat it "
+            "on validation by train.min_delta)."
+        ]
     refit = [e for e in series if (e.get("test") or {}).get("band_refit")]
     if refit:
         kept = sum(e.get("best_epoch") is None for e in refit)

@@ -190,6 +190,21 @@ def subprocess_env(**extra):
     return env
 
 
+def run_on_host_devices(code: str, out, count: int = 4) -> None:
+    """Runs the Python `code` (given sys.argv[1] = `out`) in a CPU subprocess with `count`
+    XLA host devices (a flag that must be set before jax starts); fails with its stderr."""
+    env = subprocess_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={count}")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def cached_env(cache_dir) -> dict:
     """One CPU device at XLA optimisation level 0, and a persistent compilation cache in
     cache_dir that every compile is written to: the env of a module's subprocess runs,

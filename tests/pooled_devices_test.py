@@ -11,12 +11,10 @@ and the 3 epochs' Adam updates carry that on. The MSE objective keeps that growt
 (MAE's sign gradient would grow it; docs/design.md).
 """
 
-import subprocess
-import sys
-
 import numpy as np
 
-from tests.helpers import CROSS_PROGRAM, ROOT, subprocess_env
+from tests import helpers
+from tests.helpers import CROSS_PROGRAM
 
 EPOCHS = 3
 METRICS = ("train_loss", "val_loss", "stop_val_loss", "best_val_loss", "val_gain_se")
@@ -73,16 +71,7 @@ np.savez(sys.argv[1], **out)
 
 def test_pooled_over_four_devices_equals_one_device(tmp_path):
     out = str(tmp_path / "runs.npz")
-    env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUNS, out],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    helpers.run_on_host_devices(_RUNS, out)
     with np.load(out) as z:
         for name in METRICS:
             assert np.isfinite(z[f"{name}1"]).all(), name

@@ -103,6 +103,12 @@ def test_summary_counts_the_models_that_kept_their_refit_band():
     results["series"]["E"] = {**entry(2, False), "best_val_loss": 0.4}
     line = report_tables.summary_lines(results)[-1]
     assert line.startswith("1 of 2 series kept the untrained band (no epoch beat it")
+    # A fine-tuned run's bar was its starting model: that is what a series kept.
+    tuned = {n: {**e, "started_from": "runs/base"} for n, e in results["series"].items()}
+    assert report_tables.summary_lines({"series": tuned})[-1] == (
+        "2 series started from runs/base (train.init_from); 1 of them kept that starting "
+        "model (no epoch beat it on validation by train.min_delta)."
+    )
     assert line.endswith(
         ": for those you get the band's forecast (the volatility band for high and low, the "
         "last close for close), and more data or one pooled model over many series "

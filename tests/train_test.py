@@ -37,7 +37,6 @@ from tests.helpers import (
     make_trainer,
     plain_window_losses,
     reference_early_stopping,
-    subprocess_env,
     tiny_config,
     tiny_preps,
 )
@@ -294,16 +293,7 @@ np.savez(sys.argv[1], *jax.device_get(jax.tree.leaves(state.params)),
 
 def test_sharded_over_four_devices_equals_one_device(tmp_path):
     out = str(tmp_path / "sharded.npz")
-    env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    proc = subprocess.run(
-        [sys.executable, "-c", _SHARDED, out],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    helpers.run_on_host_devices(_SHARDED, out)
     clean, history = clean_group_run()
     with np.load(out) as z:
         leaves = [z[f"arr_{i}"] for i in range(len(jax.tree.leaves(clean.params)))]
