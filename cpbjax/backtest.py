@@ -155,13 +155,20 @@ def _settings(config) -> dict:
 
 
 def _check(config) -> None:
-    """Raises ConfigError where a backtest cannot pool the folds' price-space errors, or
-    would silently ignore a sweep (sweeps are not crossed with folds)."""
+    """Raises ConfigError where a backtest cannot pool the folds' price-space errors,
+    would silently ignore a sweep (sweeps are not crossed with folds), or would score a
+    fine-tuning start (train.init_from) on windows it may have trained on."""
     if sweep_grid.is_sweep(config):
         raise ConfigError(
             f"config.sweep.{sweep_grid.swept(config)[0]} is set, but --mode backtest does not "
             "cross sweeps with folds: run the sweep with --mode train, or the backtest of "
             "one setting without sweep.*"
+        )
+    if config.train.init_from:
+        raise ConfigError(
+            f"train.init_from={config.train.init_from!r} is set, but a backtest's folds "
+            "would score a start trained on their own months: backtest the starting run's "
+            "config instead"
         )
     if config.data.normalization == "candle_minmax":
         raise ConfigError(

@@ -462,6 +462,15 @@ def test_a_backtest_refuses_a_sweep_instead_of_ignoring_it(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_backtest_refuses_a_fine_tuning_start(tmp_path):
+    # Its folds' months may be the start's training months: scored on its own windows.
+    config = helpers.tiny_config()
+    config.train.init_from = str(tmp_path / "base")
+    with pytest.raises(config_lib.ConfigError, match="train.init_from=.*folds would score"):
+        backtest.run_backtest(config, str(tmp_path / "bt"))
+    assert os.listdir(tmp_path) == []
+
+
 def test_launch_exits_2_naming_a_bad_sweep_value(tmp_path):
     proc = subprocess.run(
         [
