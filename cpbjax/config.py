@@ -155,9 +155,9 @@ def base_config() -> ml_collections.ConfigDict:
     # of every series of the run, all in one group (cpbjax/pooled.py, docs/design.md).
     # The GRU's and the transformer's real-data runs are pooled (configs/<model>.py).
     t.share = "series"
-    # With train.share=pooled: coins per chunk of the ONE gradient of a step. The chunks'
-    # gradients are summed, so a step's memory holds Z·B windows' activations instead of
-    # K·B (docs/performance.md "Memory of one epoch"); the same gradient up to float
+    # With train.share=pooled: coins per chunk of the ONE gradient of a step, among the
+    # coins each device holds. The chunks' gradients are summed, so a device's step holds
+    # Z·B windows' activations instead of (K / devices)·B (docs/performance.md "Memory of one epoch"); the same gradient up to float
     # summation order. 0 = every coin in one chunk.
     t.pooled_chunk = 0
     # Once at most half of a program's coins still train, move them into a program of their

@@ -151,7 +151,7 @@ def _check_memory(run: _Run, group: str, state, arrays) -> None:
         return
     backend = jax.default_backend()
     capacity = memory.host_memory() if backend == "cpu" else memory.device_memory(local)
-    fix = memory.remedy(run.config.train, trainer.num_coins)
+    fix = memory.remedy(run.config.train, trainer.num_coins, trainer.mesh.size)
     memory.check(group, need, backend, capacity, fix)
 
 

@@ -112,13 +112,16 @@ def check(where: str, need: Need, backend: str, capacity, remedy: str) -> None:
     logging.info("%s, of %.2f GiB free (%s)", what, free / GIB, pool)
 
 
-def remedy(train_cfg, num_coins: int) -> str:
-    """The config fields that lower an epoch's need, with their values now."""
+def remedy(train_cfg, num_coins: int, num_devices: int = 1) -> str:
+    """The config fields that lower an epoch's need, with their values now (a pooled
+    model's chunks split the num_coins / num_devices coins each device holds)."""
     batch = f"lower train.batch_size ({train_cfg.batch_size} windows per coin per step)"
     if train_cfg.share == "pooled":
-        chunk = train_cfg.get("pooled_chunk", 0) or num_coins
+        per_device = num_coins // num_devices
+        chunk = min(train_cfg.pooled_chunk or per_device, per_device)
+        held = f"the {per_device} coins each device holds" if num_devices > 1 else per_device
         return (
             f"{batch}, take the gradient in smaller chunks of coins (train.pooled_chunk, "
-            f"{chunk} of {num_coins} now), or train one model per series (train.share='series')"
+            f"{chunk} of {held} now), or train one model per series (train.share='series')"
         )
     return f"{batch} or train.group_size ({num_coins} coins per program)"

@@ -111,5 +111,13 @@ def test_the_fix_names_the_fields_of_the_training_mode():
     )
     train.pooled_chunk = 8
     assert "(train.pooled_chunk, 8 of 40 now)" in memory.remedy(train, 40)
+    # On 4 devices each holds 10 of the 40 coins; a chunk splits those.
+    assert "(train.pooled_chunk, 8 of the 10 coins each device holds now)" in memory.remedy(
+        train, 40, 4
+    )
+    train.pooled_chunk = 16  # more than a device holds: one chunk of all of them
+    assert "(train.pooled_chunk, 10 of the 10 coins each device holds now)" in memory.remedy(
+        train, 40, 4
+    )
     train.share = "series"
     assert "train.group_size (8 coins per program)" in memory.remedy(train, 8)
