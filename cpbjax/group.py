@@ -87,9 +87,9 @@ class GroupTrainer:
         # inputs only, so they are the same on every device by construction.
         per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
         epoch = functools.partial(self._math().run_epoch, self.spec)
-        # out_shardings: the state leaves the epoch exactly as the init places it (XLA
-        # would otherwise pick P() for some leaves of a 1-device mesh, and the next
-        # epoch would compile again for that placement).
+        # out_shardings: the state leaves the epoch exactly as the init (and a restore,
+        # `abstract_state`) places it; XLA would otherwise pick P() for some leaves of a
+        # 1-device mesh, and the next epoch would compile again for that placement.
         self._epoch_jit = jax.jit(
             per_device(
                 epoch, in_specs=(state_specs, arrays_specs), out_specs=(state_specs, metrics_specs)
@@ -121,11 +121,17 @@ class GroupTrainer:
                 donate_argnums=0,
             )
         else:
+            # out_shardings: the state placed as the epoch places it (`_build_programs`).
             init_specs = (P(sharding.COIN_AXIS), arrays_specs)
-            self._init_jit = jax.jit(per_device(init, in_specs=init_specs, out_specs=state_specs))
+            self._init_jit = jax.jit(
+                per_device(init, in_specs=init_specs, out_specs=state_specs),
+                out_shardings=self.state_sharding,
+            )
             start_specs = (state_specs, state_specs.params, arrays_specs)
             self._start_jit = jax.jit(
-                per_device(start, in_specs=start_specs, out_specs=state_specs), donate_argnums=0
+                per_device(start, in_specs=start_specs, out_specs=state_specs),
+                out_shardings=self.state_sharding,
+                donate_argnums=0,
             )
 
     def _math(self):
