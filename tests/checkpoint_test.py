@@ -142,14 +142,19 @@ def _random_state(seed: int):
     return {"w": jnp.asarray(rng.standard_normal((64, 64), np.float32)), "epoch": jnp.int32(seed)}
 
 
-@pytest.mark.parametrize("position", [0.3, 0.5, 0.7])
-def test_flipped_bytes_in_array_data_are_caught(tmp_path, position):
+def _epoch_2_largest_data_file(tmp_path):
+    """Saves epochs 1 and 2 of a group; the largest array data file of epoch 2's."""
     ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 2)
     for epoch in (1, 2):
         ckpts.maybe_save(epoch, _random_state(epoch))
     ckpts.close()
     data = tmp_path / "group-000" / "2" / "default" / "ocdbt.process_0" / "d"
-    largest = max(data.iterdir(), key=lambda f: f.stat().st_size)
+    return max(data.iterdir(), key=lambda f: f.stat().st_size)
+
+
+@pytest.mark.parametrize("position", [0.3, 0.5, 0.7])
+def test_flipped_bytes_in_array_data_are_caught(tmp_path, position):
+    largest = _epoch_2_largest_data_file(tmp_path)
     raw = bytearray(largest.read_bytes())
     raw[int(len(raw) * position)] ^= 0xFF  # same size, as the issue's reproduction did
     largest.write_bytes(bytes(raw))
@@ -164,12 +169,7 @@ def test_a_truncated_array_file_is_reported_by_its_root_cause(tmp_path, caplog):
     # Orbax wraps TensorStore's read error in a bare Exception whose text is a method's
     # repr ("<bound method pybind11...spec of TensorStore(...)>"); the warning must give
     # the epoch, the folder and TensorStore's own reason instead.
-    ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 2)
-    for epoch in (1, 2):
-        ckpts.maybe_save(epoch, _random_state(epoch))
-    ckpts.close()
-    data = tmp_path / "group-000" / "2" / "default" / "ocdbt.process_0" / "d"
-    largest = max(data.iterdir(), key=lambda f: f.stat().st_size)
+    largest = _epoch_2_largest_data_file(tmp_path)
     raw = largest.read_bytes()
     largest.write_bytes(raw[: len(raw) // 2])
     ckpts = checkpoint.GroupCheckpoints(str(tmp_path / "group-000"), 1, 2)

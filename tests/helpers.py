@@ -194,15 +194,20 @@ def run_on_host_devices(code: str, out, count: int = 4) -> None:
     """Runs the Python `code` (given sys.argv[1] = `out`) in a CPU subprocess with `count`
     XLA host devices (a flag that must be set before jax starts); fails with its stderr."""
     env = subprocess_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={count}")
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(out)],
+    proc = run_python(code, out, env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def run_python(code: str, arg, env, timeout=600) -> subprocess.CompletedProcess:
+    """Runs the Python `code` with sys.argv[1] = `arg` in a fresh process of this checkout."""
+    return subprocess.run(
+        [sys.executable, "-c", code, str(arg)],
         env=env,
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def cached_env(cache_dir) -> dict:
@@ -229,14 +234,7 @@ def driver_env(tmp_path_factory):
 def spawn(module: str, what: str, workdir, env) -> subprocess.CompletedProcess:
     """Runs `tests.<module>.<what>(workdir)` in a fresh Python process with `env`."""
     code = f"import sys; from tests import {module} as t; t.{what}(sys.argv[1])"
-    return subprocess.run(
-        [sys.executable, "-c", code, str(workdir)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_python(code, workdir, env)
 
 
 def finish(proc, check=True) -> str:
