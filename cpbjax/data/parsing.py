@@ -35,8 +35,10 @@ MIN_CSV_BYTES = 1 << 20
 _CHUNK_BYTES = 1 << 16
 # Errors zipfile lets through from a damaged member (bad deflate data, cut stream,
 # unsupported or encrypted compression) besides BadZipFile; a CRC-matching CHECKSUM
-# does not rule them out, since it covers whatever bytes the mirror published.
-_DAMAGED_MEMBER = (zlib.error, EOFError, NotImplementedError, RuntimeError)
+# does not rule them out, since it covers whatever bytes the mirror published. A local
+# header offset that points before the file start surfaces as ValueError ("negative seek
+# value") from zipfile's reader.
+_DAMAGED_MEMBER = (zlib.error, EOFError, NotImplementedError, RuntimeError, ValueError)
 # A price more than this factor away from its neighbourhood is a bad print or a unit
 # error, not a market move; the reference is the median close of JUMP_WINDOW candles
 # centred on it, so a spike of up to JUMP_WINDOW // 2 candles is caught whole and the
@@ -138,6 +140,8 @@ def read_kline_zip(
             if len(members) != 1:
                 raise KlineError(f"{name}: expected one CSV inside, found {members}")
             csv = _read_capped(z, members[0], name, max_bytes)
+    except KlineError:
+        raise
     except zipfile.BadZipFile as e:
         raise KlineError(f"{name}: not a valid zip ({e})") from e
     except _DAMAGED_MEMBER as e:
