@@ -307,10 +307,9 @@ def apply_variant(
     """
     if arg in (None, ""):
         return c
-    if arg not in (*SMALL, "replaced"):
-        raise ConfigError(
-            f"config variant {arg!r} is not allowed: expected '', 'demo', 'tiny' or 'replaced'"
-        )
+    if arg not in deltas:
+        allowed = ", ".join(repr(v) for v in ("", *deltas))
+        raise ConfigError(f"config variant {arg!r} is not allowed: expected {allowed}")
     if arg == "replaced":
         c.model.decoding, c.model.baseline = "autoregressive", "none"
         c.train.loss, c.train.loss_scale, c.train.min_delta = "mse", "none", 0.0

@@ -97,8 +97,13 @@ def init_state(
     band_KH2 = jnp.broadcast_to(pooled_band(arrays), arrays.band.shape)
     shared_K2 = jnp.broadcast_to(keys_K2[0], keys_K2.shape)
     state = step.init_state(spec, shared_K2, arrays.replace(band=band_KH2))
-    # step.init_coin's split: (init key, train key).
-    state = state.replace(key=jax.vmap(lambda key: jax.random.split(key)[1])(keys_K2))
+    # step.init_coin's split: (init key, train key). Every coin with train windows trains,
+    # a training-data-only series (data.split_dates) too: early stopping reads the pooled
+    # val loss, so a coin needs no val windows of its own.
+    state = state.replace(
+        key=jax.vmap(lambda key: jax.random.split(key)[1])(keys_K2),
+        active=arrays.train_mask.any(axis=1),
+    )
     if spec.baseline != "none":
         val = pooled_mean(*step.val_sums(spec, state.params, arrays), state.active)
         state = state.replace(best_val=jnp.where(state.active, val, state.best_val))

@@ -9,6 +9,7 @@ tests build their own small mirror.
 """
 
 import json
+import math
 import os
 
 import numpy as np
@@ -385,6 +386,14 @@ def test_a_pooled_run_trains_on_a_train_only_series_and_scores_the_others(tmp_pa
         for name, windows_of in found.items()
     }
     assert trained["BBBUSDT-1h"][0] > 0 and trained["BBBUSDT-1h"][1] == 0
+    # ... and the epochs did train on them: a training-data-only coin reports a train loss
+    # of its windows, and the pooled val loss its early stopping judged.
+    with open(workdir_lib.metrics_jsonl(workdir)) as f:
+        records = [json.loads(line) for line in f]
+    for record in records:
+        losses = dict(zip(record["series"], record["train_loss"], strict=True))
+        assert losses["BBBUSDT-1h"] is not None and math.isfinite(losses["BBBUSDT-1h"])
+        assert record["pooled_val_loss"] is not None
 
 
 # ---------------------------------------------------------------------------------------

@@ -63,20 +63,20 @@ class MLPWithHead(MLP):
 
 @pytest.fixture
 def registered(monkeypatch):
-    """Registers source "walk" and model "mlp"; the registries are restored afterwards."""
+    """Registers source "walk" and model "user_mlp"; the registries are restored afterwards."""
     monkeypatch.setattr(sources, "SOURCES", dict(sources.SOURCES))
     monkeypatch.setattr(models, "REGISTRY", dict(models.REGISTRY))
     sources.register("walk")(load_walk)
-    models.register("mlp", MLP, MLPConfig)
+    models.register("user_mlp", MLP, MLPConfig)
 
 
 def _config():
-    """The tiny GRU config turned into 2 series of 300 "walk" candles and an "mlp" model."""
+    """The tiny GRU config turned into 2 series of 300 "walk" candles and an "user_mlp" model."""
     c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     c.data.source = "walk"
     c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
     c.data.max_candles, c.data.min_candles, c.data.synthetic_candles = 300, 200, 360
-    c.model.name, c.model.hidden = "mlp", 16
+    c.model.name, c.model.hidden = "user_mlp", 16
     c.model.baseline = "none"  # MLP's forecasts do not go through heads.ForecastOutput
     c.train.epochs, c.train.patience = 2, 2
     c.eval.plots = False
@@ -88,15 +88,17 @@ def test_unregistered_names_are_rejected():
     with pytest.raises(config_lib.ConfigError, match="config.data.source='walk'"):
         config_lib.validate(c)
     c.data.source = "synthetic"
-    with pytest.raises(config_lib.ConfigError, match="config.model.name='mlp'.*one of"):
+    with pytest.raises(config_lib.ConfigError, match="config.model.name='user_mlp'.*one of"):
         config_lib.validate(c)
 
 
 def test_registered_names_are_listed_and_validated(registered):
-    assert "walk" in config_lib.SOURCES and "mlp" in config_lib.MODELS
+    assert "walk" in config_lib.SOURCES and "user_mlp" in config_lib.MODELS
     c = _config()
     # num_layers is a GRU field, not one of MLPConfig's: the error names it and the fields.
-    with pytest.raises(config_lib.ConfigError, match="model.num_layers=2.*'mlp': name, decoding"):
+    with pytest.raises(
+        config_lib.ConfigError, match="model.num_layers=2.*'user_mlp': name, decoding"
+    ):
         config_lib.validate(c)
     del c.model["num_layers"]
     config_lib.validate(c)
@@ -127,7 +129,7 @@ def test_a_model_without_the_output_head_refuses_a_baseline(registered, tmp_path
     del c.model["num_layers"]
     c.model.baseline = "vol_band"
     with pytest.raises(
-        config_lib.ConfigError, match="model.baseline=.vol_band.*ForecastOutput.*.mlp."
+        config_lib.ConfigError, match="model.baseline=.vol_band.*ForecastOutput.*.user_mlp."
     ):
         driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))
 
@@ -140,11 +142,12 @@ def test_a_model_without_the_price_scale_refuses_a_window_scale(
     registered, tmp_path, head, missing
 ):
     if head:
-        models.REGISTRY["mlp"] = (MLPWithHead, MLPConfig)
+        models.REGISTRY["user_mlp"] = (MLPWithHead, MLPConfig)
     c = _config()
     del c.model["num_layers"]
     c.model.window_scale = "range"
     with pytest.raises(
-        config_lib.ConfigError, match=f"model.window_scale=.range. needs.*{missing}; model .mlp."
+        config_lib.ConfigError,
+        match=f"model.window_scale=.range. needs.*{missing}; model .user_mlp.",
     ):
         driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))

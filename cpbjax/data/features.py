@@ -30,6 +30,9 @@ Definitions (c = close, h = high, l = low, v = volume):
                max(h - l, |h - c_{t-1}|, |l - c_{t-1}|) from row 1; row 14.
   volume_norm  v / SMA(20, v); 1 when the 20 volumes are all 0; row 19.
 
+Context features (cpbjax/data/context.py: return_1d, return_1w, range_tod_1/_5/_10,
+volume_1d, volume_1m, interval) are scale-free and fed to the model unscaled.
+
 Long-history features (non-price; z-scored with train statistics like every non-price
 column). Their windows are spans of time, so the candle count n comes from the series
 interval (`window_candles`: 1d, 1w, 1m = 1, 7 and 30 days; 15m: 96/672/2880, 1h:
@@ -63,12 +66,15 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from scipy import signal
 
+from cpbjax.data import context
 from cpbjax.data.series import INTERVAL_MS
 
 # Feature columns whose values are prices; windows normalise them like OHLC.
 PRICE_FEATURES = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"})
 # Feature columns that read the volume: without them a series' volume is never used.
-VOLUME_FEATURES = frozenset({"volume", "volume_norm", "volume_norm_1d"})
+VOLUME_FEATURES = frozenset({"volume", "volume_norm", "volume_norm_1d", *context.VOLUME})
+# Feature columns fed to the model as they are, not z-scored (cpbjax/data/context.py).
+UNSCALED_FEATURES = context.UNSCALED
 
 RSI_PERIOD = 14
 MACD_FAST, MACD_SLOW, MACD_SIGNAL = 12, 26, 9
@@ -116,6 +122,7 @@ NAMES = (
     "atr",
     "volume_norm",
     *LONG_HISTORY,
+    *context.NAMES,
 )
 
 # First defined row of each fixed-window feature (the long-history ones depend on the
@@ -187,12 +194,14 @@ def warmup_candles(names, interval: str) -> int:
     A series needs this many candles before its first usable one: training drops
     them before keeping data.max_candles, and a forecast needs data.lookback more.
     """
-    return max(
-        [0]
-        + [
-            _span_candles(n, interval) - 1 if n in SPAN_FEATURES else _FIXED_WARMUP.get(n, 0)
-            for n in names
-        ]
+    return max([0] + [_warmup(n, interval) for n in names])
+
+
+def _warmup(name: str, interval: str) -> int:
+    if name in context.NAMES:
+        return context.warmup(name, interval)
+    return (
+        _span_candles(name, interval) - 1 if name in SPAN_FEATURES else _FIXED_WARMUP.get(name, 0)
     )
 
 
@@ -247,10 +256,13 @@ class _Indicators:
 
     def __init__(self, ohlcv_T5: np.ndarray, interval: str | None, open_time_ms):
         self.open, self.high, self.low, self.close, self.volume = ohlcv_T5.T
+        self._ohlcv = ohlcv_T5
         self.interval, self.open_time_ms = interval, open_time_ms
 
     def column(self, name: str) -> np.ndarray:
         """The feature `name` (a cached property, or a log volatility over a span)."""
+        if name in context.NAMES:
+            return context.column(name, self._ohlcv, self.interval, self.open_time_ms)
         estimator, _, span = name.rpartition("_")
         if estimator in VOL_ESTIMATORS:
             n = window_candles(self.interval)[span]
@@ -370,11 +382,11 @@ class _Indicators:
 
 def _check_context(names, interval, open_time_ms, length: int) -> None:
     """Raises ValueError if a long-history feature lacks the interval or open times."""
-    if interval is None and any(n in SPAN_FEATURES for n in names):
+    if interval is None and any(n in SPAN_FEATURES or n in context.NAMES for n in names):
         raise ValueError(f"features {names} span days of candles: pass the series interval")
     if interval is not None and interval not in INTERVAL_MS:
         raise ValueError(f"interval {interval!r}: expected one of {', '.join(INTERVAL_MS)}")
-    if any(n in CALENDAR for n in names) and (
+    if any(n in CALENDAR or n.startswith("range_tod_") for n in names) and (
         open_time_ms is None or np.shape(open_time_ms) != (length,)
     ):
         raise ValueError(f"calendar features in {names} need the [T] open times of the candles")

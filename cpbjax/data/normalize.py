@@ -9,7 +9,8 @@ Normalisation is arranged so that the device only ever subtracts an anchor:
   - candle_minmax: the replaced system's per-candle (x - low) / (high - low);
     anchor = 0. Lossy: the price level is gone, so no price-space metric exists.
 Non-price features (volume, RSI, ...) are z-scored with train-split statistics in
-every mode.
+every mode, except the scale-free context features (features.UNSCALED_FEATURES), which
+the model reads as they are (mean 0, std 1 in the saved statistics).
 
 Shapes: T candles, N rows (candles or windows), F features, C target columns (OHLC).
 """
@@ -56,6 +57,8 @@ def normalise(ohlc_TC, feats_TF, names, n_train: int, kind: str, fitted: dict | 
     price = price_mask(names).astype(bool)
     if fitted is None:
         mu, sd = train_stats(feats_TF[:n_train])
+        unscaled = np.array([n in features_lib.UNSCALED_FEATURES for n in names], bool)
+        mu, sd = np.where(unscaled, 0.0, mu), np.where(unscaled, 1.0, sd)
     else:
         mu, sd = fitted_stats(fitted, "feature_mean", "feature_std", len(names))
     # Non-price columns keep this z-score in every mode.

@@ -22,7 +22,7 @@ import numpy as np
 from cpbjax import config_rules as rules
 from cpbjax.data.normalize import price_mask
 from cpbjax.data.windows import NUM_TARGETS
-from cpbjax.models import ensemble, gru, lstm, model_config, transformer
+from cpbjax.models import ensemble, gru, lstm, mlp, model_config, transformer
 
 REGISTRY: dict[str, tuple[type[nn.Module], type[model_config.ModelConfig]]] = {}
 
@@ -48,6 +48,7 @@ def register(
 register("transformer", transformer.Transformer, transformer.TransformerConfig)
 register("gru", gru.GRUSeq2Seq, gru.GRUConfig)
 register("lstm", lstm.LSTMSeq2Seq, lstm.LSTMConfig)
+register("mlp", mlp.WindowMLP, mlp.MLPConfig)
 
 
 def validate_group(model_group, run_entries=()) -> None:

@@ -21,7 +21,7 @@ from cpbjax.models import model_config
 # Smallest window range divided by: a window of flat candles (range 0) keeps finite inputs,
 # and its forecast is then the baseline (the head's output times about 0).
 RANGE_FLOOR = 1e-6
-HIGH, LOW = 1, 2  # columns of high and low in the targets and in the input features
+HIGH, LOW, CLOSE = 1, 2, 3  # columns in the targets and in the input features
 BAND_DECAY = 0.9  # EWMA weight ratio of the band's range, baselines.EWMA_DECAY's value
 
 

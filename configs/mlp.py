@@ -1,0 +1,64 @@
+"""The global model: ONE dense network of the window and its context, trained on every
+month of every pair and interval (cpbjax/models/mlp.py). The body is the default run on
+real data, each value with the reason it was chosen (experiments/global_model: every
+choice made on the tuning pairs' validation split); VARIANTS below are named changes.
+
+Variants (`configs/mlp.py:<variant>`): `demo` and `tiny` (synthetic series, small enough
+for a 2-core CPU); cpbjax/config.py `apply_variant` adds the data parts every model's
+variant shares. There is no `replaced` variant: the replaced system had no such model.
+"""
+
+from cpbjax import config as config_lib
+from cpbjax.data import context
+
+# The window's OHLC, then its context: the time of day and week, and the scale-free
+# context columns (the day's and week's move, the intraday range cycle ahead, volume, the
+# interval). The market factor (BTCUSDT's aligned volatility and return) and the
+# volatility term structure did not help on tuning val (experiments/global_model).
+FEATURES = ("open", "high", "low", "close", "hour_sin", "hour_cos", "dow_sin", "dow_cos")
+
+
+def get_config(arg=None):
+    c = config_lib.base_config()
+    # Every pair of the mirror, every month, both intervals in one model, split by the
+    # calendar so that no series trains on a window of another's val or test span.
+    c.data.symbols = ("@mirror",)
+    c.data.months = 0
+    c.data.max_candles = 0
+    c.data.min_candles = 1000
+    c.data.split_dates = ("2025-01", "2025-03")
+    c.data.features = FEATURES + context.NAMES
+    c.model.name = "mlp"
+    c.model.hidden = 256  # Two layers of 256 (experiments/global_model).
+    c.model.num_layers = 2
+    c.model.dropout = 0.0
+    c.model.ensemble = 1
+    # Prices in units of the window's range, the correction multiplied back by it: one
+    # network for coins whose volatility differs tenfold.
+    c.model.window_scale = "range"
+    c.model.decoding = "direct"
+    c.model.baseline = "vol_band"
+    c.train.loss, c.train.loss_scale = "mae", "persistence"
+    c.train.min_delta = 1.0  # One standard error of the paired val gain per improvement.
+    c.train.share = "pooled"
+    c.train.learning_rate = 1e-4
+    c.train.optimizer = "adam"
+    c.train.weight_decay = 0.0
+    c.train.batch_size = 16  # Per series: about 1,600 windows per step over ~100 series.
+    c.train.epochs = 6
+    c.train.patience = 2
+    return config_lib.apply_variant(c, arg, VARIANTS)
+
+
+# The small variants read 1h and 15m synthetic series: the context needs 30 days of
+# candles before the first window (2,880 at 15m), so they generate that much more.
+_SMALL = {
+    "data.months": 12,
+    "data.split_dates": (),
+    "data.min_candles": 600,
+    "data.synthetic_candles": 5000,
+    "model.hidden": 64,
+    "train.batch_size": 32,
+    "train.learning_rate": 1e-3,
+}
+VARIANTS = {"demo": {**_SMALL, "data.symbols": config_lib.DEFAULT_SYMBOLS}, "tiny": _SMALL}

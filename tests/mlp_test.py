@@ -1,0 +1,116 @@
+"""The dense network of the window and its context (model.name=mlp, cpbjax/models/mlp.py):
+its inputs against a plain loop, an untrained model is its band, it trains, and it is
+refused where it cannot run."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from cpbjax import config as config_lib
+from cpbjax import models
+from cpbjax.models import mlp
+from tests.helpers import ROOT
+
+L, H, B = 30, 10, 5
+FEATURES = ("open", "high", "low", "close", "hour_sin", "return_1d", "interval")
+
+
+def run_config(**model):
+    c = config_lib.load(f"{ROOT}/configs/mlp.py:tiny")
+    c.data.features = FEATURES
+    c.model.update(model)
+    return config_lib.validate(c)
+
+
+def windows(seed=0):
+    """[B, L, F] windows as the pipeline gives them: log prices less the last close, then
+    non-price columns; and [B, H, 4] targets."""
+    rng = np.random.default_rng(seed)
+    close = np.cumsum(rng.normal(0, 0.01, (B, L)), axis=1)
+    close -= close[:, -1:]
+    open_ = np.concatenate([close[:, :1], close[:, :-1]], axis=1)
+    high = np.maximum(open_, close) + np.abs(rng.normal(0, 0.004, (B, L)))
+    low = np.minimum(open_, close) - np.abs(rng.normal(0, 0.004, (B, L)))
+    others = rng.normal(size=(B, L, len(FEATURES) - 4))
+    x = np.concatenate([np.stack([open_, high, low, close], -1), others], -1)
+    return jnp.float32(x), jnp.float32(rng.normal(0, 0.01, (B, H, 4)))
+
+
+def loop_sigma(x_LF):
+    w = [0.9 ** (L - 1 - i) for i in range(L)]
+    return sum(wi * (x_LF[i, 1] - x_LF[i, 2]) for i, wi in enumerate(w)) / sum(w)
+
+
+def test_inputs_are_each_candle_against_the_close_before_it_then_the_last_context():
+    cfg = models.make_config(run_config())
+    x, _ = windows()
+    sigma = np.array([loop_sigma(np.asarray(x[b], np.float64)) for b in range(B)])
+    scaled = np.asarray(x).copy()
+    scaled[..., :4] /= sigma[:, None, None]
+    got = np.asarray(mlp.network_inputs(cfg, x, jnp.float32(scaled)))
+    assert got.shape == (B, L * 4 + 3 + 1)
+    for b in range(B):
+        want = []
+        for i in range(L):
+            before = scaled[b, i - 1, 3] if i else scaled[b, 0, 3]
+            want += [scaled[b, i, j] - before for j in range(4)]
+        want += list(scaled[b, -1, 4:]) + [math.log(sigma[b] / 0.01)]
+        np.testing.assert_allclose(got[b], want, rtol=2e-5, atol=1e-5)
+
+
+def test_an_untrained_network_forecasts_its_band():
+    cfg = models.make_config(run_config())
+    module = models.build(cfg)
+    x, y = windows(1)
+    params = module.init(jax.random.key(0), x, y)["params"]
+    y_hat = np.asarray(module.apply({"params": params}, x))
+    for b in range(B):
+        sigma = loop_sigma(np.asarray(x[b], np.float64))
+        for h in range(H):
+            band = 0.5 * math.sqrt(h + 1) * sigma  # ForecastOutput's starting factors
+            np.testing.assert_allclose(y_hat[b, h], [0, band, -band, 0], atol=1e-6)
+
+
+def test_every_parameter_learns_and_the_loss_falls():
+    module = models.build(models.make_config(run_config(dropout=0.1)))
+    x, y = windows(2)
+    params = module.init(jax.random.key(0), x, y)["params"]
+    rngs = {"dropout": jax.random.key(1), "teacher": jax.random.key(2)}
+
+    def loss(p):
+        y_hat = module.apply({"params": p}, x, y, train=True, rngs=rngs)
+        return jnp.mean(jnp.abs(y_hat - y))
+
+    first, grads = jax.value_and_grad(loss)(params)
+    assert float(jnp.abs(grads["head"]["kernel"]).max()) > 0  # the head starts at zero
+    tx = optax.adam(1e-2)
+
+    @jax.jit
+    def step(p, opt):
+        updates, opt = tx.update(jax.grad(loss)(p), opt)
+        return optax.apply_updates(p, updates), opt
+
+    opt = tx.init(params)
+    for _ in range(50):
+        params, opt = step(params, opt)
+    assert float(loss(params)) < 0.9 * float(first)
+    for path, g in jax.tree_util.tree_leaves_with_path(jax.grad(loss)(params)):
+        assert float(jnp.abs(g).max()) > 0, jax.tree_util.keystr(path)
+
+
+def test_autoregressive_decoding_is_refused_naming_the_field():
+    c = config_lib.load(f"{ROOT}/configs/mlp.py:tiny")
+    c.model.decoding, c.model.baseline, c.model.window_scale = "autoregressive", "none", "none"
+    with pytest.raises(config_lib.ConfigError, match="model.decoding"):
+        config_lib.validate(c)
+
+
+def test_a_variant_the_model_lacks_is_named():
+    with pytest.raises(
+        config_lib.ConfigError, match="'replaced' is not allowed: expected '', 'demo', 'tiny'"
+    ):
+        config_lib.load(f"{ROOT}/configs/mlp.py:replaced")
