@@ -207,7 +207,7 @@ def _validate_train(c) -> None:
     for field, bounds in _SWEEPABLE_RANGES.items():
         _num_range(c, f"train.{field}", *bounds)
     _int_range(c, "train.batch_size", 1, 65536)
-    _int_range(c, "train.epochs", 1, 100_000)
+    _int_range(c, "train.epochs", 0, 100_000)  # 0 only with train.init_from (config_rules)
     _int_range(c, "train.patience", 1)
     _num_range(c, "train.min_delta", 0, 1e6)
     _num_range(c, "train.grad_clip", 0, 1e6, lo_open=True)

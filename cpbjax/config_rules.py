@@ -123,6 +123,9 @@ def check_combinations(c, defaults) -> None:
     if "realized_vol" in c.model.aux_targets:  # The std of one return is always 0.
         allowed = ">= 2 with the aux target realized_vol (a std over the horizon)"
         check(d.horizon >= 2, "data.horizon", d.horizon, allowed)
+    if c.train.epochs == 0:  # scores the starting model as it is (zero-shot on new series)
+        allowed = ">= 1 without train.init_from (with it, 0 evaluates the starting model)"
+        check(bool(c.train.init_from), "train.epochs", 0, allowed)
     if c.train.pooled_chunk:
         allowed = "0 unless train.share='pooled' (a per-series step has one coin per gradient)"
         check(c.train.share == "pooled", "train.pooled_chunk", c.train.pooled_chunk, allowed)

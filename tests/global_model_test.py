@@ -178,6 +178,33 @@ def test_fine_tuning_a_pooled_run_on_other_pairs_keeps_the_start_it_cannot_beat(
     assert epochs and not any(any(e["improved"]) for e in epochs)
 
 
+def test_zero_epochs_from_a_pooled_run_score_its_network_on_pairs_it_never_saw(
+    pooled_run, tmp_path
+):
+    """train.epochs=0 with train.init_from: the zero-shot scores of issue #42's table, the
+    source's network on other pairs, each with its own band refit and interval."""
+    workdir = str(tmp_path / "zero_shot")
+    config = _config("pooled", ("SOLUSDT", "XRPUSDT"))
+    config.train.init_from, config.train.epochs = pooled_run, 0
+    results = cpbjax.train(config, workdir)
+    network = heads.without_keep(next(iter(_saved_params(pooled_run).values())))
+    for name in ("SOLUSDT-1h", "XRPUSDT-1h"):
+        entry = results["series"][name]
+        assert entry["best_epoch"] is None and entry["epochs_run"] == 0
+        assert entry["test"]["windows"] > 0 and entry["started_from"] == pooled_run
+        params = heads.without_keep(_saved_params(workdir)[name])
+        for path, a in jax.tree_util.tree_leaves_with_path(params):
+            if "band" not in jax.tree_util.keystr(path):  # each series' own refit
+                b = network
+                for key in path:
+                    b = b[key.key]
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert _epochs(workdir) == []
+    config.train.init_from = ""
+    with pytest.raises(config_lib.ConfigError, match="train.epochs=0.*without train.init_from"):
+        config_lib.validate(config)
+
+
 def test_fine_tuning_a_per_series_run_starts_each_series_from_its_own(series_run, tmp_path):
     workdir = str(tmp_path / "tuned")
     c = _worsening(_config("series", ("ETHUSDT",), epochs=1), series_run)
