@@ -57,11 +57,10 @@ class EvalSpec:
     # intervals.NO_BLEND for the band's own fit.
     interval_vol: tuple = intervals.NO_BLEND
     # config.eval.column_fallback under a model.baseline: before scoring, each column
-    # keeps the network's correction only where it beats the baseline on val by the
-    # early-stopping bar (cpbjax/column_fallback.py), with train.loss and train.min_delta.
+    # keeps the network's correction only where its val error, in train.loss, is below the
+    # baseline's (cpbjax/column_fallback.py).
     column_fallback: bool = False
     loss: str = "mae"
-    min_delta: float = 0.0
 
     def at_levels(self, levels) -> EvalSpec:
         """This spec for an interval at other levels (a saved calibration's): what
@@ -79,7 +78,6 @@ def make_spec(config) -> EvalSpec:
         interval_vol=intervals.VOL_BLEND,
         column_fallback=config.eval.column_fallback and config.model.baseline != "none",
         loss=config.train.loss,
-        min_delta=config.train.min_delta,
     )
 
 

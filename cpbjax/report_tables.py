@@ -220,7 +220,7 @@ def fallback_lines(results: dict) -> list[str]:
     counts = [f"{col} {sum(col in cols for cols in decided)}" for col in metrics.COLUMNS]
     return [
         f"Columns forecast by their baseline (persistence for open and close, the band for "
-        f"high and low; the correction did not beat it on validation by train.min_delta), "
+        f"high and low; the correction did not beat it on validation), "
         f"of {len(decided)} series: {', '.join(counts)}."
     ]
 
