@@ -1,8 +1,11 @@
 """The windows a training or val pass reads: each coin's device-resident series, its
 windows gathered by their end candles, and the epoch's batches of window ends.
 
-A step's windows reach the per-coin math (cpbjax/step.py, cpbjax/validation.py) as
-`StepWindows`: `SeriesWindows`, still to be sliced from the device-resident series.
+A step's windows reach the per-coin math (cpbjax/step.py, cpbjax/validation.py) as one of
+two `StepWindows`: `SeriesWindows`, still to be sliced from the device-resident series
+(the default path), or `HostWindows`, gathered on the host and streamed in
+(train.stream_chunk_steps, cpbjax/streaming.py). Both give the same `Windows`, so both
+paths run the same step.
 
 Shape letters (docs/design.md): K coins, T candles, N windows of a split, S steps of an
 epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets, A aux targets.
@@ -49,7 +52,7 @@ def coin_data(arrays: stacking.GroupArrays) -> CoinData:
 
 
 class Windows(NamedTuple):
-    """B windows of one coin, sliced on the device."""
+    """B windows of one coin (sliced on the device or gathered on the host)."""
 
     x_BLF: jax.Array  # normalised inputs
     y_BHC: jax.Array  # normalised OHLC targets
@@ -89,7 +92,21 @@ class SeriesWindows(NamedTuple):
         return SeriesWindows(COIN_DATA_AXES, 0)
 
 
-StepWindows = SeriesWindows  # the one way a step gets its windows, for now
+class HostWindows(NamedTuple):
+    """A step's B windows of ONE coin, gathered on the host (cpbjax/streaming.py)."""
+
+    windows: Windows
+    target_scale_C: jax.Array  # [C] the loss's per-column divisors, as in CoinData
+
+    def gathered(self, spec: EpochSpec) -> Windows:
+        return self.windows
+
+    def coin_axes(self) -> HostWindows:
+        """vmap axes of K coins' HostWindows (every leaf has the coin axis)."""
+        return HostWindows(Windows(0, 0, 0), 0)
+
+
+StepWindows = SeriesWindows | HostWindows
 
 
 def batches(spec: EpochSpec, ends_KN, mask_KN, num_steps: int, keys_K=None):

@@ -5,7 +5,9 @@ leading coin axis [K, ...] and every per-coin function here is `jax.vmap`ped ove
 `run_epoch` is one whole epoch on device-resident data: shuffle each coin's training
 windows, `lax.scan` over the batches (`train_steps`), validation loss
 (cpbjax/validation.py), per-coin early stopping (`finish_epoch`). cpbjax/group.py jits
-and shards it; nothing here reads a config while being traced.
+and shards it; a streamed epoch (cpbjax/streaming.py) runs the same `train_steps` and
+`finish_epoch` over windows gathered on the host. Nothing here reads a config while
+being traced.
 
 Masking rules: a padded window or coin adds nothing to any loss, gradient or metric; a
 coin whose batch has no valid window, or that has stopped or diverged, keeps its params
@@ -321,7 +323,8 @@ def train_steps(
     xs,
     windows_of: Callable[[jax.Array], batching.StepWindows],
 ) -> TrainPass:
-    """`trained` after the train steps `xs` of this epoch.
+    """`trained` after the train steps `xs` of this epoch: all of them, or one streamed
+    chunk of them (cpbjax/streaming.py).
 
     Args:
       arrays: read for the sweep's per-coin hyperparameters only.

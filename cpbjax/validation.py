@@ -3,8 +3,8 @@
 Early stopping reads it twice per epoch (the epoch's params and the kept ones, whose
 paired window losses give the standard error of the gain, cpbjax/early_stopping.py), and
 the init once (an untrained baseline's or a start's val loss is the bar). `val_steps` is
-the scan over the val batches, whose windows `val_pass` slices from the device-resident
-series.
+the scan over the val batches; its windows are sliced from the device-resident series
+(`val_pass`) or streamed from the host in chunks (cpbjax/streaming.py), the same math.
 
 Shape letters (docs/design.md): K coins, N windows of a split (padded to S x B), S steps,
 B windows per step, H horizon, C OHLC targets.
@@ -77,7 +77,8 @@ def val_steps(
 
     Args:
       sums: (summed loss float32 [K], windows int32 [K]) before these steps (`zero_sums`).
-      xs: (each step's part of the windows [S, K, ...], mask bool [S, K, B]).
+      xs: (each step's part of the windows [S, K, ...], mask bool [S, K, B]): all the
+        val steps, or one streamed chunk of them.
       windows_of: a step's part [K, ...] -> that step's StepWindows of the K coins.
     """
 
