@@ -240,6 +240,11 @@ class GroupTrainer:
                 return self.streamed.run_epoch(state, arrays)
             return self._epoch_jit(state, arrays)
 
+    def in_flight_bytes(self) -> int:
+        """Per device, the bytes an epoch holds beside its program's own buffers: a
+        streamed epoch's two chunks of windows (cpbjax/streaming.py), else 0."""
+        return self.streamed.in_flight_bytes() if self.streamed else 0
+
     def lowered_epoch(self, state: step.GroupState, arrays):
         """The lowered epoch program, e.g. `.compile().cost_analysis()` for benchmarks
         (streamed: the program of one full chunk of train steps)."""

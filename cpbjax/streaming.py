@@ -251,6 +251,13 @@ class StreamedEpoch:
         trained = jax.eval_shape(step.fresh_pass, state)
         return self._train.lower(state, arrays.device, trained, 0, self._abstract_chunk())
 
+    def in_flight_bytes(self) -> int:
+        """The bytes on each device of the two chunks alive at once (the one a program
+        reads, the next one being put), which no program's buffers count."""
+        chunk = self._abstract_chunk()
+        nbytes = sum(np.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(chunk))
+        return 2 * int(nbytes) // self.trainer.mesh.size
+
     def _abstract_chunk(self) -> Chunk:
         """A full chunk of J steps as jax.ShapeDtypeStructs, sharded as `_put` places it."""
         spec = self.spec

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, driver, ledger, models, sharding, step, streaming
+from cpbjax import checkpoint, driver, ledger, memory, models, sharding, step, streaming
 from cpbjax import config as config_lib
 from cpbjax.group import GroupTrainer, coin_keys
 from tests import helpers
@@ -163,6 +163,22 @@ def test_stream_queues_each_chunk_before_waiting_for_the_previous_one(monkeypatc
         ("gather", 3), ("put", 3), ("run", 3), ("wait", 1),
         ("gather", 6), ("put", 6), ("run", 6), ("wait", 2),
     ]  # fmt: skip
+
+
+def test_the_memory_check_counts_the_two_chunks_in_flight():
+    trainer = _trainer("series", CHUNK)
+    arrays = trainer.stack(list(helpers.tiny_preps()))
+    state = trainer.init_state(coin_keys(0, range(helpers.NUM_COINS)), arrays)
+    compiled = trainer.lowered_epoch(state, arrays).compile()
+    spec, k = trainer.spec, helpers.NUM_COINS
+    floats_per_window = spec.lookback * spec.num_features + spec.horizon * 4  # x, y [H, C]
+    chunk_bytes = CHUNK * k * BATCH * (4 * floats_per_window + 1)  # and the mask's bool
+    assert trainer.in_flight_bytes() == 2 * chunk_bytes
+    with_chunks = memory.epoch_need(compiled, 1, trainer.in_flight_bytes()).per_device
+    assert with_chunks == memory.epoch_need(compiled, 1).per_device + 2 * chunk_bytes
+    assert _trainer("series", 0).in_flight_bytes() == 0
+    fix = memory.remedy(_config("series", CHUNK).train, k)
+    assert f"fewer steps per streamed chunk (train.stream_chunk_steps, {CHUNK} now)" in fix
 
 
 def test_a_streamed_driver_run_saves_the_device_resident_models(tmp_path):
