@@ -164,6 +164,11 @@ def base_config() -> ml_collections.ConfigDict:
     # own size (the stopped ones cost as much as live ones in a vmapped step). Same results
     # up to float rounding, which the MAE loss's sign gradient can grow (docs/design.md).
     t.compact_groups = True
+    # Steps per chunk of windows streamed from host memory, for series that do not fit in
+    # device memory (cpbjax/streaming.py): the host gathers each chunk's windows and puts
+    # the next chunk on the devices while they train on this one; the same training as the
+    # default. 0 = every series in device memory, windows sliced there.
+    t.stream_chunk_steps = 0
     # A trained workdir to start from, '' = none (cpbjax/init_from.py): its pooled params, or
     # for a per-series run each series' own; the model's shape must match. The starting
     # model's val loss is the bar early stopping keeps, so training on other pairs or newer

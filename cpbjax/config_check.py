@@ -222,6 +222,7 @@ def _validate_train(c) -> None:
     _int_range(c, "train.pooled_chunk", 0, 1_000_000)
     _bool(c, "train.reduce_on_plateau")
     _bool(c, "train.compact_groups")
+    _int_range(c, "train.stream_chunk_steps", 0, 1_000_000)
     init_from = c.train.init_from
     rules.check(
         isinstance(init_from, str), "train.init_from", init_from, "a workdir path, '' = none"

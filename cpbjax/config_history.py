@@ -29,6 +29,7 @@ ADDED: dict[str, Any] = {
     "train.pooled_chunk": 0,
     "train.compact_groups": False,
     "train.init_from": "",  # trained from scratch
+    "train.stream_chunk_steps": 0,  # every series in device memory
     "eval.interval_levels": (),  # no calibrated interval
     "eval.refit_band": False,
     "eval.column_fallback": False,  # the kept model's correction on every column

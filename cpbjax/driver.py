@@ -145,7 +145,7 @@ def _check_memory(run: _Run, group: str, state, arrays) -> None:
     with run.clock.stage("compile"):
         compiled = trainer.lowered_epoch(state, arrays).compile()
     local = [d for d in trainer.mesh.devices.flat if d.process_index == jax.process_index()]
-    need = memory.epoch_need(compiled, len(local))
+    need = memory.epoch_need(compiled, len(local), trainer.in_flight_bytes())
     run.clock.epoch_needs[trainer.num_coins] = need
     if need is None:
         return

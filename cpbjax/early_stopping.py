@@ -10,8 +10,8 @@ The contract (per coin; a pooled model's coins share one record, cpbjax/pooled.p
   without one the best starts at inf, so the first finite epoch is kept.
 - A coin whose train loss, gradient or val loss is not finite diverges: it stops and
   goes back to its kept params.
-cpbjax/step.py runs the passes (the epoch's val losses, and the kept params' for the
-standard error) and ends each epoch with `judge` and `kept`.
+cpbjax/step.py runs the passes (cpbjax/validation.py the epoch's val losses, and the kept
+params' for the standard error) and ends each epoch with `judge` and `kept`.
 
 The bar: `train.min_delta` sets a margin the val loss must beat the best by, in standard errors
 of the val gain. The gain is the mean over val windows of the paired difference

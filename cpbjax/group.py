@@ -6,7 +6,9 @@ the `coins` mesh (each device runs its own K / num_devices coins) and jitted wit
 state donated. Per-series coins are independent, so their epoch has no collective
 between devices; a pooled model's (cpbjax/pooled.py) has an all-reduce per step and
 all-gathers per epoch, written there. The program depends only on the spec and K, so
-every group of a run (same padded shapes) reuses one compilation.
+every group of a run (same padded shapes) reuses one compilation. With
+train.stream_chunk_steps the series stay on the host and the epoch's windows are streamed
+to the devices in chunks (cpbjax/streaming.py), over the same step functions.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cpbjax import epoch_spec, pooled, sharding, step, sweep_grid
+from cpbjax import epoch_spec, pooled, sharding, step, streaming, sweep_grid
 from cpbjax.data import stacking, windows
 
 
@@ -42,6 +44,8 @@ class GroupTrainer:
       state_sharding: NamedShardings of step.GroupState (coin axis over the mesh).
       arrays_sharding: NamedShardings of stacking.GroupArrays (see `stack`).
       coin_sharding: NamedSharding of one [K, ...] array.
+      streamed: with train.stream_chunk_steps, the streaming.StreamedEpoch that stack,
+        init_state, start_from and run_epoch hand over to; None otherwise.
     """
 
     def __init__(
@@ -66,6 +70,8 @@ class GroupTrainer:
         self.data_cfg = config.data
         self.hparam_names = sweep_grid.hparam_names(config)  # GroupArrays.hparams of a sweep
         self.matmul_precision = config.matmul_precision
+        # J steps of windows per chunk streamed from the host; 0 = the device-resident epoch.
+        self.stream_chunk_steps = config.train.stream_chunk_steps
         self.coin_sharding = NamedSharding(self.mesh, P(sharding.COIN_AXIS))
         self._build_programs()
 
@@ -74,7 +80,8 @@ class GroupTrainer:
         return self.spec.module
 
     def _build_programs(self) -> None:
-        """Jits the shard_mapped epoch, then the init and start programs."""
+        """Jits the shard_mapped epoch, then the init and start programs; with
+        train.stream_chunk_steps, the streamed epoch's programs instead."""
         state_specs = sharding.coin_specs(self._state_shapes())
         arrays_specs = sharding.coin_specs(self._abstract_arrays()).replace(price_mask=P())
         metrics_specs = {
@@ -86,53 +93,66 @@ class GroupTrainer:
         # check_vma=False: the scalar outputs (epoch, lr) are computed from replicated
         # inputs only, so they are the same on every device by construction.
         per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
-        epoch = functools.partial(self._math().run_epoch, self.spec)
+        math = self._math()
+        if self.stream_chunk_steps:
+            fresh = self._init_program(math.fresh_state, per_device, arrays_specs, state_specs)
+            self.streamed = streaming.StreamedEpoch(
+                self, math, fresh, per_device, state_specs, arrays_specs, metrics_specs
+            )
+            return
+        self.streamed = None
         # out_shardings: the state leaves the epoch exactly as the init (and a restore,
         # `abstract_state`) places it; XLA would otherwise pick P() for some leaves of a
         # 1-device mesh, and the next epoch would compile again for that placement.
         self._epoch_jit = jax.jit(
             per_device(
-                epoch, in_specs=(state_specs, arrays_specs), out_specs=(state_specs, metrics_specs)
+                functools.partial(math.run_epoch, self.spec),
+                in_specs=(state_specs, arrays_specs),
+                out_specs=(state_specs, metrics_specs),
             ),
             out_shardings=(self.state_sharding, sharding.named(self.mesh, metrics_specs)),
             donate_argnums=0,
         )
-        self._build_start_programs(per_device, state_specs, arrays_specs)
+        self._init_jit = self._init_program(math.init_state, per_device, arrays_specs, state_specs)
+        self._start_jit = self._start_program(per_device, arrays_specs, state_specs)
 
-    def _build_start_programs(self, per_device, state_specs, arrays_specs) -> None:
-        """Jits the init and train.init_from's start (`_build_programs`' shard_map)."""
-        init = functools.partial(self._math().init_state, self.spec)
+    def _init_program(self, init, per_device, arrays_specs, state_specs):
+        """The jitted `init` (the math's init_state or fresh_state): (keys, arrays) -> state.
+
+        A pooled model is one model for all K coins: its init (and train.init_from's start)
+        reads coin 0's key and every coin's band and val loss, so each is one global
+        program that XLA partitions over the mesh (it runs once per group; the epoch's
+        sums cross devices in pooled.py). A per-series one is shard_mapped as the epoch.
+        out_shardings: the state placed as the epoch places it (`_build_programs`).
+        """
+        init = functools.partial(init, self.spec)
+        if self.spec.share == "pooled":
+            in_shardings = (self.coin_sharding, self.arrays_sharding)
+            return jax.jit(init, in_shardings=in_shardings, out_shardings=self.state_sharding)
+        init_specs = (P(sharding.COIN_AXIS), arrays_specs)
+        return jax.jit(
+            per_device(init, in_specs=init_specs, out_specs=state_specs),
+            out_shardings=self.state_sharding,
+        )
+
+    def _start_program(self, per_device, arrays_specs, state_specs):
+        """The jitted train.init_from start: (state, params, arrays) -> state, placed as
+        `_init_program`'s."""
         start = functools.partial(self._math().start_from, self.spec)
         if self.spec.share == "pooled":
-            # One model for all K coins: its init (and train.init_from's start) reads coin
-            # 0's key and every coin's band and val loss, so each is one global program
-            # that XLA partitions over the mesh (it runs once per group; the epoch's sums
-            # cross devices in pooled.py).
-            self._init_jit = jax.jit(
-                init,
-                in_shardings=(self.coin_sharding, self.arrays_sharding),
-                out_shardings=self.state_sharding,
-            )
             start_shardings = (self.state_sharding, self.state_sharding.params)
-            self._start_jit = jax.jit(
+            return jax.jit(
                 start,
                 in_shardings=start_shardings + (self.arrays_sharding,),
                 out_shardings=self.state_sharding,
                 donate_argnums=0,
             )
-        else:
-            # out_shardings: the state placed as the epoch places it (`_build_programs`).
-            init_specs = (P(sharding.COIN_AXIS), arrays_specs)
-            self._init_jit = jax.jit(
-                per_device(init, in_specs=init_specs, out_specs=state_specs),
-                out_shardings=self.state_sharding,
-            )
-            start_specs = (state_specs, state_specs.params, arrays_specs)
-            self._start_jit = jax.jit(
-                per_device(start, in_specs=start_specs, out_specs=state_specs),
-                out_shardings=self.state_sharding,
-                donate_argnums=0,
-            )
+        start_specs = (state_specs, state_specs.params, arrays_specs)
+        return jax.jit(
+            per_device(start, in_specs=start_specs, out_specs=state_specs),
+            out_shardings=self.state_sharding,
+            donate_argnums=0,
+        )
 
     def _math(self):
         """The module whose init_state and run_epoch the programs run: cpbjax/pooled.py
@@ -141,14 +161,14 @@ class GroupTrainer:
 
     def _state_shapes(self) -> step.GroupState:
         keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)
-        init = functools.partial(step.init_state, self.spec)
-        return jax.eval_shape(init, keys, self._abstract_arrays())
+        fresh = functools.partial(step.fresh_state, self.spec)
+        return jax.eval_shape(fresh, keys, self._abstract_arrays())
 
     def _abstract_arrays(self) -> stacking.GroupArrays:
         """GroupArrays of ShapeDtypeStructs: the fixed padded shapes of this config."""
         k, spec = self.num_coins, self.spec
         sizes = stacking.padded_sizes(self.data_cfg, self.t_max)
-        t = sizes["T"]
+        t = 0 if self.stream_chunk_steps else sizes["T"]  # streamed: no series on the devices
         sds = jax.ShapeDtypeStruct
         ends = {}
         for split in windows.EPOCH_SPLITS:
@@ -166,12 +186,15 @@ class GroupTrainer:
             **ends,
         )
 
-    def stack(self, preps: list) -> stacking.GroupArrays:
-        """`stacking.stack_group` padded to K coins, each process placing its own shards."""
+    def stack(self, preps: list) -> stacking.GroupArrays | streaming.StreamedArrays:
+        """`stacking.stack_group` padded to K coins, each process placing its own shards
+        (streamed: all but the series, which stay on the host)."""
         host = stacking.stack_group(preps, self.num_coins, self.data_cfg, self.t_max)
+        if self.streamed:
+            return self.streamed.stack(host)
         return sharding.place(host, self.arrays_sharding)
 
-    def init_state(self, keys_K2, arrays: stacking.GroupArrays) -> step.GroupState:
+    def init_state(self, keys_K2, arrays) -> step.GroupState:
         """A fresh GroupState: `module.init` of each coin with its own key.
 
         Args:
@@ -182,6 +205,8 @@ class GroupTrainer:
         """
         with jax.default_matmul_precision(self.matmul_precision):
             keys = sharding.place(np.asarray(keys_K2, np.uint32), self.coin_sharding)
+            if self.streamed:
+                return self.streamed.init_state(keys, arrays)
             return self._init_jit(keys, arrays)
 
     def start_from(self, state: step.GroupState, params_K, arrays) -> step.GroupState:
@@ -189,6 +214,8 @@ class GroupTrainer:
         (train.init_from): their val loss is the bar (step.start_from / pooled.start_from)."""
         with jax.default_matmul_precision(self.matmul_precision):
             params = sharding.place(params_K, self.state_sharding.params)
+            if self.streamed:
+                return self.streamed.start_from(state, params, arrays)
             return self._start_jit(state, params, arrays)
 
     def abstract_state(self) -> step.GroupState:
@@ -199,7 +226,7 @@ class GroupTrainer:
             self.state_sharding,
         )
 
-    def run_epoch(self, state: step.GroupState, arrays: stacking.GroupArrays):
+    def run_epoch(self, state: step.GroupState, arrays):
         """Runs one epoch of every active coin; `state` is donated (do not reuse it).
 
         Returns:
@@ -209,9 +236,19 @@ class GroupTrainer:
           Losses are NaN for coins that did not train this epoch.
         """
         with jax.default_matmul_precision(self.matmul_precision):
+            if self.streamed:
+                return self.streamed.run_epoch(state, arrays)
             return self._epoch_jit(state, arrays)
 
-    def lowered_epoch(self, state: step.GroupState, arrays: stacking.GroupArrays):
-        """The lowered epoch program, e.g. `.compile().cost_analysis()` for benchmarks."""
+    def in_flight_bytes(self) -> int:
+        """Per device, the bytes an epoch holds beside its program's own buffers: a
+        streamed epoch's two chunks of windows (cpbjax/streaming.py), else 0."""
+        return self.streamed.in_flight_bytes() if self.streamed else 0
+
+    def lowered_epoch(self, state: step.GroupState, arrays):
+        """The lowered epoch program, e.g. `.compile().cost_analysis()` for benchmarks
+        (streamed: the program of one full chunk of train steps)."""
         with jax.default_matmul_precision(self.matmul_precision):
+            if self.streamed:
+                return self.streamed.lowered_epoch(state, arrays)
             return self._epoch_jit.lower(state, arrays)

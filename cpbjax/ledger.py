@@ -26,8 +26,9 @@ class RunMismatch(ValueError):
 
 # Data fields that change where or how candles are fetched, never which candles.
 FETCH_FIELDS = ("base_url", "cache_dir", "download_workers", "timeout_seconds", "retries")
-# Train fields that change how the coins are computed, never what they train.
-EXECUTION_FIELDS = ("compact_groups",)
+# Train fields that change how the coins are computed, never what they train (a streamed
+# epoch trains as the device-resident one, tests/streaming_test.py).
+EXECUTION_FIELDS = ("compact_groups", "stream_chunk_steps")
 
 
 def training_fields(config) -> dict:

@@ -48,14 +48,15 @@ def buffer_sizes(compiled):
         return None
 
 
-def epoch_need(compiled, devices: int) -> Need | None:
+def epoch_need(compiled, devices: int, in_flight: int = 0) -> Need | None:
     """The Need of a compiled epoch program (jax.stages.Compiled), or None where the
-    backend does not report its buffers."""
+    backend does not report its buffers. in_flight: bytes per device the epoch holds
+    beside the program's buffers (a streamed epoch's chunks, GroupTrainer.in_flight_bytes)."""
     m = buffer_sizes(compiled)
     if m is None:
         return None
     per_device = m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-    return Need(max(int(per_device), 0), devices)
+    return Need(max(int(per_device), 0) + in_flight, devices)
 
 
 def host_memory(meminfo: str = "/proc/meminfo") -> tuple[int, int] | None:
@@ -116,6 +117,9 @@ def remedy(train_cfg, num_coins: int, num_devices: int = 1) -> str:
     """The config fields that lower an epoch's need, with their values now (a pooled
     model's chunks split the num_coins / num_devices coins each device holds)."""
     batch = f"lower train.batch_size ({train_cfg.batch_size} windows per coin per step)"
+    if train_cfg.stream_chunk_steps:
+        chunk = f"train.stream_chunk_steps, {train_cfg.stream_chunk_steps} now"
+        batch = f"{batch}, fewer steps per streamed chunk ({chunk})"
     if train_cfg.share == "pooled":
         per_device = num_coins // num_devices
         chunk = min(train_cfg.pooled_chunk or per_device, per_device)

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cpbjax import batching, early_stopping, epoch_spec, optimizer, sharding, step
+from cpbjax import batching, early_stopping, epoch_spec, optimizer, sharding, step, validation
 from cpbjax.data import stacking
 
 
@@ -88,72 +88,92 @@ def pooled_band(arrays: stacking.GroupArrays) -> jax.Array:
     return jnp.nanmedian(band_KH2, axis=0)
 
 
-def init_state(
+def fresh_state(
     spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
 ) -> step.GroupState:
-    """The fresh state: every coin holds the params that coin 0's key initialises (with
-    the pooled band) and keeps its own train key (its shuffles and dropout); with
-    model.baseline, the untrained model's pooled val loss is the one to beat."""
+    """The fresh state before any val pass: every coin holds the params that coin 0's key
+    initialises (with the pooled band) and keeps its own train key (its shuffles and
+    dropout)."""
     band_KH2 = jnp.broadcast_to(pooled_band(arrays), arrays.band.shape)
     shared_K2 = jnp.broadcast_to(keys_K2[0], keys_K2.shape)
-    state = step.init_state(spec, shared_K2, arrays.replace(band=band_KH2))
+    state = step.fresh_state(spec, shared_K2, arrays.replace(band=band_KH2))
     # step.init_coin's split: (init key, train key). Every coin with train windows trains,
     # a training-data-only series (data.split_dates) too: early stopping reads the pooled
     # val loss, so a coin needs no val windows of its own.
-    state = state.replace(
+    return state.replace(
         key=jax.vmap(lambda key: jax.random.split(key)[1])(keys_K2),
         active=arrays.train_mask.any(axis=1),
     )
-    if spec.baseline != "none":
-        val = pooled_mean(*step.val_sums(spec, state.params, arrays), state.active)
-        state = state.replace(best_val=jnp.where(state.active, val, state.best_val))
-    return state
 
 
-def start_from(
-    spec: epoch_spec.EpochSpec, state: step.GroupState, params, arrays: stacking.GroupArrays
+def init_state(
+    spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
 ) -> step.GroupState:
-    """step.start_from for the one pooled model (`params` [K, ...], every coin's the
-    same): the starting model's pooled val loss is the one to beat."""
-    val = pooled_mean(*step.val_sums(spec, params, arrays), state.active)
+    """`fresh_state`; with model.baseline, the untrained model's pooled val loss is the one
+    to beat."""
+    state = fresh_state(spec, keys_K2, arrays)
+    if spec.baseline == "none":
+        return state
+    return with_bar(state, *validation.val_sums(spec, state.params, arrays))
+
+
+def with_bar(state: step.GroupState, val_sum_K, val_n_K) -> step.GroupState:
+    """step.with_bar for the one pooled model: the bar of every training coin is the
+    window mean of the val losses summed per coin (val_sum_K over val_n_K windows)."""
+    val = pooled_mean(val_sum_K, val_n_K, state.active)
+    return state.replace(best_val=jnp.where(state.active, val, jnp.inf).astype(jnp.float32))
+
+
+def restart(spec: epoch_spec.EpochSpec, state: step.GroupState, params) -> step.GroupState:
+    """step.restart for the one pooled model (`params` [K, ...], every coin's the same)."""
     k = state.active.shape[0]
     return state.replace(
         params=params,
         opt_state=replicate(spec.tx.init(first(params)), k),
         best_params=jax.tree.map(jnp.copy, params),
-        best_val=jnp.where(state.active, val, jnp.inf).astype(jnp.float32),
     )
+
+
+def start_from(
+    spec: epoch_spec.EpochSpec, state: step.GroupState, params, arrays: stacking.GroupArrays
+) -> step.GroupState:
+    """step.start_from for the one pooled model: the starting model's pooled val loss is
+    the one to beat."""
+    return with_bar(restart(spec, state, params), *validation.val_sums(spec, params, arrays))
 
 
 class Batch(NamedTuple):
     """One step's windows of the coins at hand (a device's, or a chunk of them)."""
 
-    ends_KB: jax.Array  # int32 [K, B] window ends
+    windows: batching.StepWindows  # each coin's B windows
     mask_KB: jax.Array  # bool [K, B] valid windows, False for coins that do not train
     keys_K: jax.Array  # each coin's key of this step
 
+    def coin_axes(self) -> Batch:
+        """vmap axes of the coins' batches."""
+        return Batch(self.windows.coin_axes(), 0, 0)
 
-def coin_sums(spec: epoch_spec.EpochSpec, params, data: batching.CoinData, batch: Batch):
+
+def coin_sums(spec: epoch_spec.EpochSpec, params, batch: Batch):
     """(objective float32 [K], forecast loss float32 [K]): each coin's batch under the
     shared `params`, summed over its valid windows (step.coin_loss_sums, vmapped)."""
     sums = jax.vmap(
-        functools.partial(step.coin_loss_sums, spec),
-        in_axes=(None, batching.COIN_DATA_AXES, 0, 0, 0),
+        functools.partial(step.coin_loss_sums, spec), in_axes=(None, *batch.coin_axes())
     )
-    return sums(params, data, *batch)
+    return sums(params, *batch)
 
 
-def pooled_objective(spec: epoch_spec.EpochSpec, params, data, batch: Batch, n):
+def pooled_objective(spec: epoch_spec.EpochSpec, params, batch: Batch, n):
     """The training objective of the shared `params` summed over the valid windows of
     every coin's batch, over n (the step's valid windows on every device, int32 []), and
     (aux) each coin's summed forecast loss, float32 [K]."""
-    objective_K, err_K = coin_sums(spec, params, data, batch)
+    objective_K, err_K = coin_sums(spec, params, batch)
     return jnp.sum(objective_K) / jnp.maximum(n, 1), err_K
 
 
 def chunk_of(tree, axes, start, size: int):
     """Coins start..start+size of every leaf with a coin axis (`axes`: 0, or None for a
-    leaf without one, as batching.COIN_DATA_AXES gives them)."""
+    leaf without one, as `Batch.coin_axes` gives them)."""
     return jax.tree.map(
         lambda ax, a: a if ax is None else jax.lax.dynamic_slice_in_dim(a, start, size, 0),
         axes,
@@ -162,21 +182,20 @@ def chunk_of(tree, axes, start, size: int):
     )
 
 
-def chunked_value_and_grad(spec: epoch_spec.EpochSpec, params, data, batch: Batch, n):
+def chunked_value_and_grad(spec: epoch_spec.EpochSpec, params, batch: Batch, n):
     """pooled_objective's ((sum / n, err_K), gradient), taken over chunks of Z =
     train.pooled_chunk coins whose gradients are summed: a chunk's activations are freed
     before the next one runs. The last chunk ends at coin K (dynamic_slice clamps its
     start); its coins that an earlier chunk took are masked out."""
     k, z = batch.mask_KB.shape[0], spec.pooled_chunk
-    axes = (None, batching.COIN_DATA_AXES, Batch(0, 0, 0))  # the shared params: no coin axis
 
     def chunk_sums(p, j):
         first = j * z
         start = jnp.minimum(first, k - z)
         fresh_Z = start + jnp.arange(z) >= first
-        p_Z, data_Z, batch_Z = chunk_of((p, data, batch), axes, start, z)
+        batch_Z = chunk_of(batch, batch.coin_axes(), start, z)
         batch_Z = batch_Z._replace(mask_KB=batch_Z.mask_KB & fresh_Z[:, None])
-        objective_Z, err_Z = coin_sums(spec, p_Z, data_Z, batch_Z)
+        objective_Z, err_Z = coin_sums(spec, p, batch_Z)
         return jnp.sum(objective_Z), (start, err_Z)
 
     def body(carry, j):
@@ -194,15 +213,15 @@ def chunked_value_and_grad(spec: epoch_spec.EpochSpec, params, data, batch: Batc
     return (total / n, err_K), jax.tree.map(lambda g: g / n, grads)
 
 
-def pooled_value_and_grad(spec: epoch_spec.EpochSpec, params, data, batch: Batch, n):
+def pooled_value_and_grad(spec: epoch_spec.EpochSpec, params, batch: Batch, n):
     """((objective summed over these coins' valid windows / n, err_K), its gradient of the
     shared params): in one vmap over the K coins, or in chunks of train.pooled_chunk coins
     when that is smaller than K. With n the windows of every device, the devices' values
     and gradients sum to those of the mean over all of them."""
     if 0 < spec.pooled_chunk < batch.mask_KB.shape[0]:
-        return chunked_value_and_grad(spec, params, data, batch, n)
+        return chunked_value_and_grad(spec, params, batch, n)
     loss_fn = functools.partial(pooled_objective, spec)
-    return jax.value_and_grad(loss_fn, has_aux=True)(params, data, batch, n)
+    return jax.value_and_grad(loss_fn, has_aux=True)(params, batch, n)
 
 
 class PooledStep(NamedTuple):
@@ -213,13 +232,13 @@ class PooledStep(NamedTuple):
     hparams: dict  # a sweep setting's other injected optimizer values ({} without one)
 
 
-def pooled_train_step(spec: epoch_spec.EpochSpec, params, opt_state, data, s: PooledStep):
+def pooled_train_step(spec: epoch_spec.EpochSpec, params, opt_state, s: PooledStep):
     """One update of the shared params from every coin's batch, the same on every device
     (the objective and gradient summed over them); a StepResult with this device's
     per-coin sums [K] and one nonfinite."""
     n_K = jnp.sum(s.batch.mask_KB, axis=1)
     n = device_sum(jnp.sum(n_K))
-    (objective, err_K), grads = pooled_value_and_grad(spec, params, data, s.batch, n)
+    (objective, err_K), grads = pooled_value_and_grad(spec, params, s.batch, n)
     objective, grads = device_sum((objective, grads))
     opt_state = optimizer.with_learning_rate(opt_state, s.lr, **s.hparams)
     updates, new_opt = spec.tx.update(grads, opt_state, params)
@@ -236,36 +255,48 @@ def pooled_train_step(spec: epoch_spec.EpochSpec, params, opt_state, data, s: Po
     )
 
 
-def train_pass(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays) -> step.TrainPass:
-    """Scan over this epoch's batches with the shared params; returns them replicated to
-    this device's [K, ...] and its per-coin sums, as step.train_pass does."""
-    ends_SKB, mask_SKB, step_keys_K = batching.train_batches(spec, state, arrays)
-    data = batching.coin_data(arrays)
+def train_steps(
+    spec: epoch_spec.EpochSpec,
+    state: step.GroupState,
+    arrays: stacking.GroupArrays,
+    trained: step.TrainPass,
+    xs,
+    windows_of,
+) -> step.TrainPass:
+    """step.train_steps for the shared params: `trained` (in the state's layout, every
+    coin's params the same) after the steps `xs`, replicated back to this device's
+    [K, ...] with its per-coin sums."""
+    _, step_keys_K = batching.epoch_keys(state)
     lr_scale, hparams = setting_hparams(arrays, optimizer.plateau_scale(shared(state.plateau)))
 
     def body(carry: step.TrainPass, xs):
-        s, ends_KB, mask_KB = xs
+        s, part, mask_KB = xs
         lr = spec.schedule(state.epoch * spec.train_steps + s)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
         mask_KB = mask_KB & state.active[:, None]
-        pooled_step = PooledStep(Batch(ends_KB, mask_KB, keys_K), lr * lr_scale, hparams)
-        r = pooled_train_step(spec, carry.params, carry.opt_state, data, pooled_step)
+        pooled_step = PooledStep(Batch(windows_of(part), mask_KB, keys_K), lr * lr_scale, hparams)
+        r = pooled_train_step(spec, carry.params, carry.opt_state, pooled_step)
         return carry.add(r), None
 
     k = state.active.shape[0]
-    carry = step.TrainPass(
-        shared(state.params),
-        shared(state.opt_state),
-        jnp.zeros((k,), jnp.float32),
-        jnp.zeros((k,), jnp.int32),
-        jnp.zeros((), bool),
-    )
-    carry, _ = jax.lax.scan(body, carry, (jnp.arange(spec.train_steps), ends_SKB, mask_SKB))
+    carry = trained._replace(params=shared(trained.params), opt_state=shared(trained.opt_state))
+    carry, _ = jax.lax.scan(body, carry, xs)
     return carry._replace(
         params=replicate(carry.params, k),
         opt_state=replicate(carry.opt_state, k),
+        # A step's nonfinite is the shared update's (one bool, broadcast over the coins).
         nonfinite_K=state.active & carry.nonfinite_K,
     )
+
+
+def train_pass(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays) -> step.TrainPass:
+    """This epoch's train steps with the shared params, each batch sliced from the
+    device-resident series; as step.train_pass."""
+    ends_SKB, mask_SKB = batching.train_batches(spec, state, arrays)
+    series = batching.coin_data(arrays)
+    xs = (jnp.arange(spec.train_steps), ends_SKB, mask_SKB)
+    windows_of = lambda ends_KB: batching.SeriesWindows(series, ends_KB)
+    return train_steps(spec, state, arrays, step.fresh_pass(state), xs, windows_of)
 
 
 def setting_hparams(arrays: stacking.GroupArrays, lr_scale: jax.Array):
@@ -279,27 +310,30 @@ def setting_hparams(arrays: stacking.GroupArrays, lr_scale: jax.Array):
 
 
 def run_epoch(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays):
-    """One epoch of the pooled model: (new GroupState, metrics of step.EPOCH_METRICS).
-
-    step.end_epoch gets the pooled val loss as every coin's, so the real coins improve,
-    stop and diverge together; the metrics' val_loss is still each coin's own, and
-    stop_val_loss and best_val_loss the pooled loss and its best.
-    """
+    """One epoch of the pooled model: (new GroupState, metrics of step.EPOCH_METRICS)."""
     trained = train_pass(spec, state, arrays)
-    val = step.val_pass(spec, trained.params, arrays)
+    val = validation.val_pass(spec, trained.params, arrays)
+    best = validation.val_pass(spec, state.best_params, arrays)
+    return finish_epoch(spec, state, trained, val, best)
+
+
+def finish_epoch(
+    spec: epoch_spec.EpochSpec,
+    state: step.GroupState,
+    trained: step.TrainPass,
+    val: validation.ValPass,
+    best: validation.ValPass,
+):
+    """step.finish_epoch for the pooled model: step.end_epoch gets the pooled val loss as
+    every coin's, so the real coins improve, stop and diverge together; the metrics'
+    val_loss is still each coin's own, and stop_val_loss and best_val_loss the pooled
+    loss and its best."""
     pooled_val = pooled_mean(*gather_coins((val.sum_K, val.n_K, state.active)))
     pooled_val_K = jnp.broadcast_to(pooled_val, val.n_K.shape)
-    n_K = trained.num_windows_K
-    train_K = jnp.where(state.active & (n_K > 0), trained.loss_sum_K / jnp.maximum(n_K, 1), jnp.nan)
-    gain_se_K = jnp.broadcast_to(pooled_gain_se(spec, val, state, arrays), val.n_K.shape)
+    every_coin = gather_coins((val.loss_KN, best.loss_KN, val.mask_KN, state.active))
+    gain_se = early_stopping.pooled_gain_se(*every_coin, spec.horizon - 1)
+    gain_se_K = jnp.broadcast_to(gain_se, val.n_K.shape)
+    train_K = step.train_losses(state, trained)
     new_state, metrics = step.end_epoch(spec, state, trained, train_K, pooled_val_K, gain_se_K)
     metrics["val_loss"] = jnp.where(state.active, val.mean_K(), jnp.nan)
     return new_state, metrics
-
-
-def pooled_gain_se(spec: epoch_spec.EpochSpec, candidate: step.ValPass, state, arrays) -> jax.Array:
-    """The standard error of the pooled val gain over the best, float32 [] (as
-    step.gain_se, over every training coin's windows)."""
-    best = step.val_pass(spec, state.best_params, arrays)
-    every_coin = gather_coins((candidate.loss_KN, best.loss_KN, candidate.mask_KN, state.active))
-    return early_stopping.pooled_gain_se(*every_coin, spec.horizon - 1)

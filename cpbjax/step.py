@@ -3,8 +3,11 @@
 A group of K series ("coins") trains as one program: params and optimizer state carry a
 leading coin axis [K, ...] and every per-coin function here is `jax.vmap`ped over it.
 `run_epoch` is one whole epoch on device-resident data: shuffle each coin's training
-windows, `lax.scan` over the batches, validation loss, per-coin early stopping.
-cpbjax/group.py jits and shards it; nothing here reads a config while being traced.
+windows, `lax.scan` over the batches (`train_steps`), validation loss
+(cpbjax/validation.py), per-coin early stopping (`finish_epoch`). cpbjax/group.py jits
+and shards it; a streamed epoch (cpbjax/streaming.py) runs the same `train_steps` and
+`finish_epoch` over windows gathered on the host. Nothing here reads a config while
+being traced.
 
 Masking rules: a padded window or coin adds nothing to any loss, gradient or metric; a
 coin whose batch has no valid window, or that has stopped or diverged, keeps its params
@@ -19,6 +22,7 @@ epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets, A 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -26,7 +30,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from cpbjax import batching, early_stopping, epoch_spec, losses, optimizer
+from cpbjax import batching, early_stopping, epoch_spec, optimizer, validation
 from cpbjax.data import stacking, windows
 from cpbjax.models import heads
 
@@ -83,7 +87,7 @@ class StepResult(NamedTuple):
 
 
 class TrainPass(NamedTuple):
-    """The end of one epoch's train pass, per coin."""
+    """One epoch's train pass so far, per coin, in the state's layout ([K, ...] leaves)."""
 
     params: Any
     opt_state: Any
@@ -127,8 +131,9 @@ def init_coin(spec: epoch_spec.EpochSpec, key: jax.Array, band_H2: jax.Array):
     return params, spec.tx.init(params), optimizer.init_plateau(spec.plateau), train_key
 
 
-def init_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
-    """The fresh state of the coins given (all K, or one device's share of them)."""
+def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
+    """The fresh state of the coins given (all K, or one device's share of them), before
+    any val pass: best_val is inf (`init_state` sets a baseline's)."""
     # lax.map, not vmap: a vmapped orthogonal init (GRU/LSTM recurrent kernels) is a
     # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
     # pool and deadlocks when the pool is small (seen with K >= 3 on 2 cores). Init
@@ -140,17 +145,12 @@ def init_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
     zeros_K = jnp.zeros((k,), jnp.int32)
     # A coin without train or val windows (a padded one) never trains.
     active_K = arrays.train_mask.any(axis=1) & arrays.val_mask.any(axis=1)
-    best_val_K = jnp.full((k,), jnp.inf, jnp.float32)
-    if spec.baseline != "none":
-        # An untrained model IS its baseline: an epoch replaces it as the kept model only
-        # if it beats the baseline's val loss (best_epoch 0 = never beaten).
-        best_val_K = jnp.where(active_K, val_loss(spec, params, arrays), best_val_K)
     return GroupState(
         params=params,
         opt_state=opt_state,
         plateau=plateau,
         best_params=jax.tree.map(jnp.copy, params),
-        best_val=best_val_K,
+        best_val=jnp.full((k,), jnp.inf, jnp.float32),
         best_epoch=zeros_K,
         bad_epochs=zeros_K,
         active=active_K,
@@ -162,34 +162,45 @@ def init_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
     )
 
 
-def start_from(spec: epoch_spec.EpochSpec, state: GroupState, params, arrays) -> GroupState:
+def init_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
+    """`fresh_state`; with model.baseline, an untrained model IS its baseline: an epoch
+    replaces it as the kept model only if it beats the baseline's val loss (best_epoch 0 =
+    never beaten)."""
+    state = fresh_state(spec, keys_K2, arrays)
+    if spec.baseline == "none":
+        return state
+    return with_bar(state, *validation.val_sums(spec, state.params, arrays))
+
+
+def with_bar(state: GroupState, val_sum_K, val_n_K) -> GroupState:
+    """`state` whose best val loss, the bar an epoch must clear to be kept, is each active
+    coin's val loss of its current params (`validation.val_sums`; inf for the others)."""
+    best_val_K = jnp.where(state.active, validation.mean_K(val_sum_K, val_n_K), jnp.inf)
+    return state.replace(best_val=best_val_K.astype(jnp.float32))
+
+
+def restart(spec: epoch_spec.EpochSpec, state: GroupState, params) -> GroupState:
     """A fresh `state` that starts from trained `params` [K, ...] (train.init_from,
-    cpbjax/init_from.py): the optimizer state anew for them, and their val loss the one to
-    beat, as an untrained baseline's is, so an epoch replaces them only if it beats the
-    starting model (best_epoch 0 = never, the start is kept)."""
-    best_val_K = jnp.where(state.active, val_loss(spec, params, arrays), jnp.inf)
+    cpbjax/init_from.py): the optimizer state anew for them and them the kept params.
+    `start_from` then makes their val loss the bar."""
     return state.replace(
         params=params,
         opt_state=jax.vmap(spec.tx.init)(params),
         best_params=jax.tree.map(jnp.copy, params),
-        best_val=best_val_K.astype(jnp.float32),
     )
+
+
+def start_from(spec: epoch_spec.EpochSpec, state: GroupState, params, arrays) -> GroupState:
+    """`restart` from `params`, their val loss the one to beat, as an untrained baseline's
+    is: an epoch replaces them only if it beats the starting model (best_epoch 0 = never,
+    the start is kept)."""
+    return with_bar(restart(spec, state, params), *validation.val_sums(spec, params, arrays))
 
 
 # -- one coin ---------------------------------------------------------------------------
 
 
-def forecast_loss(
-    spec: epoch_spec.EpochSpec, y_hat_BHC, y_BHC: jax.Array, data: batching.CoinData
-) -> jax.Array:
-    """train.loss of each window's forecast, [B]."""
-    scale_C = data.target_scale_C if spec.scale_loss else None
-    return losses.window_loss(spec.loss, y_hat_BHC, y_BHC, scale_C)
-
-
-def coin_loss_sums(
-    spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_B, mask_B, key
-):
+def coin_loss_sums(spec: epoch_spec.EpochSpec, params, w: batching.StepWindows, mask_B, key):
     """The training objective of ONE coin's batch and its forecast part, summed over the
     valid windows (float32 scalars, 0 when none is valid).
 
@@ -197,20 +208,20 @@ def coin_loss_sums(
     only with aux targets). An ensemble's objective is the sum of its members' (each
     member's gradient is its own) and its forecast part their mean.
     """
-    w = batching.gather_windows(spec, data, ends_B)
+    windows = w.gathered(spec)
     dropout_key, teacher_key = jax.random.split(key)
     members = {"member_outputs": True} if spec.members > 1 else {}
     y_hat, aux_hat_BA = spec.module.apply(
         {"params": params},
-        w.x_BLF,
-        w.y_BHC,
+        windows.x_BLF,
+        windows.y_BHC,
         train=True,
         teacher_forcing=spec.teacher_forcing,
         return_aux=True,
         rngs={"dropout": dropout_key, "teacher": teacher_key},
         **members,
     )
-    window_terms = functools.partial(_window_terms, spec, w, data, mask_B)
+    window_terms = functools.partial(_window_terms, spec, windows, w.target_scale_C, mask_B)
     if spec.members == 1:
         objective_B, err_B = window_terms(y_hat, aux_hat_BA)
     else:  # [Y, B] per member
@@ -222,31 +233,31 @@ def coin_loss_sums(
 def _window_terms(
     spec: epoch_spec.EpochSpec,
     w: batching.Windows,
-    data: batching.CoinData,
+    target_scale_C: jax.Array,
     mask_B,
     y_hat,
     aux_hat_BA,
 ):
     """(objective, forecast loss) of each window of one model's forecasts, float32 [B]
     (0 where mask_B is False)."""
-    err_B = jnp.where(mask_B, forecast_loss(spec, y_hat, w.y_BHC, data), 0.0)
+    err_B = validation.forecast_loss(spec, y_hat, w.y_BHC, target_scale_C)
+    err_B = jnp.where(mask_B, err_B, 0.0)
     if not w.aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC loss
         return err_B, err_B
     aux_err_B = jnp.where(mask_B, window_sq_err(aux_hat_BA, w.aux_BA), 0.0)
     return err_B + spec.aux_weight * aux_err_B, err_B
 
 
-def coin_loss(spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_B, mask_B, key):
+def coin_loss(spec: epoch_spec.EpochSpec, params, w: batching.StepWindows, mask_B, key):
     """`coin_loss_sums` as means over the valid windows: (objective, forecast loss)."""
     n = jnp.maximum(jnp.sum(mask_B), 1)
-    objective, err = coin_loss_sums(spec, params, data, ends_B, mask_B, key)
+    objective, err = coin_loss_sums(spec, params, w, mask_B, key)
     return objective / n, err / n
 
 
 class CoinStep(NamedTuple):
-    """What one train step of ONE coin takes besides its params and data."""
+    """What one train step of ONE coin takes besides its params and windows."""
 
-    ends_B: jax.Array  # int32 [B] window ends
     mask_B: jax.Array  # bool [B] valid windows
     key: jax.Array  # this step's key
     lr: jax.Array  # learning rate (schedule x plateau scale x a sweep coin's lr_mult)
@@ -255,7 +266,7 @@ class CoinStep(NamedTuple):
 
 
 def coin_train_step(
-    spec: epoch_spec.EpochSpec, params, opt_state, data: batching.CoinData, s: CoinStep
+    spec: epoch_spec.EpochSpec, params, opt_state, w: batching.StepWindows, s: CoinStep
 ):
     """One masked update of ONE coin; returns a StepResult.
 
@@ -265,9 +276,7 @@ def coin_train_step(
     """
     n = jnp.sum(s.mask_B)
     loss_fn = functools.partial(coin_loss, spec)
-    (objective, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, data, s.ends_B, s.mask_B, s.key
-    )
+    (objective, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, w, s.mask_B, s.key)
     updates, new_opt = spec.tx.update(
         grads, optimizer.with_learning_rate(opt_state, s.lr, **s.hparams), params
     )
@@ -279,17 +288,6 @@ def coin_train_step(
     opt_state = jax.tree.map(lambda a, b: jnp.where(take, a, b), new_opt, opt_state)
     n_taken = jnp.where(take, n, 0)
     return StepResult(params, opt_state, loss * n_taken, n_taken, s.active & (n > 0) & ~finite)
-
-
-def coin_val_losses(spec: epoch_spec.EpochSpec, params, data: batching.CoinData, ends_B, mask_B):
-    """train.loss of each val window of ONE coin, float32 [B] (0 where mask_B is False).
-
-    The aux targets never enter it: early stopping watches the forecast the model
-    is for, and the val loss stays comparable across runs with any aux targets.
-    """
-    w = batching.gather_windows(spec, data, ends_B)
-    y_hat_BHC = spec.module.apply({"params": params}, w.x_BLF, None, train=False)
-    return jnp.where(mask_B, forecast_loss(spec, y_hat_BHC, w.y_BHC, data), 0.0)
 
 
 # -- the epoch --------------------------------------------------------------------------
@@ -305,107 +303,93 @@ def coin_hparams(arrays: stacking.GroupArrays, lr_scale_K: jax.Array):
     return lr_scale_K, hparams
 
 
-def train_pass(
-    spec: epoch_spec.EpochSpec, state: GroupState, arrays: stacking.GroupArrays
-) -> TrainPass:
-    """Scan over this epoch's batches; returns params, opt state and per-coin sums."""
-    ends_SKB, mask_SKB, step_keys_K = batching.train_batches(spec, state, arrays)
-    data = batching.coin_data(arrays)
-    lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
-    lr_scale_K, hparams_K = coin_hparams(arrays, lr_scale_K)
-    step = jax.vmap(
-        lambda p, o, d, s: coin_train_step(spec, p, o, d, s),
-        in_axes=(0, 0, batching.COIN_DATA_AXES, 0),
-    )
-
-    def body(carry: TrainPass, xs):
-        s, ends_KB, mask_KB = xs
-        lr = spec.schedule(state.epoch * spec.train_steps + s)
-        keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
-        coin_steps = CoinStep(ends_KB, mask_KB, keys_K, lr * lr_scale_K, state.active, hparams_K)
-        r = step(carry.params, carry.opt_state, data, coin_steps)
-        return carry.add(r), None
-
+def fresh_pass(state: GroupState) -> TrainPass:
+    """An epoch's train pass before its first step: the state's params, nothing summed."""
     k = state.active.shape[0]  # this device's coins
-    carry = TrainPass(
+    return TrainPass(
         state.params,
         state.opt_state,
         jnp.zeros((k,), jnp.float32),
         jnp.zeros((k,), jnp.int32),
         jnp.zeros((k,), bool),
     )
-    carry, _ = jax.lax.scan(body, carry, (jnp.arange(spec.train_steps), ends_SKB, mask_SKB))
-    return carry
 
 
-def val_loss(spec: epoch_spec.EpochSpec, params, arrays: stacking.GroupArrays) -> jax.Array:
-    """Masked mean validation loss per coin, float32 [K] (NaN for a coin without windows)."""
-    return val_pass(spec, params, arrays).mean_K()
+def train_steps(
+    spec: epoch_spec.EpochSpec,
+    state: GroupState,
+    arrays: stacking.GroupArrays,
+    trained: TrainPass,
+    xs,
+    windows_of: Callable[[jax.Array], batching.StepWindows],
+) -> TrainPass:
+    """`trained` after the train steps `xs` of this epoch: all of them, or one streamed
+    chunk of them (cpbjax/streaming.py).
 
-
-class ValPass(NamedTuple):
-    """One model's val pass, per coin."""
-
-    sum_K: jax.Array  # float32 [K]: summed val loss over the valid windows
-    n_K: jax.Array  # int32 [K]: valid windows
-    loss_KN: jax.Array  # float32 [K, S*B]: each window's loss (0 where mask_KN is False)
-    mask_KN: jax.Array  # bool [K, S*B]: the val windows in val_ends order, then padding
-
-    def mean_K(self) -> jax.Array:
-        """The masked mean val loss per coin, float32 [K] (NaN for a coin without windows)."""
-        return jnp.where(self.n_K > 0, self.sum_K / jnp.maximum(self.n_K, 1), jnp.nan)
-
-
-def val_sums(spec: epoch_spec.EpochSpec, params, arrays: stacking.GroupArrays):
-    """Per coin: the summed val loss over its valid val windows, float32 [K], and their
-    count, int32 [K]."""
-    v = val_pass(spec, params, arrays)
-    return v.sum_K, v.n_K
-
-
-def val_pass(spec: epoch_spec.EpochSpec, params, arrays: stacking.GroupArrays) -> ValPass:
-    """The val loss of every coin's params [K, ...], summed and window by window."""
-    ends_SKB, mask_SKB = batching.batches(spec, arrays.val_ends, arrays.val_mask, spec.val_steps)
-    data = batching.coin_data(arrays)
-    losses_KB = jax.vmap(
-        lambda p, d, e, m: coin_val_losses(spec, p, d, e, m),
-        in_axes=(0, batching.COIN_DATA_AXES, 0, 0),
-    )
-
-    def body(carry, xs):
-        err_KB = losses_KB(params, data, *xs)
-        sums = (carry[0] + jnp.sum(err_KB, axis=1), carry[1] + jnp.sum(xs[1], axis=1))
-        return sums, err_KB
-
-    k = ends_SKB.shape[1]  # this device's coins
-    (err_K, n_K), err_SKB = jax.lax.scan(
-        body, (jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.int32)), (ends_SKB, mask_SKB)
-    )
-    # [S, K, B] -> [K, S*B]: each coin's windows in val_ends order.
-    to_kn = lambda a: a.swapaxes(0, 1).reshape(k, -1)
-    return ValPass(err_K, n_K, to_kn(err_SKB), to_kn(mask_SKB))
-
-
-def gain_se(spec: epoch_spec.EpochSpec, candidate: ValPass, state: GroupState, arrays) -> jax.Array:
-    """The standard error of each coin's val gain over its best, float32 [K]
-    (cpbjax/early_stopping.py).
-
-    The best model's window losses are recomputed from best_params rather than kept in
-    the state: one more val pass per epoch, and a smaller checkpoint.
+    Args:
+      arrays: read for the sweep's per-coin hyperparameters only.
+      xs: (step numbers int32 [S], each step's part of the windows [S, K, ...], mask
+        bool [S, K, B]): the step number sets the lr and the step's dropout keys.
+      windows_of: a step's part [K, ...] -> that step's StepWindows of the K coins.
     """
-    best = val_pass(spec, state.best_params, arrays)
-    return early_stopping.gain_se(
-        candidate.loss_KN, best.loss_KN, candidate.mask_KN, spec.horizon - 1
-    )
+    _, step_keys_K = batching.epoch_keys(state)
+    lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
+    lr_scale_K, hparams_K = coin_hparams(arrays, lr_scale_K)
+
+    def body(carry: TrainPass, xs):
+        s, part, mask_KB = xs
+        w = windows_of(part)
+        lr = spec.schedule(state.epoch * spec.train_steps + s)
+        keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
+        coin_steps = CoinStep(mask_KB, keys_K, lr * lr_scale_K, state.active, hparams_K)
+        step = jax.vmap(
+            lambda p, o, w, s: coin_train_step(spec, p, o, w, s), in_axes=(0, 0, w.coin_axes(), 0)
+        )
+        return carry.add(step(carry.params, carry.opt_state, w, coin_steps)), None
+
+    trained, _ = jax.lax.scan(body, trained, xs)
+    return trained
+
+
+def train_pass(
+    spec: epoch_spec.EpochSpec, state: GroupState, arrays: stacking.GroupArrays
+) -> TrainPass:
+    """This epoch's train steps, each batch sliced from the device-resident series."""
+    ends_SKB, mask_SKB = batching.train_batches(spec, state, arrays)
+    series = batching.coin_data(arrays)
+    xs = (jnp.arange(spec.train_steps), ends_SKB, mask_SKB)
+    windows_of = lambda ends_KB: batching.SeriesWindows(series, ends_KB)
+    return train_steps(spec, state, arrays, fresh_pass(state), xs, windows_of)
+
+
+def train_losses(state: GroupState, trained: TrainPass) -> jax.Array:
+    """The epoch's mean train loss per coin, float32 [K] (NaN where it did not train)."""
+    n_K = trained.num_windows_K
+    return jnp.where(state.active & (n_K > 0), trained.loss_sum_K / jnp.maximum(n_K, 1), jnp.nan)
 
 
 def run_epoch(spec: epoch_spec.EpochSpec, state: GroupState, arrays: stacking.GroupArrays):
     """One epoch of every active coin: (new GroupState, metrics dict of EPOCH_METRICS)."""
     trained = train_pass(spec, state, arrays)
-    val = val_pass(spec, trained.params, arrays)
-    n_K = trained.num_windows_K
-    train_K = jnp.where(state.active & (n_K > 0), trained.loss_sum_K / jnp.maximum(n_K, 1), jnp.nan)
-    return end_epoch(spec, state, trained, train_K, val.mean_K(), gain_se(spec, val, state, arrays))
+    val = validation.val_pass(spec, trained.params, arrays)
+    best = validation.val_pass(spec, state.best_params, arrays)
+    return finish_epoch(spec, state, trained, val, best)
+
+
+def finish_epoch(
+    spec: epoch_spec.EpochSpec,
+    state: GroupState,
+    trained: TrainPass,
+    val: validation.ValPass,
+    best: validation.ValPass,
+):
+    """`end_epoch` after the train pass `trained`, given the val passes of its params
+    (`val`) and of the best params before it (`best`): their paired window losses give
+    the standard error of the gain (cpbjax/early_stopping.py). The best model's losses
+    are recomputed rather than kept in the state: one more val pass per epoch, and a
+    smaller checkpoint."""
+    gain_se_K = early_stopping.gain_se(val.loss_KN, best.loss_KN, val.mask_KN, spec.horizon - 1)
+    return end_epoch(spec, state, trained, train_losses(state, trained), val.mean_K(), gain_se_K)
 
 
 def end_epoch(

@@ -373,7 +373,7 @@ def test_objective_is_ohlc_mse_plus_weighted_aux_mse():
     data = jax.tree.map(lambda a: a[1] if a.ndim > 1 else a, batching.coin_data(arrays))
     ends = jnp.asarray(prep.ends["train"][:32], jnp.int32)
     mask = jnp.arange(32) % 5 != 0  # some windows are padding
-    args = (params, data, ends, mask, jax.random.key(0))
+    args = (params, batching.SeriesWindows(data, ends), mask, jax.random.key(0))
     objective, ohlc = _compile(functools.partial(step.coin_loss, trainer.spec), *args)(*args)
     # Reference: windows gathered in numpy, MSEs averaged over the valid windows.
     e, m = np.asarray(ends), np.asarray(mask)

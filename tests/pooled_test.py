@@ -95,7 +95,8 @@ def _reference_batches(config, ends_KB, mask_KB, step_keys_K, s):
 def _reference_epoch(config, module, state0, arrays, spec):
     """One epoch by hand: per step, `_reference_loss` on the same shuffled windows, its
     gradient, one optax update. Returns (params, per-coin mean train loss [K])."""
-    ends_SKB, mask_SKB, step_keys_K = jax.device_get(batching.train_batches(spec, state0, arrays))
+    ends_SKB, mask_SKB = jax.device_get(batching.train_batches(spec, state0, arrays))
+    step_keys_K = jax.device_get(batching.epoch_keys(state0)[1])
     tx = optimizer.make_optimizer(config.train)
     params = jax.tree.map(lambda a: a[0], jax.device_get(state0.params))  # coin 0's
     opt_state = tx.init(params)
@@ -154,15 +155,15 @@ def test_gradient_weighs_every_window_alike_not_every_coin(one_epoch, chunk):
     coins: the last chunk is coins 1-2, coin 1 masked out as the first chunk took it)."""
     config, module, trainer, arrays, state0, _, _ = one_epoch
     spec = dataclasses.replace(trainer.spec, pooled_chunk=chunk)
-    ends_SKB, mask_SKB, step_keys_K = batching.train_batches(spec, state0, arrays)
+    ends_SKB, mask_SKB = batching.train_batches(spec, state0, arrays)
+    step_keys_K = batching.epoch_keys(state0)[1]
     mask_KB = mask_SKB[0] & (jnp.arange(mask_SKB.shape[2]) < jnp.array([4, 12, 32])[:, None])
     params = pooled.first(state0.params)
     keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, 0)
     value_and_grad = functools.partial(pooled.pooled_value_and_grad, spec)
-    batch = pooled.Batch(ends_SKB[0], mask_KB, keys_K)
-    (loss, err_K), grads = jax.jit(value_and_grad)(
-        params, batching.coin_data(arrays), batch, jnp.sum(mask_KB)
-    )
+    windows = batching.SeriesWindows(batching.coin_data(arrays), ends_SKB[0])
+    batch = pooled.Batch(windows, mask_KB, keys_K)
+    (loss, err_K), grads = jax.jit(value_and_grad)(params, batch, jnp.sum(mask_KB))
     batches = _reference_batches(config, *jax.device_get((ends_SKB[0], mask_KB, step_keys_K)), 0)
     assert [len(b[0]) for b in batches] == [4, 12, 32]
     reference = jax.jit(jax.value_and_grad(_reference_loss(config, module), has_aux=True))

@@ -2,7 +2,9 @@
 
 Every group of a run is padded to the same fixed sizes (`padded_sizes`), so one compiled
 program serves them all. `gather` slices a batch of windows of one coin inside the jitted
-step: windows are never materialised, so memory stays O(K·T·F).
+step: windows are never materialised, so memory stays O(K·T·F). (A run whose series do
+not fit in device memory streams its windows instead: the host gathers them with the
+same `gather`, cpbjax/streaming.py.)
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
@@ -235,18 +236,21 @@ def window_source(prep) -> WindowSource:
 
 
 def gather(source: WindowSource, ends_B, lookback: int, horizon: int):
-    """Slices B windows of ONE coin on the device.
+    """Slices B windows of ONE coin: on the device (jax arrays, inside the jitted step), or
+    on the host (numpy arrays, cpbjax/streaming.py) with the same float32 arithmetic, so
+    both give the same bits.
 
     Args:
-      source: the coin's arrays. ends_B: int32 [B] window end indices.
+      source: the coin's arrays. ends_B: int32 [B] window end indices; any leading axes
+        (ends [J, B] give [J, B, L, F] and [J, B, H, C]).
     Returns:
       x_BLF: float32 [B, L, F] inputs; y_BHC: float32 [B, H, C] targets.
     """
-    in_idx_BL = ends_B[:, None] + jnp.arange(-lookback + 1, 1)[None, :]
-    out_idx_BH = ends_B[:, None] + jnp.arange(1, horizon + 1)[None, :]
+    in_idx_BL = ends_B[..., None] + np.arange(-lookback + 1, 1, dtype=np.int32)
+    out_idx_BH = ends_B[..., None] + np.arange(1, horizon + 1, dtype=np.int32)
     anchor_B = source.anchor_T[ends_B]
-    x_BLF = source.inputs_TF[in_idx_BL] - anchor_B[:, None, None] * source.price_mask_F
-    y_BHC = source.targets_TC[out_idx_BH] - anchor_B[:, None, None]
+    x_BLF = source.inputs_TF[in_idx_BL] - anchor_B[..., None, None] * source.price_mask_F
+    y_BHC = source.targets_TC[out_idx_BH] - anchor_B[..., None, None]
     return x_BLF, y_BHC
 
 
