@@ -1,8 +1,8 @@
 """The per-column fallback's bar (eval.column_fallback), chosen on the tuning pairs' val split
 without scoring a decision on the windows that made it: each series' val windows are cut
 in two halves in time (purged by H); the fallback is decided on the first half as the
-product decides it (column_fallback.window_errors / keep_mask on the kept params), for
-each bar, and the second half is scored as the product scores val (the band refit on
+product decides it (column_fallback.window_errors on the kept params, each bar's margin
+as early stopping's, `keep_with_bar`), and the second half is scored as the product scores val (the band refit on
 train, skill against the better naive forecast in prices). Test is never read.
 
 Bars: a number b keeps a column's correction where its val error beats the baseline's
@@ -22,12 +22,22 @@ import statistics
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cpbjax import band_refit, column_fallback, evaluate, forecast, metrics, saved, writers  # noqa: E402
+from cpbjax import (  # noqa: E402
+    band_refit,
+    column_fallback,
+    early_stopping,
+    evaluate,
+    forecast,
+    metrics,
+    saved,
+    writers,
+)
 from cpbjax import config as config_lib  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.models import heads  # noqa: E402
@@ -40,6 +50,16 @@ def halves(ends_N: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray]:
     targets reach the second half's first window's last input."""
     first, second = ends_N[: len(ends_N) // 2], ends_N[len(ends_N) // 2 :]
     return first[first + horizon < second[0]], second
+
+
+def keep_with_bar(model_CN, base_CN, bar: float, lag: int) -> np.ndarray:
+    """bool [C]: the model's mean error is below the baseline's by more than `bar` standard
+    errors of the paired per-window difference (early_stopping.bar, gain_se: Newey-West
+    over `lag` lags); bar 0 is column_fallback.keep_mask, the product's decision."""
+    model_CN, base_CN = jnp.asarray(model_CN, jnp.float32), jnp.asarray(base_CN, jnp.float32)
+    se_C = early_stopping.gain_se(model_CN, base_CN, jnp.ones(model_CN.shape, bool), lag)
+    bar_C = early_stopping.bar(bar, jnp.mean(base_CN, axis=1), se_C)
+    return np.asarray(jnp.mean(model_CN, axis=1) < bar_C)
 
 
 def masked(prep, model: forecast.SplitForecast, base: forecast.SplitForecast, keep_C):
@@ -72,9 +92,7 @@ def series_scores(loaded, prep, entry, spec, bars) -> dict:
         keep_C = (
             np.ones(4, bool)
             if bar == "never"
-            else column_fallback.keep_mask(
-                errs["model"], errs["base"], float(bar), spec.horizon - 1
-            )
+            else keep_with_bar(errs["model"], errs["base"], float(bar), spec.horizon - 1)
         )
         fcs = {
             "train": masked(prep, fc["model", "train"], fc["base", "train"], keep_C),
