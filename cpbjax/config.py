@@ -118,6 +118,9 @@ def base_config() -> ml_collections.ConfigDict:
     # none | range: the network sees price inputs in units of the window's EWMA log range,
     # and its output is multiplied back by it (per-window scaling, as RevIN); needs direct.
     m.window_scale = "none"
+    # With a model.baseline: the target columns the network corrects; the others forecast
+    # the baseline's (the last close for open and close, the band for high and low).
+    m.corrected_columns = ("open", "high", "low", "close")
     # >= 1: train this many independently initialised copies of the model side by side in one
     # program (each its own init, dropout and optimizer state) and forecast the mean of
     # their log forecasts; early stopping judges that mean. Costs about that many times one model.

@@ -23,6 +23,7 @@ ADDED: dict[str, Any] = {
     "model.baseline": "none",  # the raw network output
     "model.window_scale": "none",
     "model.ensemble": 1,
+    "model.corrected_columns": ("open", "high", "low", "close"),  # every column
     "train.loss": "mse",  # the replaced system's objective
     "train.loss_scale": "none",
     "train.share": "series",  # a model per series

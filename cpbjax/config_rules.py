@@ -89,6 +89,8 @@ IGNORED = (
     ("model.aux_targets", ((),), "it weighs the aux targets' loss", ("model.aux_weight",)),
     ("model.baseline", ("none",), "it refits the vol_band baseline's band",
      ("eval.refit_band",)),
+    ("model.baseline", ("none",), "the network forecasts every column itself",
+     ("model.corrected_columns",)),
     ("model.baseline", ("none",), "there is no baseline to fall back to",
      ("eval.column_fallback",)),
     ("data.normalization", ("candle_minmax",), "it keeps no price level to forecast",

@@ -114,3 +114,30 @@ def test_a_variant_the_model_lacks_is_named():
         config_lib.ConfigError, match="'replaced' is not allowed: expected '', 'demo', 'tiny'"
     ):
         config_lib.load(f"{ROOT}/configs/mlp.py:replaced")
+
+
+def test_a_column_the_network_does_not_correct_forecasts_its_baseline():
+    """model.corrected_columns=(high, low): open and close are the last close exactly, with
+    a head that is not zero; high and low move off the band."""
+    cfg = models.make_config(run_config(corrected_columns=("high", "low")))
+    module = models.build(cfg)
+    x, y = windows(3)
+    params = module.init(jax.random.key(0), x, y)["params"]
+    params = {
+        **params,
+        "head": {**params["head"], "bias": jnp.full_like(params["head"]["bias"], 0.5)},
+    }
+    y_hat = np.asarray(module.apply({"params": params}, x))
+    np.testing.assert_array_equal(y_hat[..., [0, 3]], 0.0)
+    for b in range(B):
+        sigma = loop_sigma(np.asarray(x[b], np.float64))
+        band = 0.5 * np.sqrt(np.arange(1, H + 1)) * sigma
+        assert np.abs(y_hat[b, :, 1] - band).min() > 0.4 * sigma  # 0.5 of range added
+
+
+@pytest.mark.parametrize("columns", [(), ("close", "close"), ("volume",)])
+def test_corrected_columns_are_distinct_target_names(columns):
+    c = config_lib.load(f"{ROOT}/configs/mlp.py:tiny")
+    c.model.corrected_columns = columns
+    with pytest.raises(config_lib.ConfigError, match="model.corrected_columns"):
+        config_lib.validate(c)

@@ -32,7 +32,8 @@ def head_init(cfg: model_config.ModelConfig):
 
 class ForecastOutput(nn.Module):
     """Turns a head's raw outputs [B, H, C] into forecasts [B, H, C]: the raw output (times
-    the window's range under window_scale=range) plus the baseline (cfg.baseline):
+    the window's range under window_scale=range) on the columns cfg.corrected_columns
+    names (0 on the others), and on the fallback mask's, plus the baseline (cfg.baseline):
       vol_band: the last close for every column (0 in the last_close space), and
         high = +k_h·sigma and low = -k'_h·sigma, sigma the window's EWMA log range and
         k, k' learned per step ("band_high", "band_low" [H]; group training starts them
@@ -48,6 +49,9 @@ class ForecastOutput(nn.Module):
         sigma_B = layers.window_range(x_BLF)
         if cfg.window_scale == "range":  # the output is in range units
             y_BHC = y_BHC * layers.floored_range(sigma_B)[:, None, None]
+        if len(cfg.corrected_columns) < cfg.num_targets:  # static: the others are the baseline's
+            corrected_C = np.isin(model_config.TARGET_COLUMNS, cfg.corrected_columns)
+            y_BHC = jnp.where(corrected_C, y_BHC, 0.0)
         if self.has_variable("params", KEEP_COLUMNS):  # the correction, masked per column
             keep_C = self.get_variable("params", KEEP_COLUMNS)
             y_BHC = jnp.where(keep_C > 0, y_BHC, 0.0)

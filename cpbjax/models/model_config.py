@@ -26,6 +26,8 @@ PRECISIONS = {
 DECODINGS = ("autoregressive", "direct")
 # What the network's output is added to (model.baseline); see ForecastOutput.
 BASELINES = ("none", "vol_band")
+# The target columns, in the order of the targets and of every forecast [..., C].
+TARGET_COLUMNS = ("open", "high", "low", "close")
 # model.window_scale: none | range (price inputs in units of the window's EWMA log range,
 # and the head's median output multiplied back by it); see PriceScale.
 WINDOW_SCALES = ("none", "range")
@@ -52,6 +54,9 @@ class ModelConfig:
     # Y: independently initialised members trained side by side whose forecasts are
     # averaged (models/ensemble.py); 1 = one model.
     ensemble: int = 1
+    # The target columns (TARGET_COLUMNS names) the network corrects; the others forecast
+    # the baseline's (heads.ForecastOutput).
+    corrected_columns: tuple = TARGET_COLUMNS
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -113,6 +118,19 @@ class ModelConfig:
             rules.one_of("model.baseline", value, BASELINES)
         elif field == "window_scale":
             rules.one_of("model.window_scale", value, WINDOW_SCALES)
+        elif field == "corrected_columns":
+            ok = (
+                isinstance(value, tuple)
+                and len(value) > 0
+                and len(set(value)) == len(value)
+                and set(value) <= set(TARGET_COLUMNS)
+            )
+            rules.check(
+                ok,
+                "model.corrected_columns",
+                value,
+                f"a tuple of distinct names of {TARGET_COLUMNS}",
+            )
         elif field == "ensemble":
             rules.int_in("model.ensemble", value, 1, cls.MAX_MEMBERS)
         elif field == "dropout":
