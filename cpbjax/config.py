@@ -194,9 +194,9 @@ def base_config() -> ml_collections.ConfigDict:
     # (experiments/early_stopping_margin).
     e.refit_band = True
     # With model.baseline=vol_band (ignored without a baseline): after training, each series
-    # keeps the network's correction on a column (open, high, low, close) only where its
-    # val error is below the baseline's; other columns forecast the baseline's
-    # (persistence, the band). Saved with the model; results.json lists the
+    # keeps the network's correction on a column (open, high, low, close) unless its val
+    # error is above the baseline's by one standard error of the paired gain; such a column
+    # forecasts the baseline's (persistence, the band). Saved with the model; results.json lists the
     # fallen-back columns as baseline_columns (cpbjax/column_fallback.py).
     e.column_fallback = True
     e.plots = True  # Write PNG plots under <workdir>/plots/.

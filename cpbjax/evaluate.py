@@ -57,8 +57,8 @@ class EvalSpec:
     # intervals.NO_BLEND for the band's own fit.
     interval_vol: tuple = intervals.NO_BLEND
     # config.eval.column_fallback under a model.baseline: before scoring, each column
-    # keeps the network's correction only where its val error, in train.loss, is below the
-    # baseline's (cpbjax/column_fallback.py).
+    # keeps the network's correction unless its val error, in train.loss, is significantly
+    # above the baseline's (cpbjax/column_fallback.py).
     column_fallback: bool = False
     loss: str = "mae"
 

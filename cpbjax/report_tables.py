@@ -211,7 +211,8 @@ def band_lines(results: dict) -> list[str]:
 
 def fallback_lines(results: dict) -> list[str]:
     """How many series forecast a column by its baseline (eval.column_fallback: the
-    correction did not beat it on validation), per column; [] when no series decided."""
+    correction was significantly worse on validation, or model.corrected_columns leaves
+    the column out), per column; [] when no series decided."""
     decided = [
         e["baseline_columns"] for e in results.get("series", {}).values() if "baseline_columns" in e
     ]
@@ -220,7 +221,7 @@ def fallback_lines(results: dict) -> list[str]:
     counts = [f"{col} {sum(col in cols for cols in decided)}" for col in metrics.COLUMNS]
     return [
         f"Columns forecast by their baseline (persistence for open and close, the band for "
-        f"high and low; the correction did not beat it on validation), "
+        f"high and low; the correction was significantly worse on validation), "
         f"of {len(decided)} series: {', '.join(counts)}."
     ]
 

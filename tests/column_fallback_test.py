@@ -1,7 +1,8 @@
 """Tests of eval.column_fallback (cpbjax/column_fallback.py): each column keeps the network's
-correction only where it beats the baseline on val.
+correction unless it is significantly worse than the baseline on val.
 
-References are independent: a plain loop for the decision, the last close (persistence) for a close that falls back, and the
+References are independent: a plain numpy loop for the decision (Newey-West with Bartlett
+weights written out), the last close (persistence) for a close that falls back, and the
 forecasts the evaluation path scored for every later path (load, predict, export).
 """
 
@@ -34,23 +35,35 @@ L, H = 30, 10
 OPEN, HIGH, LOW, CLOSE = range(4)
 
 
-def _loop_keep(model_CN, base_CN):
-    """The decision, column by column: the mean error is below the baseline's."""
+def _loop_keep(model_CN, base_CN, lag):
+    """The decision, column by column: the mean error is not above the baseline's by one
+    Newey-West standard error of the per-window difference (or more)."""
     keep = []
     for m, b in zip(model_CN, base_CN, strict=True):
-        keep.append(sum(float(x) for x in m) / len(m) < sum(float(x) for x in b) / len(b))
+        d = [float(x) - float(y) for x, y in zip(m, b, strict=True)]
+        n = len(d)
+        mean = sum(d) / n
+        dev = [x - mean for x in d]
+        var = sum(x * x for x in dev)
+        for gap in range(1, lag + 1):
+            weight = 1.0 - gap / (lag + 1)
+            var += 2.0 * weight * sum(dev[i] * dev[i - gap] for i in range(gap, n))
+        se = max(var, 0.0) ** 0.5 / n
+        keep.append(sum(m) / n < sum(b) / n + se)
     return np.array(keep)
 
 
-def test_the_mask_is_the_loop_decision():
+def test_the_mask_is_the_loop_decision_with_the_margin():
+    assert column_fallback.MARGIN == -1.0
     rng = np.random.default_rng(0)
     decisions = []
     for _ in range(12):
-        base = np.abs(rng.normal(1.0, 0.3, (4, 60)))
-        # Gains around zero: per column a shift of a few hundredths, either sign.
-        model = base - rng.normal(0.0, 0.05, (4, 1)) + rng.normal(0.0, 0.1, (4, 60))
-        got = column_fallback.keep_mask(model, base)
-        want = _loop_keep(model, base)
+        n, lag = 60, 4
+        base = np.abs(rng.normal(1.0, 0.3, (4, n)))
+        # Gains around the bar: per column a shift of a few hundredths, either sign.
+        model = base + rng.normal(0.03, 0.05, (4, 1)) + rng.normal(0.0, 0.1, (4, n))
+        got = column_fallback.keep_mask(model, base, lag)
+        want = _loop_keep(model, base, lag)
         np.testing.assert_array_equal(got, want)
         decisions.extend(want)
     assert any(decisions) and not all(decisions)  # both outcomes were checked

@@ -8,7 +8,8 @@ train, skill against the better naive forecast in prices). Test is never read.
 Bars: a number b keeps a column's correction where its val error beats the baseline's
 by more than b standard errors (b = 0: any gain; b = -1: kept unless it is worse by one
 standard error, i.e. it falls back only where it is significantly worse); "never" keeps
-every correction.
+every correction. "close worse" counts the series whose close is significantly worse than
+persistence on the second half (Diebold-Mariano, one-sided p < 0.05).
 
   python experiments/global_model/fallback_bar.py runs/gm/<tuning run> [--bars 1,0.5,0,-1]
 """
@@ -100,8 +101,9 @@ def series_scores(loaded, prep, entry, spec, bars) -> dict:
         }
         scored = band_refit.refit_for("val", prep, fcs, spec)[0]["val"]
         actual = metrics.next_candles(prep.ohlc, second, spec.horizon)
-        cols = metrics.score_prices(prep.ohlc[second], actual, scored.prices_NHC)["columns"]
-        out[str(bar)] = {c: cols[c]["skill"] for c in COLUMNS}
+        scores = metrics.score_prices(prep.ohlc[second], actual, scored.prices_NHC)
+        out[str(bar)] = {c: scores["columns"][c]["skill"] for c in COLUMNS}
+        out[str(bar)]["worse"] = (scores["dm"]["p_value_better"] or 0) > 0.95
     return out
 
 
@@ -137,7 +139,10 @@ def main():
             if "never" in bars
             else {}
         )
-        print(json.dumps({"bar": bar, "series": len(per_series), **row, **gain}))
+        worse = sum(s[bar]["worse"] for s in per_series.values())  # close DM-worse, one-sided
+        print(
+            json.dumps({"bar": bar, "series": len(per_series), **row, **gain, "close worse": worse})
+        )
 
 
 if __name__ == "__main__":

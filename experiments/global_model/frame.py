@@ -20,8 +20,12 @@ interval at the same open time, NaN where BTCUSDT has no candle then):
   mkt_lr_1d, mkt_sig, mkt_ret_1   BTCUSDT's lr_1d, log(its sigma_t / its 1 month mean
                         range), its last candle's return in its sigma
 
+With --context product the context is instead the product's own columns at t (the
+non-price features of configs/mlp.py: hour_*, dow_*, cpbjax/data/context.py's), as
+features.compute gives them; `ctx_names` names the columns either way.
+
 Usage: python experiments/global_model/frame.py --pairs tuning --out runs/gm/tuning.npz
-  (--base-url $MIRROR; --split-dates 2025-01,2025-03).
+  (--base-url $MIRROR; --split-dates 2025-01,2025-03; --context harness|product).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ if __package__ in (None, ""):
 
 from cpbjax import baselines  # noqa: E402
 from cpbjax import config as config_lib
-from cpbjax.data import pairs, sources, split_dates, windows  # noqa: E402
+from cpbjax.data import context, features, pairs, sources, split_dates, windows  # noqa: E402
 from cpbjax.data import series as series_lib
 
 L, H = 30, 10
@@ -54,6 +58,8 @@ CONTEXT = (
     "mkt_lr_1d", "mkt_sig", "mkt_ret_1",
 )  # fmt: skip
 MARKET = "BTCUSDT"
+# The product's context: configs/mlp.py's non-price features.
+PRODUCT_CONTEXT = ("hour_sin", "hour_cos", "dow_sin", "dow_cos", *context.NAMES)
 
 
 def trailing_mean(v_T: np.ndarray, n: int) -> np.ndarray:
@@ -143,7 +149,12 @@ def market_columns(s, market, range_T, per_day) -> dict:
     return {n: np.where(hit, m_cols[n][pos_c], np.nan) for n in names}
 
 
-def series_rows(s, market, data_cfg) -> dict | None:
+def product_context(s) -> np.ndarray:
+    """[T, X] the product's context columns of a series (PRODUCT_CONTEXT order)."""
+    return features.compute(s.ohlcv, PRODUCT_CONTEXT, s.interval, s.open_time_ms)[0]
+
+
+def series_rows(s, market, data_cfg, context_of) -> dict | None:
     """The window rows of one series, or None without windows."""
     times = s.open_time_ms
     step = series_lib.INTERVAL_MS[s.interval]
@@ -159,7 +170,7 @@ def series_rows(s, market, data_cfg) -> dict | None:
     logc_N = np.log(ohlc[ends_N, 3])
     x = np.log(ohlc[ends_N[:, None] + np.arange(-L + 1, 1)]) - logc_N[:, None, None]
     y = np.log(ohlc[ends_N[:, None] + np.arange(1, H + 1)]) - logc_N[:, None, None]
-    ctx = series_context(s, market)[ends_N]
+    ctx = context_of(s, market)[ends_N]
     return {
         "x": (x / np.maximum(sigma_N, 1e-6)[:, None, None]).astype(np.float32),
         "y": y.astype(np.float32),
@@ -171,7 +182,7 @@ def series_rows(s, market, data_cfg) -> dict | None:
     }
 
 
-def build(symbols, intervals, base_url, dates) -> dict:
+def build(symbols, intervals, base_url, dates, context="harness") -> dict:
     cfg = config_lib.base_config()
     d = cfg.data
     d.source, d.base_url, d.symbols, d.intervals = "binance", base_url, tuple(symbols), intervals
@@ -184,7 +195,7 @@ def build(symbols, intervals, base_url, dates) -> dict:
     parts, names = [], []
     for name in sorted(by_name):
         s = by_name[name]
-        rows = series_rows(s, markets.get(s.interval), d)
+        rows = series_rows(s, markets.get(s.interval), d, CONTEXT_OF[context])
         if rows is None:
             skipped[name] = "no windows"
             continue
@@ -193,7 +204,11 @@ def build(symbols, intervals, base_url, dates) -> dict:
         names.append(name)
     table = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     table["names"] = np.array(names)
+    table["ctx_names"] = np.array(CONTEXT if context == "harness" else PRODUCT_CONTEXT)
     return table
+
+
+CONTEXT_OF = {"harness": series_context, "product": lambda s, market: product_context(s)}
 
 
 def main():
@@ -203,10 +218,12 @@ def main():
     p.add_argument("--split-dates", default="2025-01,2025-03")
     p.add_argument("--intervals", default="15m,1h")
     p.add_argument("--out", required=True)
+    p.add_argument("--context", choices=tuple(CONTEXT_OF), default="harness")
     a = p.parse_args()
     symbols = pairs.NAMED_LISTS[f"@{a.pairs}"]
     t0 = time.perf_counter()
-    table = build(symbols, tuple(a.intervals.split(",")), a.base_url, a.split_dates.split(","))
+    intervals, dates = tuple(a.intervals.split(",")), a.split_dates.split(",")
+    table = build(symbols, intervals, a.base_url, dates, a.context)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     np.savez(a.out, **table)
     counts = np.bincount(table["split"], minlength=3)

@@ -36,6 +36,8 @@ def inputs(t, rows, args, stats=None):
         x_NL4 = t["x"][rows]
         if args.candles:  # each candle relative to the close before it
             x_NL4 = x_NL4 - np.concatenate([x_NL4[:, :1, 3:], x_NL4[:, :-1, 3:]], axis=1)
+        elif args.sqrt_age:  # a random walk's spread at each lag: sqrt(candles to the end)
+            x_NL4 = x_NL4 / np.sqrt(np.arange(x_NL4.shape[1], 0, -1))[None, :, None]
         cols.append(x_NL4.reshape(len(rows), -1))
     if "context" in args.inputs:
         ctx = t["ctx"][rows]
@@ -83,7 +85,8 @@ def table(args):
     t = dict(np.load(args.table))
     if args.drop:
         gone = tuple(args.drop.split(","))
-        t["ctx"] = t["ctx"][:, [i for i, n in enumerate(frame.CONTEXT) if not n.startswith(gone)]]
+        names = [str(n) for n in t.get("ctx_names", frame.CONTEXT)]
+        t["ctx"] = t["ctx"][:, [i for i, n in enumerate(names) if not n.startswith(gone)]]
     k = score.band_factors(t, (0,))
     if args.pooled_band:
         k = np.broadcast_to(np.nanmedian(k, axis=0), k.shape)
@@ -158,6 +161,7 @@ def main():
     p.add_argument("--drop", default="", help="context name prefixes left out, comma-separated")
     p.add_argument("--candles", action="store_true", help="each candle against the close before")
     p.add_argument("--raw", action="store_true", help="inputs not standardised")
+    p.add_argument("--sqrt-age", action="store_true", help="lag j divided by sqrt(L - j)")
     p.add_argument("--pooled-band", action="store_true", help="one band (the median fit) for all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arch", default="mlp", choices=("mlp", "gru"))
