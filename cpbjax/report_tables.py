@@ -165,10 +165,29 @@ def summary_lines(results: dict) -> list[str]:
         f"{len(skills)} series (expect about {SIGNIFICANCE * len(skills):.1f} by chance).",
         f"{noise} of {len(skills)} series have |skill| < {100 * NOISE_BAND:.0f}%, "
         "which on a single series is noise.",
+        *versus_band_lines(results),
         *band_lines(results),
         *fallback_lines(results),
         *interval_lines(results),
     ]
+
+
+def versus_band_lines(results: dict) -> list[str]:
+    """High and low against the fitted volatility band on test (`_vs_band`, the table's
+    "vs band%"), median over series, with a plain sentence when the model beats it on
+    neither; [] without band scores."""
+    tests = [e.get("test") or {} for e in results.get("series", {}).values()]
+    gains = {c: [g for t in tests if (g := _vs_band(t, c)) is not None] for c in ("high", "low")}
+    if not gains["high"] or not gains["low"]:
+        return []
+    medians = {c: 100 * statistics.median(v) for c, v in gains.items()}
+    line = (
+        f"High and low against the volatility band (test MAE): median {medians['high']:+.2f}% "
+        f"and {medians['low']:+.2f}% over {len(gains['high'])} series."
+    )
+    if max(medians.values()) <= 0:
+        line += " The model does not beat the band here: its high and low are worth no more."
+    return [line]
 
 
 # What a series that kept its untrained band gives, and what usually changes that.

@@ -82,6 +82,37 @@ def test_summary_gives_the_interval_coverage_median_over_series():
     assert line.endswith("with the mean range of the last 168-672 candles, at weight 0.25.")
 
 
+def test_summary_says_plainly_whether_high_and_low_beat_the_band():
+    def entry(high_mae, low_mae):
+        def cols(high, low):
+            return {"close": {"skill": 0.0}, "high": {"mae": high}, "low": {"mae": low}}
+
+        return {
+            "test": {"columns": cols(high_mae, low_mae), "vol_band": {"columns": cols(2.0, 4.0)}}
+        }
+
+    # MAE against the band's 2.0 (high) and 4.0 (low): medians of 1 - model / band.
+    ahead = {"A": entry(1.9, 4.0), "B": entry(2.0, 3.8), "C": entry(2.2, 3.9)}
+    lines = report_tables.summary_lines({"series": ahead})
+    line = next(x for x in lines if x.startswith("High and low against the volatility band"))
+    assert (
+        line
+        == "High and low against the volatility band (test MAE): median +0.00% and +2.50% over 3 series."
+    )
+    behind = {"A": entry(2.0, 4.0), "B": entry(2.1, 4.4)}
+    lines = report_tables.summary_lines({"series": behind})
+    line = next(x for x in lines if x.startswith("High and low against the volatility band"))
+    assert line.endswith(
+        "median -2.50% and -5.00% over 2 series. The model does not beat the band here: its high and low are worth no more."
+    )
+    assert not any(
+        "volatility band (test" in x
+        for x in report_tables.summary_lines(
+            {"series": {"A": {"test": {"columns": {"close": {"skill": 0.0}}}}}}
+        )
+    )
+
+
 def test_summary_counts_the_models_that_kept_their_refit_band():
     def entry(best_epoch, refit=True):
         test = {"columns": {"close": {"skill": 0.0}}}

@@ -1,7 +1,8 @@
 """Issue #42's table: the confirmation pairs' test split, reported once per candidate and never
 used to choose. Each `--row NAME=WORKDIR[,WORKDIR...]` (one workdir per seed) gives, over
 the confirmation series it scored, the median test skill against the better naive
-forecast (close, high, low), the series significantly worse than persistence on close
+forecast (close, high, low), the median per-series difference of high and low from the
+band and HAR on the same windows (points), the series significantly worse than persistence on close
 (Diebold-Mariano, one-sided p < 0.05), the calibrated 80% interval's median coverage of
 close, and the run's wall seconds; the band and HAR rows come from the first workdir's
 fitted baselines on the same windows. `--anchor FILE` adds anchor.py's JSON row.
@@ -46,6 +47,15 @@ def median_skill(entries: dict, col: str, block: str | None = None) -> float:
     return round(100 * statistics.median(values), 2)
 
 
+def median_gain(entries: dict, col: str, block: str) -> float:
+    """Median over series of the model's skill less the fitted baseline's, in points."""
+    gains = [
+        e["test"]["columns"][col]["skill"] - e["test"][block]["columns"][col]["skill"]
+        for e in entries.values()
+    ]
+    return round(100 * statistics.median(gains), 2)
+
+
 def seed_row(workdir: str) -> dict:
     entries = confirmation_entries(workdir)
     with open(os.path.join(workdir, "results.json")) as f:
@@ -58,6 +68,11 @@ def seed_row(workdir: str) -> dict:
     return {
         "series": len(entries),
         **{col: median_skill(entries, col) for col in COLUMNS},
+        **{
+            f"{col}-{short}": median_gain(entries, col, block)
+            for col in ("high", "low")
+            for block, short in (("vol_band", "band"), ("har", "HAR"))
+        },
         "worse": sum((e["test"]["dm"].get("p_value_better") or 0) > 0.95 for e in entries.values()),
         "coverage": round(100 * statistics.median(coverage), 1) if coverage else None,
         "wall_s": round(wall) if wall else None,
