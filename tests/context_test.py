@@ -122,6 +122,16 @@ def test_context_columns_reach_the_model_unscaled():
     assert abs(inputs[:500, rsi].mean()) < 1e-9
 
 
+@pytest.mark.parametrize("interval", ["15m", "1h"])
+def test_a_series_shorter_than_the_warmup_has_no_defined_row(interval):
+    ohlcv, times = candles(interval, days=2, holes=())
+    feats, first = features.compute(ohlcv, context.NAMES, interval, times)
+    assert first == len(ohlcv)
+    month_or_week = [n for n in context.NAMES if n.startswith(("range_tod", "return_1w"))]
+    month_or_week.append("volume_1m")
+    assert np.isnan(feats[:, [context.NAMES.index(n) for n in month_or_week]]).all()
+
+
 def test_a_day_interval_has_no_time_of_day_cycle():
     ohlcv, times = candles("1d", days=80, holes=())
     got = column("range_tod_1", ohlcv, times, "1d")

@@ -145,7 +145,7 @@ def _lagged_mean(value_G: np.ndarray, seen_G: np.ndarray, lags: np.ndarray) -> n
         count_G = trailing_mean(seen_G, n) * n
     else:
         total_G, count_G = np.zeros(len(value_G)), np.zeros(len(value_G))
-        for lag in lags:
+        for lag in lags[lags < len(value_G)]:  # a lag past the grid reads nothing
             total_G[lag:] += value_G[: len(value_G) - lag]
             count_G[lag:] += seen_G[: len(value_G) - lag]
     return np.divide(total_G, count_G, out=np.zeros_like(total_G), where=count_G > 0)
