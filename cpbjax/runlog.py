@@ -53,8 +53,7 @@ def epoch_record(group: str, names: list[str], m: dict, seconds: float, coins: i
         record["lr_scale"] = m["lr_scale"][:n]
     record["val_gain_se"] = m["val_gain_se"][:n]
     if train_cfg.share == "pooled":  # what its early stopping judged, the same on every coin
-        # that trained; a training-data-only series (data.split_dates) has none, and may
-        # be coin 0.
+        # that trains; coin 0 may not (data.split_dates: a series with no train windows).
         judged = [v for v in m["stop_val_loss"][:n] if v is not None and math.isfinite(v)]
         record["pooled_val_loss"] = judged[0] if judged else None
     return record
