@@ -4,7 +4,7 @@ the confirmation series it scored, the median test skill against the better naiv
 forecast (close, high, low), the median per-series difference of high and low from the
 band and HAR on the same windows (points), the series significantly worse than persistence on close
 (Diebold-Mariano, one-sided p < 0.05), the calibrated 80% interval's median coverage of
-close, and the run's wall seconds; the band and HAR rows come from the first workdir's
+close, and the run's wall seconds (and each stage's, timings.json, median over seeds); the band and HAR rows come from the first workdir's
 fitted baselines on the same windows. `--anchor FILE` adds anchor.py's JSON row.
 
   python experiments/global_model/confirm.py --row "global=runs/c/global-0,runs/c/global-1" ...
@@ -92,6 +92,17 @@ def baseline_rows(workdir: str) -> list[dict]:
     ]
 
 
+def stages(workdirs: list[str]) -> dict:
+    """Median over the workdirs of each stage's seconds in timings.json, and the wall."""
+    runs = []
+    for w in workdirs:
+        with open(os.path.join(w, "timings.json")) as f:
+            runs.append(json.load(f))
+    out = {k: round(statistics.median(r["stages"][k] for r in runs), 1) for k in runs[0]["stages"]}
+    out["driver"] = round(statistics.median(r["driver_seconds"] for r in runs), 1)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--row", action="append", required=True, help="NAME=WORKDIR[,WORKDIR...]")
@@ -104,6 +115,7 @@ def main():
         if i == 0:
             rows += baseline_rows(workdirs[0])
         rows += [{"row": name, "seed": s, **seed_row(w)} for s, w in enumerate(workdirs)]
+        rows.append({"row": name, "stage_seconds_median": stages(workdirs)})
     if args.anchor:
         with open(args.anchor) as f:
             anchor = json.load(f)
