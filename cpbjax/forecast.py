@@ -1,7 +1,7 @@
 """Forecasts of saved or trained models, in prices, and the files that hold them.
 
 `split_forecast` forecasts every window of one split of a series (one jitted, batched
-call per power-of-two batch, so series of similar length share a program);
+call per power-of-two batch, so every series shares one program per batch size);
 `next_candles` forecasts the H candles after the newest one. Forecast files:
 forecasts/<SERIES>.npz (every test window, eval.save_forecasts) and, for --mode predict,
 forecast.json / forecast.csv (prices at PRICE_DIGITS significant digits, each series with
@@ -38,17 +38,19 @@ class SplitForecast(NamedTuple):
 MAX_BATCH = 1024
 
 
-@functools.partial(jax.jit, static_argnames=("module", "lookback", "horizon"))
-def _forecast_batch(module, params, source, ends_B, lookback, horizon):
-    x_BLF, _ = stacking.gather(source, ends_B, lookback, horizon)
+@functools.partial(jax.jit, static_argnames=("module",))
+def _forecast_batch(module, params, x_BLF):
     return module.apply({"params": params}, x_BLF, None, train=False)
 
 
 def predict_windows(module, params, prep, ends_N, lookback, horizon):
     """Deterministic normalised forecasts of the windows ending at `ends_N`.
 
-    Batches are padded to a power of two (capped at MAX_BATCH), so series of
-    similar length share one compiled program.
+    The windows are sliced on the host (stacking.gather_inputs, the same float32 arithmetic
+    as on the device) and batches are padded to a power of two (capped at MAX_BATCH), so
+    the compiled forecast depends on the batch size alone: with full histories every
+    series has its own length, and a program keyed on it compiled once per series and
+    split (measured: 158 compiles, 9.8 s of a 20-series evaluation on the 2-core CPU).
 
     Args:
       module, params: the model, applied with train=False.
@@ -64,11 +66,11 @@ def predict_windows(module, params, prep, ends_N, lookback, horizon):
         return np.zeros((0, horizon, windows.NUM_TARGETS), np.float32)
     b = min(MAX_BATCH, 1 << max(n - 1, 0).bit_length())
     padded = np.concatenate([ends_N, np.full(-n % b, ends_N[-1], np.int32)])
-    source = jax.device_put(stacking.window_source(prep))
-    outs = [
-        np.asarray(_forecast_batch(module, params, source, padded[i : i + b], lookback, horizon))
-        for i in range(0, len(padded), b)
-    ]
+    source = stacking.window_source(prep)
+    outs = []
+    for i in range(0, len(padded), b):
+        x_BLF = stacking.gather_inputs(source, padded[i : i + b], lookback)
+        outs.append(np.asarray(_forecast_batch(module, params, x_BLF)))
     return np.concatenate(outs)[:n].astype(np.float32)
 
 

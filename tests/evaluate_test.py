@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from cpbjax import baselines, evaluate, forecast, metrics
-from cpbjax.data import stacking
-from tests.helpers import H, L, Probe, make_prep, probe_params
+from cpbjax.data import stacking, synthetic, windows
+from tests.helpers import H, L, Probe, make_prep, prep_config, probe_params
 
 # ---------------------------------------------------------------------------
 # Forecasts of a module, evaluate_split and saved forecasts.
@@ -30,6 +30,21 @@ def test_forecast_batches_and_maps_to_prices(monkeypatch):
     np.testing.assert_allclose(norm[:3], ref, rtol=1e-5, atol=1e-7)
     ref_prices = prep.ohlc[ends, 3][:, None, None] * np.exp(norm.astype(np.float64))
     np.testing.assert_allclose(prices, ref_prices, rtol=1e-12)
+
+
+def test_forecast_program_does_not_depend_on_the_series_length():
+    # Full histories give every series its own length: one compiled forecast per batch
+    # size serves them all (a program keyed on the length compiled once per series).
+    params = probe_params()
+    forecast._forecast_batch.clear_cache()
+    short = make_prep()
+    other = windows.prepare_series(
+        synthetic.generate("ETHUSDT", "1h", 260, seed=1), prep_config("last_close").data
+    )
+    assert short.inputs.shape[0] != other.inputs.shape[0]
+    for prep in (short, other):
+        forecast.predict_windows(Probe(), params, prep, prep.ends["val"][:8], L, H)
+    assert forecast._forecast_batch._cache_size() == 1
 
 
 def test_zero_forecast_is_persistence():

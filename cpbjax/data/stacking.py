@@ -246,12 +246,17 @@ def gather(source: WindowSource, ends_B, lookback: int, horizon: int):
     Returns:
       x_BLF: float32 [B, L, F] inputs; y_BHC: float32 [B, H, C] targets.
     """
-    in_idx_BL = ends_B[..., None] + np.arange(-lookback + 1, 1, dtype=np.int32)
     out_idx_BH = ends_B[..., None] + np.arange(1, horizon + 1, dtype=np.int32)
+    y_BHC = source.targets_TC[out_idx_BH] - source.anchor_T[ends_B][..., None, None]
+    return gather_inputs(source, ends_B, lookback), y_BHC
+
+
+def gather_inputs(source: WindowSource, ends_B, lookback: int):
+    """`gather`'s inputs alone, float32 [B, L, F]: the windows of a forecast, whose
+    targets may lie past the newest candle."""
+    in_idx_BL = ends_B[..., None] + np.arange(-lookback + 1, 1, dtype=np.int32)
     anchor_B = source.anchor_T[ends_B]
-    x_BLF = source.inputs_TF[in_idx_BL] - anchor_B[..., None, None] * source.price_mask_F
-    y_BHC = source.targets_TC[out_idx_BH] - anchor_B[..., None, None]
-    return x_BLF, y_BHC
+    return source.inputs_TF[in_idx_BL] - anchor_B[..., None, None] * source.price_mask_F
 
 
 def gather_aux(aux_TA: jax.Array, ends_B: jax.Array) -> jax.Array:
