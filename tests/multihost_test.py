@@ -63,8 +63,11 @@ def _free_port() -> int:
 
 
 def _start(workdir, port, process_id, num_processes, devices_per_process, share="series"):
+    # At XLA -O0 as the other driver subprocesses (what is compared does not depend on
+    # code generation; both sides compile alike).
     env = helpers.subprocess_env(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}"
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process} "
+        "--xla_backend_optimization_level=0"
     )
     log = open(f"{workdir}-{process_id}.log", "w")  # noqa: SIM115 (closed in _wait)
     cmd = [
@@ -102,10 +105,11 @@ def test_two_processes_equal_one_process_with_two_devices(tmp_path):
     port = _free_port()
     multi = tmp_path / "multi"
     procs = [_start(multi, port, i, 2, devices_per_process=1) for i in range(2)]
+    single = tmp_path / "single"
+    # The reference runs beside the pair (it joins no one): it fills the pair's waits.
+    procs.append(_start(single, port, 0, 1, devices_per_process=2))
     for proc in procs:
         _wait(proc)
-    single = tmp_path / "single"
-    _wait(_start(single, port, 0, 1, devices_per_process=2))
 
     multi_results, multi_metrics, multi_run = _comparable(multi)
     single_results, single_metrics, single_run = _comparable(single)
@@ -136,10 +140,10 @@ def test_pooled_model_over_two_processes_equals_one_process_with_two_devices(tmp
     port = _free_port()
     multi = tmp_path / "multi"
     procs = [_start(multi, port, i, 2, 1, share="pooled") for i in range(2)]
+    single = tmp_path / "single"
+    procs.append(_start(single, port, 0, 1, 2, share="pooled"))  # beside the pair
     for proc in procs:
         _wait(proc)
-    single = tmp_path / "single"
-    _wait(_start(single, port, 0, 1, 2, share="pooled"))
 
     multi_results, multi_metrics, multi_run = _comparable(multi)
     single_results, single_metrics, single_run = _comparable(single)
