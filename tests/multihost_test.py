@@ -63,11 +63,8 @@ def _free_port() -> int:
 
 
 def _start(workdir, port, process_id, num_processes, devices_per_process, share="series"):
-    # At XLA -O0 as the other driver subprocesses (what is compared does not depend on
-    # code generation; both sides compile alike).
     env = helpers.subprocess_env(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process} "
-        "--xla_backend_optimization_level=0"
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}"
     )
     log = open(f"{workdir}-{process_id}.log", "w")  # noqa: SIM115 (closed in _wait)
     cmd = [
