@@ -84,7 +84,32 @@ def run_all(root: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def two_devices(tmp_path_factory):
+    """The whole and the compacted run sharded over 2 devices, started before `runs` so
+    that the two subprocesses run side by side: (root, its running Popen)."""
+    root = tmp_path_factory.mktemp("two-devices")
+    env = helpers.subprocess_env(
+        XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+        JAX_COMPILATION_CACHE_DIR=str(root / "jax-cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+    log = open(root / "log.txt", "w")  # noqa: SIM115 (closed by helpers.finish)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TWO_DEVICES, str(root)],
+        env=env,
+        cwd=helpers.ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    proc.log = log
+    yield root, proc
+    proc.kill()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, two_devices):
+    del two_devices  # started first, to run beside these
     root = tmp_path_factory.mktemp("compaction")
     env = helpers.cached_env(root / "jax-cache")
     proc = subprocess.run(
@@ -161,24 +186,11 @@ def test_run_killed_while_compacted_resumes_to_the_same_training(runs):
     _assert_same_training(runs / "resumed", runs / "compacted")
 
 
-def test_two_devices_round_the_program_up_and_train_the_same(tmp_path):
+def test_two_devices_round_the_program_up_and_train_the_same(two_devices):
     """Sharded over 2 devices the program stays a multiple of 2 (8 -> 4 -> 2)."""
-    env = helpers.subprocess_env(
-        XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", _TWO_DEVICES, str(tmp_path)],
-        env=env,
-        cwd=helpers.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(set(_coins_computed(tmp_path / "compacted")), reverse=True) == [8, 4, 2]
-    results = writers.read_json(os.path.join(tmp_path, "compacted", "results.json"))
+    root, proc = two_devices
+    helpers.finish(proc)
+    assert sorted(set(_coins_computed(root / "compacted")), reverse=True) == [8, 4, 2]
+    results = writers.read_json(os.path.join(root, "compacted", "results.json"))
     assert results["run"]["device_count"] == 2
-    _assert_same_training(tmp_path / "compacted", tmp_path / "whole")
+    _assert_same_training(root / "compacted", root / "whole")

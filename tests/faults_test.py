@@ -24,6 +24,7 @@ import pytest
 
 from cpbjax import checkpoint, forecast
 from cpbjax.data import parsing, synthetic
+from tests import helpers
 from tests.helpers import damage_deflate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,10 +40,13 @@ TINY = (
 FINISHED = ("results.json", "config.json", "models", "checkpoints")
 
 
-def _launch(*args: str) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"
-    )
+# Every launch.py run of the module at XLA -O0 with one persistent compilation cache: the
+# rows run the same tiny programs, so only the first compiles them. What a row checks (an
+# error line, a recorded reason, unchanged files) does not depend on code generation.
+driver_env = helpers.driver_env
+
+
+def _launch(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "launch.py", *args],
         cwd=ROOT,
@@ -68,9 +72,9 @@ def _snapshot(workdir: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> str:
+def finished(tmp_path_factory, driver_env) -> str:
     workdir = str(tmp_path_factory.mktemp("finished") / "run")
-    proc = _launch(*TINY, f"--workdir={workdir}")
+    proc = _launch(driver_env, *TINY, f"--workdir={workdir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return workdir
 
@@ -326,13 +330,13 @@ def _reloaded_forecasts_have_intervals(workdir: str, names) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
-def test_fault(fault: Fault, finished: str, tmp_path):
+def test_fault(fault: Fault, finished: str, driver_env, tmp_path):
     workdir = str(tmp_path / "run")
     shutil.copytree(finished, workdir)
     if fault.damage:
         fault.damage(workdir)
     before = _snapshot(workdir)
-    proc = _launch(*(a.format(w=workdir) for a in fault.args))
+    proc = _launch(driver_env, *(a.format(w=workdir) for a in fault.args))
     assert proc.returncode == fault.exit_code, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     if fault.exit_code == 2:

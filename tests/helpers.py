@@ -183,10 +183,15 @@ TIMING = {"train_seconds", "group_train_seconds", "peak_memory_bytes"}
 def subprocess_env(**extra):
     """os.environ for a CPU subprocess that imports this checkout, with `extra` on top."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
-    # One device unless `extra` names a count; tests/conftest.py's -O0 is already there.
-    if "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
-        flags = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=1"
-        env["XLA_FLAGS"] = flags.strip()
+    # One device unless `extra` names a count, and XLA -O0 as in tests/conftest.py unless
+    # it names a level (XLA_FLAGS given in `extra` replace the inherited ones).
+    defaults = {
+        "xla_force_host_platform_device_count": "1",
+        "xla_backend_optimization_level": "0",
+    }
+    for flag, value in defaults.items():
+        if flag not in env.get("XLA_FLAGS", ""):
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --{flag}={value}".strip()
     return env
 
 

@@ -19,6 +19,12 @@ from tests.helpers import levers_config, levers_init_params, levers_preps, rando
 LEVELS = (0.1, 0.5, 0.9)
 
 
+def _forward(module):
+    """module.apply(params, x) as one compiled program: op by op, a transformer's forward
+    pass compiles each of its hundreds of ops on its own, which costs seconds."""
+    return jax.jit(lambda params, x: module.apply({"params": params}, x, None, train=False))
+
+
 # -- losses against numpy loops ----------------------------------------------------------
 
 
@@ -75,7 +81,7 @@ def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_s
     module, params = levers_init_params(cfg, prep, band)
     ends_N = prep.ends["val"]
     x, _ = stacking.gather(stacking.window_source(prep), ends_N, lookback, horizon)
-    y_hat = np.asarray(module.apply({"params": params}, x, None, train=False), np.float64)
+    y_hat = np.asarray(_forward(module)(params, x), np.float64)
     # The float64 numpy baseline, fitted on the train windows only.
     fit = baselines.fit_vol_band(prep.ohlc, prep.ends["train"], lookback, horizon)
     high, low = baselines.vol_band_predict(fit, prep.ohlc, ends_N, lookback)
@@ -111,10 +117,8 @@ def test_window_scale_range_makes_forecasts_scale_equivariant(name, window_scale
     params = _moved_params(module, x)
     x3 = x.copy()
     x3[..., cfg.price_columns] *= 3.0
-    y, y3 = (
-        np.asarray(module.apply({"params": params}, jnp.asarray(v, jnp.float32)), np.float64)
-        for v in (x, x3)
-    )
+    forward = _forward(module)
+    y, y3 = (np.asarray(forward(params, jnp.asarray(v, jnp.float32)), np.float64) for v in (x, x3))
     assert np.abs(y).max() > 1e-3
     equivariant = np.allclose(y3, 3.0 * y, rtol=1e-3, atol=1e-6)
     assert equivariant == (window_scale == "range")
@@ -182,7 +186,7 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
         params = jax.tree.map(lambda a, i=i: a[i], state.params)
         ends_N = prep.ends["val"]
         x, y = stacking.gather(stacking.window_source(prep), ends_N, 30, 10)
-        y_hat = module.apply({"params": params}, x, None)
+        y_hat = _forward(module)(params, x)
         scale = stacking.persistence_scale(prep, 10)
         want = np.mean(_loop_loss("mae", np.asarray(y_hat), np.asarray(y), scale))
         np.testing.assert_allclose(float(state.best_val[i]), want, rtol=1e-5)

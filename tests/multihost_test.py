@@ -6,6 +6,8 @@ process 0 writes the workdir (TensorBoard files included). A single process with
 per-device programs, so results.json and metrics.jsonl must match it exactly. So must a
 pooled model's (train.share=pooled), data-parallel over the two processes: its steps'
 all-reduces (gloo between processes) add two partial sums, which is exact in either order.
+Each process trains both runs, one after the other (one join, one start-up), and the
+reference runs beside the pair: the module's processes start once, for both tests.
 """
 
 import os
@@ -15,6 +17,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from cpbjax import checkpoint, writers
@@ -25,9 +28,10 @@ from tests import helpers
 ROOT = helpers.ROOT
 EPOCHS = 4
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
+SHARES = ("series", "pooled")  # each process trains both runs, one after the other
 _DRIVE = (
     "import sys; from tests import multihost_test as t; "
-    "t.drive(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])"
+    "t.drive(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))"
 )
 
 
@@ -48,12 +52,15 @@ def run_config(port: int, process_id: int, num_processes: int, share: str = "ser
     return config_lib.validate(c)
 
 
-def drive(workdir: str, port: int, process_id: int, num_processes: int, share: str) -> None:
+def drive(workdir: str, port: int, process_id: int, num_processes: int) -> None:
+    """<workdir>/<share> of each of SHARES, trained in this one process (and its one join)."""
     from cpbjax import driver, platform  # noqa: PLC0415 (after the subprocess's env is set)
 
-    config = run_config(port, process_id, num_processes, share)
-    platform.configure(config)
-    driver.train_and_evaluate(config, workdir)
+    for share in SHARES:
+        config = run_config(port, process_id, num_processes, share)
+        if share == SHARES[0]:
+            platform.configure(config)  # joins the other process, once
+        driver.train_and_evaluate(config, os.path.join(workdir, share))
 
 
 def _free_port() -> int:
@@ -62,7 +69,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(workdir, port, process_id, num_processes, devices_per_process, share="series"):
+def _start(workdir, port, process_id, num_processes, devices_per_process):
     env = helpers.subprocess_env(
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}"
     )
@@ -75,7 +82,6 @@ def _start(workdir, port, process_id, num_processes, devices_per_process, share=
         str(port),
         str(process_id),
         str(num_processes),
-        share,
     ]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     proc.log = log
@@ -98,14 +104,21 @@ def _comparable(workdir):
     return results, metrics, run
 
 
-def test_two_processes_equal_one_process_with_two_devices(tmp_path):
-    port = _free_port()
-    multi = tmp_path / "multi"
-    procs = [_start(multi, port, i, 2, devices_per_process=1) for i in range(2)]
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """<root>/multi/<share> of two joined processes (one device each), and
+    <root>/single/<share> of the reference, one process with two devices, run beside them
+    (it joins no one: it fills the pair's waits)."""
+    root, port = tmp_path_factory.mktemp("multihost"), _free_port()
+    procs = [_start(root / "multi", port, i, 2, devices_per_process=1) for i in range(2)]
+    procs.append(_start(root / "single", port, 0, 1, devices_per_process=2))
     for proc in procs:
         _wait(proc)
-    single = tmp_path / "single"
-    _wait(_start(single, port, 0, 1, devices_per_process=2))
+    return root
+
+
+def test_two_processes_equal_one_process_with_two_devices(runs):
+    multi, single = runs / "multi" / "series", runs / "single" / "series"
 
     multi_results, multi_metrics, multi_run = _comparable(multi)
     single_results, single_metrics, single_run = _comparable(single)
@@ -132,14 +145,8 @@ def test_two_processes_equal_one_process_with_two_devices(tmp_path):
     np.testing.assert_allclose(val, expected, rtol=1e-6)
 
 
-def test_pooled_model_over_two_processes_equals_one_process_with_two_devices(tmp_path):
-    port = _free_port()
-    multi = tmp_path / "multi"
-    procs = [_start(multi, port, i, 2, 1, share="pooled") for i in range(2)]
-    for proc in procs:
-        _wait(proc)
-    single = tmp_path / "single"
-    _wait(_start(single, port, 0, 1, 2, share="pooled"))
+def test_pooled_model_over_two_processes_equals_one_process_with_two_devices(runs):
+    multi, single = runs / "multi" / "pooled", runs / "single" / "pooled"
 
     multi_results, multi_metrics, multi_run = _comparable(multi)
     single_results, single_metrics, single_run = _comparable(single)
