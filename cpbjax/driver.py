@@ -211,22 +211,30 @@ def _series_entry(host: dict, i: int, group: str, seconds: float, num_series: in
     }
 
 
-def _save_and_score(run: _Run, prep, params, last_params, entry: dict) -> dict | None:
-    """Scores one series' best model, adds its val/test metrics to `entry` and keeps it
-    with its interval calibration (process 0; a backtest keeps its forecasts only).
-
-    `last_params` (the last epoch's; None without model.baseline) only feed the warning
-    of `evaluate.flag_worse_than_untrained`.
-    Returns its test forecast record (None when the normalisation keeps no price level).
-    """
+def _score_all(run: _Run, host: dict, jobs: list) -> dict:
+    """Each scored series' evaluate.Scored by name (process 0), `jobs` being (index in
+    the group, prep) pairs; a backtest keeps the forecasts only."""
     keep = run.plan.keep_models
     forecasts_dir = run.workdir if run.config.eval.save_forecasts or not keep else None
-    scored = evaluate.evaluate_model(run.module, params, prep, run.spec, forecasts_dir)
+
+    def score(job):
+        i, prep = job
+        params = jax.tree.map(lambda a: a[i], host["best_params"])
+        return evaluate.evaluate_model(run.module, params, prep, run.spec, forecasts_dir)
+
+    with run.clock.stage("evaluate"):
+        scored = evaluate.map_series(score, jobs)
+    return {prep.name: s for (_, prep), s in zip(jobs, scored, strict=True)}
+
+
+def _keep_scored(run: _Run, prep, scored, entry: dict, last_params) -> None:
+    """Adds a series' val/test metrics to `entry` and keeps its best model with its
+    interval calibration. `last_params` (the last epoch's; None without model.baseline)
+    only feed the warning of `evaluate.flag_worse_than_untrained`."""
     entry.update(scored.entry)
     evaluate.flag_worse_than_untrained(run.module, run.spec, prep, entry, last_params)
-    if keep:
+    if run.plan.keep_models:
         saved.keep_model(run.workdir, run.config, prep, scored, entry)
-    return scored.record
 
 
 def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds, peak):
@@ -234,7 +242,8 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
 
     Returns:
       (series name -> results.json entry (without evaluation on processes other than
-      0), series name -> test forecast record).
+      0), series name -> test forecast record (none where the normalisation keeps no
+      price level)).
     """
     fields = ("best_params", "best_val", "best_epoch", "epochs_run", "active", "diverged")
     # The last params only serve the warning on a run that kept its untrained baseline.
@@ -242,23 +251,23 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
     host = sharding.to_host({f: getattr(state, f) for f in (*fields, *last, "diverged_epoch")})
     leaves = jax.tree.leaves(host["best_params"])
     num_params = sum(leaf.size for leaf in leaves) // len(host["active"])
+    # A series that ends before the val span is trained on, never scored (results.json: skipped).
+    jobs = [(i, prep) for i, prep in enumerate(preps) if not split_dates.is_train_only(prep)]
+    scored = _score_all(run, host, jobs) if sharding.is_primary() else {}
     entries, records = {}, {}
-    for i, prep in enumerate(preps):
-        if split_dates.is_train_only(prep):  # trained on, never scored (results.json: skipped)
-            continue
-        params = jax.tree.map(lambda a, i=i: a[i], host["best_params"])
+    for i, prep in jobs:
         entry = _series_entry(host, i, group, seconds, len(preps))
         entry.update(num_params=num_params, peak_memory_bytes=peak, data=prep.notes)
         if run.config.train.init_from:  # best_epoch None: no epoch beat this start, kept
             entry["started_from"] = run.config.train.init_from
-        if sharding.is_primary():
+        if prep.name in scored:
+            last_params = host.get("params")
+            if last_params is not None:
+                last_params = jax.tree.map(lambda a, i=i: a[i], last_params)
             with run.clock.stage("evaluate"):
-                last_params = host.get("params")
-                if last_params is not None:
-                    last_params = jax.tree.map(lambda a, i=i: a[i], last_params)
-                record = _save_and_score(run, prep, params, last_params, entry)
-            if record is not None:
-                records[prep.name] = record
+                _keep_scored(run, prep, scored[prep.name], entry, last_params)
+            if scored[prep.name].record is not None:
+                records[prep.name] = scored[prep.name].record
         entries[prep.name] = writers.to_jsonable(entry)
     run.ledger.finish(group, entries)
     sharding.barrier(f"cpbjax {group} finished")

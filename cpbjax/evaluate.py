@@ -7,6 +7,7 @@ the same windows. The test split is scored here and nowhere else.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import os
@@ -134,6 +135,20 @@ def evaluate_split(
             prep, split, ends, spec, fc.prices_NHC, calibration
         )
     return out
+
+
+# Series scored side by side: their scoring is mostly numpy (least squares, sorts) that
+# releases the GIL, and their forecasts share the compiled programs. The results are the
+# same in any order (each series' scoring is independent of the others').
+SCORING_THREADS = min(8, os.cpu_count() or 1)
+
+
+def map_series(score, jobs: list) -> list:
+    """[score(job) for job in jobs], SCORING_THREADS at a time; the first error raises."""
+    if SCORING_THREADS <= 1 or len(jobs) <= 1:
+        return [score(job) for job in jobs]
+    with concurrent.futures.ThreadPoolExecutor(SCORING_THREADS) as pool:
+        return list(pool.map(score, jobs))
 
 
 def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> Scored:

@@ -213,3 +213,22 @@ def test_a_mask_comes_off_as_it_went_on():
         stripped = heads.without_keep(masked)
         assert heads.keep_columns(stripped) is None
         assert jax.tree.structure(stripped) == jax.tree.structure(p)
+
+
+def test_series_scored_side_by_side_score_as_one_by_one(monkeypatch):
+    # The driver scores a group's series in threads (evaluate.map_series): each result
+    # must be the one a plain loop gives, the column fallback's jitted bar included.
+    cfg, prep, module, params = _forced_model()
+    variants = [jax.tree.map(lambda a, k=k: a * np.float32(1 + 0.1 * k), params) for k in range(4)]
+
+    def score(p):
+        scored = evaluate.evaluate_model(module, p, prep, _spec(cfg, refit_band=True))
+        return writers.to_jsonable(scored.entry), scored.record["predicted"]
+
+    monkeypatch.setattr(evaluate, "SCORING_THREADS", 4)
+    side_by_side = evaluate.map_series(score, variants)
+    for (entry, predicted), p in zip(side_by_side, variants, strict=True):
+        want_entry, want_predicted = score(p)
+        assert entry == want_entry
+        np.testing.assert_array_equal(predicted, want_predicted)
+    assert len({e["test"]["columns"]["high"]["mae"] for e, _ in side_by_side}) == 4
