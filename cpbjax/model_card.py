@@ -8,8 +8,9 @@ beat persistence on close says so.
 
 from __future__ import annotations
 
+from cpbjax import metrics
+
 NOISE = 0.01  # |skill| below this on one series is noise
-COLUMNS = ("open", "high", "low", "close")
 
 
 def _pct(x) -> str:
@@ -29,7 +30,7 @@ def _metrics_table(entry: dict) -> list[str]:
         "| column | val skill | test skill | test: ridge | test: volatility band |",
         "|---|---|---|---|---|",
     ]
-    for col in COLUMNS:
+    for col in metrics.COLUMNS:
         cells = [
             _skill(entry, "val", col),
             _skill(entry, "test", col),

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpbjax import config_rules as rules
+from cpbjax import metrics
 from cpbjax.models import ensemble, layers, model_config
 
 # The params key of the per-column fallback mask under "output" (cpbjax/column_fallback.py):
@@ -50,7 +51,7 @@ class ForecastOutput(nn.Module):
         if cfg.window_scale == "range":  # the output is in range units
             y_BHC = y_BHC * layers.floored_range(sigma_B)[:, None, None]
         if len(cfg.corrected_columns) < cfg.num_targets:  # static: the others are the baseline's
-            corrected_C = np.isin(model_config.TARGET_COLUMNS, cfg.corrected_columns)
+            corrected_C = np.isin(metrics.COLUMNS, cfg.corrected_columns)
             y_BHC = jnp.where(corrected_C, y_BHC, 0.0)
         if self.has_variable("params", KEEP_COLUMNS):  # the correction, masked per column
             keep_C = self.get_variable("params", KEEP_COLUMNS)

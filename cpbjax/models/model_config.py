@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from cpbjax import config_rules as rules
+from cpbjax import metrics
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -26,8 +27,6 @@ PRECISIONS = {
 DECODINGS = ("autoregressive", "direct")
 # What the network's output is added to (model.baseline); see ForecastOutput.
 BASELINES = ("none", "vol_band")
-# The target columns, in the order of the targets and of every forecast [..., C].
-TARGET_COLUMNS = ("open", "high", "low", "close")
 # model.window_scale: none | range (price inputs in units of the window's EWMA log range,
 # and the head's median output multiplied back by it); see PriceScale.
 WINDOW_SCALES = ("none", "range")
@@ -54,9 +53,9 @@ class ModelConfig:
     # Y: independently initialised members trained side by side whose forecasts are
     # averaged (models/ensemble.py); 1 = one model.
     ensemble: int = 1
-    # The target columns (TARGET_COLUMNS names) the network corrects; the others forecast
+    # The target columns (metrics.COLUMNS names) the network corrects; the others forecast
     # the baseline's (heads.ForecastOutput).
-    corrected_columns: tuple = TARGET_COLUMNS
+    corrected_columns: tuple = metrics.COLUMNS
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -123,13 +122,13 @@ class ModelConfig:
                 isinstance(value, tuple)
                 and len(value) > 0
                 and len(set(value)) == len(value)
-                and set(value) <= set(TARGET_COLUMNS)
+                and set(value) <= set(metrics.COLUMNS)
             )
             rules.check(
                 ok,
                 "model.corrected_columns",
                 value,
-                f"a tuple of distinct names of {TARGET_COLUMNS}",
+                f"a tuple of distinct names of {metrics.COLUMNS}",
             )
         elif field == "ensemble":
             rules.int_in("model.ensemble", value, 1, cls.MAX_MEMBERS)
