@@ -46,9 +46,14 @@ HAR_REGRESSORS = tuple(
 )
 
 
+def _window_index(ends_N, lookback):
+    """[N, L] the indices of each window's L candles, oldest first."""
+    return ends_N[:, None] + np.arange(-lookback + 1, 1)[None, :]
+
+
 def _window_log_prices(ohlc_TC, ends_N, lookback):
-    idx_NL = ends_N[:, None] + np.arange(-lookback + 1, 1)[None, :]
-    return np.log(ohlc_TC)[idx_NL]  # [N, L, 4]; each candle's log once, not L times
+    # [N, L, 4]; each candle's log once, not L times
+    return np.log(ohlc_TC)[_window_index(ends_N, lookback)]
 
 
 def future_log_ratios(ohlc_TC, ends_N, horizon):
@@ -92,9 +97,8 @@ def ridge_predict(fit, ohlc_TC, ends_N, lookback, horizon):
 def ewma_range(ohlc_TC, ends_N, lookback, decay=EWMA_DECAY):
     """EWMA of log(high/low) over each window's own L candles (newest weighs most), [N]."""
     log_range_T = np.log(ohlc_TC[:, 1]) - np.log(ohlc_TC[:, 2])
-    idx_NL = ends_N[:, None] + np.arange(-lookback + 1, 1)[None, :]
     weights_L = decay ** np.arange(lookback - 1, -1, -1, dtype=np.float64)
-    return log_range_T[idx_NL] @ weights_L / weights_L.sum()
+    return log_range_T[_window_index(ends_N, lookback)] @ weights_L / weights_L.sum()
 
 
 def weighted_quantile(values, weights, level: float) -> float:
