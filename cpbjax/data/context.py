@@ -81,12 +81,17 @@ def column(name: str, ohlcv_T5: np.ndarray, interval: str, open_time_ms) -> np.n
     raise ValueError(f"unknown context feature {name!r}: expected one of {', '.join(NAMES)}")
 
 
-def trailing_mean(x_T: np.ndarray, n: int) -> np.ndarray:
-    """Mean of x over rows t-n+1..t; NaN before row n-1. NaNs in x propagate."""
+def trailing_mean(x_T: np.ndarray, n: int, min_count: int | None = None) -> np.ndarray:
+    """Mean of the last min(n, t + 1) values at each row t; NaN where fewer than
+    min_count (default n: a strict rolling mean; min_count < n expands over the first
+    rows). Differences of one cumulative sum, so row t reads values <= t only (exactly: a
+    later value never enters an earlier partial sum); NaNs in x propagate."""
+    min_count = n if min_count is None else min_count
     sums_T = np.concatenate([[0.0], np.cumsum(x_T)])
-    out_T = np.full(len(x_T), np.nan)
-    out_T[n - 1 :] = (sums_T[n:] - sums_T[:-n]) / n
-    return out_T
+    rows_T = np.arange(len(x_T))
+    count_T = np.minimum(rows_T + 1, n)
+    mean_T = (sums_T[rows_T + 1] - sums_T[rows_T + 1 - count_T]) / count_T
+    return np.where(count_T >= min_count, mean_T, np.nan)
 
 
 def window_range(ohlcv_T5: np.ndarray) -> np.ndarray:

@@ -84,7 +84,7 @@ VOLATILITY_PERIOD = 20
 ATR_PERIOD = 14
 VOLUME_PERIOD = 20
 
-DAY_MS = 86_400_000
+DAY_MS = context.DAY_MS
 # Long-history spans: the suffix of a volatility feature's name -> its length.
 SPANS_MS = {"1d": DAY_MS, "1w": 7 * DAY_MS, "1m": 30 * DAY_MS}
 # Per-candle variance estimators of the log-volatility features (name prefixes).
@@ -205,20 +205,6 @@ def _warmup(name: str, interval: str) -> int:
     )
 
 
-def trailing_mean(x_T: np.ndarray, n: int, min_count: int) -> np.ndarray:
-    """Mean of the last min(n, t + 1) values at each row t; NaN where fewer than min_count.
-
-    min_count = n is a strict rolling mean; min_count < n expands over the first rows.
-    Differences of one cumulative sum, so row t reads values <= t only (exactly: a later
-    value never enters an earlier partial sum).
-    """
-    sums_T = np.concatenate([[0.0], np.cumsum(x_T)])
-    rows_T = np.arange(len(x_T))
-    count_T = np.minimum(rows_T + 1, n)
-    mean_T = (sums_T[rows_T + 1] - sums_T[rows_T + 1 - count_T]) / count_T
-    return np.where(count_T >= min_count, mean_T, np.nan)
-
-
 def parkinson_var(high_T, low_T) -> np.ndarray:
     """Parkinson's per-candle variance estimate log(h/l)^2 / (4 log 2)."""
     return np.log(high_T / low_T) ** 2 / (4.0 * np.log(2.0))
@@ -234,7 +220,7 @@ def garman_klass_var(open_T, high_T, low_T, close_T) -> np.ndarray:
 
 def log_volatility(var_T: np.ndarray, n: int, min_count: int) -> np.ndarray:
     """log of the volatility sqrt(trailing mean of var) over n candles, floored at VOL_FLOOR."""
-    return 0.5 * np.log(np.maximum(trailing_mean(var_T, n, min_count), VOL_FLOOR**2))
+    return 0.5 * np.log(np.maximum(context.trailing_mean(var_T, n, min_count), VOL_FLOOR**2))
 
 
 def _relative_volume(volume_T: np.ndarray, mean_T: np.ndarray) -> np.ndarray:
@@ -350,7 +336,7 @@ class _Indicators:
     @functools.cached_property
     def volume_norm_1d(self):
         n = window_candles(self.interval)["1d"]
-        return _relative_volume(self.volume, trailing_mean(self.volume, n, n))
+        return _relative_volume(self.volume, context.trailing_mean(self.volume, n))
 
     @functools.cached_property
     def log_range(self):
