@@ -45,3 +45,21 @@ def test_held_out_skill_scores_only_windows_before_the_end(tmp_path):
         want = _plain_skill(good[keep], actual[keep], last[keep], col)
         np.testing.assert_allclose(got[name], want, rtol=1e-12)
         assert got[name] > 0
+
+
+def test_a_span_with_a_start_scores_only_windows_whose_targets_all_open_inside_it(tmp_path):
+    rng = np.random.default_rng(1)
+    last = 100 + rng.normal(size=(N, 4))
+    actual = last[:, None, 3:4] + rng.normal(size=(N, H, 4))
+    target_ms = (np.arange(N)[:, None] + np.arange(1, H + 1)[None, :]) * HOUR_MS
+    good = last[:, None, 3:4] + 0.5 * (actual - last[:, None, 3:4])
+    good[:100] += 50.0  # before the start and after the end the forecast is wrecked
+    good[260:] += 50.0
+    _write_run(tmp_path / "a", "BTCUSDT-1h", good, actual, last, target_ms)
+    start_ms = int(target_ms[100].min())  # window 100's first target opens at the start
+    end_ms = int(target_ms[250].max()) + 1
+    got = heldout.held_out_skills(str(tmp_path / "a"), end_ms, start_ms)["BTCUSDT-1h"]
+    keep = slice(100, 251)
+    for col, name in ((1, "high"), (2, "low"), (3, "close")):
+        want = _plain_skill(good[keep], actual[keep], last[keep], col)
+        np.testing.assert_allclose(got[name], want, rtol=1e-12)
