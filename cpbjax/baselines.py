@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from cpbjax.data import features
+from cpbjax.data.context import EWMA_DECAY, ewma_range, window_index
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.metrics import (
     CLOSE,
@@ -38,7 +39,6 @@ from cpbjax.metrics import (
 )
 
 RIDGE_ALPHA = 10.0  # Fixed ridge penalty on standardised features; never tuned on test.
-EWMA_DECAY = 0.9  # Weight ratio between consecutive candles of the window's range EWMA.
 HOUR_MS = 3_600_000
 # HAR's volatility regressors, in the order of its coefficients (features.py's names).
 HAR_REGRESSORS = tuple(
@@ -46,14 +46,9 @@ HAR_REGRESSORS = tuple(
 )
 
 
-def _window_index(ends_N, lookback):
-    """[N, L] the indices of each window's L candles, oldest first."""
-    return ends_N[:, None] + np.arange(-lookback + 1, 1)[None, :]
-
-
 def _window_log_prices(ohlc_TC, ends_N, lookback):
     # [N, L, 4]; each candle's log once, not L times
-    return np.log(ohlc_TC)[_window_index(ends_N, lookback)]
+    return np.log(ohlc_TC)[window_index(ends_N, lookback)]
 
 
 def future_log_ratios(ohlc_TC, ends_N, horizon):
@@ -92,13 +87,6 @@ def ridge_predict(fit, ohlc_TC, ends_N, lookback, horizon):
     z_NX = (ridge_features(ohlc_TC, ends_N, lookback) - fit["x_mean"]) / fit["x_scale"]
     log_ratio = (z_NX @ fit["coef"] + fit["y_mean"]).reshape(len(ends_N), horizon, 4)
     return ohlc_TC[ends_N, CLOSE][:, None, None] * np.exp(log_ratio)
-
-
-def ewma_range(ohlc_TC, ends_N, lookback, decay=EWMA_DECAY):
-    """EWMA of log(high/low) over each window's own L candles (newest weighs most), [N]."""
-    log_range_T = np.log(ohlc_TC[:, 1]) - np.log(ohlc_TC[:, 2])
-    weights_L = decay ** np.arange(lookback - 1, -1, -1, dtype=np.float64)
-    return log_range_T[_window_index(ends_N, lookback)] @ weights_L / weights_L.sum()
 
 
 def weighted_quantile(values, weights, level: float) -> float:

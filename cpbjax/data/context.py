@@ -36,7 +36,8 @@ HOUR_MS = 3_600_000
 SPAN_DAYS = {"1d": 1, "1w": 7, "1m": 30}
 SEASON_DAYS = 30  # days of history behind each time-of-day range factor
 SEASON_STEPS = (1, 5, 10)  # the candles ahead (h) whose time of day a factor describes
-RANGE_CANDLES, RANGE_DECAY = 30, 0.9  # sigma_t: baselines.EWMA_DECAY over data.lookback=30
+RANGE_CANDLES = 30  # sigma_t: the EWMA range over data.lookback=30 candles, the band's
+EWMA_DECAY = 0.9  # Weight ratio between consecutive candles of the window's range EWMA.
 RATIO_FLOOR = 1e-3  # smallest volume ratio taken into a log (a candle without trades)
 
 NAMES = (
@@ -94,14 +95,24 @@ def trailing_mean(x_T: np.ndarray, n: int, min_count: int | None = None) -> np.n
     return np.where(count_T >= min_count, mean_T, np.nan)
 
 
+def window_index(ends_N: np.ndarray, lookback: int) -> np.ndarray:
+    """[N, L] the indices of each window's L candles, oldest first."""
+    return ends_N[:, None] + np.arange(-lookback + 1, 1)[None, :]
+
+
+def ewma_range(ohlc_TC, ends_N, lookback: int, decay: float = EWMA_DECAY) -> np.ndarray:
+    """EWMA of log(high/low) over each window's own L candles (newest weighs most), [N]:
+    the volatility band's sigma (cpbjax/baselines.py) and the context's scale."""
+    log_range_T = np.log(ohlc_TC[:, 1]) - np.log(ohlc_TC[:, 2])
+    weights_L = decay ** np.arange(lookback - 1, -1, -1, dtype=np.float64)
+    return log_range_T[window_index(ends_N, lookback)] @ weights_L / weights_L.sum()
+
+
 def window_range(ohlcv_T5: np.ndarray) -> np.ndarray:
-    """sigma_t of every row [T]: the EWMA of log(h/l) over the 30 candles to t; NaN before."""
-    range_T = np.log(ohlcv_T5[:, 1] / ohlcv_T5[:, 2])
-    weights_R = RANGE_DECAY ** np.arange(RANGE_CANDLES - 1, -1, -1, dtype=np.float64)
-    out_T = np.full(len(range_T), np.nan)
-    if len(range_T) >= RANGE_CANDLES:
-        windows_TR = np.lib.stride_tricks.sliding_window_view(range_T, RANGE_CANDLES)
-        out_T[RANGE_CANDLES - 1 :] = windows_TR @ (weights_R / weights_R.sum())
+    """sigma_t of every row [T]: `ewma_range` over the 30 candles to t; NaN before."""
+    out_T = np.full(len(ohlcv_T5), np.nan)
+    ends_N = np.arange(RANGE_CANDLES - 1, len(ohlcv_T5))
+    out_T[RANGE_CANDLES - 1 :] = ewma_range(ohlcv_T5, ends_N, RANGE_CANDLES)
     return out_T
 
 

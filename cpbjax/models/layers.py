@@ -22,7 +22,7 @@ from cpbjax.models import model_config
 # and its forecast is then the baseline (the head's output times about 0).
 RANGE_FLOOR = 1e-6
 HIGH, LOW, CLOSE = 1, 2, 3  # columns in the targets and in the input features
-BAND_DECAY = 0.9  # EWMA weight ratio of the band's range, baselines.EWMA_DECAY's value
+BAND_DECAY = 0.9  # EWMA weight ratio of the band's range, context.EWMA_DECAY's value
 
 
 def window_range(x_BLF: jax.Array, decay: float = BAND_DECAY) -> jax.Array:
