@@ -29,12 +29,19 @@ def _plain_skill(pred, actual, last, col):
     return 100 * (1 - mae / min(persistence, last_candle))
 
 
-def test_held_out_skill_scores_only_windows_before_the_end(tmp_path):
-    rng = np.random.default_rng(0)
+def _windows(seed):
+    """N hourly windows: last candles, actual targets, their open times, and a forecast
+    halfway between the last close and the actual (skill > 0)."""
+    rng = np.random.default_rng(seed)
     last = 100 + rng.normal(size=(N, 4))
     actual = last[:, None, 3:4] + rng.normal(size=(N, H, 4))
     target_ms = (np.arange(N)[:, None] + np.arange(1, H + 1)[None, :]) * HOUR_MS
     good = last[:, None, 3:4] + 0.5 * (actual - last[:, None, 3:4])
+    return last, actual, target_ms, good
+
+
+def test_held_out_skill_scores_only_windows_before_the_end(tmp_path):
+    last, actual, target_ms, good = _windows(0)
     # After the end the forecast is wrecked: a score that used those windows would show it.
     good[200:] += 50.0
     _write_run(tmp_path / "a", "BTCUSDT-1h", good, actual, last, target_ms)
@@ -48,11 +55,7 @@ def test_held_out_skill_scores_only_windows_before_the_end(tmp_path):
 
 
 def test_a_span_with_a_start_scores_only_windows_whose_targets_all_open_inside_it(tmp_path):
-    rng = np.random.default_rng(1)
-    last = 100 + rng.normal(size=(N, 4))
-    actual = last[:, None, 3:4] + rng.normal(size=(N, H, 4))
-    target_ms = (np.arange(N)[:, None] + np.arange(1, H + 1)[None, :]) * HOUR_MS
-    good = last[:, None, 3:4] + 0.5 * (actual - last[:, None, 3:4])
+    last, actual, target_ms, good = _windows(1)
     good[:100] += 50.0  # before the start and after the end the forecast is wrecked
     good[260:] += 50.0
     _write_run(tmp_path / "a", "BTCUSDT-1h", good, actual, last, target_ms)

@@ -8,21 +8,14 @@
 #   MIRROR=/path/to/mirror experiments/global_model/decay_runs.sh runs/decay
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. experiments/global_model/tuning_run.sh
 runs=${1:-runs/decay}
 mkdir -p "$runs"
 folds=${FOLDS:-"2023-03:2023-05:2024-12 2022-03:2022-05:2023-12"}
 for fold in $folds; do
   IFS=: read -r v0 v1 end <<<"$fold"
-  for kind in model band; do
-    wd="$runs/$kind$v0"
-    [ -f "$wd/results.json" ] && continue
-    extra=()
-    [ "$kind" = band ] && extra=(--config.train.epochs=1 --config.train.min_delta=1e6)
-    python launch.py --config configs/mlp.py --workdir "$wd" \
-      --config.data.symbols="('@tuning',)" --config.eval.plots=False \
-      --config.data.base_url="$MIRROR" --config.data.split_dates="('$v0','$v1')" \
-      --config.data.end="$end" --config.eval.save_forecasts=True "${extra[@]}" >"$wd.log" 2>&1
-  done
+  tuning_run "$runs/model$v0" "$v0" "$v1" "$end"
+  tuning_run "$runs/band$v0" "$v0" "$v1" "$end" --config.train.epochs=1 --config.train.min_delta=1e6
   # Spans of months after val: [0, 2), [2, 6), [6, 12), [12, 20).
   python - "$runs" "$v0" "$v1" "$end" <<'PY'
 import subprocess, sys

@@ -8,24 +8,17 @@
 #   MIRROR=/path/to/mirror experiments/global_model/long_val_runs.sh runs/longval
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. experiments/global_model/tuning_run.sh
 runs=${1:-runs/longval}
 mkdir -p "$runs"
 # fold: P0 (pseudo-test start = val end), S's val start, L's val start, END (last month)
 folds=${FOLDS:-"2023-03:2023-01:2022-03:2024-12 2022-03:2022-01:2021-03:2023-12"}
 for fold in $folds; do
   IFS=: read -r p0 s0 l0 end <<<"$fold"
-  for kind in band S L; do
-    wd="$runs/$kind$p0"
-    [ -f "$wd/results.json" ] && continue
-    v0=$s0 extra=()
-    [ "$kind" = L ] && v0=$l0
-    [ "$kind" = band ] && extra=(--config.train.epochs=1 --config.train.min_delta=1e6)
-    python launch.py --config configs/mlp.py --workdir "$wd" \
-      --config.data.symbols="('@tuning',)" --config.eval.plots=False \
-      --config.data.base_url="$MIRROR" --config.data.split_dates="('$v0','$p0')" \
-      --config.data.end="$end" --config.eval.save_forecasts=True "${extra[@]}" >"$wd.log" 2>&1
-  done
-  next=$(python -c "import numpy as np; print(np.datetime64('$end', 'M') + 1)")
+  tuning_run "$runs/band$p0" "$s0" "$p0" "$end" --config.train.epochs=1 --config.train.min_delta=1e6
+  tuning_run "$runs/S$p0" "$s0" "$p0" "$end"
+  tuning_run "$runs/L$p0" "$l0" "$p0" "$end"
+  next=$(next_month "$end")
   for kind in S L; do
     python experiments/global_model/heldout.py "$runs/band$p0" "$runs/$kind$p0" \
       --start "$p0" --end "$next"

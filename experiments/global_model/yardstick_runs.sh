@@ -8,6 +8,7 @@
 #   MIRROR=/path/to/mirror experiments/global_model/yardstick_runs.sh RUNS NAME [FLAGS...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. experiments/global_model/tuning_run.sh
 runs=$1 name=$2
 shift 2
 flags="$*"
@@ -16,20 +17,12 @@ python experiments/global_model/tune.py "$runs" --lever "$name=$flags" \
   --lever "${name}v2024=$flags --config.data.split_dates=\"('2024-03','2024-05')\"" \
   --lever "${name}v2023=$flags --config.data.split_dates=\"('2023-03','2023-05')\"" \
   -- --config.data.base_url="$MIRROR"
-launch() {  # workdir, val start, P0, last month, extra flags...
-  local wd=$1 v0=$2 p0=$3 end=$4
-  shift 4
-  [ -f "$wd/results.json" ] || python launch.py --config configs/mlp.py --workdir "$wd" \
-    --config.data.symbols="('@tuning',)" --config.eval.plots=False \
-    --config.data.base_url="$MIRROR" --config.data.split_dates="('$v0','$p0')" \
-    --config.data.end="$end" --config.eval.save_forecasts=True "$@" >"$wd.log" 2>&1
-}
 for fold in 2023-03:2023-01:2024-12 2022-03:2022-01:2023-12; do
   IFS=: read -r p0 v0 end <<<"$fold"
-  launch "$runs/band$p0" "$v0" "$p0" "$end" --config.train.epochs=1 --config.train.min_delta=1e6
+  tuning_run "$runs/band$p0" "$v0" "$p0" "$end" --config.train.epochs=1 --config.train.min_delta=1e6
   # shellcheck disable=SC2086  # FLAGS are words
-  launch "$runs/${name}S$p0" "$v0" "$p0" "$end" $flags
-  next=$(python -c "import numpy as np; print(np.datetime64('$end', 'M') + 1)")
+  tuning_run "$runs/${name}S$p0" "$v0" "$p0" "$end" $flags
+  next=$(next_month "$end")
   python experiments/global_model/heldout.py "$runs/band$p0" "$runs/${name}S$p0" \
     --start "$p0" --end "$next"
 done
