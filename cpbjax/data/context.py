@@ -95,9 +95,10 @@ def trailing_mean(x_T: np.ndarray, n: int, min_count: int | None = None) -> np.n
     return np.where(count_T >= min_count, mean_T, np.nan)
 
 
-def window_index(ends_N: np.ndarray, lookback: int) -> np.ndarray:
-    """[N, L] the indices of each window's L candles, oldest first."""
-    return ends_N[:, None] + np.arange(-lookback + 1, 1)[None, :]
+def window_index(ends_N, lookback: int):
+    """[N, L] the indices of each window's L candles, oldest first (any leading axes of
+    ends, numpy or jax: stacking.gather_inputs slices the device's windows with it too)."""
+    return ends_N[..., None] + np.arange(-lookback + 1, 1, dtype=np.int32)
 
 
 def ewma_range(ohlc_TC, ends_N, lookback: int, decay: float = EWMA_DECAY) -> np.ndarray:

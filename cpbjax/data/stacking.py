@@ -16,7 +16,7 @@ import numpy as np
 from flax import struct
 
 from cpbjax import baselines
-from cpbjax.data import split_dates
+from cpbjax.data import context, split_dates
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.data.windows import (
     EPOCH_SPLITS,
@@ -254,9 +254,11 @@ def gather(source: WindowSource, ends_B, lookback: int, horizon: int):
 def gather_inputs(source: WindowSource, ends_B, lookback: int):
     """`gather`'s inputs alone, float32 [B, L, F]: the windows of a forecast, whose
     targets may lie past the newest candle."""
-    in_idx_BL = ends_B[..., None] + np.arange(-lookback + 1, 1, dtype=np.int32)
     anchor_B = source.anchor_T[ends_B]
-    return source.inputs_TF[in_idx_BL] - anchor_B[..., None, None] * source.price_mask_F
+    return (
+        source.inputs_TF[context.window_index(ends_B, lookback)]
+        - anchor_B[..., None, None] * source.price_mask_F
+    )
 
 
 def gather_aux(aux_TA: jax.Array, ends_B: jax.Array) -> jax.Array:
