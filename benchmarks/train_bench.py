@@ -18,14 +18,10 @@ train MSE on the raw network output (model.baseline, train.loss and train.loss_s
 are pinned), as the torch loop does.
 Last, the time to train the whole suite (all series of the config) at default epochs.
 
-FLOPs: XLA's `cost_analysis()` counts the body of a while loop ONCE, whatever its trip
-count (seen on jax 0.10.2 CPU: a 10-step scan of matmuls reports the flops of one),
-and a sharded program reports one device's share. The epoch is a scan over batches
-around models that scan over time, so its XLA figure is far too small. The FLOPs used
-here are counted from the epoch's jaxpr instead: 2 x output size x contracted size of
-every dot_general, times the length of every enclosing scan, for all coins (global).
-Elementwise work is not counted, so the achieved figure is a matmul FLOP/s, comparable
-with the matmul peak. XLA's own figure is shown beside it (`xla_flops`).
+FLOPs are the matmul FLOPs counted from the epoch's jaxpr, scans times their length
+(benchmarks/hardware.py says why XLA's count cannot be used); XLA's own figure is shown
+beside it (`xla_flops`). The torch side is benchmarks/torch_side.py, the tables
+benchmarks/train_bench_report.py.
 
 Usage:
   python benchmarks/train_bench.py --models transformer,gru,lstm --coins 1,4,8,20,40
@@ -49,11 +45,8 @@ if "XLA_FLAGS" not in os.environ:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import itertools  # noqa: E402
-import math  # noqa: E402
-import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -63,132 +56,23 @@ if __package__ in (None, ""):  # Run as a script: make the repo root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, hardware, torch_side  # noqa: E402
+from benchmarks.train_bench_report import (  # noqa: E402
+    Results,
+    add_peak_share,
+    add_ratio_ceiling,
+    report,
+    suite_rows,
+)
 from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import memory, models, sharding  # noqa: E402
+from cpbjax import models, sharding  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.data.series import SeriesSkipped  # noqa: E402
 from cpbjax.group import GroupTrainer, coin_keys  # noqa: E402
 
-try:  # The torch side is optional: `pip install -e ".[bench]"`.
-    import torch
-
-    from benchmarks import torch_baseline
-except ImportError as _torch_error:
-    torch = torch_baseline = None
-    _TORCH_MISSING = str(_torch_error)
-
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("transformer", "gru", "lstm")
-MIB = 2**20
-
-
-# ---------------------------------------------------------------- FLOPs and memory
-
-
-def _sub_jaxprs(params: dict):
-    """The jaxprs held in an equation's params (a Jaxpr, a ClosedJaxpr or tuples of them)."""
-    for value in params.values():
-        for v in value if isinstance(value, (tuple, list)) else (value,):
-            if hasattr(v, "eqns"):
-                yield v
-            elif hasattr(getattr(v, "jaxpr", None), "eqns"):
-                yield v.jaxpr
-
-
-def matmul_flops(jaxpr) -> float:
-    """FLOPs of every dot_general in `jaxpr`, scans counted `length` times.
-
-    A cond counts its costliest branch; a while loop (unknown trip count) counts
-    its body once; a shard_map body (one device's share) counts once per device of
-    its manual mesh axes. Other nested jaxprs (jit, custom_jvp, remat) count once.
-    """
-    total = 0.0
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name == "dot_general":
-            (contract, _), _ = eqn.params["dimension_numbers"]
-            lhs_shape = eqn.invars[0].aval.shape
-            out_size = math.prod(eqn.outvars[0].aval.shape)
-            total += 2.0 * out_size * math.prod(lhs_shape[d] for d in contract)
-            continue
-        inner = [matmul_flops(j) for j in _sub_jaxprs(eqn.params)]
-        if name == "cond":
-            total += max(inner, default=0.0)
-        elif name == "scan":
-            total += eqn.params["length"] * sum(inner)
-        elif name == "shard_map":
-            mesh = eqn.params["mesh"]
-            axes = eqn.params.get("newly_manual_axes") or mesh.axis_names
-            total += math.prod(mesh.shape[a] for a in axes) * sum(inner)
-        else:
-            total += sum(inner)
-    return total
-
-
-def _xla_flops(compiled) -> float | None:
-    """XLA's cost_analysis flops (a dict, or a list of one dict per module in older jax)."""
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0] if analysis else {}
-    return (analysis or {}).get("flops")
-
-
-def _program_mib(compiled) -> float | None:
-    """Per-device memory of one compiled program: arguments + outputs + temporaries - aliased."""
-    m = memory.buffer_sizes(compiled)
-    if m is None:
-        return None
-    used = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-    return (used - m.alias_size_in_bytes) / MIB
-
-
-def peak_memory() -> tuple[float, str]:
-    """(MiB, what it is): the devices' peak bytes in use, or the process's max RSS on CPU.
-
-    Both are peaks since the process started, so a row shows the largest program
-    measured so far (rows run in increasing K).
-    """
-    stats = [d.memory_stats() for d in jax.local_devices()]
-    if all(s and "peak_bytes_in_use" in s for s in stats):
-        return sum(s["peak_bytes_in_use"] for s in stats) / MIB, "device peak"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process max RSS"
-
-
-# ---------------------------------------------------------------- the matmul peak
-
-# Timed products of the peak. They are cheap, and on a GPU a few short ones vary by
-# over 1.5x (4096^2 on an H100: 141 to 242 TFLOP/s in three runs of 2 repeats).
-_PEAK_REPEATS = 5
-
-
-def matmul_peak(size: int, dtype: str, repeats: int, precision: str) -> dict:
-    """FLOP/s of a jitted [D, n, n] @ [D, n, n] with D = the device count, sharded over them.
-
-    Every device multiplies its own n x n pair at once, the layout the coin axis uses.
-    """
-    mesh = sharding.coin_mesh()
-    coin_sharding = NamedSharding(mesh, P(sharding.COIN_AXIS))
-    rng = np.random.default_rng(0)
-    shape = (mesh.size, size, size)
-    a, b = (jax.device_put(rng.standard_normal(shape, np.float32), coin_sharding) for _ in "ab")
-    a, b = a.astype(dtype), b.astype(dtype)
-    with jax.default_matmul_precision(precision):
-        matmul = jax.jit(jnp.matmul).lower(a, b).compile()
-    jax.block_until_ready(matmul(a, b))  # First call outside the timing.
-    seconds, _ = common.median_time(lambda: jax.block_until_ready(matmul(a, b)), repeats)
-    flops = 2.0 * mesh.size * size**3
-    return {
-        "dtype": dtype,
-        "shape": f"{mesh.size}x{size}x{size}",
-        "seconds": seconds,
-        "tflops": flops / seconds / 1e12,
-    }
 
 
 # ---------------------------------------------------------------- data
@@ -285,7 +169,7 @@ def build_group(config, preps: list, k: int) -> Group:
     lowered_at = time.perf_counter()
     compiled = lowered.compile()
     compiled_at = time.perf_counter()
-    flops = matmul_flops(jax.make_jaxpr(trainer.run_epoch)(state, arrays).jaxpr)
+    flops = hardware.matmul_flops(jax.make_jaxpr(trainer.run_epoch)(state, arrays).jaxpr)
     return Group(
         k=k,
         k_padded=k_padded,
@@ -295,8 +179,8 @@ def build_group(config, preps: list, k: int) -> Group:
         lower_s=lowered_at - start,
         compile_s=compiled_at - lowered_at,
         flops=flops,
-        xla_flops=_xla_flops(compiled),
-        program_mib=_program_mib(compiled),
+        xla_flops=hardware.xla_flops(compiled),
+        program_mib=hardware.program_mib(compiled),
     )
 
 
@@ -306,7 +190,7 @@ def throughput_row(config, group: Group, epoch_s: list[float]) -> dict:
     `pct_of_peak` is filled in by `add_peak_share` once the matmul peak is measured.
     """
     seconds = statistics.median(epoch_s)
-    memory, memory_kind = peak_memory()
+    memory, memory_kind = hardware.peak_memory()
     return {
         "model": config.model.name,
         "decoding": config.model.decoding,
@@ -336,186 +220,7 @@ def measure_group(config, preps, k: int, warmup: int, epochs: int) -> tuple[Grou
     return group, [group.epoch() for _ in range(epochs)]
 
 
-# ---------------------------------------------------------------- torch
-
-
-@contextlib.contextmanager
-def torch_on(device: str):
-    """While open, torch_baseline builds its models on `device`.
-
-    `time_torch_epochs` has no device argument. Its loop runs unchanged on any device
-    once the model and the window tensors live there (the shuffle index stays on the
-    host, which torch's indexing accepts), so only the model's placement is swapped in.
-    """
-    if device == "cpu":
-        yield
-        return
-    build = torch_baseline.build_model
-    torch_baseline.build_model = lambda *args: build(*args).to(device)
-    try:
-        yield
-    finally:
-        torch_baseline.build_model = build
-
-
-def torch_windows(series: list, config, n_series: int, device: str) -> list[dict]:
-    """torch_baseline's materialised windows of the first `n_series` series, on `device`."""
-    chosen = [series[i % len(series)] for i in range(n_series)]
-    out = torch_baseline.prepare_windows(chosen, config.data)
-    for w in out:
-        for split in ("train", "val"):
-            w[split] = tuple(t.to(device) for t in w[split])
-    return out
-
-
-def torch_samples(model: str, series_windows: list, threads: int, device: str, decoding: str):
-    """Seconds of each model-epoch of one `time_torch_epochs` call, its warm-up left out."""
-    with torch_on(device):
-        result = torch_baseline.time_torch_epochs(
-            model, series_windows, 1, threads, decoding=decoding
-        )
-    return result["epoch_s"][1:]
-
-
-def thread_settings(device: str) -> list[int]:
-    """Torch intra-op threads to time: 1 and all cores on CPU; all cores on a GPU."""
-    cores = os.cpu_count() or 1
-    return sorted({1, cores}) if device == "cpu" else [cores]
-
-
-# A thread setting this many times slower than the fastest after round 1 cannot become
-# the faster figure, so later rounds skip it (on a loaded 2-core machine torch at 2
-# threads was seen 8-23x slower than at 1, which would have cost tens of minutes).
-_HOPELESS = 2.0
-
-
-def side_by_side(model, group: Group, tw: list, rounds: int, device: str, decoding: str):
-    """Alternates torch (every thread setting) and one cpbjax epoch, `rounds` times.
-
-    Torch decodes like the cpbjax group (`decoding`), so the ratio is like for like.
-
-    After the first round, a thread setting more than _HOPELESS times slower than the
-    fastest is skipped; its samples are still reported.
-
-    Returns:
-      (torch seconds per model-epoch by thread count: all samples, cpbjax epoch seconds).
-    """
-    torch_s = {threads: [] for threads in thread_settings(device)}
-    cpbjax_s = []
-    for r in range(rounds):
-        fastest = min((statistics.median(s) for s in torch_s.values() if s), default=None)
-        for threads, samples in torch_s.items():
-            if r and statistics.median(samples) > _HOPELESS * fastest:
-                continue
-            samples += torch_samples(model, tw, threads, device, decoding)
-            print(f"  round {r + 1} torch {threads} thread(s): {samples[-1]:.2f} s", flush=True)
-        cpbjax_s.append(group.epoch())
-        print(f"  round {r + 1} cpbjax K={group.k}: {cpbjax_s[-1]:.2f} s", flush=True)
-    return torch_s, cpbjax_s
-
-
-def _alternation(alternated: bool, torch_s: dict) -> str:
-    """How the torch and cpbjax timings were interleaved, for the ratio table."""
-    if not alternated:
-        return "no (torch of the same run)"
-    rounds = max(len(s) for s in torch_s.values())
-    return "yes (A B A B)" if rounds > 1 else "one round (A B)"
-
-
-def ratio_row(config, k: int, torch_s: dict, cpbjax_epoch_s: float, alternated: bool) -> dict:
-    """The headline ratio (torch s/model-epoch x K) / (cpbjax s/epoch of K coins)."""
-    medians = {t: statistics.median(s) for t, s in torch_s.items()}
-    best_threads = min(medians, key=medians.get)
-    row = {
-        "model": config.model.name,
-        "decoding": config.model.decoding,
-        "dtype": config.dtype,
-        "K": k,
-        "torch_decoding": config.model.decoding,  # Always the same as cpbjax's.
-        "cpbjax_s_per_epoch": cpbjax_epoch_s,
-        "torch_best_threads": best_threads,
-        "ratio": medians[best_threads] * k / cpbjax_epoch_s,
-        "alternated": _alternation(alternated, torch_s),
-    }
-    for threads, seconds in medians.items():
-        row[f"torch_{threads}t_s"] = seconds
-        row[f"torch_{threads}t_n"] = len(torch_s[threads])
-    return row
-
-
-# ---------------------------------------------------------------- suite estimate
-
-
-def suite_rows(config, rows: list[dict], torch_s: dict | None, n_series: int) -> list[dict]:
-    """Time to train all `n_series` series at config.train.epochs, per measured K and torch.
-
-    cpbjax: compile once (every group shares the program) + groups x epochs x s/epoch.
-    Early stopping can only shorten these (a group stops when its last coin stops),
-    and no typical stopping epoch was measured, so that column is an upper bound.
-    """
-    epochs = config.train.epochs
-    out = []
-    for r in rows:
-        groups = math.ceil(n_series / r["K"])
-        seconds = r["lower_s"] + r["compile_s"] + groups * epochs * r["s_per_epoch"]
-        out.append(
-            {
-                "model": r["model"],
-                "decoding": r["decoding"],
-                "dtype": r["dtype"],
-                "system": f"cpbjax K={r['K']}",
-                "groups": groups,
-                "epochs": epochs,
-                "compile_s": r["lower_s"] + r["compile_s"],
-                "no_early_stop_min": seconds / 60,
-                "early_stop_min": f"<= {seconds / 60:.4g} (upper bound)",
-            }
-        )
-    if torch_s:
-        best = min(statistics.median(s) for s in torch_s.values())
-        seconds = n_series * epochs * best
-        out.append(
-            {
-                "model": config.model.name,
-                "decoding": config.model.decoding,
-                "system": "torch loop",
-                "groups": n_series,
-                "epochs": epochs,
-                "no_early_stop_min": seconds / 60,
-                "early_stop_min": f"<= {seconds / 60:.4g} (upper bound)",
-            }
-        )
-    return out
-
-
-def add_peak_share(rows: list[dict], peaks: dict) -> None:
-    """Sets each row's `pct_of_peak`: achieved FLOP/s over the peak of its compute dtype."""
-    for row in rows:
-        peak = peaks.get(row["dtype"])
-        row["pct_of_peak"] = 100 * row["achieved_tflops"] / peak["tflops"] if peak else None
-
-
-def add_ratio_ceiling(ratios: list[dict], throughput: list[dict]) -> None:
-    """Sets each ratio row's `ratio_at_peak`: the ratio if cpbjax's epoch ran its matmul
-    FLOPs at the measured peak (ratio x 100 / pct_of_peak), the most that any program
-    doing the same matmul work on this machine could reach against this torch figure."""
-    keys = ("model", "decoding", "dtype", "K")
-    share = {tuple(r[k] for k in keys): r["pct_of_peak"] for r in throughput}
-    for row in ratios:
-        pct = share.get(tuple(row[k] for k in keys))
-        row["ratio_at_peak"] = 100 * row["ratio"] / pct if pct else None
-
-
 # ---------------------------------------------------------------- one model
-
-
-@dataclasses.dataclass
-class Results:
-    """Every table's rows, filled model by model."""
-
-    throughput: list = dataclasses.field(default_factory=list)
-    ratios: list = dataclasses.field(default_factory=list)
-    suite: list = dataclasses.field(default_factory=list)
 
 
 def _group_sizes(args, with_torch: bool) -> list[int]:
@@ -530,8 +235,12 @@ def run_model(model: str, args, results: Results) -> None:
     """
     base = bench_config(model, args, args.decodings[0], args.dtypes[0])
     series, preps = load_group_data(base)
-    with_torch = torch_baseline is not None and args.torch_coins > 0
-    tw = torch_windows(series, base, args.torch_series, args.device) if with_torch else None
+    with_torch = torch_side.torch_baseline is not None and args.torch_coins > 0
+    tw = (
+        torch_side.torch_windows(series, base, args.torch_series, args.device)
+        if with_torch
+        else None
+    )
     n_suite = len(base.data.symbols) * len(base.data.intervals)
     torch_by_decoding = {}  # decoding -> {threads: torch seconds per model-epoch}
     for decoding, dtype in itertools.product(args.decodings, args.dtypes):
@@ -544,7 +253,7 @@ def run_model(model: str, args, results: Results) -> None:
                 group = build_group(config, preps, k)
                 for _ in range(args.warmup_epochs):
                     group.epoch()
-                torch_s, epoch_s = side_by_side(
+                torch_s, epoch_s = torch_side.side_by_side(
                     model, group, tw, args.repeats, args.device, decoding
                 )
                 torch_by_decoding[decoding] = torch_s
@@ -557,92 +266,13 @@ def run_model(model: str, args, results: Results) -> None:
             del group  # Frees the device state and data before the next K.
             if decoding in torch_by_decoding and k == args.torch_coins:
                 torch_s = torch_by_decoding[decoding]
-                ratio = ratio_row(config, k, torch_s, rows[-1]["s_per_epoch"], alternated)
+                ratio = torch_side.ratio_row(
+                    config, k, torch_s, rows[-1]["s_per_epoch"], alternated
+                )
                 results.ratios.append(ratio)
         torch_s = torch_by_decoding.get(decoding) if alternated else None
         results.suite += suite_rows(config, rows, torch_s, n_suite)
         results.throughput += rows
-
-
-# ---------------------------------------------------------------- report
-
-
-_THROUGHPUT_COLUMNS = (
-    "model",
-    "decoding",
-    "dtype",
-    "K",
-    "K_padded",
-    "lower_s",
-    "compile_s",
-    "epochs",
-    "s_per_epoch",
-    "s_per_coin_epoch",
-    "gflop_per_epoch",
-    "xla_flops",
-    "achieved_tflops",
-    "pct_of_peak",
-    "program_mib",
-    "peak_mib",
-    "peak_kind",
-    "epoch_s_all",
-)
-_SUITE_COLUMNS = (
-    "model",
-    "decoding",
-    "dtype",
-    "system",
-    "groups",
-    "epochs",
-    "compile_s",
-    "no_early_stop_min",
-    "early_stop_min",
-)
-
-
-def _ratio_columns(rows: list[dict]) -> list[str]:
-    torch_cols = sorted(
-        {c for r in rows for c in r if c.startswith("torch_") and c.endswith(("t_s", "t_n"))}
-    )
-    return [
-        "model",
-        "decoding",
-        "dtype",
-        "K",
-        "torch_decoding",
-        *torch_cols,
-        "torch_best_threads",
-        "cpbjax_s_per_epoch",
-        "ratio",
-        "ratio_at_peak",
-        "alternated",
-    ]
-
-
-def report(results: Results, peaks: dict, notes: list[str]) -> str:
-    """The markdown sections: matmul peak, throughput, side by side, suite estimate."""
-    parts = [
-        "Matmul peak (jitted, one n x n product per device at once, median):\n",
-        common.markdown_table(list(peaks.values()), ("dtype", "shape", "seconds", "tflops")),
-        "\ncpbjax throughput (seconds are wall time of one jitted epoch, metrics blocked on;"
-        " FLOPs are matmul FLOPs counted from the jaxpr, scans times their length):\n",
-        common.markdown_table(results.throughput, _THROUGHPUT_COLUMNS),
-    ]
-    if results.ratios:
-        parts += [
-            "\nSide by side, ratio = torch s/model-epoch x K / cpbjax s/epoch"
-            " (torch: median model-epoch, warm-up of each call left out; the faster"
-            " thread setting counts; torch decodes as cpbjax does, torch_decoding, so each"
-            " ratio is direct vs direct or autoregressive vs autoregressive; ratio_at_peak ="
-            " the ratio had cpbjax run its matmul FLOPs at the measured peak, the ceiling"
-            " for any program doing the same matmul work):\n",
-            common.markdown_table(results.ratios, _ratio_columns(results.ratios)),
-        ]
-    parts += [
-        "\nWhole-suite estimate at default epochs:\n",
-        common.markdown_table(results.suite, _SUITE_COLUMNS),
-    ]
-    return "".join(parts) + "".join(f"\n{line}\n" for line in notes)
 
 
 # ---------------------------------------------------------------- command line
@@ -734,12 +364,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _check_torch(args) -> list[str]:
     """Notes about the torch side; exits 2 if --device cuda has no CUDA device."""
-    if torch_baseline is None:
+    if torch_side.torch_baseline is None:
         return [
-            f"torch side skipped: torch is not installed ({_TORCH_MISSING}); "
+            f"torch side skipped: torch is not installed ({torch_side.MISSING}); "
             'install it with `pip install -e ".[bench]"`.'
         ]
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch_side.torch.cuda.is_available():
         print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         sys.exit(2)
     return []
@@ -779,7 +409,9 @@ def main(argv=None) -> Results:
     if jax.default_backend() != "cpu" or "bfloat16" in args.dtypes:
         peak_dtypes.append("bfloat16")
     size = args.peak_size or (4096 if jax.default_backend() == "cpu" else 8192)
-    peaks = {d: matmul_peak(size, d, _PEAK_REPEATS, precision) for d in peak_dtypes}
+    peaks = {
+        d: hardware.matmul_peak(size, d, hardware.PEAK_REPEATS, precision) for d in peak_dtypes
+    }
     add_peak_share(results.throughput, peaks)
     add_ratio_ceiling(results.ratios, results.throughput)
     facts["load_avg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -314,13 +314,13 @@ def test_each_ratio_times_torch_with_cpbjax_decoding(tb, train_bench, monkeypatc
     def no_op_group(config, preps, k):
         return train_bench.Group(k, k, lambda s, a: (s, 0.0), None, None, 0.0, 0.0, 1.0, None, None)
 
-    monkeypatch.setattr(train_bench, "torch_samples", fake_torch_samples)
+    monkeypatch.setattr(train_bench.torch_side, "torch_samples", fake_torch_samples)
     monkeypatch.setattr(train_bench, "build_group", no_op_group)
     flags = "--quick --models gru --decoding autoregressive,direct --dtype float32,bfloat16"
     args = train_bench.parse_args(flags.split())
     results = train_bench.Results()
     train_bench.run_model("gru", args, results)
-    threads = train_bench.thread_settings("cpu")
+    threads = train_bench.torch_side.thread_settings("cpu")
     assert torch_calls == [(d, t) for d in ("autoregressive", "direct") for t in threads]
     rows = [
         (r["decoding"], r["dtype"], r["torch_decoding"], r["alternated"]) for r in results.ratios
