@@ -89,6 +89,7 @@ def main():
     scale = score.persistence_scale(t)
     fit_rows = np.flatnonzero(np.isin(t["split"], fit_splits))
     rows = np.flatnonzero(t["split"] == scored)
+    rows = rows[np.isfinite(k[t["series"][rows]]).all(axis=(1, 2))]  # a series with a band
     if args.score == "confirmation":
         symbols = np.array([str(n).split("-")[0] for n in t["names"]])
         rows = rows[np.isin(symbols[t["series"][rows]], pairs.CONFIRMATION_SYMBOLS)]

@@ -182,15 +182,18 @@ def series_rows(s, market, data_cfg, context_of) -> dict | None:
     }
 
 
-def build(symbols, intervals, base_url, dates, context="harness") -> dict:
+def build(symbols, intervals, base_url, dates, context="harness", end="") -> dict:
+    """The window table of `symbols` x `intervals` split at `dates`, months to `end`
+    (data.end: "" = the last complete month)."""
     cfg = config_lib.base_config()
     d = cfg.data
     d.source, d.base_url, d.symbols, d.intervals = "binance", base_url, tuple(symbols), intervals
     d.months, d.max_candles, d.min_candles, d.split_dates = 0, 0, 0, tuple(dates)
+    d.end = end
     loaded, skipped = sources.load_all(d)
     by_name = {s.name: s for s in loaded}
     mkt_cfg = config_lib.base_config().data
-    mkt_cfg.update(dict(source="binance", base_url=base_url, symbols=(MARKET,), intervals=intervals, months=0, max_candles=0, min_candles=0))  # fmt: skip
+    mkt_cfg.update(dict(source="binance", base_url=base_url, symbols=(MARKET,), intervals=intervals, months=0, max_candles=0, min_candles=0, end=end))  # fmt: skip
     markets = {s.interval: s for s in sources.load_all(mkt_cfg)[0]}
     parts, names = [], []
     for name in sorted(by_name):
@@ -219,11 +222,12 @@ def main():
     p.add_argument("--intervals", default="15m,1h")
     p.add_argument("--out", required=True)
     p.add_argument("--context", choices=tuple(CONTEXT_OF), default="harness")
+    p.add_argument("--end", default="", help="last month, YYYY-MM (default: the newest)")
     a = p.parse_args()
     symbols = pairs.NAMED_LISTS[f"@{a.pairs}"]
     t0 = time.perf_counter()
     intervals, dates = tuple(a.intervals.split(",")), a.split_dates.split(",")
-    table = build(symbols, intervals, a.base_url, dates, a.context)
+    table = build(symbols, intervals, a.base_url, dates, a.context, a.end)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     np.savez(a.out, **table)
     counts = np.bincount(table["split"], minlength=3)

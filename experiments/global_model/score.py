@@ -18,16 +18,20 @@ COL_INDEX = (1, 2, 3)  # in OHLC
 
 def band_factors(t, fit_splits) -> np.ndarray:
     """[S, H, 2] per series the band's k_high_h, k_low_h: least absolute deviation on the
-    series' windows of `fit_splits` (baselines.fit_vol_band's rule)."""
+    series' windows of `fit_splits` (baselines.fit_vol_band's rule); NaN for a series
+    with none."""
     out = []
     for i in range(len(t["names"])):
         m = (t["series"] == i) & np.isin(t["split"], fit_splits) & (t["sigma"] > 0)
         s, y = t["sigma"][m].astype(np.float64), t["y"][m]
+        if not m.any():  # no window to fit on (a series listed after the fit span)
+            out.append(np.full((t["y"].shape[1], 2), np.nan))
+            continue
         k = [
             [baselines.weighted_median(y[:, h, 1] / s, s) for h in range(y.shape[1])],
             [baselines.weighted_median(-y[:, h, 2] / s, s) for h in range(y.shape[1])],
         ]
-        out.append(np.array(k).T if m.any() else np.full((y.shape[1], 2), np.nan))
+        out.append(np.array(k).T)
     return np.stack(out)
 
 
