@@ -15,7 +15,7 @@ folds=${FOLDS:-"2023-03:2023-05:2024-12 2022-03:2022-05:2023-12"}
 for fold in $folds; do
   IFS=: read -r v0 v1 end <<<"$fold"
   tuning_run "$runs/model$v0" "$v0" "$v1" "$end"
-  tuning_run "$runs/band$v0" "$v0" "$v1" "$end" --config.train.epochs=1 --config.train.min_delta=1e6
+  band_run "$runs/band$v0" "$v0" "$v1" "$end"
   # Spans of months after val: [0, 2), [2, 6), [6, 12), [12, 20).
   python - "$runs" "$v0" "$v1" "$end" <<'PY'
 import subprocess, sys

@@ -15,7 +15,7 @@ mkdir -p "$runs"
 folds=${FOLDS:-"2023-03:2023-01:2022-03:2024-12 2022-03:2022-01:2021-03:2023-12"}
 for fold in $folds; do
   IFS=: read -r p0 s0 l0 end <<<"$fold"
-  tuning_run "$runs/band$p0" "$s0" "$p0" "$end" --config.train.epochs=1 --config.train.min_delta=1e6
+  band_run "$runs/band$p0" "$s0" "$p0" "$end"
   tuning_run "$runs/S$p0" "$s0" "$p0" "$end"
   tuning_run "$runs/L$p0" "$l0" "$p0" "$end"
   next=$(next_month "$end")

@@ -11,5 +11,12 @@ tuning_run() {
     --config.data.end="$end" --config.eval.save_forecasts=True "$@" >"$wd.log" 2>&1
 }
 
+# The band's run beside a candidate's: one epoch that no improvement can clear, so the kept
+# model is the untrained band, refit per series as every model's is.
+#   band_run WORKDIR VAL_START TEST_START LAST_MONTH
+band_run() {
+  tuning_run "$@" --config.train.epochs=1 --config.train.min_delta=1e6
+}
+
 # The month after YYYY-MM (heldout.py's exclusive end).
 next_month() { python -c "import numpy as np; print(np.datetime64('$1', 'M') + 1)"; }

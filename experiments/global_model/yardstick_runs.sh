@@ -24,7 +24,7 @@ python experiments/global_model/tune.py "$runs" --lever "$name=$flags" \
   -- --config.data.base_url="$MIRROR"
 for fold in 2023-03:2023-01:2024-12 2022-03:2022-01:2023-12; do
   IFS=: read -r p0 v0 end <<<"$fold"
-  tuning_run "$runs/band$p0" "$v0" "$p0" "$end" --config.train.epochs=1 --config.train.min_delta=1e6
+  band_run "$runs/band$p0" "$v0" "$p0" "$end"
   tuning_run "$runs/${name}S$p0" "$v0" "$p0" "$end" "${words[@]}"
   next=$(next_month "$end")
   python experiments/global_model/heldout.py "$runs/band$p0" "$runs/${name}S$p0" \
