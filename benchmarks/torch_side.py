@@ -11,6 +11,7 @@ import contextlib
 import os
 import statistics
 
+MISSING = ""  # why the torch side is off, when it is
 try:
     import torch
 
