@@ -25,9 +25,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from cpbjax import cli_errors, platform, sweep_grid  # noqa: E402
-from cpbjax import config as config_lib  # noqa: E402
+from cpbjax import runtime
 from cpbjax import workdir as workdir_lib  # noqa: E402
+from cpbjax.config import (
+    cli_errors,
+    sweep_grid,  # noqa: E402
+)
+from cpbjax.config import schema as config_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
@@ -116,14 +120,14 @@ def main(argv):
                 "config.distributed.enabled=True needs --mode train or backtest and a --workdir on a "
                 "filesystem that all processes share"
             )
-        platform.configure(config)
-    except (config_lib.ConfigError, platform.PlatformError) as e:
+        runtime.configure(config)
+    except (config_lib.ConfigError, runtime.PlatformError) as e:
         cli_errors.fail(str(e))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.model.name}-{stamp}")
     made = _make_workdir(workdir)
     logging.info(
-        "cpbjax %s: workdir %s, devices %s", _MODE.value, workdir, platform.describe_devices()
+        "cpbjax %s: workdir %s, devices %s", _MODE.value, workdir, runtime.describe_devices()
     )
     try:
         _run_mode(config, workdir)
@@ -137,11 +141,12 @@ def main(argv):
 def _run_mode(config, workdir: str) -> None:
     """Runs --mode in `workdir`; its known failures exit 2 with one line."""
     if _MODE.value == "train":
-        from cpbjax import driver, ledger
+        from cpbjax.modes import driver
+        from cpbjax.training import ledger
 
         try:
             if sweep_grid.is_sweep(config):
-                from cpbjax import sweep
+                from cpbjax.modes import sweep
 
                 sweep.run_sweep(config, workdir)
             else:
@@ -149,14 +154,17 @@ def _run_mode(config, workdir: str) -> None:
         except (config_lib.ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
             cli_errors.fail(str(e))
     elif _MODE.value == "backtest":
-        from cpbjax import backtest, ledger
+        from cpbjax.modes import backtest
+        from cpbjax.training import ledger
 
         try:
             backtest.run_backtest(config, workdir)
         except (config_lib.ConfigError, ledger.RunMismatch, backtest.NothingBacktested) as e:
             cli_errors.fail(str(e))
     else:
-        from cpbjax import evaluate, portable, predict, saved, serve
+        from cpbjax.modes import export as portable
+        from cpbjax.modes import predict, serve
+        from cpbjax.score import evaluate, saved
 
         run = {
             "evaluate": evaluate.run_evaluate,

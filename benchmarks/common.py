@@ -13,8 +13,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from cpbjax import config as config_lib
 from cpbjax import writers
+from cpbjax.config import schema as config_lib
 
 # Packages whose versions every recorded figure carries (absent ones are left out).
 _VERSIONED = ("jax", "jaxlib", "flax", "optax", "torch", "numpy")

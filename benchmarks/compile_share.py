@@ -14,9 +14,9 @@ import time
 
 import jax
 
-from cpbjax import config as config_lib
 from cpbjax import models, sharding
-from cpbjax.group import GroupTrainer
+from cpbjax.config import schema as config_lib
+from cpbjax.training.group import GroupTrainer
 
 
 def compile_seconds(share: str) -> float:

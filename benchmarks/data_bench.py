@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # Run as a script: make the repo root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
-from cpbjax import config as config_lib  # noqa: E402
+from cpbjax.config import schema as config_lib  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.data.series import SeriesSkipped  # noqa: E402
 

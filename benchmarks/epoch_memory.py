@@ -5,7 +5,7 @@
   python benchmarks/epoch_memory.py --configs configs/gru.py --series 40,200,1000
 
 Each row is one `cpbjax.train` of a config that stops as soon as its first group's epoch
-program has compiled, where the driver asks cpbjax/memory.py whether it fits: the bytes
+program has compiled, where the driver asks cpbjax/training/memory.py whether it fits: the bytes
 one epoch allocates beyond its data (temporaries and outputs, less the donated state),
 per device and in all on this host's CPU devices, for a program of K coins (a pooled
 model's K is every series that keeps train windows). With --base-url the data are that
@@ -32,7 +32,7 @@ if __package__ in (None, ""):
 
 import cpbjax  # noqa: E402
 from benchmarks import common  # noqa: E402
-from cpbjax import memory  # noqa: E402
+from cpbjax.training import memory  # noqa: E402
 
 GIB = 2**30
 

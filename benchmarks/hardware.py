@@ -20,7 +20,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from benchmarks import common
-from cpbjax import memory, sharding
+from cpbjax import sharding
+from cpbjax.training import memory
 
 MIB = 2**20
 

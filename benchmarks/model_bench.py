@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from cpbjax import config as config_lib  # noqa: E402
 from cpbjax import models  # noqa: E402
+from cpbjax.config import schema as config_lib  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

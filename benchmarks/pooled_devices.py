@@ -3,7 +3,7 @@
   python benchmarks/pooled_devices.py --config configs/gru.py --devices 1,2,4 --series 8 \
       --candles 1500 --epochs 4 --rounds 2
 
-The pooled model trains data-parallel over every device (cpbjax/pooled.py): each takes a
+The pooled model trains data-parallel over every device (cpbjax/training/pooled.py): each takes a
 share of the coins of every step and one all-reduce adds their gradients. A device count
 is fixed when jax starts, so each cell is a subprocess with
 --xla_force_host_platform_device_count=N training the config with benchmarks/

@@ -62,7 +62,7 @@ from benchmarks.torch_models import (  # noqa: E402
     MODELS,
     build_model,
 )
-from cpbjax import config as config_lib  # noqa: E402
+from cpbjax.config import schema as config_lib  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.data.series import Series  # noqa: E402
 

@@ -65,11 +65,11 @@ from benchmarks.train_bench_report import (  # noqa: E402
     report,
     suite_rows,
 )
-from cpbjax import config as config_lib  # noqa: E402
 from cpbjax import models, sharding  # noqa: E402
+from cpbjax.config import schema as config_lib  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.data.series import SeriesSkipped  # noqa: E402
-from cpbjax.group import GroupTrainer, coin_keys  # noqa: E402
+from cpbjax.training.group import GroupTrainer, coin_keys  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("transformer", "gru", "lstm")

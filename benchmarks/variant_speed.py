@@ -12,7 +12,7 @@ overrides). Its epoch seconds are metrics.jsonl's `seconds` of every epoch after
 value once, in order, and each value's ratio to the first is taken within the round, so
 a machine that is slower in one round slows both sides of that round's ratio; the table
 gives medians over rounds. `GiB per device` is the need the driver measured before the
-first epoch (timings.json `epoch_memory`, cpbjax/memory.py). Writes one record to
+first epoch (timings.json `epoch_memory`, cpbjax/training/memory.py). Writes one record to
 benchmarks/records/.
 """
 

@@ -3,11 +3,11 @@ value with the reason it was chosen; VARIANTS below are named changes of it.
 
 Variants (`configs/lstm.py:<variant>`): `demo` and `tiny` (synthetic series and a model
 small enough for a 2-core CPU) and `replaced` (the replaced system's model, schedule and
-objective on the real data); cpbjax/config.py `apply_variant` adds the data and objective
+objective on the real data); cpbjax/config/schema.py `apply_variant` adds the data and objective
 parts that every model's variant shares.
 """
 
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 
 
 def get_config(arg=None):

@@ -4,11 +4,11 @@ real data, each value with the reason it was chosen (experiments/global_model: e
 choice made on the tuning pairs' validation split); VARIANTS below are named changes.
 
 Variants (`configs/mlp.py:<variant>`): `demo` and `tiny` (synthetic series, small enough
-for a 2-core CPU); cpbjax/config.py `apply_variant` adds the data parts every model's
+for a 2-core CPU); cpbjax/config/schema.py `apply_variant` adds the data parts every model's
 variant shares. There is no `replaced` variant: the replaced system had no such model.
 """
 
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import context
 
 # The window's OHLC, then its context: the time of day and week, and the scale-free

@@ -4,11 +4,11 @@ the reason it was chosen; VARIANTS below are named changes of it.
 Variants (`configs/transformer.py:<variant>`): `demo` and `tiny` (synthetic series and
 per-series models small enough for a 2-core CPU: the offline demo and the tests) and
 `replaced` (the replaced system's model, schedule and objective on the real data). The
-data and objective parts that every model's variant shares are in cpbjax/config.py
+data and objective parts that every model's variant shares are in cpbjax/config/schema.py
 `apply_variant`.
 """
 
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 
 
 def get_config(arg=None):

@@ -8,8 +8,8 @@ schema by `config.upgrade`), to override like any config. `--mode evaluate|predi
 
 import json
 
-from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
+from cpbjax.config import schema as config_lib
 
 
 def get_config(arg=None):

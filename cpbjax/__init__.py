@@ -1,6 +1,6 @@
 """cpbjax: short-horizon OHLC forecasting for crypto pairs, many models as one JAX program.
 
-The Python API (cpbjax/api.py), loaded on first use so that `import cpbjax.metrics` needs
+The Python API (cpbjax/api.py), loaded on first use so that `import cpbjax.score.metrics` needs
 no jax:
 
     results = cpbjax.train("configs/gru.py:demo", "runs/demo")
@@ -10,7 +10,7 @@ no jax:
     folders = cpbjax.export("runs/demo")
 """
 
-__version__ = "0.1.0"
+from cpbjax.version import __version__  # noqa: F401 (the package face names it)
 
 _API = ("train", "fit", "load", "export", "Model")
 

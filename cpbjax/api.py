@@ -27,23 +27,16 @@ import numpy as np
 import pandas as pd
 from absl import logging
 
-from cpbjax import config as config_lib
-from cpbjax import config_rules as rules
-from cpbjax import (
-    driver,
-    forecast,
-    platform,
-    portable,
-    saved,
-    sweep,
-    sweep_grid,
-    writers,
-    zero_shot,
-)
+from cpbjax import runtime, writers
 from cpbjax import workdir as workdir_lib
-from cpbjax.config import INTERVAL_MS
+from cpbjax.config import rules, sweep_grid
+from cpbjax.config import schema as config_lib
+from cpbjax.config.schema import INTERVAL_MS
 from cpbjax.data import features, parsing, windows
 from cpbjax.data.series import Series, SeriesSkipped
+from cpbjax.modes import driver, sweep
+from cpbjax.modes import export as portable
+from cpbjax.score import forecast, saved, zero_shot
 
 OHLCV = ("open", "high", "low", "close", "volume")
 # The config `fit` trains with when given none: the GRU's default run.
@@ -64,7 +57,7 @@ def train(config: str | ml_collections.ConfigDict, workdir: str) -> dict:
     """
     if isinstance(config, str):
         config = config_lib.load(config)
-    platform.configure(config_lib.validate(config))
+    runtime.configure(config_lib.validate(config))
     if sweep_grid.is_sweep(config):
         sweep.run_sweep(config, workdir)  # results.json holds the chosen settings
         return writers.read_json(workdir_lib.results_json(workdir))
@@ -169,7 +162,7 @@ def _write_frames(series: dict[str, Series], workdir: str) -> str:
 
 
 def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) -> dict:
-    """Writes <workdir>/export/<SERIES>/ for every trained series (see cpbjax/portable.py).
+    """Writes <workdir>/export/<SERIES>/ for every trained series (see cpbjax/modes/export.py).
 
     Args:
       workdir: a trained run. config: optional; its predict.symbols / predict.intervals
@@ -340,7 +333,7 @@ class RunModel:
     `predict(candles, symbol)` forecasts with the series' own saved model where the run
     has one; a pooled run (train.share=pooled) forecasts any other pair or interval with
     its shared model, fitting that series' normalisation, band and interval on the
-    candles given (cpbjax/zero_shot.py). A per-series run has no model for a series it
+    candles given (cpbjax/score/zero_shot.py). A per-series run has no model for a series it
     did not train: a ValueError names it.
     """
 

@@ -3,7 +3,7 @@
 Per-series coins are independent, so the cross-device traffic of a run is here: placing
 host arrays on the coin-sharded mesh, gathering per-coin results back to the host, and
 the multi-host barriers; a pooled model adds the collectives of its epoch over COIN_AXIS
-(cpbjax/pooled.py). In a multi-host run (config.distributed) the coin axis spans every
+(cpbjax/training/pooled.py). In a multi-host run (config.distributed) the coin axis spans every
 process's devices; process 0 alone writes the workdir (`is_primary`).
 """
 

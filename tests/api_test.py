@@ -15,12 +15,14 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import baselines, checkpoint, evaluate, memory, models, saved, writers
-from cpbjax import config as config_lib
+from cpbjax import models, writers
 from cpbjax import workdir as workdir_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS
-from cpbjax.metrics import COLUMNS
+from cpbjax.score import baselines, evaluate, saved
+from cpbjax.score.metrics import COLUMNS
+from cpbjax.training import checkpoint, memory
 from tests import helpers
 from tests.fake_exchange import FakeExchange, running
 

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from cpbjax import batching, group, models, plan, sharding, step, writers
-from cpbjax import config as config_lib
+from cpbjax import models, sharding, writers
+from cpbjax.config import schema as config_lib
 from cpbjax.data import auxiliary, stacking, windows
+from cpbjax.modes import plan
+from cpbjax.training import batching, group, step
 from tests import helpers
 
 AUX = ("bb_position", "realized_vol")

@@ -14,17 +14,14 @@ import numpy as np
 import pytest
 from absl import logging
 
-from cpbjax import (
-    backtest,
-    backtest_scores,
-    ledger,
-    metrics,
-    plots,
-    report_html,
-    report_tables,
-    writers,
-)
+from cpbjax import writers
 from cpbjax.data import folds, sources, windows
+from cpbjax.modes import backtest
+from cpbjax.report import html_page as report_html
+from cpbjax.report import plots
+from cpbjax.report import tables as report_tables
+from cpbjax.score import backtest_scores, metrics
+from cpbjax.training import ledger
 from tests import helpers
 
 FOLDS = 3
@@ -50,8 +47,8 @@ def run(workdir: str) -> None:
 
 def run_alone(workdir: str) -> None:
     """Trains the fold ALONE as the only coin of a run, through the same driver."""
-    from cpbjax import driver, plan
-    from cpbjax.runlog import StageClock
+    from cpbjax.modes import driver, plan
+    from cpbjax.report.runlog import StageClock
 
     config = backtest_config()
     preps = [p for p in fold_preps(config) if p.name == ALONE]
@@ -62,7 +59,7 @@ def run_alone(workdir: str) -> None:
 
 def run_killed(workdir: str) -> None:
     """The backtest, SIGKILLed right after KILL_GROUP saved its epoch KILL_EPOCH checkpoint."""
-    from cpbjax import checkpoint
+    from cpbjax.training import checkpoint
 
     save = checkpoint.GroupCheckpoints.maybe_save
 

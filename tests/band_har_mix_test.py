@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from cpbjax import baselines, evaluate, metrics
+from cpbjax.score import baselines, evaluate, metrics
 from experiments.baseline_choice import band_har_mix
 from tests.helpers import levers_preps
 

@@ -1,4 +1,4 @@
-"""Tests of eval.refit_band (cpbjax/band_refit.py): the band factors of a trained vol_band
+"""Tests of eval.refit_band (cpbjax/score/band_refit.py): the band factors of a trained vol_band
 model refit by least absolute deviation on its own errors over the splits before each
 scored one.
 
@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import band_refit, baselines, evaluate, forecast
 from cpbjax.data import stacking
+from cpbjax.score import band_refit, baselines, evaluate, forecast
 from tests.helpers import levers_config, levers_init_params, levers_preps
 
 L, H = 30, 10

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import urllib3
 
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import binance, parsing, synthetic
 from tests import helpers
 from tests.helpers import damage_deflate

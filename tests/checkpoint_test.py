@@ -1,4 +1,4 @@
-"""Tests of cpbjax.checkpoint: group state save/restore, retention, corrupt fallback, series models."""
+"""Tests of cpbjax.training.checkpoint: group state save/restore, retention, corrupt fallback, series models."""
 
 import json
 import logging
@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from cpbjax import checkpoint
+from cpbjax.training import checkpoint
 
 
 def _state(value: float):

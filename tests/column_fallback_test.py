@@ -1,4 +1,4 @@
-"""Tests of eval.column_fallback (cpbjax/column_fallback.py): each column keeps the network's
+"""Tests of eval.column_fallback (cpbjax/score/column_fallback.py): each column keeps the network's
 correction unless it is significantly worse than the baseline on val.
 
 References are independent: a plain numpy loop for the decision (Newey-West with Bartlett
@@ -14,21 +14,14 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import (
-    baselines,
-    column_fallback,
-    evaluate,
-    forecast,
-    metrics,
-    portable,
-    report_tables,
-    saved,
-    writers,
-)
-from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
+from cpbjax import writers
+from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, stacking
 from cpbjax.models import heads
+from cpbjax.modes import export as portable
+from cpbjax.report import tables as report_tables
+from cpbjax.score import baselines, column_fallback, evaluate, forecast, metrics, saved
 from tests.helpers import levers_config, levers_init_params, levers_preps
 
 L, H = 30, 10

@@ -15,8 +15,10 @@ import sys
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, compaction, driver, ledger, writers
-from cpbjax import config as config_lib
+from cpbjax import writers
+from cpbjax.config import schema as config_lib
+from cpbjax.modes import driver
+from cpbjax.training import checkpoint, compaction, ledger
 from tests import helpers
 
 EPOCHS = 14
@@ -26,7 +28,8 @@ SHRINKS = [8, 4, 2, 1]
 _RUNS = "import sys; from tests import compaction_test as t; t.run_all(sys.argv[1])"
 _TWO_DEVICES = """
 import os, sys
-from cpbjax import compaction, driver
+from cpbjax.modes import driver
+from cpbjax.training import compaction
 from tests import compaction_test as t
 driver.train_and_evaluate(t.compaction_config(False), os.path.join(sys.argv[1], "whole"))
 compaction.compaction_pays = lambda *args: True

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from cpbjax import config as config_lib
-from cpbjax import config_rules as rules
+from cpbjax.config import rules
+from cpbjax.config import schema as config_lib
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

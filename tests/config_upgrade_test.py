@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

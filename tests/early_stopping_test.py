@@ -1,4 +1,4 @@
-"""Tests of cpbjax/early_stopping.py: early stopping's bar in standard errors of the val gain
+"""Tests of cpbjax/training/early_stopping.py: early stopping's bar in standard errors of the val gain
 (train.min_delta), per series and pooled, against plain loops."""
 
 import jax
@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import config as config_lib
-from cpbjax import early_stopping, models, sharding
-from cpbjax.group import GroupTrainer, coin_keys
+from cpbjax import models, sharding
+from cpbjax.config import schema as config_lib
+from cpbjax.training import early_stopping
+from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 
 Z = 1.0  # train.min_delta: the bar is best - Z standard errors of the gain

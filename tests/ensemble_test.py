@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 
 import cpbjax
-from cpbjax import checkpoint, evaluate, models, sharding
-from cpbjax import config as config_lib
+from cpbjax import models, sharding
 from cpbjax import workdir as workdir_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, windows
-from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.models import ensemble as ensemble_lib
+from cpbjax.score import evaluate
+from cpbjax.training import checkpoint
+from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 
 SIZE = 3  # members of the ensembles tested

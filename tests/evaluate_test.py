@@ -1,4 +1,4 @@
-"""Tests of cpbjax.forecast and cpbjax.evaluate: forecasts of a module, scores and forecast files."""
+"""Tests of cpbjax.score.forecast and cpbjax.score.evaluate: forecasts of a module, scores and forecast files."""
 
 import chex
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import baselines, evaluate, forecast, metrics
 from cpbjax.data import stacking, synthetic, windows
+from cpbjax.score import baselines, evaluate, forecast, metrics
 from tests.helpers import H, L, Probe, make_prep, prep_config, probe_params
 
 # ---------------------------------------------------------------------------

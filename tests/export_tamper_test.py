@@ -11,8 +11,9 @@ import shutil
 import pytest
 
 import cpbjax
-from cpbjax import config as config_lib
-from cpbjax import driver, portable
+from cpbjax.config import schema as config_lib
+from cpbjax.modes import driver
+from cpbjax.modes import export as portable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES = "BTCUSDT-1h"

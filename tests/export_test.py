@@ -1,4 +1,4 @@
-"""Tests of --mode export (cpbjax.export, cpbjax.model_card): folders that predict as the run does."""
+"""Tests of --mode export (cpbjax.export, cpbjax.report.model_card): folders that predict as the run does."""
 
 import functools
 import os
@@ -7,10 +7,15 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, driver, forecast, model_card, portable, saved, writers
-from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
+from cpbjax import writers
+from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, windows
+from cpbjax.modes import driver
+from cpbjax.modes import export as portable
+from cpbjax.report import model_card
+from cpbjax.score import forecast, saved
+from cpbjax.training import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

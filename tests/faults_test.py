@@ -22,8 +22,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, forecast
 from cpbjax.data import parsing, synthetic
+from cpbjax.score import forecast
+from cpbjax.training import checkpoint
 from tests import helpers
 from tests.helpers import damage_deflate
 

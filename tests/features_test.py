@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import cpbjax
-from cpbjax import config as config_lib
-from cpbjax import predict, saved
+from cpbjax.config import schema as config_lib
 from cpbjax.data import context, features
+from cpbjax.modes import predict
+from cpbjax.score import saved
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
 from cpbjax import writers
+from cpbjax.config import schema as config_lib
 from cpbjax.data import features, sources, synthetic
 from tests import helpers
 

@@ -14,11 +14,14 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import api, band_refit, checkpoint, forecast, predict, saved, zero_shot
-from cpbjax import config as config_lib
+from cpbjax import api
 from cpbjax import workdir as workdir_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, synthetic, windows
 from cpbjax.models import heads
+from cpbjax.modes import predict
+from cpbjax.score import band_refit, forecast, saved, zero_shot
+from cpbjax.training import checkpoint
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

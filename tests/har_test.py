@@ -1,4 +1,4 @@
-"""Tests of the HAR baseline (cpbjax.baselines) against a plain-loop, np.linalg.lstsq reference."""
+"""Tests of the HAR baseline (cpbjax.score.baselines) against a plain-loop, np.linalg.lstsq reference."""
 
 import datetime
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from cpbjax import baselines
 from cpbjax.data import synthetic
+from cpbjax.score import baselines
 
 H = 10
 INTERVAL = "1h"

@@ -27,11 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import config as config_lib
-from cpbjax import epoch_spec, metrics, models, sharding, step, writers
+from cpbjax import models, sharding, writers
+from cpbjax.config import schema as config_lib
 from cpbjax.data import binance, features, sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS, Series
-from cpbjax.group import GroupTrainer
+from cpbjax.score import metrics
+from cpbjax.training import epoch_spec, step
+from cpbjax.training.group import GroupTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_MS = INTERVAL_MS["1h"]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import cpbjax
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import klines_api, parsing, rest_http, sources, synthetic
 from cpbjax.data.series import SeriesSkipped
 from tests import helpers

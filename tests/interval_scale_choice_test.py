@@ -4,7 +4,7 @@ origins never score a window before, or whose targets were, fitted."""
 
 import numpy as np
 
-from cpbjax import intervals
+from cpbjax.score import intervals
 from experiments.interval_scale import interval_scale_choice as choice
 from tests.helpers import levers_preps
 

@@ -1,4 +1,4 @@
-"""Tests of the calibrated interval (cpbjax/intervals.py interval_scale, fit_calibration,
+"""Tests of the calibrated interval (cpbjax/score/intervals.py interval_scale, fit_calibration,
 fit_before, calibrated_bounds) and of how it travels: evaluate_model, forecast files, forecast.json /
 CSV flattening. (Saved models, predict, the API and exports: tests/api_test.py.)"""
 
@@ -10,9 +10,9 @@ import types
 import numpy as np
 import pytest
 
-from cpbjax import baselines, evaluate, forecast, intervals, saved
-from cpbjax import config as config_lib
-from cpbjax.metrics import COLUMNS
+from cpbjax.config import schema as config_lib
+from cpbjax.score import baselines, evaluate, forecast, intervals, saved
+from cpbjax.score.metrics import COLUMNS
 from tests.helpers import H, L, Probe, make_prep, probe_params
 
 LEVELS = (0.1, 0.9)

@@ -10,7 +10,7 @@ import socket
 import numpy as np
 import pytest
 
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import klines_api, parsing, rest_http
 from cpbjax.data.series import SeriesSkipped
 from tests import helpers

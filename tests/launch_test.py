@@ -54,10 +54,10 @@ def test_gpu_without_a_gpu_is_an_error_not_a_silent_cpu_run():
 def test_only_the_tpu_probe_record_is_dropped_when_no_tpu_is_asked_for(caplog):
     import logging
 
-    from cpbjax import config as config_lib
-    from cpbjax import platform
+    from cpbjax import runtime
+    from cpbjax.config import schema as config_lib
 
-    platform.configure(config_lib.load("configs/gru.py:tiny"))  # platform=auto
+    runtime.configure(config_lib.load("configs/gru.py:tiny"))  # platform=auto
     bridge = logging.getLogger("jax._src.xla_bridge")
     with caplog.at_level(logging.INFO, logger="jax._src.xla_bridge"):
         bridge.info("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so")

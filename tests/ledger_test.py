@@ -1,11 +1,12 @@
-"""Tests of cpbjax.ledger: the resume fingerprint and its refusals."""
+"""Tests of cpbjax.training.ledger: the resume fingerprint and its refusals."""
 
 import os
 
 import pytest
 
-from cpbjax import ledger, writers
 from cpbjax import workdir as workdir_lib
+from cpbjax import writers
+from cpbjax.training import ledger
 from tests.helpers import EPOCHS, tiny_config
 
 

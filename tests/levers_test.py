@@ -9,11 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import baselines, intervals, losses, models, sharding
-from cpbjax import config as config_lib
-from cpbjax.config_rules import ConfigError
+from cpbjax import models, sharding
+from cpbjax.config import schema as config_lib
+from cpbjax.config.rules import ConfigError
 from cpbjax.data import stacking
-from cpbjax.group import GroupTrainer, coin_keys
+from cpbjax.score import baselines, intervals
+from cpbjax.training import losses
+from cpbjax.training.group import GroupTrainer, coin_keys
 from tests.helpers import levers_config, levers_init_params, levers_preps, random_window
 
 LEVELS = (0.1, 0.5, 0.9)

@@ -1,4 +1,4 @@
-"""The pre-flight memory check of an epoch program (cpbjax/memory.py), without training.
+"""The pre-flight memory check of an epoch program (cpbjax/training/memory.py), without training.
 
 The driver's use of it (a run that cannot fit stops before its first epoch; the checked
 program is the one the epochs run) is tested on a real run in tests/api_test.py.
@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from cpbjax import config as config_lib
-from cpbjax import memory
+from cpbjax.config import schema as config_lib
+from cpbjax.training import memory
 
 F32 = jnp.float32
 MIB = 2**20

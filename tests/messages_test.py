@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cpbjax import api, sweep_grid
-from cpbjax import config as config_lib
+from cpbjax import api
+from cpbjax.config import schema as config_lib
+from cpbjax.config import sweep_grid
 from cpbjax.data import parsing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""Tests of cpbjax.metrics and cpbjax.baselines: price-space statistics and fitted baselines (numpy)."""
+"""Tests of cpbjax.score.metrics and cpbjax.score.baselines: price-space statistics and fitted baselines (numpy)."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from cpbjax import baselines, metrics
+from cpbjax.score import baselines, metrics
 from tests.helpers import H, L, make_prep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,5 +240,7 @@ def test_fitted_baselines_never_see_test_candles():
 
 def test_metrics_and_baselines_import_without_jax():
     # The statistics are numpy only: they must work where jax is not installed.
-    code = "import sys; sys.modules['jax'] = None; import cpbjax.metrics, cpbjax.baselines"
+    code = (
+        "import sys; sys.modules['jax'] = None; import cpbjax.score.metrics, cpbjax.score.baselines"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

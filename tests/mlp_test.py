@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from cpbjax import config as config_lib
 from cpbjax import models
+from cpbjax.config import schema as config_lib
 from cpbjax.models import mlp
 from tests.helpers import ROOT
 

@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from cpbjax import checkpoint, writers
-from cpbjax import config as config_lib
+from cpbjax import writers
+from cpbjax.config import schema as config_lib
 from cpbjax.models import heads
+from cpbjax.training import checkpoint
 from tests import helpers
 
 ROOT = helpers.ROOT
@@ -54,12 +55,13 @@ def run_config(port: int, process_id: int, num_processes: int, share: str = "ser
 
 def drive(workdir: str, port: int, process_id: int, num_processes: int) -> None:
     """<workdir>/<share> of each of SHARES, trained in this one process (and its one join)."""
-    from cpbjax import driver, platform  # noqa: PLC0415 (after the subprocess's env is set)
+    from cpbjax import runtime  # noqa: PLC0415 (after the subprocess's env is set)
+    from cpbjax.modes import driver
 
     for share in SHARES:
         config = run_config(port, process_id, num_processes, share)
         if share == SHARES[0]:
-            platform.configure(config)  # joins the other process, once
+            runtime.configure(config)  # joins the other process, once
         driver.train_and_evaluate(config, os.path.join(workdir, share))
 
 

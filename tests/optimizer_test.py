@@ -1,4 +1,4 @@
-"""Tests of cpbjax.optimizer: schedule values, clipping, Adam vs AdamW decay, plateau."""
+"""Tests of cpbjax.training.optimizer: schedule values, clipping, Adam vs AdamW decay, plateau."""
 
 import math
 
@@ -8,8 +8,8 @@ import numpy as np
 import optax
 from absl.testing import absltest
 
-from cpbjax import config as config_lib
-from cpbjax import optimizer
+from cpbjax.config import schema as config_lib
+from cpbjax.training import optimizer
 
 LR, INIT, FINAL = 1e-3, 0.01, 0.02
 

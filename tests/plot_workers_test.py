@@ -1,12 +1,12 @@
-"""Tests of cpbjax/plot_workers.py: plots drawn in worker processes are the in-process ones."""
+"""Tests of cpbjax/report/plot_workers.py: plots drawn in worker processes are the in-process ones."""
 
 import io
 import os
 
 from rich.console import Console
 
-from cpbjax import report
-from cpbjax.plot_workers import PlotWorkers
+from cpbjax.report import run_report as report
+from cpbjax.report.plot_workers import PlotWorkers
 from tests.helpers import forecast_record, report_config, report_history, report_results
 
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")

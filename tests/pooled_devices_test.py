@@ -27,8 +27,9 @@ SHIFT_INVARIANT = "['attention']['score']['bias']"
 _RUNS = r"""
 import re, sys
 import jax, numpy as np
-from cpbjax import config as config_lib, models, sharding
-from cpbjax.group import GroupTrainer, coin_keys
+from cpbjax import models, sharding
+from cpbjax.config import schema as config_lib
+from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 
 assert jax.device_count() == 4, jax.devices()

@@ -1,4 +1,4 @@
-"""Tests of train.share=pooled (cpbjax/pooled.py): one model trained on every series' windows.
+"""Tests of train.share=pooled (cpbjax/training/pooled.py): one model trained on every series' windows.
 
 The epoch is checked against a hand-written reference (a loop over coins and windows,
 one gradient, one optax update per step); the driver in launch.py subprocesses that
@@ -17,24 +17,15 @@ import numpy as np
 import optax
 import pytest
 
-from cpbjax import (
-    batching,
-    checkpoint,
-    evaluate,
-    memory,
-    models,
-    optimizer,
-    plan,
-    pooled,
-    saved,
-    sharding,
-    writers,
-)
-from cpbjax import config as config_lib
+from cpbjax import models, sharding, writers
 from cpbjax import workdir as workdir_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import pooling, stacking
-from cpbjax.group import GroupTrainer, coin_keys
 from cpbjax.models import heads
+from cpbjax.modes import plan
+from cpbjax.score import evaluate, saved
+from cpbjax.training import batching, checkpoint, memory, optimizer, pooled
+from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 from tests.helpers import POOLED_NAMES, pooled_config
 

@@ -13,10 +13,12 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, driver, plan, writers
 from cpbjax import workdir as workdir_lib
+from cpbjax import writers
 from cpbjax.data import pooling
 from cpbjax.data.series import INTERVAL_MS
+from cpbjax.modes import driver, plan
+from cpbjax.training import checkpoint
 from tests import helpers
 
 L, H = 4, 2

@@ -1,4 +1,4 @@
-"""Tests of --mode predict and --mode evaluate (cpbjax/predict.py, evaluate.py, saved.py) on a tiny workdir."""
+"""Tests of --mode predict and --mode evaluate (cpbjax/modes/predict.py, evaluate.py, saved.py) on a tiny workdir."""
 
 import csv
 import glob
@@ -11,11 +11,14 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, evaluate, forecast, models, predict, saved, writers
-from cpbjax import config as config_lib
-from cpbjax.config import INTERVAL_MS
+from cpbjax import models, writers
+from cpbjax.config import schema as config_lib
+from cpbjax.config.schema import INTERVAL_MS
 from cpbjax.data import sources, windows
-from cpbjax.metrics import COLUMNS
+from cpbjax.modes import predict
+from cpbjax.score import evaluate, forecast, saved
+from cpbjax.score.metrics import COLUMNS
+from cpbjax.training import checkpoint
 
 SYMBOLS = ("BTCUSDT", "ETHUSDT")
 

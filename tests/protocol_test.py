@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cpbjax import config as config_lib
 from cpbjax import workdir as workdir_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import (
     folds,
     pairs,

@@ -7,10 +7,11 @@ import flax.linen as nn
 import jax.numpy as jnp
 import pytest
 
-from cpbjax import config as config_lib
-from cpbjax import driver, models, writers
+from cpbjax import models, writers
+from cpbjax.config import schema as config_lib
 from cpbjax.data import parsing, sources, synthetic
 from cpbjax.models import heads, layers, model_config
+from cpbjax.modes import driver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""Tests of cpbjax/report_html.py: the page's content, and its render in headless Chromium.
+"""Tests of cpbjax/report/html_page.py: the page's content, and its render in headless Chromium.
 
 The browser test drives the OS's Chromium (/usr/bin/chromium, or $CPBJAX_CHROMIUM) with
 the `playwright` package; it never downloads a browser. Without either it skips and
@@ -14,7 +14,10 @@ import shutil
 import pytest
 from rich.console import Console
 
-from cpbjax import plots, report, report_html, report_tables
+from cpbjax.report import html_page as report_html
+from cpbjax.report import plots
+from cpbjax.report import run_report as report
+from cpbjax.report import tables as report_tables
 from tests.helpers import forecast_record, report_config, report_history, report_results
 
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
@@ -34,7 +37,7 @@ CHROMIUM_ARGS = [
 SKILL_COLUMN = report_tables.HEADERS.index("skill%") + 1  # 1-based, for :nth-child
 
 
-# A sweep run's results.json "sweep" block (cpbjax/sweep.py): 2 settings, both series
+# A sweep run's results.json "sweep" block (cpbjax/modes/sweep.py): 2 settings, both series
 # tied on the second, which the first (grid order) won.
 SWEEP = {
     "fields": {"learning_rate": [0.001, 0.003]},

@@ -1,4 +1,4 @@
-"""Tests of cpbjax/report.py: the table, report.md and the PNG plots.
+"""Tests of cpbjax/report/run_report.py: the table, report.md and the PNG plots.
 
 The loss plot and the printed table are also checked on one tiny run trained in-process
 (module fixture `kept`) whose series keep their untrained baseline.
@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from cpbjax import driver, metrics, plots, report, report_tables, writers
+from cpbjax import writers
+from cpbjax.modes import driver
+from cpbjax.report import plots
+from cpbjax.report import run_report as report
+from cpbjax.report import tables as report_tables
+from cpbjax.score import metrics
 from tests import helpers
 from tests.helpers import forecast_record, report_config, report_history, report_results
 

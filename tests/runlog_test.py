@@ -1,4 +1,4 @@
-"""Tests of cpbjax.runlog: the progress displays and the fan-out of epoch records."""
+"""Tests of cpbjax.report.runlog: the progress displays and the fan-out of epoch records."""
 
 import logging
 
@@ -6,7 +6,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from cpbjax import runlog, writers
+from cpbjax import writers
+from cpbjax.report import runlog
 
 RECORD = {
     "group": "group-000",

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import cpbjax
-from cpbjax import config as config_lib
-from cpbjax import forecast
+from cpbjax.config import schema as config_lib
 from cpbjax.data import synthetic
+from cpbjax.score import forecast
 from experiments import ablation
 from experiments.ensemble_default import seed_ensemble
 from tests import helpers

@@ -1,4 +1,4 @@
-"""Tests of --mode serve (cpbjax/serve.py) over real HTTP on 127.0.0.1.
+"""Tests of --mode serve (cpbjax/modes/serve.py) over real HTTP on 127.0.0.1.
 
 A module fixture trains one tiny series once (launch.py, 1 epoch) and starts
 `launch.py --mode serve` on a free loopback port as a subprocess; the tests talk to
@@ -22,8 +22,8 @@ import ml_collections
 import pytest
 import uvicorn
 
-from cpbjax import config as config_lib
-from cpbjax import serve
+from cpbjax.config import schema as config_lib
+from cpbjax.modes import serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES = "BTCUSDT-1h"

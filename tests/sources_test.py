@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 

@@ -1,4 +1,4 @@
-"""Streamed epochs (train.stream_chunk_steps, cpbjax/streaming.py) train exactly as the
+"""Streamed epochs (train.stream_chunk_steps, cpbjax/training/streaming.py) train exactly as the
 device-resident ones.
 
 tiny_config's 3 series (K=4 with a padded coin) train 3 epochs both ways from the same
@@ -16,9 +16,11 @@ import jax
 import numpy as np
 import pytest
 
-from cpbjax import checkpoint, driver, ledger, memory, models, sharding, step, streaming
-from cpbjax import config as config_lib
-from cpbjax.group import GroupTrainer, coin_keys
+from cpbjax import models, sharding
+from cpbjax.config import schema as config_lib
+from cpbjax.modes import driver
+from cpbjax.training import checkpoint, ledger, memory, step, streaming
+from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 
 BATCH, CHUNK = 12, 3
@@ -91,7 +93,7 @@ def test_a_streamed_start_from_trained_params_sets_the_same_bar(share):
 _TWO_DEVICES = r"""
 import jax
 from cpbjax import models, sharding
-from cpbjax.group import GroupTrainer, coin_keys
+from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers, streaming_test as t
 
 assert jax.device_count() == 2, jax.devices()

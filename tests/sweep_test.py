@@ -19,9 +19,12 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import backtest, checkpoint, ledger, optimizer, sweep, sweep_grid, writers
-from cpbjax import config as config_lib
+from cpbjax import writers
+from cpbjax.config import schema as config_lib
+from cpbjax.config import sweep_grid
 from cpbjax.data import stacking
+from cpbjax.modes import backtest, sweep
+from cpbjax.training import checkpoint, ledger, optimizer
 from tests import helpers
 
 SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")
@@ -55,8 +58,8 @@ def run_pooled(workdir: str) -> None:
 def run_alone(workdir: str) -> None:
     """ALONE_SERIES as the only coin of a plain run with ALONE_SETTING's values in
     config.train (same symbols, so its coin key is the sweep coin's)."""
-    from cpbjax import driver, plan
-    from cpbjax.runlog import StageClock
+    from cpbjax.modes import driver, plan
+    from cpbjax.report.runlog import StageClock
 
     config = sweep_config()
     config.sweep.learning_rate, config.sweep.weight_decay = (), ()
@@ -90,7 +93,7 @@ def run_pooled_share(workdir: str) -> None:
 
 def run_pooled_alone(workdir: str) -> None:
     """A pooled train run of both series with POOLED_ALONE's values in config.train."""
-    from cpbjax import driver
+    from cpbjax.modes import driver
 
     config = pooled_sweep_config()
     config.sweep.learning_rate, config.sweep.weight_decay = (), ()
@@ -101,7 +104,7 @@ def run_pooled_alone(workdir: str) -> None:
 def run_compacted(workdir: str) -> None:
     """The sweep with patience 1, so coins stop at scattered epochs, run twice: whole, and
     with group compaction forced whenever at most half the coins train."""
-    from cpbjax import compaction
+    from cpbjax.training import compaction
 
     config = sweep_config()
     config.train.epochs, config.train.patience, config.train.compact_groups = 6, 1, False

@@ -1,4 +1,4 @@
-"""Tests for cpbjax.tensorboard: framing, wire format, and TensorBoard's own reader."""
+"""Tests for cpbjax.report.tensorboard: framing, wire format, and TensorBoard's own reader."""
 
 import glob
 import os
@@ -12,7 +12,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
-from cpbjax import config, tensorboard
+from cpbjax.config import schema as config
+from cpbjax.report import tensorboard
 
 SERIES = ["BTCUSDT-1h", "ETHUSDT-15m"]
 

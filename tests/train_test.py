@@ -20,9 +20,12 @@ import optax
 import pytest
 from absl import logging
 
-from cpbjax import checkpoint, driver, early_stopping, models, plan, saved, sharding, step, writers
-from cpbjax import config as config_lib
-from cpbjax.group import GroupTrainer, coin_keys
+from cpbjax import models, sharding, writers
+from cpbjax.config import schema as config_lib
+from cpbjax.modes import driver, plan
+from cpbjax.score import saved
+from cpbjax.training import checkpoint, early_stopping, step
+from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 from tests.helpers import (
     CROSS_PROGRAM,

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from cpbjax import metrics, writers
+from cpbjax import writers
 from cpbjax.data import features, stacking, windows
 from cpbjax.data.series import SeriesSkipped
+from cpbjax.score import metrics
 from tests.helpers import STEP_MS, H, L, data_config, make_series, perturbed, reference_windows
 
 INDICATORS = (

@@ -15,8 +15,8 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from cpbjax import cli_errors
-from cpbjax import config as config_lib
+from cpbjax.config import cli_errors
+from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, windows
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)

@@ -32,12 +32,12 @@ import urllib3
 from absl import logging
 from requests.adapters import HTTPAdapter
 
-from cpbjax import __version__
-from cpbjax import config_rules as rules
+from cpbjax.config import rules
 from cpbjax.data import parsing
 from cpbjax.data.mirrors import DirMirror, FileRef, HttpMirror, months_back
 from cpbjax.data.progress import Progress
 from cpbjax.data.series import SeriesSkipped
+from cpbjax.version import __version__
 
 BACKOFF_FACTOR = 0.5  # urllib3 sleeps BACKOFF_FACTOR * 2**(n - 1) s before retry n...
 BACKOFF_JITTER_S = 0.5  # ...plus uniform(0, BACKOFF_JITTER_S) s...

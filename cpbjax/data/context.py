@@ -103,7 +103,7 @@ def window_index(ends_N, lookback: int):
 
 def ewma_range(ohlc_TC, ends_N, lookback: int, decay: float = EWMA_DECAY) -> np.ndarray:
     """EWMA of log(high/low) over each window's own L candles (newest weighs most), [N]:
-    the volatility band's sigma (cpbjax/baselines.py) and the context's scale."""
+    the volatility band's sigma (cpbjax/score/baselines.py) and the context's scale."""
     log_range_T = np.log(ohlc_TC[:, 1]) - np.log(ohlc_TC[:, 2])
     weights_L = decay ** np.arange(lookback - 1, -1, -1, dtype=np.float64)
     return log_range_T[window_index(ends_N, lookback)] @ weights_L / weights_L.sum()

@@ -31,9 +31,9 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from cpbjax import __version__
 from cpbjax.data import binance
 from cpbjax.data.series import SeriesSkipped
+from cpbjax.version import __version__
 
 WAIT_STATUSES = (418, 429)  # Statuses whose Retry-After is waited out.
 RETRY_STATUSES = (500, 502, 503, 504)  # Retried with backoff, at most `retries` times.

@@ -2,7 +2,7 @@
 
 A source is one function `(data_cfg, pairs) -> (name -> Series, name -> reason)`
 registered with `@register("name")`, here or from user code; `data.source` picks it,
-and `cpbjax.config.validate` allows every name registered when it runs. Every source passes
+and `cpbjax.config.schema.validate` allows every name registered when it runs. Every source passes
 its candles through `parsing.build_series`, so validation is the same for all.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from absl import logging
 
-from cpbjax import config_rules as rules
+from cpbjax.config import rules
 from cpbjax.data import binance, klines_api, parsing, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 

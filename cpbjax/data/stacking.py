@@ -4,7 +4,7 @@ Every group of a run is padded to the same fixed sizes (`padded_sizes`), so one 
 program serves them all. `gather` slices a batch of windows of one coin inside the jitted
 step: windows are never materialised, so memory stays O(K·T·F). (A run whose series do
 not fit in device memory streams its windows instead: the host gathers them with the
-same `gather`, cpbjax/streaming.py.)
+same `gather`, cpbjax/training/streaming.py.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import jax
 import numpy as np
 from flax import struct
 
-from cpbjax import baselines
 from cpbjax.data import context, split_dates
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.data.windows import (
@@ -25,6 +24,7 @@ from cpbjax.data.windows import (
     PreparedSeries,
     split_boundaries,
 )
+from cpbjax.score import baselines
 
 
 @struct.dataclass
@@ -50,7 +50,7 @@ class GroupArrays:
     val_ends: jax.Array  # int32 [K, N_val]
     val_mask: jax.Array  # bool [K, N_val]
     # name -> float32 [K]: per-coin hyperparameters of a sweep (PreparedSeries.hparams,
-    # cpbjax/sweep_grid.py; 0 for padded coins); {} otherwise, so no leaf is added.
+    # cpbjax/config/sweep_grid.py; 0 for padded coins); {} otherwise, so no leaf is added.
     hparams: dict = struct.field(default_factory=dict)
 
     def ends(self, split: str) -> tuple[jax.Array, jax.Array]:
@@ -237,7 +237,7 @@ def window_source(prep) -> WindowSource:
 
 def gather(source: WindowSource, ends_B, lookback: int, horizon: int):
     """Slices B windows of ONE coin: on the device (jax arrays, inside the jitted step), or
-    on the host (numpy arrays, cpbjax/streaming.py) with the same float32 arithmetic, so
+    on the host (numpy arrays, cpbjax/training/streaming.py) with the same float32 arithmetic, so
     both give the same bits.
 
     Args:

@@ -66,7 +66,7 @@ class PreparedSeries:
         names), "aux_mean", "aux_std" (float64 [A])}; saved with a model's meta.json.
       price_mask: float32 [F], 1 on price-valued feature columns.
       notes: the Series notes plus "used_candles" (T) and "windows" (split -> count).
-      hparams: a sweep coin's own hyperparameters, name -> value (cpbjax/sweep_grid.py);
+      hparams: a sweep coin's own hyperparameters, name -> value (cpbjax/config/sweep_grid.py);
         {} for a series trained with the run config's.
     """
 

@@ -10,7 +10,7 @@ parameters).
 Adding an architecture: a module and a config dataclass (a `model_config.ModelConfig`
 subclass) whose own fields are named like its config.model entries, then
 `register(name, module_cls, config_cls)`, from this package or from user code.
-`cpbjax.config.validate` checks config.model with the dataclass (`validate_group`).
+`cpbjax.config.schema.validate` checks config.model with the dataclass (`validate_group`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import flax.linen as nn
 import ml_collections
 import numpy as np
 
-from cpbjax import config_rules as rules
+from cpbjax.config import rules
 from cpbjax.data.normalize import price_mask
 from cpbjax.data.windows import NUM_TARGETS
 from cpbjax.models import ensemble, gru, lstm, mlp, model_config, transformer
@@ -69,7 +69,7 @@ def make_config(config: ml_collections.ConfigDict) -> model_config.ModelConfig:
     """Builds the frozen model config of a run.
 
     Args:
-      config: the run config (validated by cpbjax.config.validate).
+      config: the run config (validated by cpbjax.config.schema.validate).
 
     Returns:
       The registered config dataclass of config.model.name, filled from

@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpbjax import config_rules as rules
-from cpbjax import metrics
+from cpbjax.config import rules
 from cpbjax.models import ensemble, layers, model_config
+from cpbjax.score import metrics
 
-# The params key of the per-column fallback mask under "output" (cpbjax/column_fallback.py):
+# The params key of the per-column fallback mask under "output" (cpbjax/score/column_fallback.py):
 # float32 [C] ([Y, C] for an ensemble's members), 1 where the column keeps the network's
 # correction, 0 where its forecast is the baseline's. It is set on the kept params after
 # training, never by init, so no optimizer step sees it; without it every column keeps

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpbjax import config_rules as rules
+from cpbjax.config import rules
 from cpbjax.models import heads, layers, model_config
 
 SIGMA_REFERENCE = 0.01  # a 1% range: the log-range input is log(sigma / this), about -2..2

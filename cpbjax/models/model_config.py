@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from cpbjax import config_rules as rules
-from cpbjax import metrics
+from cpbjax.config import rules
+from cpbjax.score import metrics
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -93,7 +93,7 @@ class ModelConfig:
         """Checks config.model against this dataclass; raises ConfigError on the first problem.
 
         Every entry must be one of `group_fields()` or of `run_entries` (config.model
-        entries the run reads, checked by cpbjax.config), and every field must be there.
+        entries the run reads, checked by cpbjax.config.schema), and every field must be there.
         Each value then passes `check_field`, and the whole group `check_rules`.
         """
         fields, name = cls.group_fields(), group["name"]

@@ -25,8 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
-from cpbjax import baselines, metrics, plan  # noqa: E402
-from cpbjax import config as config_lib  # noqa: E402
+from cpbjax.config import schema as config_lib  # noqa: E402
+from cpbjax.modes import plan  # noqa: E402
+from cpbjax.score import baselines, metrics  # noqa: E402
 
 METHODS = ("band", "HAR", "geometric mean")
 

@@ -8,9 +8,10 @@ Usage: python experiments/column_fallback/compare.py WORKDIR
 import dataclasses
 import sys
 
-from cpbjax import config as config_lib
-from cpbjax import evaluate, metrics, saved, writers
+from cpbjax import writers
+from cpbjax.config import schema as config_lib
 from cpbjax.models import heads
+from cpbjax.score import evaluate, metrics, saved
 
 
 def _row(test: dict) -> str:

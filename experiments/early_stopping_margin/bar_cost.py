@@ -30,7 +30,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import common, train_bench  # noqa: E402
-from cpbjax import config as config_lib  # noqa: E402
+from cpbjax.config import schema as config_lib  # noqa: E402
 
 MODES = ("rel", "se")
 

@@ -28,8 +28,14 @@ if __package__ in (None, ""):
 
 from benchmarks import common  # noqa: E402
 from configs import workdir as workdir_config  # noqa: E402
-from cpbjax import band_refit, evaluate, forecast, saved, writers  # noqa: E402
 from cpbjax import workdir as workdir_lib  # noqa: E402
+from cpbjax import writers
+from cpbjax.score import (
+    band_refit,
+    evaluate,
+    forecast,
+    saved,  # noqa: E402
+)
 from experiments import ablation  # noqa: E402
 
 SCORED = ("val", "test")

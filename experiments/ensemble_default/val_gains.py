@@ -1,7 +1,7 @@
 """How far a pooled run's val loss got below its best, epoch by epoch, in standard errors.
 
 Early stopping keeps an epoch only if its pooled val loss beats the best so far by
-train.min_delta standard errors of the paired gain (cpbjax/early_stopping.py). This prints,
+train.min_delta standard errors of the paired gain (cpbjax/training/early_stopping.py). This prints,
 for each workdir of a finished or running pooled run, every epoch's pooled val loss and
 its gain over the best before it in those standard errors, so one can see whether a
 run that kept its untrained band missed the bar narrowly or never came near it.
@@ -21,9 +21,10 @@ import sys
 import numpy as np
 from absl import app
 
-from cpbjax import config as config_lib
-from cpbjax import plan, writers
+from cpbjax import writers
+from cpbjax.config import schema as config_lib
 from cpbjax.data import pooling
+from cpbjax.modes import plan
 
 
 def pooled_val(config, records: list[dict]) -> np.ndarray:

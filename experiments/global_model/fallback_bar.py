@@ -29,19 +29,12 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cpbjax import (  # noqa: E402
-    band_refit,
-    column_fallback,
-    early_stopping,
-    evaluate,
-    forecast,
-    metrics,
-    saved,
-    writers,
-)
-from cpbjax import config as config_lib  # noqa: E402
+from cpbjax import writers
+from cpbjax.config import schema as config_lib  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.models import heads  # noqa: E402
+from cpbjax.score import band_refit, column_fallback, evaluate, forecast, metrics, saved
+from cpbjax.training import early_stopping
 
 COLUMNS = ("close", "high", "low")
 

@@ -41,10 +41,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cpbjax import baselines  # noqa: E402
-from cpbjax import config as config_lib
+from cpbjax.config import schema as config_lib
 from cpbjax.data import context, features, pairs, sources, split_dates, windows  # noqa: E402
 from cpbjax.data import series as series_lib
+from cpbjax.score import baselines  # noqa: E402
 
 L, H = 30, 10
 DAY_MS = 86_400_000

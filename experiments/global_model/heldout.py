@@ -25,7 +25,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cpbjax import metrics  # noqa: E402
+from cpbjax.score import metrics  # noqa: E402
 
 COLS = ("high", "low", "close")
 

@@ -1,6 +1,6 @@
 """Scores of issue #42's experiment: the band fitted per series, skill against the better naive
 forecast in price units, per series and column, with the product's own definitions
-(cpbjax/metrics.py, cpbjax/baselines.py), on the window table of frame.py.
+(cpbjax/score/metrics.py, cpbjax/score/baselines.py), on the window table of frame.py.
 
 Forecasts here are log ratios to the window's last close, [N, H, 3] for (high, low, close);
 a learner's output is a residual over the band in units of sigma.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpbjax import baselines
+from cpbjax.score import baselines
 
 COLS = ("high", "low", "close")
 COL_INDEX = (1, 2, 3)  # in OHLC

@@ -1,4 +1,4 @@
-"""How to fit the calibrated interval (cpbjax/intervals.py), chosen on validation only.
+"""How to fit the calibrated interval (cpbjax/score/intervals.py), chosen on validation only.
 
 For every saved model of a finished run, each candidate fit is scored on val windows it
 did not see, against the volatility band's quantiles fitted on every window before the
@@ -27,8 +27,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
-from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import evaluate, forecast, intervals, saved  # noqa: E402
+from cpbjax.config import schema as config_lib  # noqa: E402
+from cpbjax.score import (  # noqa: E402
+    evaluate,
+    forecast,
+    intervals,
+    saved,  # noqa: E402
+)
 
 LEVELS = (0.1, 0.9)
 COLS = ("high", "low", "close")

@@ -2,7 +2,7 @@
 before the test split.
 
 The scale is sigma^(1 - w) * m^w: sigma the window's EWMA log range (the band's scale), m
-the mean log range of the last D days (cpbjax/intervals.py interval_scale). Which (D, w)
+the mean log range of the last D days (cpbjax/score/intervals.py interval_scale). Which (D, w)
 does not depend on a model, so it is chosen on the data alone, with rolling origins over
 the windows before test: train+val is cut into 6 consecutive blocks, and each block from
 the second on is scored by intervals fitted on the blocks before it (its first H windows
@@ -29,8 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
-from cpbjax import config as config_lib  # noqa: E402
-from cpbjax import evaluate, intervals, plan  # noqa: E402
+from cpbjax.config import schema as config_lib  # noqa: E402
+from cpbjax.modes import plan  # noqa: E402
+from cpbjax.score import evaluate, intervals  # noqa: E402
 
 LEVELS = (0.1, 0.9)
 BLOCKS = 6

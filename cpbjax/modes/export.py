@@ -1,0 +1,279 @@
+"""Portable exports of trained series models (--mode export), and loading them back.
+
+<workdir>/export/<SERIES>/ holds everything needed to use one model elsewhere:
+  params.msgpack        the Flax params (flax.serialization msgpack: plain nested dicts)
+  config.json           the config the model was trained with
+  normalization.json    the training split's normalisation statistics and price mask
+  interval.json         the calibrated interval (intervals.fit_calibration), if it has one
+  metrics.json          its results.json entry: validation and test metrics
+  forward.jax_export    the forward pass serialised with jax.export (StableHLO), callable
+                        as `jax.export.deserialize(b).call(params, x_BLF)` without cpbjax
+  README.md             the model card: data period, metrics against naive and fitted
+                        baselines, intended use and limits
+  manifest.json         written last: the series name, the sha256 of every file above,
+                        and the config fields that shape the params (SHAPING_DATA_FIELDS
+                        and the whole model group)
+
+`load_export(folder)` reads it back into the same `saved.LoadedModel` a workdir model gives,
+so forecasts from an export are identical to the run's own. It first verifies the folder
+against its manifest (every file's sha256, no file missing or added, the params' shapes
+against the config's model), so a flipped bit, an edited config field, an edited or
+deleted interval.json, or a folder renamed to another series is one ValueError naming
+the file (and the field), never a model that silently forecasts other numbers. The series
+is the manifest's, not the folder's name. An export without a manifest (made before
+exports had one) is refused with a request to re-export it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import flax.serialization
+import flax.traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cpbjax import models, writers
+from cpbjax import workdir as workdir_lib
+from cpbjax.config import schema as config_lib
+from cpbjax.config.schema import INTERVAL_MS
+from cpbjax.data import windows
+from cpbjax.models import heads
+from cpbjax.report import model_card
+from cpbjax.score import intervals, saved
+from cpbjax.training import checkpoint
+
+PARAMS_FILE = "params.msgpack"
+CONFIG_FILE = "config.json"
+NORM_FILE = "normalization.json"
+INTERVAL_FILE = "interval.json"
+METRICS_FILE = "metrics.json"
+FORWARD_FILE = "forward.jax_export"
+CARD_FILE = "README.md"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = 1
+# data fields that shape the params or what they mean; with them, every model.* field.
+SHAPING_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
+# The files of an export; only those its manifest lists may be present.
+EXPORT_FILES = (
+    PARAMS_FILE,
+    CONFIG_FILE,
+    NORM_FILE,
+    INTERVAL_FILE,
+    METRICS_FILE,
+    FORWARD_FILE,
+    CARD_FILE,
+)
+
+
+def is_export(path: str) -> bool:
+    """Whether `path` is an exported model folder (not a workdir's models/<SERIES>/)."""
+    return any(os.path.exists(os.path.join(path, f)) for f in (MANIFEST_FILE, *EXPORT_FILES[:2]))
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shaping_fields(config: dict) -> dict:
+    """{"data.lookback": 64, "model.hidden": 32, ...}: the fields that shape the params."""
+    fields = {f"data.{k}": config["data"][k] for k in SHAPING_DATA_FIELDS if k in config["data"]}
+    fields.update({f"model.{k}": v for k, v in config["model"].items()})
+    return writers.to_jsonable(fields)
+
+
+def serialized_forward(module, params, lookback: int, num_features: int) -> bytes:
+    """The deterministic forward pass (params, x_BLF) -> y_BHC, for any batch size B."""
+
+    def forward(params, x_BLF):
+        return module.apply({"params": params}, x_BLF, None, train=False)
+
+    (b,) = jax.export.symbolic_shape("b")
+    x_spec = jax.ShapeDtypeStruct((b, lookback, num_features), jnp.float32)
+    param_specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
+    return jax.export.export(jax.jit(forward))(param_specs, x_spec).serialize()
+
+
+def export_series(model_dir: str, entry: dict, out_dir: str) -> str:
+    """Writes the export folder of one saved series model; returns it.
+
+    Args:
+      model_dir: <workdir>/models/<SERIES>/. entry: its results.json entry.
+      out_dir: the folder to write, e.g. <workdir>/export/<SERIES>/.
+    """
+    params, meta = checkpoint.load_series_model(model_dir)
+    params = jax.tree.map(np.asarray, params)
+    trained = config_lib.upgrade(meta["config"])
+    module = models.build(models.make_config(trained))
+    d = trained.data
+    files = {
+        PARAMS_FILE: flax.serialization.msgpack_serialize(params),
+        FORWARD_FILE: serialized_forward(module, params, d.lookback, len(d.features)),
+        CARD_FILE: model_card.render(meta, entry),
+    }
+    for name, data in files.items():
+        writers.atomic_write(os.path.join(out_dir, name), data)
+    norm = {"norm": meta["norm"], "price_mask": meta["price_mask"]}
+    jsons = {CONFIG_FILE: meta["config"], NORM_FILE: norm, METRICS_FILE: entry}
+    if meta.get("interval_calibration"):
+        jsons[INTERVAL_FILE] = meta["interval_calibration"]
+    for name, obj in jsons.items():
+        writers.write_json(os.path.join(out_dir, name), obj)
+    stale = os.path.join(out_dir, INTERVAL_FILE)
+    if INTERVAL_FILE not in jsons and os.path.exists(stale):  # from an earlier export
+        os.remove(stale)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "series": os.path.basename(os.path.normpath(model_dir)),
+        "files": {name: _sha256(os.path.join(out_dir, name)) for name in [*files, *jsons]},
+        "fields": shaping_fields(meta["config"]),
+    }
+    writers.write_json(os.path.join(out_dir, MANIFEST_FILE), manifest)
+    return out_dir
+
+
+def load_export(path: str) -> saved.LoadedModel:
+    """Reads an export folder back into the LoadedModel a workdir model gives.
+
+    Raises:
+      ValueError: one line naming the file (and the field) that does not match the
+        manifest, or the manifest is missing (an export made before manifests).
+    """
+    manifest = _read_manifest(path)
+    trained = config_lib.upgrade(writers.read_json(os.path.join(path, CONFIG_FILE)))
+    _verify_files(path, manifest, trained)
+    params_path = os.path.join(path, PARAMS_FILE)
+    with open(params_path, "rb") as f:
+        try:
+            params = flax.serialization.msgpack_restore(f.read())
+        except Exception as e:  # msgpack raises its own types, not ValueError
+            raise ValueError(f"{params_path} cannot be read ({type(e).__name__}: {e})") from None
+    module = models.build(models.make_config(trained))
+    _check_shapes(params_path, module, params, trained)
+    norm = writers.read_json(os.path.join(path, NORM_FILE))["norm"]
+    interval_path = os.path.join(path, INTERVAL_FILE)
+    calibration = writers.read_json(interval_path) if os.path.exists(interval_path) else None
+    calibration = intervals.check_calibration(calibration, trained.data.horizon, interval_path)
+    fitted = norm if "feature_mean" in norm else None
+    return saved.LoadedModel(module, params, trained, fitted, calibration)
+
+
+def exported_series(path: str) -> str:
+    """The series name of export `path`, e.g. "BTCUSDT-1h", from its manifest."""
+    return _read_manifest(path)["series"]
+
+
+def _read_manifest(path: str) -> dict:
+    """The manifest of export `path`, checked against the folder's name."""
+    manifest_path = os.path.join(path, MANIFEST_FILE)
+    if not os.path.exists(manifest_path):
+        raise ValueError(
+            f"{manifest_path} is missing: the export was made before exports carried a "
+            "manifest (or it was deleted), so it cannot be verified; export the run again "
+            "with --mode export"
+        )
+    manifest = writers.read_json(manifest_path)
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{manifest_path} is not a format-{MANIFEST_FORMAT} export manifest")
+    folder = os.path.basename(os.path.normpath(path))
+    symbol, interval = saved.parse_series(folder)
+    if interval in INTERVAL_MS and folder != manifest["series"]:
+        raise ValueError(
+            f"{manifest_path}: the model is of {manifest['series']}, but its folder is named "
+            f"{folder}; name the folder back (or anything that is not a series name)"
+        )
+    return manifest
+
+
+def _verify_files(path: str, manifest: dict, trained) -> None:
+    """Every manifest file present with its sha256, no other export file present."""
+    listed = manifest["files"]
+    for name in EXPORT_FILES:
+        file_path = os.path.join(path, name)
+        if name not in listed:
+            if os.path.exists(file_path):
+                raise ValueError(f"{file_path} is not in {MANIFEST_FILE}: added after the export")
+            continue
+        if not os.path.exists(file_path):
+            raise ValueError(f"{file_path} is missing (listed in {MANIFEST_FILE})")
+        if _sha256(file_path) == listed[name]:
+            continue
+        if name == CONFIG_FILE:
+            _name_edited_field(file_path, manifest, trained)
+        raise ValueError(
+            f"{file_path} does not match its sha256 in {MANIFEST_FILE}: changed or damaged "
+            "since the export; export the run again"
+        )
+
+
+def _name_edited_field(config_path: str, manifest: dict, trained) -> None:
+    """Raises ValueError naming the first shaping field config.json changed, if any."""
+    now = shaping_fields(trained.to_dict())
+    for field, was in manifest["fields"].items():
+        if now.get(field) != was:
+            raise ValueError(
+                f"{config_path}: {field} is {now.get(field)!r}, but the model was exported "
+                f"with {was!r} ({MANIFEST_FILE}); the params fit only the exported config"
+            )
+
+
+def _check_shapes(params_path: str, module, params, trained) -> None:
+    """Raises ValueError naming the first param whose shape the config does not give."""
+    d = trained.data
+    x_BLF = jnp.zeros((1, d.lookback, len(d.features)), jnp.float32)
+    y_BHC = jnp.zeros((1, d.horizon, windows.NUM_TARGETS), jnp.float32)
+    rngs = {k: jax.random.PRNGKey(0) for k in ("params", "dropout", "teacher")}
+    init = lambda: heads.init_params(module, rngs, x_BLF, y_BHC)  # noqa: E731
+    if isinstance(params, dict) and heads.keep_columns(params) is not None:
+        # eval.column_fallback's mask: set after training, never by init (models/heads.py)
+        keep = np.ones(windows.NUM_TARGETS, bool)
+        want = jax.eval_shape(lambda: heads.with_keep(init(), keep))
+    else:
+        want = jax.eval_shape(init)
+    want = flax.traverse_util.flatten_dict(want, sep="/")
+    got = flax.traverse_util.flatten_dict(params, sep="/") if isinstance(params, dict) else {}
+    for key in sorted(set(want) | set(got)):
+        shape_want = tuple(want[key].shape) if key in want else "absent"
+        shape_got = tuple(np.shape(got[key])) if key in got else "absent"
+        if shape_want != shape_got:
+            raise ValueError(
+                f"{params_path}: {key} is {shape_got}, but config.json's model "
+                f"({trained.model.name}) needs {shape_want}"
+            )
+
+
+class NothingToExport(RuntimeError):
+    """The workdir has no finished series model to export."""
+
+
+def run_export(config, workdir: str) -> dict:
+    """--mode export: writes <workdir>/export/<SERIES>/ for every saved model of the run.
+
+    Series are restricted to config.predict.symbols x intervals when given.
+
+    Returns:
+      series name -> export folder.
+
+    Raises:
+      saved.ModelNotFound: no saved model (or none of the requested series).
+      NothingToExport: the run's results.json has no entry for any saved model.
+    """
+    available = saved.available_models(workdir)
+    names, _ = saved.select_series(available, config.predict.symbols, config.predict.intervals)
+    results_path = workdir_lib.results_json(workdir)
+    entries = writers.read_json(results_path)["series"] if os.path.exists(results_path) else {}
+    done = {}
+    for name in names:
+        if name in entries:
+            out_dir = workdir_lib.export_dir(workdir, name)
+            done[name] = export_series(available[name], entries[name], out_dir)
+            print(f"exported {name} -> {out_dir}")
+    if not done:
+        raise NothingToExport(f"{results_path} records none of the saved models {names}")
+    return done

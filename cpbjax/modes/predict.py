@@ -1,0 +1,167 @@
+"""--mode predict: the next H candles of every saved model, from the newest data.
+
+The models and their data are loaded as cpbjax/score/saved.py says (each model's own window
+fields and training normalisation; the given config's data location).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from absl import logging
+
+from cpbjax import workdir as workdir_lib
+from cpbjax import writers
+from cpbjax.config.schema import INTERVAL_MS
+from cpbjax.data import klines_api
+from cpbjax.data.series import SeriesSkipped
+from cpbjax.score import forecast, saved, zero_shot
+from cpbjax.score.evaluate import run_facts, scored_workdir
+
+
+class NothingToForecast(RuntimeError):
+    """Every requested series was skipped; the message lists each reason."""
+
+
+def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
+    """forecast.json's series of every prepared series, its prices rounded and with its
+    test skill (`scored`: results.json's series); the others go to `skipped`. A series a
+    pooled run never trained on first gets its own fits (zero_shot.fit_series) and its
+    entry's `zero_shot`: {"fitted_on_windows": N}."""
+    series = {}
+    for name, prep in preps.items():
+        model, fits = loaded[name], None
+        try:
+            if model.zero_shot:
+                model, fitted_on = zero_shot.fit_series(model, prep)
+                fits = {"fitted_on_windows": fitted_on}
+            entry = forecast.next_candles(
+                model.module,
+                model.params,
+                prep,
+                cfg.data.lookback,
+                cfg.data.horizon,
+                model.calibration,
+            )
+        except SeriesSkipped as e:
+            skipped[name] = str(e)
+            continue
+        series[name] = described(entry, scored.get(name), model.trained.model.baseline)
+        if fits is not None:
+            series[name]["zero_shot"] = fits
+    return series
+
+
+def described(entry: dict, scored: dict | None, baseline: str) -> dict:
+    """forecast.json's entry of a next_candles entry (predict's and serve's): its prices
+    rounded, with the test skill of `scored` (the series' results.json entry)."""
+    return {**forecast.rounded_prices(entry), **forecast.skill_on_test(scored, baseline)}
+
+
+def scored_series(workdir: str) -> dict:
+    """results.json's series of the run that trained the models; {} without a readable
+    one (warned: the forecasts do not need it, only their test skill does)."""
+    path = workdir_lib.results_json(workdir)
+    if not os.path.exists(path):
+        return {}
+    try:
+        return writers.read_json(path)["series"]
+    except (ValueError, KeyError, TypeError) as e:
+        logging.warning("%s: no test skill in the forecasts: %s", path, e)
+        return {}
+
+
+# Why a forecast's newest candle can be old, and what would make it newer, per data.source
+# (after saved.forecast_config: binance with predict.fresh reads binance_rest).
+_STALE_HINTS = {
+    "synthetic": "the data is generated (data.source='synthetic') and ends there; there is "
+    "nothing fresher to load",
+    "local": "data.local_dir's files end there; append the newer candles to them",
+    "binance": "the history is the monthly files of data.base_url alone; "
+    "--config.predict.fresh=True tops it up to now from data.api_url",
+    "binance_rest": "the exchange (data.api_url) gave no newer closed candles; the top-up's "
+    "warning above says where they stop",
+}
+
+
+def stale_hint(source: str) -> str:
+    """Why a forecast from data.source `source` can start from an old candle, and the remedy."""
+    return _STALE_HINTS.get(source, f"data.source={source!r} holds no newer candles")
+
+
+def freshness(entry: dict, now_ms: int, source: str) -> int:
+    """Sets entry["age_intervals"] (a next_candles entry) and returns it, warning when stale.
+
+    1 means the forecast starts from the newest closed candle; more means newer closed
+    candles exist that the data did not hold, so early forecast steps are already past.
+    The warning's hint fits `source`, the data.source the candles came from.
+    """
+    step = INTERVAL_MS[entry["interval"]]
+    age = klines_api.newest_closed_age([entry["last_open_time_ms"]], step, now_ms)
+    entry["age_intervals"] = age
+    if age > 1:
+        logging.warning(
+            "%s-%s: STALE: the newest candle (%s) is %d intervals old, so %d forecast steps "
+            "are already past: %s",
+            entry["symbol"],
+            entry["interval"],
+            entry["last_open_time"],
+            age,
+            min(age - 1, len(entry["forecast"])),
+            stale_hint(source),
+        )
+    return age
+
+
+def _summary(name: str, s: dict) -> str:
+    """One printed line: the newest closed candle and the forecast span."""
+    first, last = s["forecast"][0]["open_time"], s["forecast"][-1]["open_time"]
+    age = "up to date" if s["age_intervals"] <= 1 else f"{s['age_intervals']} intervals old"
+    return f"{name}: newest closed candle {s['last_open_time']} ({age}); forecast {first} .. {last}"
+
+
+def run_predict(config, workdir: str) -> dict:
+    """Forecasts the next H candles of the requested series (saved.requested_series:
+    predict.symbols x intervals, or a changed data.symbols / data.intervals) from the
+    newest data. A pooled run also forecasts series it never trained on (zero_shot.py).
+
+    Writes <workdir>/forecast.json ({"run", "model", "horizon", "series": {name:
+    {"symbol", "interval", "last_open_time", "last_open_time_ms", "last_candle",
+    "forecast": [{"step", "open_time", "open_time_ms", "open", "high", "low",
+    "close"}, ...], "age_intervals", "test_skill", "kept_baseline", and for an unseen series
+    "zero_shot"}}, "skipped"}; prices
+    at forecast.PRICE_DIGITS significant digits, the skill as `forecast.skill_on_test`
+    says) and <workdir>/forecast.csv, and keeps every earlier forecast as
+    <workdir>/predictions/forecast-<UTC time>.json. Prints the newest closed candle and the
+    forecast span of each series.
+
+    Returns:
+      The forecast.json dict.
+
+    Raises:
+      saved.ModelNotFound: a requested series or interval has no model (per-series run).
+      NothingToForecast: no requested series could be forecast (the reasons are listed).
+    """
+    started = time.time()
+    loaded, cfg, unreadable = saved.load_for_forecast(config, workdir, zero_shot.FIT_DAYS)
+    preps, skipped = saved.prepare(cfg, loaded, latest=True)
+    skipped.update(unreadable)
+    series = _forecast_all(loaded, preps, cfg, scored_series(workdir), skipped)
+    if not series:
+        raise NothingToForecast(f"no series could be forecast: {skipped}")
+    doc = {
+        "run": run_facts("predict", cfg, started, **scored_workdir(cfg, workdir)),
+        "model": cfg.model.name,
+        "horizon": cfg.data.horizon,
+        "series": series,
+        "skipped": skipped,
+    }
+    now_ms = klines_api.clock_ms()
+    for entry in series.values():
+        freshness(entry, now_ms, cfg.data.source)
+    paths = forecast.write_forecast_files(workdir, doc)
+    for name, reason in skipped.items():
+        logging.warning("%s: not forecast: %s", name, reason)
+    print("\n".join([*(_summary(n, s) for n, s in series.items()), f"wrote {', '.join(paths)}"]))
+    return doc

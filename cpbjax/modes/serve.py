@@ -1,0 +1,367 @@
+"""--mode serve: the run's report.html and a JSON forecast API over HTTP (Starlette + uvicorn).
+
+GET /                   <workdir>/report.html
+GET /health             {"status": "ok", "model", "series": n, "workdir": its folder name}
+GET /series             the series with a loaded model, with their training facts
+GET /forecast/{series}  a fresh forecast of the next H candles (forecast.json's entry, with
+                        age_intervals: 1 = from the newest closed candle, more = stale)
+
+The models are loaded once at start (cpbjax/score/saved.py, as --mode predict loads them); each
+forecast loads the newest data of its series from the config's data location and runs
+the same `forecast.next_candles` as --mode predict. Only the names of loaded models are
+accepted: anything else is a 404 (a well-formed name) or a 400 (a malformed one), always
+with a JSON message, never a traceback (a name is echoed back cut to NAME_ECHO_CHARS).
+It binds to serve.host (127.0.0.1 by default) and stops cleanly on SIGTERM or Ctrl-C.
+
+Forecasts never hold up the cheap endpoints or shutdown: each runs in its own daemon
+thread, at most MAX_FORECASTS at a time (more get 503 at once), apart from the thread
+pool of /series and the event loop of /health; the data load under the forecast lock
+is bounded by the data sources' own deadlines. On SIGTERM every forecast still waiting
+is answered 503 within POLL_S and the server exits (uvicorn's graceful shutdown is
+capped at SHUTDOWN_GRACE_S); the abandoned daemon threads do not keep the process alive.
+A connection that has not sent a whole request head within HEADER_TIMEOUT_S is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+import uvicorn
+from absl import logging
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from cpbjax import workdir as workdir_lib
+from cpbjax.config.schema import ConfigError
+from cpbjax.data import klines_api, parsing
+from cpbjax.data.series import SeriesSkipped
+from cpbjax.modes import predict
+from cpbjax.score import forecast, saved
+
+# SYMBOL-INTERVAL, as models/<SERIES>/ names them (e.g. BTCUSDT-1h).
+_SERIES_RE = re.compile(r"^[A-Z0-9]{2,20}-[0-9]{1,2}[mhdwM]$")
+
+
+PATHS = ("/", "/health", "/series", "/forecast/{series}")
+MAX_FORECASTS = 4  # forecasts in flight (running or waiting for the lock); more get 503
+POLL_S = 0.2  # how often a waiting forecast request looks for a shutdown
+SHUTDOWN_GRACE_S = 5  # uvicorn's cap on waiting for requests after SIGTERM
+HEADER_TIMEOUT_S = 10.0  # a request head must arrive whole within this
+NAME_ECHO_CHARS = 64  # of a requested name echoed in an error message
+
+
+def _echo(name: str) -> str:
+    """`name` for an error message: repr, cut to NAME_ECHO_CHARS characters."""
+    cut = name[:NAME_ECHO_CHARS]
+    return repr(cut) + (f"... ({len(name)} characters)" if len(name) > NAME_ECHO_CHARS else "")
+
+
+class ServeError(RuntimeError):
+    """The server cannot start (e.g. the port is taken); the message says why."""
+
+
+class Forecaster:
+    """The loaded models of a workdir, and fresh forecasts of their series.
+
+    Args:
+      config: the given config (data location, predict.symbols/intervals, serve).
+      workdir: the trained run.
+
+    Raises:
+      saved.ModelNotFound: no requested model exists or could be read.
+    """
+
+    def __init__(self, config, workdir: str):
+        self.models, self.config, self.unreadable = saved.load_for_forecast(config, workdir)
+        self.workdir = workdir
+        self._lock = threading.Lock()  # one forecast at a time: each one uses every core
+
+    def series(self) -> list[dict]:
+        """One entry per loaded model: name, symbol, interval and its training facts."""
+        scored = predict.scored_series(self.workdir)
+        out = []
+        for name in self.models:
+            entry = scored.get(name, {})
+            close = ((entry.get("test") or {}).get("columns") or {}).get("close") or {}
+            symbol, interval = saved.parse_series(name)
+            out.append(
+                {
+                    "name": name,
+                    "symbol": symbol,
+                    "interval": interval,
+                    "status": entry.get("status"),
+                    "best_epoch": entry.get("best_epoch"),
+                    "test_close_skill": close.get("skill"),
+                }
+            )
+        return out
+
+    def forecast(self, name: str) -> dict:
+        """A fresh forecast of `name` (a loaded model) from the newest data.
+
+        Raises:
+          SeriesSkipped: its data cannot be loaded or is too short for one window.
+        """
+        cfg = saved.forecast_config(self.config, self.models[name].trained, [name])
+        with self._lock:
+            preps, skipped = saved.prepare(cfg, {name: self.models[name]}, latest=True)
+            if name not in preps:
+                raise SeriesSkipped(skipped.get(name, "no usable data"))
+            model = self.models[name]
+            entry = forecast.next_candles(
+                model.module,
+                model.params,
+                preps[name],
+                cfg.data.lookback,
+                cfg.data.horizon,
+                model.calibration,
+            )
+        predict.freshness(entry, klines_api.clock_ms(), cfg.data.source)  # > 1 is stale
+        baseline = model.trained.model.baseline
+        entry = predict.described(entry, predict.scored_series(self.workdir).get(name), baseline)
+        return {
+            "series": name,
+            "model": cfg.model.name,
+            "horizon": cfg.data.horizon,
+            "created": parsing.iso(time.time() * 1000),
+            **entry,
+        }
+
+
+def _error(status: int, message: str, **extra) -> JSONResponse:
+    return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
+
+
+class _Handlers:
+    """The route handlers over one Forecaster, sharing its forecast slots and stop flag."""
+
+    def __init__(self, forecaster: Forecaster):
+        self.forecaster = forecaster
+        self.report = workdir_lib.report_html(forecaster.workdir)
+        self.slots = threading.BoundedSemaphore(MAX_FORECASTS)  # released by the forecast's thread
+        self.stopping = threading.Event()
+
+    async def index(self, request: Request):
+        if not os.path.exists(self.report):
+            return _error(404, f"no report at {self.report}: train with this --workdir first")
+        return FileResponse(self.report, media_type="text/html")
+
+    async def health(self, request: Request):
+        f = self.forecaster
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": f.config.model.name,
+                "series": len(f.models),
+                "workdir": os.path.basename(os.path.abspath(f.workdir)),
+            }
+        )
+
+    async def series(self, request: Request):
+        items = await run_in_threadpool(self.forecaster.series)
+        return JSONResponse({"series": items, "unreadable": self.forecaster.unreadable})
+
+    async def forecast_one(self, request: Request):
+        name, models = request.path_params["series"], self.forecaster.models
+        if not _SERIES_RE.match(name):
+            return _error(400, f"malformed series name {_echo(name)}: expected e.g. BTCUSDT-1h")
+        if name not in models:
+            return _error(404, f"unknown series {_echo(name)}", series=sorted(models))
+        if not self.slots.acquire(blocking=False):
+            return _error(503, f"{name}: {MAX_FORECASTS} forecasts in progress; retry later")
+        try:
+            fn, slots, stopping = self.forecaster.forecast, self.slots, self.stopping
+            return JSONResponse(await _in_daemon_thread(fn, name, slots, stopping))
+        except SeriesSkipped as e:
+            return _error(422, f"{name}: cannot forecast: {e}")
+        except (OSError, ConfigError) as e:  # the data location is unreachable or unusable
+            return _error(503, f"{name}: cannot load its data: {e}")
+        except _ShuttingDown:
+            return _error(503, f"{name}: the server is shutting down; the forecast was dropped")
+
+
+async def _http_error(request: Request, exc: HTTPException):
+    if exc.status_code == 404:  # no route matched
+        return _error(404, f"no such path {request.url.path!r}", paths=list(PATHS))
+    return _error(exc.status_code, exc.detail or "error")
+
+
+async def _server_error(request: Request, exc: Exception):
+    # uvicorn logs the traceback (Starlette re-raises after this); the client gets none.
+    return _error(500, f"internal error ({type(exc).__name__}); see the server log")
+
+
+def build_app(forecaster: Forecaster) -> Starlette:
+    """The Starlette app over one Forecaster (see the module docstring for the routes).
+
+    app.state.stopping (a threading.Event), once set, answers waiting forecasts 503.
+    """
+    h = _Handlers(forecaster)
+    routes = [
+        Route("/", h.index, methods=["GET"]),
+        Route("/report.html", h.index, methods=["GET"]),
+        Route("/health", h.health, methods=["GET"]),
+        Route("/series", h.series, methods=["GET"]),
+        Route("/forecast/{series:str}", h.forecast_one, methods=["GET"]),
+    ]
+    handlers = {HTTPException: _http_error, Exception: _server_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.state.stopping = h.stopping
+    return app
+
+
+class _ShuttingDown(Exception):
+    """The server is stopping; a waiting forecast is answered 503."""
+
+
+async def _in_daemon_thread(fn, name: str, slots: threading.BoundedSemaphore, stopping):
+    """fn(name) in a new daemon thread that releases `slots` when done; its result.
+
+    Raises:
+      _ShuttingDown: `stopping` was set first (the thread is left to finish alone).
+    """
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def settle(result, error):
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def work():
+        try:
+            result, error = fn(name), None
+        except Exception as e:  # handed to the request's coroutine
+            result, error = None, e
+        finally:
+            slots.release()
+        with contextlib.suppress(RuntimeError):  # the server stopped and closed its loop
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=work, name=f"forecast {name}", daemon=True).start()
+    while not stopping.is_set():
+        finished, _ = await asyncio.wait({done}, timeout=POLL_S)
+        if finished:
+            return done.result()
+    raise _ShuttingDown
+
+
+class _HeadTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request head is not whole in time.
+
+    uvicorn's own timeouts start after a response (keep-alive), so a client that opens
+    connections and sends half a request head would hold them forever.
+    """
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._head_too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None and self._head_timer is not None:  # a whole head came
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self.cycle is None:
+            self.transport.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server that also tells waiting forecasts to give up on SIGTERM/SIGINT."""
+
+    def __init__(self, config: uvicorn.Config, stopping: threading.Event):
+        super().__init__(config)
+        self.stopping = stopping
+
+    def handle_exit(self, sig, frame) -> None:
+        self.stopping.set()
+        super().handle_exit(sig, frame)
+
+
+def _serve(app: Starlette, host: str, port: int) -> None:
+    """Runs uvicorn until SIGTERM/SIGINT; returns normally after a graceful shutdown.
+
+    uvicorn re-raises the signal it caught once it has shut down; with our no-op
+    handlers installed underneath its own, that ends here instead of killing the
+    process, so the exit status is 0.
+    """
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=True,
+        http=_HeadTimeoutH11,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
+    server = _Server(config, app.state.stopping)
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    except SystemExit as e:  # uvicorn exits when it cannot bind
+        raise ServeError(f"cannot serve on {host}:{port} (see the log above)") from e
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        raise ServeError(f"cannot serve on {host}:{port} (see the log above; port in use?)")
+
+
+def run_serve(config, workdir: str) -> None:
+    """Loads the models of `workdir` and serves them on config.serve.host:port until stopped.
+
+    Raises:
+      saved.ModelNotFound: the workdir has no usable model.
+      ServeError: the server could not start.
+    """
+    forecaster = Forecaster(config, workdir)
+    host, port = config.serve.host, config.serve.port
+    logging.info(
+        "serving %d series of %s on http://%s:%d/ (report at /, API at /health, /series, "
+        "/forecast/<SERIES>)",
+        len(forecaster.models),
+        workdir,
+        host,
+        port,
+    )
+    _serve(build_app(forecaster), host, port)
+    logging.info("server on %s:%d stopped", host, port)
+    _leave_waiting_forecasts()
+
+
+def _leave_waiting_forecasts() -> None:
+    """Ends the process now if forecasts still wait on their data after the server stopped.
+
+    Their threads are daemons, but the data sources' download pools are not, and the
+    interpreter would join those at exit: minutes behind an unanswering data location.
+    """
+    waiting = [t.name for t in threading.enumerate() if t.name.startswith("forecast ")]
+    if waiting:
+        logging.warning("leaving %d forecasts that still wait on their data", len(waiting))
+        logging.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

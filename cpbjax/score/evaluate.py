@@ -1,0 +1,354 @@
+"""Scoring models: `evaluate_model` (what training and --mode evaluate both call) and --mode evaluate.
+
+A model is scored on the val and test splits of a series, in price units, against the
+naive forecasts (cpbjax/score/metrics.py) and the fitted baselines (cpbjax/score/baselines.py) on
+the same windows. The test split is scored here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import os
+import time
+from typing import NamedTuple
+
+import numpy as np
+from absl import logging
+
+from cpbjax import runtime, sharding, writers
+from cpbjax import workdir as workdir_lib
+from cpbjax.config import rules
+from cpbjax.data import parsing, split_dates
+from cpbjax.models import heads
+from cpbjax.report import run_report as report
+from cpbjax.score import band_refit, baselines, column_fallback, forecast, intervals, metrics, saved
+from cpbjax.training import checkpoint
+
+
+class NothingEvaluated(RuntimeError):
+    """Every requested series was skipped; nothing is written and the reasons are listed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What scoring reads of a run's config, fixed once per run (as step.EpochSpec is for
+    training) and handed down the scoring path in place of loose arguments."""
+
+    lookback: int  # L, candles a window sees
+    horizon: int  # H, candles it forecasts
+    # config.eval.interval_levels: the calibrated interval of each split, fitted on the
+    # splits before it as the fitted baselines are; () fits none.
+    interval_levels: tuple = ()
+    # config.eval.refit_band: each split is scored by the model with its band refit on
+    # the splits before it (cpbjax/score/band_refit.py).
+    refit_band: bool = False
+    # (days, weight) of the interval scale's long-run blend: intervals.VOL_BLEND in a run,
+    # intervals.NO_BLEND for the band's own fit.
+    interval_vol: tuple = intervals.NO_BLEND
+    # config.eval.column_fallback under a model.baseline: before scoring, each column
+    # keeps the network's correction unless its val error, in train.loss, is significantly
+    # above the baseline's (cpbjax/score/column_fallback.py).
+    column_fallback: bool = False
+    loss: str = "mae"
+
+    def at_levels(self, levels) -> EvalSpec:
+        """This spec for an interval at other levels (a saved calibration's): what
+        intervals.py fits or scores at spec.interval_levels."""
+        return dataclasses.replace(self, interval_levels=levels)
+
+
+def make_spec(config) -> EvalSpec:
+    """The EvalSpec of a run config (or of a saved model's config)."""
+    return EvalSpec(
+        lookback=config.data.lookback,
+        horizon=config.data.horizon,
+        interval_levels=tuple(config.eval.interval_levels),
+        refit_band=config.eval.refit_band,
+        interval_vol=intervals.VOL_BLEND,
+        column_fallback=config.eval.column_fallback and config.model.baseline != "none",
+        loss=config.train.loss,
+    )
+
+
+class Scored(NamedTuple):
+    """What `evaluate_model` gives for one series."""
+
+    entry: dict  # {"val": metrics, "test": metrics}: results.json's series[name] splits
+    record: dict | None  # the test `forecast.forecast_record`; None without a price level
+    calibration: dict | None  # `intervals.fit_before` test's, on train+val; None without one
+    params: dict  # the params test scored: with eval.refit_band, refit on train+val
+
+
+def _window_scores(prep, fc: forecast.SplitForecast, horizon: int) -> dict:
+    """What every normalisation scores of a split: its windows and normalised losses."""
+    ends = fc.ends_N
+    return {
+        "windows": int(len(ends)),
+        "horizon": int(horizon),
+        "first_window_end": parsing.iso(prep.open_time_ms[ends[0]]),
+        "last_window_end": parsing.iso(prep.open_time_ms[ends[-1]]),
+        "normalized_mse": metrics.normalized_mse(prep, ends, fc.norm_NHC, horizon),
+        # The same for an all-zero output: persistence under last_close. A model far
+        # above it learned something worse than not training at all.
+        "zero_forecast_mse": metrics.normalized_mse(
+            prep, ends, np.zeros_like(fc.norm_NHC), horizon
+        ),
+        "price_space": fc.prices_NHC is not None,
+    }
+
+
+def evaluate_split(
+    prep, fc: forecast.SplitForecast, split, spec: EvalSpec, calibration=None
+) -> dict:
+    """All metrics of one series on one split: the results.json series[name][split].
+
+    Args:
+      prep: windows.PreparedSeries. fc: `forecast.split_forecast` of that split.
+      split: "val" or "test". spec: the run's EvalSpec (its window sizes).
+      calibration: an interval calibration fitted on the splits before, or None.
+
+    Returns:
+      The JSON-ready metrics dict (schema: README, "results.json"): windows,
+      normalized_mse, and with a price-preserving normalisation also columns,
+      direction, dm, ridge and vol_band; a calibration adds calibrated_interval.
+    """
+    ends, out = fc.ends_N, _window_scores(prep, fc, spec.horizon)
+    if fc.prices_NHC is None:  # candle_minmax keeps no price level: nothing to score.
+        return out
+    actual = metrics.next_candles(prep.ohlc, ends, spec.horizon)
+    out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
+    out.update(baselines.fitted_baselines(prep, split, ends, spec, out["columns"]))
+    if calibration is not None:
+        out["calibrated_interval"] = intervals.score_calibrated(
+            prep, split, ends, spec, fc.prices_NHC, calibration
+        )
+    return out
+
+
+# Series scored side by side: their scoring is mostly numpy (least squares, sorts) that
+# releases the GIL, and their forecasts share the compiled programs. The results are the
+# same in any order (each series' scoring is independent of the others').
+SCORING_THREADS = min(8, os.cpu_count() or 1)
+
+
+def map_series(score, jobs: list) -> list:
+    """[score(job) for job in jobs], SCORING_THREADS at a time; the first error raises."""
+    if SCORING_THREADS <= 1 or len(jobs) <= 1:
+        return [score(job) for job in jobs]
+    with concurrent.futures.ThreadPoolExecutor(SCORING_THREADS) as pool:
+        return list(pool.map(score, jobs))
+
+
+def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> Scored:
+    """Scores one model on the val and test splits of one series.
+
+    Args:
+      module, params: the model, applied with train=False.
+      prep: windows.PreparedSeries. spec: the run's EvalSpec: with interval_levels, the
+        one interval fitted for test (on train+val) is the model's; with refit_band, a
+        model without model.baseline=vol_band has no band and is scored as it is.
+      forecasts_dir: if set, the test forecasts are also saved to
+        <forecasts_dir>/forecasts/<SERIES>.npz (eval.save_forecasts).
+
+    With spec.column_fallback the columns are first decided on val
+    (`column_fallback.apply`), and everything after scores the masked params; the entry's
+    `baseline_columns` lists the columns whose forecast is the baseline's (from the
+    params' saved mask where no decision is made, e.g. --mode evaluate).
+    """
+    entry, calibration = {}, None
+    if spec.column_fallback:
+        params, entry["baseline_columns"] = column_fallback.apply(module, params, prep, spec)
+    elif (keep_C := heads.keep_columns(params)) is not None:
+        entry["baseline_columns"] = column_fallback.baseline_columns(keep_C)
+    refit = spec.refit_band and band_refit.applies(module)
+    # One forward pass per split serves every refit (band_refit.shifted_forecast); train
+    # is forecast only when a refit or an interval is fitted on it.
+    fitted = refit or spec.interval_levels
+    forecast_splits = ("train", "val", "test") if fitted else ("val", "test")
+    trained = {s: forecast.split_forecast(module, params, prep, s, spec) for s in forecast_splits}
+    scored_params = params
+    for split in ("val", "test"):
+        fcs = trained
+        if refit:
+            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, spec)
+            scored_params = band_refit.shifted(params, shift_H2)
+        if spec.interval_levels and fcs[split].prices_NHC is not None:
+            point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
+            calibration = intervals.fit_before(prep, split, point, spec)
+        entry[split] = evaluate_split(prep, fcs[split], split, spec, calibration)
+        if refit:
+            entry[split]["band_refit"] = band_refit.shift_json(shift_H2)
+    test = fcs["test"]
+    if test.prices_NHC is None:  # only the test split is plotted and saved
+        return Scored(entry, None, None, scored_params)
+    record = forecast.forecast_record(prep, test, spec, calibration)
+    if forecasts_dir is not None:
+        forecast.save_forecasts(forecasts_dir, record)
+    return Scored(entry, record, calibration, scored_params)
+
+
+# A val loss this many times the zero forecast's marks a model worse than no training.
+WORSE_THAN_UNTRAINED = 10.0
+
+
+def flag_worse_than_untrained(module, spec: EvalSpec, prep, entry: dict, last_params) -> None:
+    """Adds a `warning` to a scored entry whose training went far above the zero forecast.
+
+    Without a baseline that is the kept model's val loss. With one (model.baseline) an
+    epoch is kept only if it beats the untrained model, so a run that went wrong keeps
+    the baseline (best_epoch None); the warning then looks at `last_params`, the last
+    epoch's params (None without model.baseline).
+    """
+    val = entry.get("val") or {}
+    loss, zero = val.get("normalized_mse"), val.get("zero_forecast_mse")
+    if loss is None or not zero:
+        return
+    kept = "the kept model"
+    if last_params is not None and entry["best_epoch"] is None:
+        fc = forecast.split_forecast(module, last_params, prep, "val", spec)
+        loss = metrics.normalized_mse(prep, fc.ends_N, fc.norm_NHC, spec.horizon)
+        start = "starting model" if entry.get("started_from") else "untrained baseline"
+        kept = f"the last epoch (the {start} is kept)"
+    if loss <= WORSE_THAN_UNTRAINED * zero:
+        return
+    entry["warning"] = (
+        f"val loss {loss:.3g} of {kept} is {loss / zero:.3g}x the zero forecast's {zero:.3g}: "
+        "the model learned something worse than not training (check train.learning_rate)"
+    )
+    logging.warning("%s: %s", prep.name, entry["warning"])
+
+
+def reload_forecasts(config, workdir: str, module, preps: list) -> dict:
+    """Test forecast records of the kept models of a group finished by an earlier process:
+    for the plots, and saved to forecasts/ when eval.save_forecasts asks for files that
+    are missing (process 0; {} when neither asks for them)."""
+    c = config
+    plots = c.eval.plots and c.eval.plot_windows and c.data.normalization != "candle_minmax"
+    if not ((plots or c.eval.save_forecasts) and sharding.is_primary()):
+        return {}
+    records, spec = {}, make_spec(c)
+    for prep in (p for p in preps if not split_dates.is_train_only(p)):
+        try:
+            params, meta = checkpoint.load_series_model(
+                workdir_lib.series_model(workdir, prep.name)
+            )
+        except (OSError, ValueError) as e:  # its results stand; only its forecasts are lost
+            logging.warning(
+                "%s: no test forecasts: its saved model is unreadable (%s)", prep.name, e
+            )
+            continue
+        fc = forecast.split_forecast(module, params, prep, "test", spec)
+        if fc.prices_NHC is None:
+            continue
+        calibration = meta.get("interval_calibration")
+        records[prep.name] = forecast.forecast_record(prep, fc, spec, calibration)
+        if c.eval.save_forecasts:
+            forecast.save_forecasts(workdir, records[prep.name])
+    return records
+
+
+def run_facts(mode: str, config, started: float, **facts) -> dict:
+    """The "run" block of every results file (results.json, backtest.json, sweep.json,
+    eval-*.json, forecast.json): the mode, model, versions and devices, when it started
+    (`started`, a time.time()) and its wall seconds (this process only, not the parts of
+    a resumed run done before); `facts`: the mode's own (a plan's groups, `scored_workdir`)."""
+    devices = runtime.describe_devices()
+    return {
+        "mode": mode,
+        "model": config.model.name,
+        "seed": config.seed,
+        "versions": runtime.versions(),
+        "platform": devices["backend"],
+        "device_count": devices["device_count"],
+        "process_count": devices["process_count"],
+        "devices": devices["devices"],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_seconds": time.time() - started,
+        **facts,
+    }
+
+
+# The data fields that say where a run's candles came from (those its source reads).
+_DATA_FACTS = ("source", "base_url", "local_dir", "months", "end", "max_candles")
+
+
+def scored_workdir(config, workdir: str) -> dict:
+    """`run_facts`' facts of --mode evaluate and predict: the workdir of the models (its
+    name: the file lies in it, and a path would name the machine), when the results were
+    made, and the data they were made from (less the fields data.source ignores)."""
+    d = config.data
+    ignored = {
+        field
+        for other, values, _, fields in rules.IGNORED
+        if other == "data.source" and d.source in values
+        for field in fields
+    }
+    return {
+        "workdir": os.path.basename(os.path.abspath(workdir)),
+        "created": parsing.iso(time.time() * 1000),
+        "data": {k: d[k] for k in _DATA_FACTS if f"data.{k}" not in ignored},
+    }
+
+
+def _read_results(workdir: str) -> dict:
+    path = workdir_lib.results_json(workdir)
+    return writers.read_json(path) if os.path.exists(path) else {}
+
+
+def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
+    """results entries (training facts + val/test scores) and test forecast records."""
+    series, records = {}, {}
+    # The saved mask stands: it was decided on the training run's own val split.
+    spec = dataclasses.replace(make_spec(cfg), column_fallback=False)
+    for name, prep in preps.items():
+        model = loaded[name]
+        entry, record, _, _ = evaluate_model(model.module, model.params, prep, spec, forecasts_dir)
+        facts = trained_results.get("series", {}).get(name, {})
+        series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}
+        series[name].update(entry, data=prep.notes)  # the evaluated data
+        if record is not None:
+            records[name] = record
+    return series, records
+
+
+def run_evaluate(config, workdir: str) -> dict:
+    """Scores every saved best model of `workdir` on the data of `config`, without training.
+
+    The series are config.data.symbols x config.data.intervals; series that training
+    skipped are listed as skipped. Writes <workdir>/eval-<YYYYmmdd-HHMMSS>.json (the
+    results.json schema, with the training facts of each series), the same report as
+    <workdir>/eval-<stamp>.md with plots under <workdir>/plots/eval-<stamp>/, and with
+    eval.save_forecasts the forecasts under <workdir>/eval-<stamp>/forecasts/.
+
+    Returns:
+      The results dict that was written.
+
+    Raises:
+      saved.ModelNotFound: a requested series has no model (the message lists those that do).
+      NothingEvaluated: no requested series could be scored.
+    """
+    started = time.time()
+    stem = "eval-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    available = saved.available_models(workdir)
+    trained_results = _read_results(workdir)
+    names, skipped = saved.select_series(
+        available,
+        config.data.symbols,
+        config.data.intervals,
+        excused=trained_results.get("skipped", {}),
+    )
+    loaded, trained, unreadable = saved.load_models(available, names)
+    cfg = saved.run_config(config, trained, list(loaded))
+    preps, data_skipped = saved.prepare(cfg, loaded)
+    skipped.update(unreadable, **data_skipped)
+    forecasts_dir = os.path.join(workdir, stem) if cfg.eval.save_forecasts else None
+    series, records = _score_all(loaded, preps, trained_results, cfg, forecasts_dir)
+    if not series:
+        raise NothingEvaluated(f"no series could be evaluated; skipped: {skipped}")
+    run = run_facts("evaluate", cfg, started, **scored_workdir(cfg, workdir))
+    results = {"run": run, "series": series, "skipped": skipped}
+    writers.write_json(os.path.join(workdir, f"{stem}.json"), results)
+    report.write_reports(workdir, results, cfg, report.PlotInputs(forecasts=records), stem)
+    return results
