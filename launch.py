@@ -32,13 +32,14 @@ from cpbjax.config import (
     sweep_grid,  # noqa: E402
 )
 from cpbjax.config import schema as config_lib  # noqa: E402
+from cpbjax.config_rules import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
 _MODE = flags.DEFINE_enum(
     "mode",
     "train",
-    ["train", "backtest", "evaluate", "predict", "export", "serve"],
+    ["train", "backtest", "evaluate", "predict", "export", "serve", "data"],
     "What to run.",
 )
 flags.mark_flags_as_required(["config"])
@@ -109,6 +110,9 @@ def main(argv):
         config.to_dict()  # a config file that failed to load raises only when read
     except (OSError, ValueError) as e:
         cli_errors.fail(cli_errors.load_error(e))
+    if _MODE.value == "data":  # a table of the config's series: no workdir, no devices
+        _data_table(config)
+        return
     if _MODE.value not in TRAINING_MODES and not _WORKDIR.value:
         cli_errors.fail(f"--mode {_MODE.value} needs --workdir of a trained run")
     try:
@@ -121,7 +125,7 @@ def main(argv):
                 "filesystem that all processes share"
             )
         runtime.configure(config)
-    except (config_lib.ConfigError, runtime.PlatformError) as e:
+    except (ConfigError, runtime.PlatformError) as e:
         cli_errors.fail(str(e))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.model.name}-{stamp}")
@@ -138,6 +142,16 @@ def main(argv):
         raise
 
 
+def _data_table(config) -> None:
+    """--mode data: the table of the config's series, or one line and exit 2."""
+    from cpbjax.modes import data_table
+
+    try:
+        data_table.run_data_table(config_lib.validate(config))
+    except ConfigError as e:
+        cli_errors.fail(str(e))
+
+
 def _run_mode(config, workdir: str) -> None:
     """Runs --mode in `workdir`; its known failures exit 2 with one line."""
     if _MODE.value == "train":
@@ -151,7 +165,7 @@ def _run_mode(config, workdir: str) -> None:
                 sweep.run_sweep(config, workdir)
             else:
                 driver.train_and_evaluate(config, workdir)
-        except (config_lib.ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
+        except (ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
             cli_errors.fail(str(e))
     elif _MODE.value == "backtest":
         from cpbjax.modes import backtest
@@ -159,27 +173,26 @@ def _run_mode(config, workdir: str) -> None:
 
         try:
             backtest.run_backtest(config, workdir)
-        except (config_lib.ConfigError, ledger.RunMismatch, backtest.NothingBacktested) as e:
+        except (ConfigError, ledger.RunMismatch, backtest.NothingBacktested) as e:
             cli_errors.fail(str(e))
     else:
-        from cpbjax.modes import export as portable
-        from cpbjax.modes import predict, serve
-        from cpbjax.score import evaluate, saved
+        from cpbjax.modes import evaluate, export, predict, serve
+        from cpbjax.score import saved
 
         run = {
             "evaluate": evaluate.run_evaluate,
             "predict": predict.run_predict,
-            "export": portable.run_export,
+            "export": export.run_export,
             "serve": serve.run_serve,
         }[_MODE.value]
         try:
             run(config, workdir)
         except (
-            config_lib.ConfigError,
+            ConfigError,
             saved.ModelNotFound,
             predict.NothingToForecast,
             evaluate.NothingEvaluated,
-            portable.NothingToExport,
+            export.NothingToExport,
             serve.ServeError,
         ) as e:
             cli_errors.fail(str(e))

@@ -27,15 +27,15 @@ import numpy as np
 import pandas as pd
 from absl import logging
 
+from cpbjax import config_rules as rules
 from cpbjax import runtime, writers
 from cpbjax import workdir as workdir_lib
-from cpbjax.config import rules, sweep_grid
 from cpbjax.config import schema as config_lib
-from cpbjax.config.schema import INTERVAL_MS
+from cpbjax.config import sweep_grid
 from cpbjax.data import features, parsing, windows
-from cpbjax.data.series import Series, SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 from cpbjax.modes import driver, sweep
-from cpbjax.modes import export as portable
+from cpbjax.modes import export as export_mode
 from cpbjax.score import forecast, saved, zero_shot
 
 OHLCV = ("open", "high", "low", "close", "volume")
@@ -175,7 +175,7 @@ def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) 
         config = config_lib.upgrade(writers.read_json(workdir_lib.config_json(workdir)))
     elif isinstance(config, str):
         config = config_lib.load(config)
-    return portable.run_export(config, workdir)
+    return export_mode.run_export(config, workdir)
 
 
 def load(path: str) -> Model | RunModel:
@@ -185,8 +185,8 @@ def load(path: str) -> Model | RunModel:
         raise FileNotFoundError(f"{path} is not a model folder")
     if os.path.isdir(workdir_lib.models_dir(path)):  # a run's folder, not one model's
         return RunModel(path)
-    if portable.is_export(path):  # verified against its manifest, which names the series
-        loaded, name = portable.load_export(path), portable.exported_series(path)
+    if export_mode.is_export(path):  # verified against its manifest, which names the series
+        loaded, name = export_mode.load_export(path), export_mode.exported_series(path)
     else:
         loaded, name = saved.load_model(path), os.path.basename(os.path.normpath(path))
     symbol, interval = saved.parse_series(name)

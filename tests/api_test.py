@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import models, writers
+from cpbjax import band, models, writers
 from cpbjax import workdir as workdir_lib
+from cpbjax.columns import COLUMNS
 from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS
-from cpbjax.score import baselines, evaluate, saved
-from cpbjax.score.metrics import COLUMNS
+from cpbjax.score import evaluate, saved
 from cpbjax.training import checkpoint, memory
 from tests import helpers
 from tests.fake_exchange import FakeExchange, running
@@ -174,7 +174,7 @@ def _check_interval(model, frame, fc, test_scores) -> None:
     assert cal["last_window_end"] < test_scores["first_window_end"]
     assert 0 < test_scores["calibrated_interval"]["columns"]["close"]["coverage"] <= 1
     ohlc = frame[list(COLUMNS)].to_numpy()
-    weights = baselines.EWMA_DECAY ** np.arange(model.lookback)
+    weights = band.EWMA_DECAY ** np.arange(model.lookback)
     logs = [np.log(ohlc[-1 - age, 1] / ohlc[-1 - age, 2]) for age in range(7 * 24)]
     sigma = np.dot(weights, logs[: model.lookback]) / weights.sum()
     s = sigma**0.75 * np.mean(logs) ** 0.25

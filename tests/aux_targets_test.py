@@ -18,6 +18,7 @@ from absl.testing import parameterized
 
 from cpbjax import models, sharding, writers
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import auxiliary, stacking, windows
 from cpbjax.modes import plan
 from cpbjax.training import batching, group, step
@@ -64,14 +65,14 @@ def test_defaults_are_off_and_validate():
 def test_bad_aux_fields_are_named(field, value, match):
     c = config_lib.load("configs/gru.py")
     c.model[field] = value
-    with pytest.raises(config_lib.ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match):
         config_lib.validate(c)
 
 
 def test_realized_vol_needs_two_returns():
     c = config_lib.load("configs/gru.py")
     c.model.aux_targets, c.data.horizon = ("realized_vol",), 1
-    with pytest.raises(config_lib.ConfigError, match=r"data.horizon=1.*realized_vol"):
+    with pytest.raises(ConfigError, match=r"data.horizon=1.*realized_vol"):
         config_lib.validate(c)
     c.model.aux_targets = ("bb_position",)
     config_lib.validate(c)
@@ -82,7 +83,7 @@ def test_the_config_accepts_exactly_the_defined_aux_targets():
     c.model.aux_targets = tuple(auxiliary.FUNCTIONS)
     config_lib.validate(c)
     c.model.aux_targets = ("bb_position", "not_a_target")
-    with pytest.raises(config_lib.ConfigError, match="not_a_target"):
+    with pytest.raises(ConfigError, match="not_a_target"):
         config_lib.validate(c)
 
 

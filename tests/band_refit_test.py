@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from cpbjax import band
 from cpbjax.data import stacking
 from cpbjax.score import band_refit, baselines, evaluate, forecast
 from tests.helpers import levers_config, levers_init_params, levers_preps
@@ -21,7 +22,7 @@ L, H = 30, 10
 
 
 def _plain_sigma(ohlc, t: int) -> float:
-    weights = [baselines.EWMA_DECAY**age for age in range(L)]
+    weights = [band.EWMA_DECAY**age for age in range(L)]
     logs = [math.log(ohlc[t - age, 1] / ohlc[t - age, 2]) for age in range(L)]
     return sum(w * x for w, x in zip(weights, logs, strict=True)) / sum(weights)
 
@@ -86,13 +87,13 @@ def test_an_untrained_model_refit_is_the_fitted_band_of_each_split():
         module, params, prep, evaluate.EvalSpec(L, H, refit_band=True)
     )
     np.testing.assert_allclose(entry["val"]["band_refit"]["high"], 0, atol=1e-5)
-    fit = baselines.fit_vol_band(prep.ohlc, baselines.fit_ends(prep, "test"), L, H)
+    fit = band.fit_vol_band(prep.ohlc, baselines.fit_ends(prep, "test"), L, H)
     np.testing.assert_allclose(test_params["output"]["band_high"], fit["k_high_h"], rtol=1e-5)
     np.testing.assert_allclose(test_params["output"]["band_low"], fit["k_low_h"], rtol=1e-5)
     for split in ("val", "test"):
         for col in ("high", "low"):
-            band = entry[split]["vol_band"]["columns"][col]["mae"]
-            assert entry[split]["columns"][col]["mae"] == pytest.approx(band, rel=1e-5)
+            band_mae = entry[split]["vol_band"]["columns"][col]["mae"]
+            assert entry[split]["columns"][col]["mae"] == pytest.approx(band_mae, rel=1e-5)
 
 
 def test_each_split_is_scored_by_the_refit_on_the_splits_before_it():

@@ -19,6 +19,7 @@ import pytest
 import urllib3
 
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import binance, parsing, synthetic
 from tests import helpers
 from tests.helpers import damage_deflate
@@ -147,7 +148,7 @@ def test_include_daily_adds_the_next_month_up_to_yesterday(tmp_path):
 
 
 def test_bad_base_url_is_a_config_error(tmp_path):
-    with pytest.raises(config_lib.ConfigError, match="data.base_url.*not a directory"):
+    with pytest.raises(ConfigError, match="data.base_url.*not a directory"):
         _load(_cfg(tmp_path / "nope", tmp_path / "cache", ["BTCUSDT"]))
 
 

@@ -14,14 +14,15 @@ import pandas as pd
 import pytest
 
 import cpbjax
+from cpbjax import columns, writers
 from cpbjax import workdir as workdir_lib
-from cpbjax import writers
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import sources, stacking
 from cpbjax.models import heads
 from cpbjax.modes import export as portable
 from cpbjax.report import tables as report_tables
-from cpbjax.score import baselines, column_fallback, evaluate, forecast, metrics, saved
+from cpbjax.score import column_fallback, evaluate, forecast, metrics, saved
 from tests.helpers import levers_config, levers_init_params, levers_preps
 
 L, H = 30, 10
@@ -87,7 +88,7 @@ def _forced_model():
     prep = levers_preps()[0]
     band = stacking.band_factors(prep, L, H) - WRONG
     module, params = levers_init_params(cfg, prep, band)
-    sigma = np.median(baselines.ewma_range(prep.ohlc, prep.ends["train"], L))
+    sigma = np.median(band.ewma_range(prep.ohlc, prep.ends["train"], L))
     bias_HC = np.zeros((H, 4), np.float32)
     bias_HC[:, HIGH], bias_HC[:, LOW] = WRONG * sigma, -WRONG * sigma
     bias_HC[:, CLOSE] = 0.05
@@ -161,7 +162,7 @@ def test_load_predict_and_export_apply_the_saved_mask(tmp_path):
     want = forecast.consistent_ohlc(scored.record["predicted"][i])
     frame = _frame(cfg, prep, t)
     for path in (model_dir, export_dir):
-        got = cpbjax.load(path).predict(frame)[list(metrics.COLUMNS)].to_numpy()
+        got = cpbjax.load(path).predict(frame)[list(columns.COLUMNS)].to_numpy()
         np.testing.assert_allclose(got, want, rtol=1e-6)
         np.testing.assert_array_equal(got[:, CLOSE], prep.ohlc[t, CLOSE])  # persistence
     assert saved.load_model(model_dir).trained.eval.column_fallback
@@ -177,7 +178,7 @@ def test_load_predict_and_export_apply_the_saved_mask(tmp_path):
 def test_the_switch_without_a_baseline_is_refused_by_name():
     c = levers_config()
     c.model.baseline, c.eval.refit_band, c.eval.column_fallback = "none", True, False
-    with pytest.raises(config_lib.ConfigError, match=r"eval\.column_fallback.*model\.baseline"):
+    with pytest.raises(ConfigError, match=r"eval\.column_fallback.*model\.baseline"):
         config_lib.validate(c)
     assert evaluate.make_spec(levers_config()).column_fallback  # on by default with a band
     c.eval.column_fallback = True  # the default: no baseline, nothing to fall back to

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from cpbjax.config import rules
+from cpbjax import config_rules as rules
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,7 +134,7 @@ def test_demo_variant_is_offline_and_covers_all_40_series():
 
 def test_unknown_variant_is_rejected():
     with pytest.raises(
-        config_lib.ConfigError,
+        ConfigError,
         match="'huge' is not allowed: expected '', 'demo', 'tiny', 'replaced'",
     ):
         config_lib.load("configs/gru.py:huge")
@@ -223,7 +224,7 @@ def test_distributed_process_id_must_be_below_num_processes():
     h = config.distributed
     h.enabled = True
     h.coordinator_address, h.num_processes, h.process_id = "host0:1234", 2, 2
-    with pytest.raises(config_lib.ConfigError, match=r"process_id=2 .*< distributed.num_processes"):
+    with pytest.raises(ConfigError, match=r"process_id=2 .*< distributed.num_processes"):
         config_lib.validate(config)
     h.process_id = 1
     config_lib.validate(config)
@@ -238,7 +239,7 @@ def test_each_rule_names_field_value_and_rule(field, value, allowed):
         parent = parent[part]
     with parent.ignore_type():
         parent[leaf] = value
-    with pytest.raises(config_lib.ConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         config_lib.validate(config)
     message = str(info.value)
     assert f"config.{field}=" in message or f"config.{field.rsplit('.', 1)[0]}" in message
@@ -248,7 +249,7 @@ def test_each_rule_names_field_value_and_rule(field, value, allowed):
 def test_rnn_attention_heads_must_divide_hidden():
     config = config_lib.load("configs/lstm.py")
     config.model.hidden = 250
-    with pytest.raises(config_lib.ConfigError, match="model.hidden=250"):
+    with pytest.raises(ConfigError, match="model.hidden=250"):
         config_lib.validate(config)
 
 
@@ -256,7 +257,7 @@ def test_local_source_needs_an_existing_directory(tmp_path):
     config = config_lib.load("configs/gru.py")
     config.data.source = "local"
     config.data.local_dir = str(tmp_path / "missing")
-    with pytest.raises(config_lib.ConfigError, match="data.local_dir"):
+    with pytest.raises(ConfigError, match="data.local_dir"):
         config_lib.validate(config)
     config.data.local_dir = str(tmp_path)
     config_lib.validate(config)
@@ -270,7 +271,7 @@ def test_values_that_would_crash_later_are_config_errors(field, value):
     c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     group, _, name = field.rpartition(".")
     (c[group] if group else c)[name] = value
-    with pytest.raises(config_lib.ConfigError, match=re.escape(f"config.{field}={value}")):
+    with pytest.raises(ConfigError, match=re.escape(f"config.{field}={value}")):
         config_lib.validate(c)
 
 
@@ -315,7 +316,7 @@ def test_a_value_that_another_field_ignores_is_a_config_error(
         _set(c, name, v)
     config_lib.validate(c)  # read by the other's value: allowed
     _set(c, other, ignoring)
-    with pytest.raises(config_lib.ConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         config_lib.validate(c)
     message = str(info.value)
     assert message.startswith(f"config.{field}={value!r} is not allowed"), message
@@ -336,7 +337,7 @@ def test_a_field_at_its_default_is_never_refused_whatever_ignores_it():
 def test_sweep_select_needs_a_sweep():
     c = config_lib.load("configs/gru.py:tiny")
     c.sweep.select = "pooled"
-    with pytest.raises(config_lib.ConfigError, match=r"sweep.select='pooled'.*without a sweep"):
+    with pytest.raises(ConfigError, match=r"sweep.select='pooled'.*without a sweep"):
         config_lib.validate(c)
     c.sweep.learning_rate = (1e-3, 3e-3)
     config_lib.validate(c)

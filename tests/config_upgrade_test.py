@@ -6,6 +6,7 @@ import os
 import pytest
 
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +63,7 @@ def test_a_retired_option_set_in_a_saved_config_is_refused_by_name(field, value)
     for part in groups:
         group = group[part]
     group[leaf] = value
-    with pytest.raises(config_lib.ConfigError, match=rf"config\.{field}=.* was retired, so "):
+    with pytest.raises(ConfigError, match=rf"config\.{field}=.* was retired, so "):
         config_lib.upgrade(saved)
 
 
@@ -93,5 +94,5 @@ def test_fields_added_since_take_the_value_of_the_earlier_behaviour():
     assert c.train.min_delta == 0.0 and c.sweep.learning_rate == ()
     # A margin in the loss's units has no counterpart now.
     saved["train"]["min_delta"] = 0.005
-    with pytest.raises(config_lib.ConfigError, match=r"config\.train\.min_delta_mode='abs'"):
+    with pytest.raises(ConfigError, match=r"config\.train\.min_delta_mode='abs'"):
         config_lib.upgrade(saved)

@@ -16,6 +16,7 @@ import cpbjax
 from cpbjax import models, sharding
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import sources, windows
 from cpbjax.models import ensemble as ensemble_lib
 from cpbjax.score import evaluate
@@ -125,7 +126,7 @@ def test_the_forecast_is_the_mean_of_the_members_forecasts():
 def test_a_bad_ensemble_size_is_a_config_error(value):
     c = helpers.tiny_config()
     c.model.ensemble = value
-    with pytest.raises(config_lib.ConfigError, match=r"model\.ensemble"):
+    with pytest.raises(ConfigError, match=r"model\.ensemble"):
         config_lib.validate(c)
 
 

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cpbjax import band
 from cpbjax.data import stacking, synthetic, windows
-from cpbjax.score import baselines, evaluate, forecast, metrics
+from cpbjax.score import evaluate, forecast, metrics
 from tests.helpers import H, L, Probe, make_prep, prep_config, probe_params
 
 # ---------------------------------------------------------------------------
@@ -67,7 +68,7 @@ def test_zero_forecast_is_persistence():
     for t in ends:
         num = den = 0.0
         for age in range(L):
-            w = baselines.EWMA_DECAY**age
+            w = band.EWMA_DECAY**age
             num += w * np.log(prep.ohlc[t - age, 1] / prep.ohlc[t - age, 2])
             den += w
         high = prep.ohlc[t, 3] * np.exp(k_high * num / den)

@@ -13,7 +13,7 @@ import pytest
 import cpbjax
 from cpbjax.config import schema as config_lib
 from cpbjax.modes import driver
-from cpbjax.modes import export as portable
+from cpbjax.modes import export as export_mode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES = "BTCUSDT-1h"
@@ -27,7 +27,7 @@ def export(tmp_path_factory):
     c = config_lib.validate(c)
     workdir = str(tmp_path_factory.mktemp("tamper") / "run")
     driver.train_and_evaluate(c, workdir)
-    return portable.run_export(c, workdir)[SERIES]
+    return export_mode.run_export(c, workdir)[SERIES]
 
 
 @pytest.fixture
@@ -50,15 +50,15 @@ def _resign(folder, *names):
 
     def edit(manifest):
         for name in names:
-            manifest["files"][name] = portable._sha256(os.path.join(folder, name))
-        with open(os.path.join(folder, portable.CONFIG_FILE)) as f:
-            manifest["fields"] = portable.shaping_fields(json.load(f))
+            manifest["files"][name] = export_mode._sha256(os.path.join(folder, name))
+        with open(os.path.join(folder, export_mode.CONFIG_FILE)) as f:
+            manifest["fields"] = export_mode.shaping_fields(json.load(f))
 
-    _edit_json(folder, portable.MANIFEST_FILE, edit)
+    _edit_json(folder, export_mode.MANIFEST_FILE, edit)
 
 
 def _flip_a_bit(folder):
-    path = os.path.join(folder, portable.PARAMS_FILE)
+    path = os.path.join(folder, export_mode.PARAMS_FILE)
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) // 2)
         byte = f.read(1)[0]
@@ -77,12 +77,12 @@ def _scale_interval(folder):
 
         cal.update(scale(cal))
 
-    _edit_json(folder, portable.INTERVAL_FILE, edit)
+    _edit_json(folder, export_mode.INTERVAL_FILE, edit)
 
 
 def _set(group, field, value):
     return lambda folder: _edit_json(
-        folder, portable.CONFIG_FILE, lambda c: c[group].__setitem__(field, value)
+        folder, export_mode.CONFIG_FILE, lambda c: c[group].__setitem__(field, value)
     )
 
 
@@ -91,14 +91,14 @@ def _remove(name):
 
 
 def _damage_params_and_resign(folder):
-    with open(os.path.join(folder, portable.PARAMS_FILE), "wb") as f:
+    with open(os.path.join(folder, export_mode.PARAMS_FILE), "wb") as f:
         f.write(b"\xc1 not msgpack")
-    _resign(folder, portable.PARAMS_FILE)
+    _resign(folder, export_mode.PARAMS_FILE)
 
 
 def _widen_and_resign(folder):
     _set("model", "hidden", 48)(folder)
-    _resign(folder, portable.CONFIG_FILE)
+    _resign(folder, export_mode.CONFIG_FILE)
 
 
 @pytest.mark.parametrize(
@@ -107,10 +107,10 @@ def _widen_and_resign(folder):
         (_flip_a_bit, r"params\.msgpack does not match its sha256 in manifest\.json"),
         (_set("data", "lookback", 48), r"config\.json: data\.lookback is 48, but the model"),
         (_set("model", "baseline", "none"), r"config\.json: model\.baseline is 'none'"),
-        (_remove(portable.INTERVAL_FILE), r"interval\.json is missing \(listed in manifest"),
+        (_remove(export_mode.INTERVAL_FILE), r"interval\.json is missing \(listed in manifest"),
         (_scale_interval, r"interval\.json does not match its sha256"),
-        (_remove(portable.PARAMS_FILE), r"params\.msgpack is missing"),
-        (_remove(portable.MANIFEST_FILE), r"manifest\.json is missing: .*export the run again"),
+        (_remove(export_mode.PARAMS_FILE), r"params\.msgpack is missing"),
+        (_remove(export_mode.MANIFEST_FILE), r"manifest\.json is missing: .*export the run again"),
         (_damage_params_and_resign, r"params\.msgpack cannot be read"),
         (_widen_and_resign, r"params\.msgpack: .* is \(.*\), but config\.json's model \(gru\)"),
     ],

@@ -10,6 +10,7 @@ import pytest
 
 import cpbjax
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import context, features
 from cpbjax.modes import predict
 from cpbjax.score import saved
@@ -158,7 +159,7 @@ def test_every_feature_has_a_reference_and_passes_validation():
     c.data.features = (*ohlc, *(n for n in features.NAMES if n not in ohlc))
     config_lib.validate(c)  # the config accepts exactly the names features.py computes
     c.data.features = ("open", "high", "low", "close", "not_a_feature")
-    with pytest.raises(config_lib.ConfigError, match="not_a_feature"):
+    with pytest.raises(ConfigError, match="not_a_feature"):
         config_lib.validate(c)
 
 

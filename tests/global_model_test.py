@@ -17,6 +17,7 @@ import cpbjax
 from cpbjax import api
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import sources, synthetic, windows
 from cpbjax.models import heads
 from cpbjax.modes import predict
@@ -204,7 +205,7 @@ def test_zero_epochs_from_a_pooled_run_score_its_network_on_pairs_it_never_saw(
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert _epochs(workdir) == []
     config.train.init_from = ""
-    with pytest.raises(config_lib.ConfigError, match="train.epochs=0.*without train.init_from"):
+    with pytest.raises(ConfigError, match="train.epochs=0.*without train.init_from"):
         config_lib.validate(config)
 
 
@@ -234,17 +235,17 @@ def test_init_from_refuses_what_it_cannot_start_from(
         c.model.hidden = change["hidden"]
     if "lookback" in change:
         c.data.lookback = change["lookback"]
-    with pytest.raises(config_lib.ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
         cpbjax.train(c, str(tmp_path / "tuned"))
 
 
 def test_init_from_is_a_workdir_path():
     c = _config("pooled")
     c.train.init_from = None
-    with pytest.raises(config_lib.ConfigError, match="train.init_from"):
+    with pytest.raises(ConfigError, match="train.init_from"):
         config_lib.validate(c)
     c.train.init_from = "no/such/run"
-    with pytest.raises(config_lib.ConfigError, match="not a trained workdir"):
+    with pytest.raises(ConfigError, match="not a trained workdir"):
         cpbjax.train(c, "unused")
     old = config_lib.base_config().to_dict()
     del old["train"]["init_from"]

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import models, sharding, writers
+from cpbjax import columns, models, sharding, writers
 from cpbjax.config import schema as config_lib
 from cpbjax.data import binance, features, sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS, Series
@@ -396,7 +396,7 @@ def reference_windows(series, prep, names, kind, ends):
         for i, row in enumerate(range(t - L + 1, t + 1)):
             for j, name in enumerate(names):
                 value = feats[row, j]
-                if name not in features.PRICE_FEATURES:
+                if name not in columns.PRICE_FEATURES:
                     x[i, j] = (value - mu[j]) / sd[j]
                 elif kind == "last_close":
                     x[i, j] = math.log(value / ohlc[t, 3])
@@ -515,7 +515,7 @@ def forecast_record(name, seed, n=12):
         "series": np.array(name),
         "symbol": np.array(name.split("-")[0]),
         "interval": np.array("1h"),
-        "columns": np.array(metrics.COLUMNS),
+        "columns": np.array(columns.COLUMNS),
         "last_open_time_ms": 1_700_000_000_000 + STEP_MS * np.arange(n, dtype=np.int64),
         "last_candle": ohlc[:n],
         "target_open_time_ms": 1_700_000_000_000 + STEP_MS * idx,

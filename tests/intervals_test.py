@@ -10,9 +10,11 @@ import types
 import numpy as np
 import pytest
 
+from cpbjax import band
+from cpbjax.columns import COLUMNS
 from cpbjax.config import schema as config_lib
-from cpbjax.score import baselines, evaluate, forecast, intervals, saved
-from cpbjax.score.metrics import COLUMNS
+from cpbjax.config_rules import ConfigError
+from cpbjax.score import evaluate, forecast, intervals, saved
 from tests.helpers import H, L, Probe, make_prep, probe_params
 
 LEVELS = (0.1, 0.9)
@@ -34,7 +36,7 @@ def _garch_like_series(n: int, seed: int) -> types.SimpleNamespace:
 
 
 def _plain_sigma(ohlc, t: int) -> float:
-    weights = [baselines.EWMA_DECAY**age for age in range(L)]
+    weights = [band.EWMA_DECAY**age for age in range(L)]
     logs = [math.log(ohlc[t - age, 1] / ohlc[t - age, 2]) for age in range(L)]
     return sum(w * x for w, x in zip(weights, logs, strict=True)) / sum(weights)
 
@@ -180,7 +182,7 @@ def test_forecast_csv_flattens_intervals():
 def test_bad_interval_levels_are_refused(levels):
     c = config_lib.load("configs/gru.py:tiny")
     c.eval.interval_levels = levels
-    with pytest.raises(config_lib.ConfigError, match="eval.interval_levels"):
+    with pytest.raises(ConfigError, match="eval.interval_levels"):
         config_lib.validate(c)
 
 
@@ -239,7 +241,7 @@ def test_interval_scale_matches_a_plain_loop_and_reads_no_later_candle():
         before = intervals.interval_scale(prep.ohlc, [t], L, scale)
         np.testing.assert_array_equal(intervals.interval_scale(later, [t], L, scale), before)
     window_only = intervals.interval_scale(prep.ohlc, ends, L, intervals.WINDOW_ONLY)
-    np.testing.assert_array_equal(window_only, baselines.ewma_range(prep.ohlc, ends, L))
+    np.testing.assert_array_equal(window_only, band.ewma_range(prep.ohlc, ends, L))
 
 
 def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():

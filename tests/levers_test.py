@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import models, sharding
+from cpbjax import band, models, sharding
 from cpbjax.config import schema as config_lib
-from cpbjax.config.rules import ConfigError
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import stacking
-from cpbjax.score import baselines, intervals
+from cpbjax.score import intervals
 from cpbjax.training import losses
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests.helpers import levers_config, levers_init_params, levers_preps, random_window
@@ -85,8 +85,8 @@ def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_s
     x, _ = stacking.gather(stacking.window_source(prep), ends_N, lookback, horizon)
     y_hat = np.asarray(_forward(module)(params, x), np.float64)
     # The float64 numpy baseline, fitted on the train windows only.
-    fit = baselines.fit_vol_band(prep.ohlc, prep.ends["train"], lookback, horizon)
-    high, low = baselines.vol_band_predict(fit, prep.ohlc, ends_N, lookback)
+    fit = band.fit_vol_band(prep.ohlc, prep.ends["train"], lookback, horizon)
+    high, low = band.vol_band_predict(fit, prep.ohlc, ends_N, lookback)
     close_N1 = prep.ohlc[ends_N, 3][:, None]
     np.testing.assert_array_equal(y_hat[..., [0, 3]], 0.0)  # persistence: the last close
     np.testing.assert_allclose(y_hat[..., 1], np.log(high / close_N1), rtol=1e-4, atol=1e-7)
@@ -133,8 +133,8 @@ def test_band_quantile_factors_minimise_the_pinball_loss():
     prep, lookback, horizon = levers_preps()[0], 30, 10
     ends = prep.ends["train"]
     k = intervals.fit_band_quantiles(prep.ohlc, ends, lookback, horizon, LEVELS)
-    sigma = baselines.ewma_range(prep.ohlc, ends, lookback)
-    ratios = baselines.future_log_ratios(prep.ohlc, ends, horizon)
+    sigma = band.ewma_range(prep.ohlc, ends, lookback)
+    ratios = band.future_log_ratios(prep.ohlc, ends, horizon)
     for h, c, j in [(0, 1, 0), (4, 3, 1), (9, 2, 2)]:
 
         def loss(kk, h=h, c=c, j=j):

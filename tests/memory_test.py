@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.training import memory
 
 F32 = jnp.float32
@@ -78,7 +79,7 @@ def test_check_stops_a_program_larger_than_the_pool_and_names_the_fix():
         "group-000: one epoch needs about 6.00 GiB beyond its data, more than the 4.00 GiB "
         "of this host's RAM: lower train.batch_size"
     )
-    assert isinstance(e.value, config_lib.ConfigError)  # so launch.py exits 2 with it
+    assert isinstance(e.value, ConfigError)  # so launch.py exits 2 with it
     memory.check("group-000", need, "gpu", (4 * 2**30, 4 * 2**30), "-")  # 3 GiB per device
 
 

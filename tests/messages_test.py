@@ -11,6 +11,7 @@ import pytest
 from cpbjax import api
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import parsing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,7 +91,7 @@ def test_a_sweep_grid_over_the_cap_is_refused_at_validation_with_its_cost():
     c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
     assert c.sweep.max_settings == 64
     for refuse in (config_lib.validate, sweep_grid.settings):  # before the data, and on use
-        with pytest.raises(config_lib.ConfigError) as caught:
+        with pytest.raises(ConfigError) as caught:
             refuse(c)
         message = str(caught.value)
         assert message.startswith(
@@ -102,7 +103,7 @@ def test_a_sweep_grid_over_the_cap_is_refused_at_validation_with_its_cost():
     c.sweep.max_settings = 4000  # a raised cap lets it through
     config_lib.validate(c)
     c.sweep.max_settings = 0
-    with pytest.raises(config_lib.ConfigError, match="sweep.max_settings=0"):
+    with pytest.raises(ConfigError, match="sweep.max_settings=0"):
         config_lib.validate(c)
     c.sweep.max_settings = 64
     c.sweep.learning_rate = c.sweep.learning_rate[:3]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from cpbjax import band, columns
 from cpbjax.score import baselines, metrics
 from tests.helpers import H, L, make_prep
 
@@ -161,7 +162,7 @@ def test_close_dm_lags_h_minus_1_as_a_loop_over_the_close_errors():
     actual = np.repeat(close[idx_NH][..., None], 4, axis=2)  # [N, H, C]
     ref = np.repeat(close[:n, None, None], h, axis=1).repeat(4, axis=2)  # persistence
     pred = ref + 0.7 * (actual - ref) + rng.normal(0.0, 0.3, actual.shape)
-    assert metrics.COLUMNS[3] == "close"
+    assert columns.COLUMNS[3] == "close"
     d, d_h = [], [[] for _ in range(h)]
     for t in range(n):
         errs = [
@@ -208,7 +209,7 @@ def test_ridge_matches_augmented_least_squares():
 def test_weighted_median_minimises_weighted_abs_deviation():
     rng = np.random.default_rng(4)
     v, w = rng.standard_normal(31), rng.random(31)
-    k = baselines.weighted_median(v, w)
+    k = band.weighted_median(v, w)
     cost = lambda c: np.sum(w * np.abs(v - c))
     assert all(cost(k) <= cost(c) + 1e-12 for c in v)
 
@@ -223,7 +224,7 @@ def test_fitted_baselines_never_see_test_candles():
     def fits(ohlc):
         return (
             baselines.fit_ridge(ohlc, fit_on, L, H)["coef"],
-            baselines.fit_vol_band(ohlc, fit_on, L, H)["k_high_h"],
+            band.fit_vol_band(ohlc, fit_on, L, H)["k_high_h"],
         )
 
     before = fits(prep.ohlc)

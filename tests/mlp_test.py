@@ -12,6 +12,7 @@ import pytest
 
 from cpbjax import models
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.models import mlp
 from tests.helpers import ROOT
 
@@ -105,14 +106,12 @@ def test_every_parameter_learns_and_the_loss_falls():
 def test_autoregressive_decoding_is_refused_naming_the_field():
     c = config_lib.load(f"{ROOT}/configs/mlp.py:tiny")
     c.model.decoding, c.model.baseline, c.model.window_scale = "autoregressive", "none", "none"
-    with pytest.raises(config_lib.ConfigError, match="model.decoding"):
+    with pytest.raises(ConfigError, match="model.decoding"):
         config_lib.validate(c)
 
 
 def test_a_variant_the_model_lacks_is_named():
-    with pytest.raises(
-        config_lib.ConfigError, match="'replaced' is not allowed: expected '', 'demo', 'tiny'"
-    ):
+    with pytest.raises(ConfigError, match="'replaced' is not allowed: expected '', 'demo', 'tiny'"):
         config_lib.load(f"{ROOT}/configs/mlp.py:replaced")
 
 
@@ -139,5 +138,5 @@ def test_a_column_the_network_does_not_correct_forecasts_its_baseline():
 def test_corrected_columns_are_distinct_target_names(columns):
     c = config_lib.load(f"{ROOT}/configs/mlp.py:tiny")
     c.model.corrected_columns = columns
-    with pytest.raises(config_lib.ConfigError, match="model.corrected_columns"):
+    with pytest.raises(ConfigError, match="model.corrected_columns"):
         config_lib.validate(c)

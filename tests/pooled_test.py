@@ -20,10 +20,12 @@ import pytest
 from cpbjax import models, sharding, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import pooling, stacking
 from cpbjax.models import heads
+from cpbjax.modes import evaluate as evaluate_mode
 from cpbjax.modes import plan
-from cpbjax.score import evaluate, saved
+from cpbjax.score import saved
 from cpbjax.training import batching, checkpoint, memory, optimizer, pooled
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
@@ -194,14 +196,14 @@ def test_a_chunked_epoch_trains_as_the_one_vmap_in_less_memory(one_epoch):
 def test_bad_share_and_conflicting_plans_are_config_errors():
     c = pooled_config()
     c.train.share = "shared"
-    with pytest.raises(config_lib.ConfigError, match=r"train.share='shared'.*series, pooled"):
+    with pytest.raises(ConfigError, match=r"train.share='shared'.*series, pooled"):
         config_lib.validate(c)
     t = pooled_config().train
     assert plan.group_size(12, t, 1, "cpu") == 12  # all series, not 4 per CPU device
     t.group_size = 12
     assert plan.group_size(12, t, 1, "cpu") == 12
     t.group_size = 4
-    with pytest.raises(config_lib.ConfigError, match=r"train.group_size=4.*at least the run's 12"):
+    with pytest.raises(ConfigError, match=r"train.group_size=4.*at least the run's 12"):
         plan.group_size(12, t, 1, "cpu")
     t.group_size = 0
     # Each device trains on its share of the coins: padded to a multiple of the devices.
@@ -215,7 +217,7 @@ def test_bad_share_and_conflicting_plans_are_config_errors():
 def test_bad_pooled_chunks_are_config_errors(share, chunk, words):
     c = pooled_config()
     c.train.share, c.train.pooled_chunk = share, chunk
-    with pytest.raises(config_lib.ConfigError, match=f"train.pooled_chunk={chunk}.*{words}"):
+    with pytest.raises(ConfigError, match=f"train.pooled_chunk={chunk}.*{words}"):
         config_lib.validate(c)
 
 
@@ -298,7 +300,7 @@ def test_launch_scores_every_series_with_one_saved_model(pooled_run):
         helpers.assert_trees_close(unshifted[name], unshifted[POOLED_NAMES[0]], rtol=0, atol=1e-6)
     # --mode evaluate loads every saved series model and scores it as training did.
     config = config_lib.load(f"configs/workdir.py:{pooled_run}")
-    rescored = evaluate.run_evaluate(config, str(pooled_run))["series"]
+    rescored = evaluate_mode.run_evaluate(config, str(pooled_run))["series"]
     for name in POOLED_NAMES:
         for split in ("val", "test"):
             got, want = rescored[name][split]["columns"], results["series"][name][split]["columns"]

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from cpbjax import models, writers
+from cpbjax.columns import COLUMNS
 from cpbjax.config import schema as config_lib
 from cpbjax.config.schema import INTERVAL_MS
 from cpbjax.data import sources, windows
-from cpbjax.modes import predict
-from cpbjax.score import evaluate, forecast, saved
-from cpbjax.score.metrics import COLUMNS
+from cpbjax.modes import evaluate as evaluate_mode
+from cpbjax.modes import facts, predict
+from cpbjax.score import forecast, saved
 from cpbjax.training import checkpoint
 
 SYMBOLS = ("BTCUSDT", "ETHUSDT")
@@ -244,9 +245,9 @@ def _raw_forecasts(workdir, config) -> dict:
 def test_the_run_facts_list_the_data_fields_of_the_source():
     config = _config()
     config.data.source, config.data.base_url, config.data.end = "binance", "/mirror", "2024-02"
-    facts = evaluate.scored_workdir(config, "/somewhere/runs/demo/")
-    assert facts["workdir"] == "demo"
-    assert facts["data"] == {
+    scored = facts.scored_workdir(config, "/somewhere/runs/demo/")
+    assert scored["workdir"] == "demo"
+    assert scored["data"] == {
         "source": "binance",
         "base_url": "/mirror",
         "months": 12,
@@ -295,7 +296,7 @@ def test_evaluate_writes_metrics_and_report(workdir):
     config.data.symbols = ("BTCUSDT", "ETHUSDT", "SOLUSDT")
     config.data.synthetic_candles = 1300  # other data than training saw
     config.eval.save_forecasts = True
-    results = evaluate.run_evaluate(config, workdir)
+    results = evaluate_mode.run_evaluate(config, workdir)
     (path,) = glob.glob(os.path.join(workdir, "eval-*.json"))
     stem = os.path.basename(path)[:-5]
     assert writers.read_json(path) == json.loads(json.dumps(results))
@@ -316,4 +317,4 @@ def test_evaluate_series_without_model_is_a_clear_error(workdir):
     config = _config()
     config.data.symbols = ("BTCUSDT", "XRPUSDT")
     with pytest.raises(saved.ModelNotFound, match="XRPUSDT-1h; series with a model: BTCUSDT-1h"):
-        evaluate.run_evaluate(config, workdir)
+        evaluate_mode.run_evaluate(config, workdir)

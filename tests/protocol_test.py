@@ -18,6 +18,7 @@ import pytest
 
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import (
     folds,
     pairs,
@@ -86,7 +87,7 @@ def test_a_named_list_expands_when_the_config_is_validated(name, expected):
 def test_an_unknown_or_mixed_named_list_is_a_config_error(symbols):
     c = config_lib.load("configs/gru.py")
     c.data.symbols = symbols
-    with pytest.raises(config_lib.ConfigError, match=r"data\.symbols=.*a named list stands alone"):
+    with pytest.raises(ConfigError, match=r"data\.symbols=.*a named list stands alone"):
         config_lib.validate(c)
 
 
@@ -264,7 +265,7 @@ def test_fractional_splits_stay_the_default():
 def test_bad_split_dates_are_config_errors(dates, message):
     c = config_lib.load("configs/gru.py")
     c.data.split_dates = dates
-    with pytest.raises(config_lib.ConfigError, match=r"data\.split_dates") as e:
+    with pytest.raises(ConfigError, match=r"data\.split_dates") as e:
         config_lib.validate(c)
     assert message in str(e.value)
 
@@ -274,9 +275,7 @@ def test_bad_split_dates_are_config_errors(dates, message):
 )
 @pytest.mark.parametrize("keep_train_only", [False, True])
 def test_a_split_without_any_window_is_a_config_error(dates, empty, keep_train_only):
-    with pytest.raises(
-        config_lib.ConfigError, match=rf"data\.split_dates.*no series has a {empty}"
-    ):
+    with pytest.raises(ConfigError, match=rf"data\.split_dates.*no series has a {empty}"):
         windows.prepare_all(
             list(SERIES), _data_cfg(split_dates=dates), keep_train_only=keep_train_only
         )
@@ -284,7 +283,7 @@ def test_a_split_without_any_window_is_a_config_error(dates, empty, keep_train_o
 
 def test_a_backtest_refuses_split_dates():
     c = config_lib.load("configs/gru.py:tiny")
-    with pytest.raises(config_lib.ConfigError, match=r"data\.split_dates=.*--mode backtest"):
+    with pytest.raises(ConfigError, match=r"data\.split_dates=.*--mode backtest"):
         folds.prepare_all(list(SERIES), _data_cfg(), c.backtest)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from cpbjax import models, writers
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import parsing, sources, synthetic
 from cpbjax.models import heads, layers, model_config
 from cpbjax.modes import driver
@@ -86,10 +87,10 @@ def _config():
 
 def test_unregistered_names_are_rejected():
     c = _config()
-    with pytest.raises(config_lib.ConfigError, match="config.data.source='walk'"):
+    with pytest.raises(ConfigError, match="config.data.source='walk'"):
         config_lib.validate(c)
     c.data.source = "synthetic"
-    with pytest.raises(config_lib.ConfigError, match="config.model.name='user_mlp'.*one of"):
+    with pytest.raises(ConfigError, match="config.model.name='user_mlp'.*one of"):
         config_lib.validate(c)
 
 
@@ -97,18 +98,16 @@ def test_registered_names_are_listed_and_validated(registered):
     assert "walk" in config_lib.SOURCES and "user_mlp" in config_lib.MODELS
     c = _config()
     # num_layers is a GRU field, not one of MLPConfig's: the error names it and the fields.
-    with pytest.raises(
-        config_lib.ConfigError, match="model.num_layers=2.*'user_mlp': name, decoding"
-    ):
+    with pytest.raises(ConfigError, match="model.num_layers=2.*'user_mlp': name, decoding"):
         config_lib.validate(c)
     del c.model["num_layers"]
     config_lib.validate(c)
     with c.model.ignore_type():
         c.model.hidden = 0
-    with pytest.raises(config_lib.ConfigError, match="model.hidden=0.*integer >= 1"):
+    with pytest.raises(ConfigError, match="model.hidden=0.*integer >= 1"):
         config_lib.validate(c)
     del c.model["hidden"]
-    with pytest.raises(config_lib.ConfigError, match="config.model.hidden is missing"):
+    with pytest.raises(ConfigError, match="config.model.hidden is missing"):
         config_lib.validate(c)
 
 
@@ -129,9 +128,7 @@ def test_a_model_without_the_output_head_refuses_a_baseline(registered, tmp_path
     c = _config()
     del c.model["num_layers"]
     c.model.baseline = "vol_band"
-    with pytest.raises(
-        config_lib.ConfigError, match="model.baseline=.vol_band.*ForecastOutput.*.user_mlp."
-    ):
+    with pytest.raises(ConfigError, match="model.baseline=.vol_band.*ForecastOutput.*.user_mlp."):
         driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))
 
 
@@ -148,7 +145,7 @@ def test_a_model_without_the_price_scale_refuses_a_window_scale(
     del c.model["num_layers"]
     c.model.window_scale = "range"
     with pytest.raises(
-        config_lib.ConfigError,
+        ConfigError,
         match=f"model.window_scale=.range. needs.*{missing}; model .user_mlp.",
     ):
         driver.train_and_evaluate(config_lib.validate(c), str(tmp_path))

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from cpbjax import writers
+from cpbjax import columns, writers
 from cpbjax.modes import driver
 from cpbjax.report import plots
 from cpbjax.report import run_report as report
 from cpbjax.report import tables as report_tables
-from cpbjax.score import metrics
 from tests import helpers
 from tests.helpers import forecast_record, report_config, report_history, report_results
 
@@ -63,8 +62,8 @@ def test_summary_counts_skill_and_significance():
 
 def test_summary_gives_the_interval_coverage_median_over_series():
     def entry(coverage, skill):
-        columns = {c: {"coverage": coverage, "skill_vs_band": skill} for c in metrics.COLUMNS}
-        block = {"central": [0.1, 0.9], "columns": columns}
+        cols = {c: {"coverage": coverage, "skill_vs_band": skill} for c in columns.COLUMNS}
+        block = {"central": [0.1, 0.9], "columns": cols}
         test = {"columns": {"close": {"skill": 0.0}}, "calibrated_interval": block}
         return {"test": test}
 
@@ -77,7 +76,7 @@ def test_summary_gives_the_interval_coverage_median_over_series():
     for name, candles in (("A", 168), ("B", 672), ("C", 672)):
         block = results["series"][name]["test"]["calibrated_interval"]
         block["scale"] = {"long_candles": candles, "long_weight": 0.25}
-        for c in metrics.COLUMNS:
+        for c in columns.COLUMNS:
             block["columns"][c]["skill_vs_scaled_band"] = {"A": -0.004, "B": 0.003, "C": 0.001}[
                 name
             ]

@@ -23,6 +23,7 @@ import pytest
 import uvicorn
 
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.modes import serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -288,7 +289,7 @@ def test_serve_config_is_checked(field, value, words):
     assert (c.serve.host, c.serve.port) == ("127.0.0.1", 8000)
     # ConfigDict fields keep their type: replace the group to put a value of another type.
     c.serve = ml_collections.ConfigDict({**c.serve.to_dict(), field: value})
-    with pytest.raises(config_lib.ConfigError, match="serve") as e:
+    with pytest.raises(ConfigError, match="serve") as e:
         config_lib.validate(c)
     assert words in str(e.value)
 

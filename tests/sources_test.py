@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from cpbjax.config import schema as config_lib
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import sources, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 
@@ -72,7 +73,7 @@ def test_registering_a_name_twice_or_loading_an_unknown_source_fails(fake_source
     with pytest.raises(ValueError, match="'fake' is registered twice"):
         sources.register("fake")(lambda data_cfg, pairs: ({}, {}))
     assert set(sources.SOURCES) >= {"binance", "local", "synthetic"}
-    with pytest.raises(config_lib.ConfigError, match="data.source='nope'"):
+    with pytest.raises(ConfigError, match="data.source='nope'"):
         sources.load_all(_data(source="nope"))
 
 
@@ -189,8 +190,8 @@ def _cli(*args):
     return subprocess.run(
         [
             sys.executable,
-            "-m",
-            "cpbjax.data",
+            "launch.py",
+            "--mode=data",
             "--config",
             os.path.join(REPO, "configs/transformer.py:tiny"),
             *args,
@@ -220,3 +221,15 @@ def test_cli_prints_one_row_per_series_and_rejects_bad_config():
     bad = _cli("--config.data.months=-1")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: config.data.months=-1")
+
+
+def test_the_old_data_command_names_the_new_one():
+    done = subprocess.run(
+        [sys.executable, "-m", "cpbjax.data", "--config", "configs/mlp.py"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "python launch.py --mode data" in done.stderr.strip().splitlines()[-1]

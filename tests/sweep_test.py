@@ -22,6 +22,7 @@ from absl import logging
 from cpbjax import writers
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import stacking
 from cpbjax.modes import backtest, sweep
 from cpbjax.training import checkpoint, ledger, optimizer
@@ -398,7 +399,7 @@ def test_a_per_coin_weight_decay_updates_as_the_constant_one(name, decay):
 def test_bad_sweep_values_are_refused_by_name(field, value, match):
     c = sweep_config()
     c.sweep[field] = value
-    with pytest.raises(config_lib.ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match):
         config_lib.validate(c)
 
 
@@ -415,7 +416,7 @@ def test_fields_that_cannot_be_per_coin_arrays_are_refused(field, match):
     c = sweep_config()
     with c.sweep.unlocked():
         c.sweep[field] = (1, 2)
-    with pytest.raises(config_lib.ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match):
         config_lib.validate(c)
 
 
@@ -460,7 +461,7 @@ def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(env, tmp_p
 
 
 def test_a_backtest_refuses_a_sweep_instead_of_ignoring_it(tmp_path):
-    with pytest.raises(config_lib.ConfigError, match="sweep.learning_rate.*does not cross"):
+    with pytest.raises(ConfigError, match="sweep.learning_rate.*does not cross"):
         backtest.run_backtest(sweep_config(), str(tmp_path))
     assert os.listdir(tmp_path) == []
 
@@ -469,7 +470,7 @@ def test_a_backtest_refuses_a_fine_tuning_start(tmp_path):
     # Its folds' months may be the start's training months: scored on its own windows.
     config = helpers.tiny_config()
     config.train.init_from = str(tmp_path / "base")
-    with pytest.raises(config_lib.ConfigError, match="train.init_from=.*folds would score"):
+    with pytest.raises(ConfigError, match="train.init_from=.*folds would score"):
         backtest.run_backtest(config, str(tmp_path / "bt"))
     assert os.listdir(tmp_path) == []
 

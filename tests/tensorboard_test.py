@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
 from cpbjax.config import schema as config
+from cpbjax.config_rules import ConfigError
 from cpbjax.report import tensorboard
 
 SERIES = ["BTCUSDT-1h", "ETHUSDT-15m"]
@@ -292,5 +293,5 @@ def test_config_flag_defaults_off_and_is_validated():
     assert c.logging.tensorboard is False
     with c.ignore_type():
         c.logging.tensorboard = "yes"
-    with pytest.raises(config.ConfigError, match="logging.tensorboard='yes'"):
+    with pytest.raises(ConfigError, match="logging.tensorboard='yes'"):
         config.validate(c)

@@ -24,7 +24,7 @@ from cpbjax import models, sharding, writers
 from cpbjax.config import schema as config_lib
 from cpbjax.modes import driver, plan
 from cpbjax.score import saved
-from cpbjax.training import checkpoint, early_stopping, step
+from cpbjax.training import checkpoint, early_stopping, epoch_spec, step
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 from tests.helpers import (
@@ -247,7 +247,7 @@ def _end_epoch(trainer, state, params, val_K, gain_se_K=None):
     """step.end_epoch after a train pass that left `params` and no non-finite loss; the
     gain's standard error is gain_se_K (float32 [K], default 0)."""
     zeros_K = jnp.zeros(val_K.shape, jnp.int32)
-    trained = step.TrainPass(params, state.opt_state, val_K, zeros_K, zeros_K.astype(bool))
+    trained = epoch_spec.TrainPass(params, state.opt_state, val_K, zeros_K, zeros_K.astype(bool))
     gain_se_K = jnp.zeros_like(val_K) if gain_se_K is None else gain_se_K
     return step.end_epoch(trainer.spec, state, trained, val_K, val_K, gain_se_K)
 

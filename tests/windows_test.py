@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from cpbjax import writers
+from cpbjax import columns, writers
 from cpbjax.data import features, stacking, windows
 from cpbjax.data.series import SeriesSkipped
 from cpbjax.score import metrics
@@ -122,7 +122,7 @@ def test_a_saved_norm_scales_new_data_as_training_did(kind):
     n_train = windows.prepare_series(trained_on, cfg).ends["train"][-1] + H + 1
     mu, sd = feats[first:][:n_train].mean(axis=0), feats[first:][:n_train].std(axis=0)
     new_feats, _ = features.compute(new.ohlcv, INDICATORS)
-    other = [j for j, n in enumerate(INDICATORS) if n not in features.PRICE_FEATURES]
+    other = [j for j, n in enumerate(INDICATORS) if n not in columns.PRICE_FEATURES]
     expected = (new_feats[first:] - mu) / sd
     np.testing.assert_allclose(prep.inputs[:, other], expected[:, other], rtol=1e-5, atol=1e-5)
     refitted = windows.prepare_series(new, cfg)

@@ -12,12 +12,16 @@ from __future__ import annotations
 import importlib
 import re
 
-from cpbjax.config import rules, sweep_grid
-from cpbjax.config.rules import ConfigError
+from cpbjax import config_rules as rules
+from cpbjax.config import sweep_grid
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import pairs
 from cpbjax.data.series import INTERVAL_MS, split_date_ms
 
 SHARES = ("series", "pooled")  # train.share: a model per series, or one for the run
+# train.loss and train.loss_scale: what cpbjax/training/losses.py computes for each name.
+LOSSES = ("mse", "mae")
+LOSS_SCALES = ("none", "persistence")
 
 # Name lists that other modules own, read from the owner each time they are asked for
 # (`config.SOURCES`, or validate()), so a source or model registered from user code is
@@ -27,8 +31,6 @@ OWNED_NAMES = {
     "MODELS": ("cpbjax.models", lambda m: tuple(m.REGISTRY)),
     "FEATURES": ("cpbjax.data.features", lambda m: tuple(m.NAMES)),
     "AUX_TARGETS": ("cpbjax.data.auxiliary", lambda m: tuple(m.FUNCTIONS)),
-    "LOSSES": ("cpbjax.training.losses", lambda m: m.LOSSES),
-    "LOSS_SCALES": ("cpbjax.training.losses", lambda m: m.LOSS_SCALES),
 }
 # config.model entries that the run reads (windows, the loss), not the model; every
 # other config.model entry is a field of the model's config dataclass (cpbjax.models).
@@ -190,8 +192,8 @@ def _validate_aux(c) -> None:
 def _validate_outputs(c) -> None:
     """Rules between the loss, the baseline and the normalisation."""
     m = c.model
-    _choice(c, "train.loss", owned_names("LOSSES"))
-    _choice(c, "train.loss_scale", owned_names("LOSS_SCALES"))
+    _choice(c, "train.loss", LOSSES)
+    _choice(c, "train.loss_scale", LOSS_SCALES)
     if m.baseline != "none" or m.window_scale != "none":
         rules.check(
             c.data.normalization == "last_close",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpbjax.config.rules import ConfigError
+from cpbjax.config_rules import ConfigError
 
 ADDED: dict[str, Any] = {
     "model.aux_targets": (),  # no auxiliary head

@@ -15,14 +15,13 @@ import os
 
 import ml_collections
 
+from cpbjax import config_rules as config_rules
 from cpbjax.config import check as config_check
 from cpbjax.config import history as config_history
-from cpbjax.config import rules as config_rules
 from cpbjax.config.check import SHARES as SHARES
-from cpbjax.config.rules import ConfigError as ConfigError  # config_lib.ConfigError, as before
+from cpbjax.config_rules import ConfigError
 from cpbjax.data.pairs import CONFIRMATION_SYMBOLS as CONFIRMATION_SYMBOLS
 from cpbjax.data.pairs import TUNING_SYMBOLS as TUNING_SYMBOLS
-from cpbjax.data.series import INTERVAL_MS as INTERVAL_MS
 
 DEFAULT_SYMBOLS = (
     "BTCUSDT",
@@ -50,8 +49,8 @@ DEFAULT_INTERVALS = ("15m", "1h")
 
 
 def __getattr__(name: str):
-    """config.SOURCES, MODELS, FEATURES, AUX_TARGETS, LOSSES, LOSS_SCALES: the names their
-    owners hold now (config_check.OWNED_NAMES)."""
+    """config.SOURCES, MODELS, FEATURES, AUX_TARGETS: the names their owners hold now
+    (config_check.OWNED_NAMES)."""
     if name in config_check.OWNED_NAMES:
         return config_check.owned_names(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

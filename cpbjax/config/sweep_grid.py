@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 import math
 
-from cpbjax.config.rules import ConfigError
+from cpbjax.config_rules import ConfigError
 
 SEPARATOR = "@"
 # Swept train field -> its short name in a coin's name.

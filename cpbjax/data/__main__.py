@@ -1,116 +1,12 @@
-"""Prints one row per configured series: candles, time range, gaps, months, the windows
-of each split (data.splits or data.split_dates), skip reason; then the totals and times.
+"""`python -m cpbjax.data` is `python launch.py --mode data` now (cpbjax/modes/data_table.py):
+the data package holds no entry point, so that nothing in it imports the config above it."""
 
-  python -m cpbjax.data --config configs/transformer.py \\
-      --config.data.base_url=/path/to/mirror
-
-The windows are each series' own (`windows.prepare_all`); a pooled run (train.share=
-pooled) may purge some more with fractional splits (`pooling`), none with split_dates.
-"""
-
-from __future__ import annotations
-
-import time
-
-from absl import app, flags
-from ml_collections import config_flags
-
-from cpbjax.config import cli_errors
-from cpbjax.config import schema as config_lib
-from cpbjax.data import sources, windows
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
-flags.mark_flags_as_required(["config"])
-
-_HEADER = (
-    "series",
-    "candles",
-    "first",
-    "last",
-    "gaps",
-    "longest",
-    "months",
-    "failed",
-    *windows.SPLITS,
-    "status",
-)
-
-
-def table_rows(data_cfg, series, skipped, preps=()) -> list[tuple[str, ...]]:
-    """Rows of strings in config order, one per (symbol, interval) of data_cfg; the window
-    counts come from `preps` (a series in `skipped` after loading, or absent, shows "-")."""
-    by_name = {s.name: s for s in series}
-    counts = {p.name: [str(len(p.ends[split])) for split in windows.SPLITS] for p in preps}
-    rows = []
-    for name in (f"{s}-{i}" for s in data_cfg.symbols for i in data_cfg.intervals):
-        if name not in by_name:
-            rows.append((name, *["-"] * (len(_HEADER) - 2), f"skipped: {skipped[name]}"))
-            continue
-        n = by_name[name].notes
-        failed = n.get("failed_months", {})
-        status = "ok" if not failed else "partly loaded: " + sources.format_failed(failed)
-        if name in skipped:  # loaded, but it has no windows to train or score
-            status = f"no windows: {skipped[name]}" + ("" if status == "ok" else f"; {status}")
-        if n.get("dropped_rows"):
-            status += f" ({n['dropped_rows']} invalid candles dropped)"
-        rows.append(
-            (
-                name,
-                str(n["candles"]),
-                n["first"][:16],
-                n["last"][:16],
-                str(n["gaps"]),
-                str(n["longest_gap"]),
-                str(len(n.get("months", []))),
-                str(len(failed)),
-                *counts.get(name, ["-"] * len(windows.SPLITS)),
-                status,
-            )
-        )
-    return rows
-
-
-def format_table(rows) -> str:
-    """Left-aligned columns under _HEADER; the last (status) column is not padded."""
-    widths = [max(len(r[j]) for r in [_HEADER, *rows]) for j in range(len(_HEADER) - 1)]
-    lines = []
-    for row in [_HEADER, *rows]:
-        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
-        lines.append("  ".join([*cells, row[-1]]))
-    return "\n".join(lines)
-
-
-def main(argv) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    try:
-        config = _CONFIG.value
-        config.to_dict()  # a config file that failed to load raises only when read
-    except (OSError, ValueError) as e:
-        cli_errors.fail(cli_errors.load_error(e))
-    try:
-        config_lib.validate(config)
-        started = time.perf_counter()
-        series, skipped = sources.load_all(config.data)
-        loaded = time.perf_counter()
-        preps, unusable = windows.prepare_all(
-            series, config.data, aux_targets=config.model.aux_targets
-        )
-        prepared = time.perf_counter()
-    except config_lib.ConfigError as e:
-        cli_errors.fail(str(e))
-    print(format_table(table_rows(config.data, series, {**skipped, **unusable}, preps)))
-    print(f"\n{len(series)} of {len(series) + len(skipped)} series loaded.")
-    totals = {split: sum(len(p.ends[split]) for p in preps) for split in windows.SPLITS}
-    print(
-        f"{len(preps)} series have windows in every split, {sum(len(p.ohlc) for p in preps)} "
-        f"candles; windows: " + ", ".join(f"{k} {v}" for k, v in totals.items()) + f"; "
-        f"{len(unusable)} loaded series have none to score (their status says why)."
-    )
-    print(
-        f"Loading took {loaded - started:.1f} s, preparing the windows {prepared - loaded:.1f} s."
-    )
-
+import sys
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli_errors.parse_flags)
+    print(
+        "error: the data table is `python launch.py --mode data --config <configs/x.py> ...` "
+        "(the same flags as before)",
+        file=sys.stderr,
+    )
+    sys.exit(2)

@@ -32,7 +32,7 @@ import urllib3
 from absl import logging
 from requests.adapters import HTTPAdapter
 
-from cpbjax.config import rules
+from cpbjax import config_rules as rules
 from cpbjax.data import parsing
 from cpbjax.data.mirrors import DirMirror, FileRef, HttpMirror, months_back
 from cpbjax.data.progress import Progress

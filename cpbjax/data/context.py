@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cpbjax.band import ewma_range
 from cpbjax.data.series import INTERVAL_MS
 
 DAY_MS = 86_400_000
@@ -37,7 +38,6 @@ SPAN_DAYS = {"1d": 1, "1w": 7, "1m": 30}
 SEASON_DAYS = 30  # days of history behind each time-of-day range factor
 SEASON_STEPS = (1, 5, 10)  # the candles ahead (h) whose time of day a factor describes
 RANGE_CANDLES = 30  # sigma_t: the EWMA range over data.lookback=30 candles, the band's
-EWMA_DECAY = 0.9  # Weight ratio between consecutive candles of the window's range EWMA.
 RATIO_FLOOR = 1e-3  # smallest volume ratio taken into a log (a candle without trades)
 
 NAMES = (
@@ -93,20 +93,6 @@ def trailing_mean(x_T: np.ndarray, n: int, min_count: int | None = None) -> np.n
     count_T = np.minimum(rows_T + 1, n)
     mean_T = (sums_T[rows_T + 1] - sums_T[rows_T + 1 - count_T]) / count_T
     return np.where(count_T >= min_count, mean_T, np.nan)
-
-
-def window_index(ends_N, lookback: int):
-    """[N, L] the indices of each window's L candles, oldest first (any leading axes of
-    ends, numpy or jax: stacking.gather_inputs slices the device's windows with it too)."""
-    return ends_N[..., None] + np.arange(-lookback + 1, 1, dtype=np.int32)
-
-
-def ewma_range(ohlc_TC, ends_N, lookback: int, decay: float = EWMA_DECAY) -> np.ndarray:
-    """EWMA of log(high/low) over each window's own L candles (newest weighs most), [N]:
-    the volatility band's sigma (cpbjax/score/baselines.py) and the context's scale."""
-    log_range_T = np.log(ohlc_TC[:, 1]) - np.log(ohlc_TC[:, 2])
-    weights_L = decay ** np.arange(lookback - 1, -1, -1, dtype=np.float64)
-    return log_range_T[window_index(ends_N, lookback)] @ weights_L / weights_L.sum()
 
 
 def window_range(ohlcv_T5: np.ndarray) -> np.ndarray:

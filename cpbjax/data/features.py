@@ -69,8 +69,6 @@ from scipy import signal
 from cpbjax.data import context
 from cpbjax.data.series import INTERVAL_MS
 
-# Feature columns whose values are prices; windows normalise them like OHLC.
-PRICE_FEATURES = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"})
 # Feature columns that read the volume: without them a series' volume is never used.
 VOLUME_FEATURES = frozenset({"volume", "volume_norm", "volume_norm_1d", *context.VOLUME})
 # Feature columns fed to the model as they are, not z-scored (cpbjax/data/context.py).

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from absl import logging
 
-from cpbjax.config import rules as config_rules
+from cpbjax import config_rules as config_rules
 from cpbjax.data import split_dates, windows
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 

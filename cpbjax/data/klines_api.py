@@ -249,7 +249,7 @@ def fetch_recent(symbol, interval, start_ms, client, now_ms=None, *, max_request
     """The closed candles of one series from `start_ms` to now, from the REST API.
 
     Args:
-      symbol, interval: e.g. "BTCUSDT", "1h" (a key of config.INTERVAL_MS).
+      symbol, interval: e.g. "BTCUSDT", "1h" (a key of series.INTERVAL_MS).
       start_ms: the first open time wanted (epoch ms), e.g. history's last + step.
       client: a `rest_http.Client` of the API (data.api_url; the path /api/v3/klines is
         appended), with its per-request deadline, retries and this fetch's budget.

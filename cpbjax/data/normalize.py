@@ -21,13 +21,9 @@ import math
 
 import numpy as np
 
+from cpbjax.columns import price_mask
 from cpbjax.data import features as features_lib
 from cpbjax.data.series import SeriesSkipped
-
-
-def price_mask(names) -> np.ndarray:
-    """float32 [F]: 1 on the feature columns whose values are prices."""
-    return np.array([n in features_lib.PRICE_FEATURES for n in names], np.float32)
 
 
 def train_stats(x_NC: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from absl import logging
 
-from cpbjax.config import rules
+from cpbjax import config_rules as rules
 from cpbjax.data import binance, klines_api, parsing, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 

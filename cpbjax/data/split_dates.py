@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpbjax.config import rules as config_rules
+from cpbjax import config_rules as config_rules
 from cpbjax.data.series import SeriesSkipped, split_date_ms
 
 SPLITS = ("train", "val", "test")

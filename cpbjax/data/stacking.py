@@ -15,7 +15,8 @@ import jax
 import numpy as np
 from flax import struct
 
-from cpbjax.data import context, split_dates
+from cpbjax import band
+from cpbjax.data import split_dates
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.data.windows import (
     EPOCH_SPLITS,
@@ -24,7 +25,6 @@ from cpbjax.data.windows import (
     PreparedSeries,
     split_boundaries,
 )
-from cpbjax.score import baselines
 
 
 @struct.dataclass
@@ -140,13 +140,13 @@ def persistence_scale(prep: PreparedSeries, horizon: int) -> np.ndarray:
 
 
 def band_factors(prep: PreparedSeries, lookback: int, horizon: int) -> np.ndarray:
-    """baselines.fit_vol_band's (k_high, k_low) per step on the train windows, float32 [H, 2].
+    """band.fit_vol_band's (k_high, k_low) per step on the train windows, float32 [H, 2].
 
     A series whose train windows have no range keeps `default_band`.
     """
     ends_N = prep.ends["train"].astype(np.int64)
-    if len(ends_N) and (baselines.ewma_range(prep.ohlc, ends_N, lookback) > 0).any():
-        fit = baselines.fit_vol_band(prep.ohlc, ends_N, lookback, horizon)
+    if len(ends_N) and (band.ewma_range(prep.ohlc, ends_N, lookback) > 0).any():
+        fit = band.fit_vol_band(prep.ohlc, ends_N, lookback, horizon)
         return np.stack([fit["k_high_h"], fit["k_low_h"]], axis=-1).astype(np.float32)
     return default_band(horizon)
 
@@ -256,7 +256,7 @@ def gather_inputs(source: WindowSource, ends_B, lookback: int):
     targets may lie past the newest candle."""
     anchor_B = source.anchor_T[ends_B]
     return (
-        source.inputs_TF[context.window_index(ends_B, lookback)]
+        source.inputs_TF[band.window_index(ends_B, lookback)]
         - anchor_B[..., None, None] * source.price_mask_F
     )
 

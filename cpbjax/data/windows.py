@@ -37,13 +37,14 @@ import dataclasses
 import numpy as np
 from absl import logging
 
+from cpbjax import columns
+from cpbjax.columns import NUM_TARGETS
 from cpbjax.data import auxiliary, normalize, split_dates
 from cpbjax.data import features as features_lib
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 from cpbjax.data.split_dates import SPLITS, TrainOnly
 
 EPOCH_SPLITS = ("train", "val")  # the splits a training epoch reads (GroupArrays)
-NUM_TARGETS = 4  # OHLC.
 
 
 @dataclasses.dataclass
@@ -216,7 +217,7 @@ def _normalised(rows, ends: dict, data_cfg, fitted) -> dict:
         "anchor": anchor_T.astype(np.float32),
         "aux": aux_TA,
         "norm": norm,
-        "price_mask": normalize.price_mask(names),
+        "price_mask": columns.price_mask(names),
     }
 
 
@@ -363,7 +364,7 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
         aux=np.zeros((len(ohlc_TC), 0), np.float32),
         ends={split: np.zeros(0, np.int64) for split in SPLITS},
         norm=norm,
-        price_mask=normalize.price_mask(names),
+        price_mask=columns.price_mask(names),
         notes=dict(series.notes, used_candles=len(ohlc_TC)),
     )
 

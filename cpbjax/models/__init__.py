@@ -19,9 +19,8 @@ import flax.linen as nn
 import ml_collections
 import numpy as np
 
-from cpbjax.config import rules
-from cpbjax.data.normalize import price_mask
-from cpbjax.data.windows import NUM_TARGETS
+from cpbjax import config_rules as rules
+from cpbjax.columns import NUM_TARGETS, price_mask
 from cpbjax.models import ensemble, gru, lstm, mlp, model_config, transformer
 
 REGISTRY: dict[str, tuple[type[nn.Module], type[model_config.ModelConfig]]] = {}

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpbjax.config import rules
+from cpbjax import band, columns
+from cpbjax import config_rules as rules
 from cpbjax.models import ensemble, layers, model_config
-from cpbjax.score import metrics
 
 # The params key of the per-column fallback mask under "output" (cpbjax/score/column_fallback.py):
 # float32 [C] ([Y, C] for an ensemble's members), 1 where the column keeps the network's
@@ -47,11 +47,11 @@ class ForecastOutput(nn.Module):
     def __call__(self, raw: jax.Array, x_BLF: jax.Array):
         cfg = self.cfg
         y_BHC = raw.astype(jnp.float32).reshape(*raw.shape[:2], cfg.num_targets)
-        sigma_B = layers.window_range(x_BLF)
+        sigma_B = band.window_range(x_BLF, jnp)
         if cfg.window_scale == "range":  # the output is in range units
             y_BHC = y_BHC * layers.floored_range(sigma_B)[:, None, None]
         if len(cfg.corrected_columns) < cfg.num_targets:  # static: the others are the baseline's
-            corrected_C = np.isin(metrics.COLUMNS, cfg.corrected_columns)
+            corrected_C = np.isin(columns.COLUMNS, cfg.corrected_columns)
             y_BHC = jnp.where(corrected_C, y_BHC, 0.0)
         if self.has_variable("params", KEEP_COLUMNS):  # the correction, masked per column
             keep_C = self.get_variable("params", KEEP_COLUMNS)
@@ -61,8 +61,8 @@ class ForecastOutput(nn.Module):
             k_high_H = self.param("band_high", lambda _: 0.5 * steps_H)
             k_low_H = self.param("band_low", lambda _: 0.5 * steps_H)
             band_BH = sigma_B[:, None]
-            y_BHC = y_BHC.at[:, :, layers.HIGH].add(k_high_H * band_BH)
-            y_BHC = y_BHC.at[:, :, layers.LOW].add(-k_low_H * band_BH)
+            y_BHC = y_BHC.at[:, :, columns.HIGH].add(k_high_H * band_BH)
+            y_BHC = y_BHC.at[:, :, columns.LOW].add(-k_low_H * band_BH)
         return y_BHC
 
 

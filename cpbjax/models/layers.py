@@ -16,26 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cpbjax import band
 from cpbjax.models import model_config
 
 # Smallest window range divided by: a window of flat candles (range 0) keeps finite inputs,
 # and its forecast is then the baseline (the head's output times about 0).
 RANGE_FLOOR = 1e-6
-HIGH, LOW, CLOSE = 1, 2, 3  # columns in the targets and in the input features
-BAND_DECAY = 0.9  # EWMA weight ratio of the band's range, context.EWMA_DECAY's value
-
-
-def window_range(x_BLF: jax.Array, decay: float = BAND_DECAY) -> jax.Array:
-    """EWMA of each input candle's log(high/low) over the window, newest weighing most, [B].
-
-    Under last_close normalisation the high and low input columns are log prices less
-    one anchor, so their difference is the log range: the same number as
-    baselines.ewma_range computes from prices (in float32 here).
-    """
-    range_BL = (x_BLF[..., HIGH] - x_BLF[..., LOW]).astype(jnp.float32)
-    lookback = x_BLF.shape[1]
-    w_L = decay ** jnp.arange(lookback - 1, -1, -1, dtype=jnp.float32)
-    return range_BL @ (w_L / jnp.sum(w_L))
 
 
 def floored_range(sigma_B: jax.Array) -> jax.Array:
@@ -60,7 +46,7 @@ class PriceScale(nn.Module):
     def __call__(self, x_BLF: jax.Array) -> jax.Array:
         if self.cfg.window_scale == "none":
             return x_BLF
-        sigma_B = floored_range(window_range(x_BLF)).astype(x_BLF.dtype)
+        sigma_B = floored_range(band.window_range(x_BLF, jnp)).astype(x_BLF.dtype)
         is_price_F = np.isin(np.arange(x_BLF.shape[-1]), self.cfg.price_columns)  # static
         return x_BLF / jnp.where(is_price_F, sigma_B[:, None], 1.0)[:, None, :]
 

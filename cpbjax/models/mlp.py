@@ -12,7 +12,7 @@ the context beside its summary, at a sixth of its epoch time on a CPU. It reads:
     worse (0.3 to 0.5 points less skill on high and low, experiments/global_model);
   - the other columns at the window's last candle, where they already summarise the past
     (the context features, RSI, ...): [B, F - P];
-  - the log of the window's range relative to 1% (the band's sigma, layers.window_range),
+  - the log of the window's range relative to 1% (the band's sigma, band.window_range),
     so that a scaled window still says how volatile the coin is: [B, 1].
 Its hidden layers (gelu, dropout between them) feed a head that starts at zero, so an
 untrained model is its baseline (heads.ForecastOutput).
@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpbjax.config import rules
+from cpbjax import band, columns
+from cpbjax import config_rules as rules
 from cpbjax.models import heads, layers, model_config
 
 SIGMA_REFERENCE = 0.01  # a 1% range: the log-range input is log(sigma / this), about -2..2
@@ -82,11 +83,11 @@ def network_inputs(cfg: MLPConfig, x_BLF: jax.Array, scaled_BLF: jax.Array) -> j
     before it (scaled_BLF: layers.PriceScale's view), the last candle's other columns and
     the window's log range."""
     is_price_F = np.isin(np.arange(x_BLF.shape[-1]), cfg.price_columns)  # static
-    close_BL = scaled_BLF[..., layers.CLOSE]
+    close_BL = scaled_BLF[..., columns.CLOSE]
     before_BL = jnp.concatenate([close_BL[:, :1], close_BL[:, :-1]], axis=1)
     prices_BLP = scaled_BLF[..., np.flatnonzero(is_price_F)] - before_BL[..., None]
     others_BF = scaled_BLF[:, -1, np.flatnonzero(~is_price_F)]
-    sigma_B = layers.floored_range(layers.window_range(x_BLF))
+    sigma_B = layers.floored_range(band.window_range(x_BLF, jnp))
     log_range_B1 = jnp.log(sigma_B / SIGMA_REFERENCE)[:, None]
     parts = (prices_BLP.reshape(x_BLF.shape[0], -1), others_BF, log_range_B1)
     return jnp.concatenate([p.astype(jnp.float32) for p in parts], axis=-1)

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from cpbjax.config import rules
-from cpbjax.score import metrics
+from cpbjax import columns
+from cpbjax import config_rules as rules
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -48,14 +48,14 @@ class ModelConfig:
     matmul_precision: str = "default"  # highest | high | default.
     baseline: str = "none"  # none | vol_band: what the output corrects.
     window_scale: str = "none"  # none | range: see PriceScale.
-    # Indices of the input columns that are prices (normalize.price_mask of data.features).
+    # Indices of the input columns that are prices (columns.price_mask of data.features).
     price_columns: tuple = (0, 1, 2, 3)
     # Y: independently initialised members trained side by side whose forecasts are
     # averaged (models/ensemble.py); 1 = one model.
     ensemble: int = 1
-    # The target columns (metrics.COLUMNS names) the network corrects; the others forecast
+    # The target columns (columns.COLUMNS names) the network corrects; the others forecast
     # the baseline's (heads.ForecastOutput).
-    corrected_columns: tuple = metrics.COLUMNS
+    corrected_columns: tuple = columns.COLUMNS
 
     # The fields `models.make_config` fills from outside config.model (the data's shapes,
     # config.dtype, ...); every other field is a config.model entry of the same name.
@@ -122,13 +122,13 @@ class ModelConfig:
                 isinstance(value, tuple)
                 and len(value) > 0
                 and len(set(value)) == len(value)
-                and set(value) <= set(metrics.COLUMNS)
+                and set(value) <= set(columns.COLUMNS)
             )
             rules.check(
                 ok,
                 "model.corrected_columns",
                 value,
-                f"a tuple of distinct names of {metrics.COLUMNS}",
+                f"a tuple of distinct names of {columns.COLUMNS}",
             )
         elif field == "ensemble":
             rules.int_in("model.ensemble", value, 1, cls.MAX_MEMBERS)

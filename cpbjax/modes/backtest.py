@@ -28,9 +28,9 @@ from cpbjax import sharding, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
-from cpbjax.config.rules import ConfigError
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import folds, pooling, sources
-from cpbjax.modes import driver
+from cpbjax.modes import driver, facts
 from cpbjax.modes import plan as plan_lib
 from cpbjax.report import run_report as report
 from cpbjax.report.runlog import StageClock
@@ -218,7 +218,7 @@ def run_backtest(config, workdir: str) -> dict:
     entries, _ = driver.train_groups(config, run_dir, plan, clock)
     with clock.stage("evaluate"):
         series, pooled = _score_folds(preps, entries, run_dir, config, skipped)
-    run = evaluate.run_facts("backtest", config, started, **plan.facts(config))
+    run = facts.run_facts("backtest", config, started, **plan.facts(config))
     out = {"run": run, "backtest": _settings(config), "series": series, "pooled": pooled}
     out = writers.to_jsonable({**out, "skipped": skipped})
     if sharding.is_primary():

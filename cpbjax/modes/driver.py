@@ -24,7 +24,7 @@ from cpbjax import models, sharding, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.data import split_dates
-from cpbjax.modes import init_from
+from cpbjax.modes import facts, init_from
 from cpbjax.modes import plan as plan_lib
 from cpbjax.modes.plan import Plan
 from cpbjax.report import plot_workers, runlog
@@ -325,7 +325,7 @@ def train_groups(config, workdir: str, plan: Plan, clock: StageClock, workers=No
 
 def _results(config, entries: dict, plan: Plan, started: float) -> dict:
     """The results.json dict. `run.wall_seconds` counts this process only (not resumed parts)."""
-    run = evaluate.run_facts("train", config, started, **plan.facts(config))
+    run = facts.run_facts("train", config, started, **plan.facts(config))
     return writers.to_jsonable({"run": run, "series": entries, "skipped": plan.skipped})
 
 

@@ -35,11 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpbjax import models, writers
+from cpbjax import columns, models, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
-from cpbjax.config.schema import INTERVAL_MS
-from cpbjax.data import windows
+from cpbjax.data.series import INTERVAL_MS
 from cpbjax.models import heads
 from cpbjax.report import model_card
 from cpbjax.score import intervals, saved
@@ -227,12 +226,12 @@ def _check_shapes(params_path: str, module, params, trained) -> None:
     """Raises ValueError naming the first param whose shape the config does not give."""
     d = trained.data
     x_BLF = jnp.zeros((1, d.lookback, len(d.features)), jnp.float32)
-    y_BHC = jnp.zeros((1, d.horizon, windows.NUM_TARGETS), jnp.float32)
+    y_BHC = jnp.zeros((1, d.horizon, columns.NUM_TARGETS), jnp.float32)
     rngs = {k: jax.random.PRNGKey(0) for k in ("params", "dropout", "teacher")}
     init = lambda: heads.init_params(module, rngs, x_BLF, y_BHC)  # noqa: E731
     if isinstance(params, dict) and heads.keep_columns(params) is not None:
         # eval.column_fallback's mask: set after training, never by init (models/heads.py)
-        keep = np.ones(windows.NUM_TARGETS, bool)
+        keep = np.ones(columns.NUM_TARGETS, bool)
         want = jax.eval_shape(lambda: heads.with_keep(init(), keep))
     else:
         want = jax.eval_shape(init)

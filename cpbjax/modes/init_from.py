@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpbjax import models
-from cpbjax.config.rules import ConfigError
+from cpbjax.config_rules import ConfigError
 from cpbjax.models import heads
 from cpbjax.score import saved
 

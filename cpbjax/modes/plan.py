@@ -16,8 +16,8 @@ import itertools
 
 from jax.sharding import Mesh
 
+from cpbjax import config_rules as rules
 from cpbjax import sharding
-from cpbjax.config import rules
 from cpbjax.data import pooling, sources, split_dates, stacking, windows
 from cpbjax.report.runlog import StageClock
 

@@ -13,11 +13,10 @@ from absl import logging
 
 from cpbjax import workdir as workdir_lib
 from cpbjax import writers
-from cpbjax.config.schema import INTERVAL_MS
 from cpbjax.data import klines_api
-from cpbjax.data.series import SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
+from cpbjax.modes.facts import run_facts, scored_workdir
 from cpbjax.score import forecast, saved, zero_shot
-from cpbjax.score.evaluate import run_facts, scored_workdir
 
 
 class NothingToForecast(RuntimeError):

@@ -44,7 +44,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cpbjax import workdir as workdir_lib
-from cpbjax.config.schema import ConfigError
+from cpbjax.config_rules import ConfigError
 from cpbjax.data import klines_api, parsing
 from cpbjax.data.series import SeriesSkipped
 from cpbjax.modes import predict

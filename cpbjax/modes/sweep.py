@@ -34,12 +34,11 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
 from cpbjax.data import pooling
-from cpbjax.modes import driver
+from cpbjax.modes import driver, facts
 from cpbjax.modes import plan as plan_lib
 from cpbjax.report import run_report as report
 from cpbjax.report import sweep_section as report_sweep
 from cpbjax.report.runlog import StageClock
-from cpbjax.score import evaluate
 from cpbjax.training import checkpoint
 
 # Per-coin fields left out of sweep.json: wall-clock times (the same run resumed gives
@@ -250,7 +249,7 @@ def run_sweep(config, workdir: str) -> dict:
     tab = table(series_names, entries, config)
     chosen = choose(tab, config.sweep.select)
     logging.info("sweep: chosen settings (by val loss): %s", chosen)
-    run = evaluate.run_facts("sweep", config, started, **plan.facts(config))
+    run = facts.run_facts("sweep", config, started, **plan.facts(config))
     extra = {"sweep": grid(config)}
     series = {s: {"settings": row, "chosen": chosen[s]} for s, row in tab.items()}
     out = {"run": run, **extra, "series": series, "pooled_scores": pooled_scores(tab)}

@@ -8,7 +8,7 @@ beat persistence on close says so.
 
 from __future__ import annotations
 
-from cpbjax.score import metrics
+from cpbjax import columns
 
 NOISE = 0.01  # |skill| below this on one series is noise
 
@@ -30,7 +30,7 @@ def _metrics_table(entry: dict) -> list[str]:
         "| column | val skill | test skill | test: ridge | test: volatility band |",
         "|---|---|---|---|---|",
     ]
-    for col in metrics.COLUMNS:
+    for col in columns.COLUMNS:
         cells = [
             _skill(entry, "val", col),
             _skill(entry, "test", col),

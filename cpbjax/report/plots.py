@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, ScalarFormatter
 
 from cpbjax import writers
-from cpbjax.config.schema import INTERVAL_MS
 from cpbjax.data import parsing
+from cpbjax.data.series import INTERVAL_MS
 
 DPI = 110
 NOISE_BAND = 0.01  # |skill| below this on one series is noise (see the README).

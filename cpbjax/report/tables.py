@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from cpbjax import columns
 from cpbjax.report.plots import NOISE_BAND
 from cpbjax.score import intervals, metrics
 
@@ -237,7 +238,7 @@ def fallback_lines(results: dict) -> list[str]:
     ]
     if not decided:
         return []
-    counts = [f"{col} {sum(col in cols for cols in decided)}" for col in metrics.COLUMNS]
+    counts = [f"{col} {sum(col in cols for cols in decided)}" for col in columns.COLUMNS]
     return [
         f"Columns forecast by their baseline (persistence for open and close, the band for "
         f"high and low; the correction was significantly worse on validation), "

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from cpbjax.columns import COLUMNS
 from cpbjax.score.metrics import (
-    COLUMNS,
     NAIVES,
     diebold_mariano,
     json_float,

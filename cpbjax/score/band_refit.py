@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpbjax.models import heads, layers
+from cpbjax import band, columns
+from cpbjax.columns import CLOSE
+from cpbjax.models import heads
 from cpbjax.score import baselines, forecast
-from cpbjax.score.metrics import CLOSE
 
 
 def applies(module) -> bool:
@@ -41,16 +42,16 @@ def fit_shift(prep, fcs: dict, fit_splits, lookback: int, horizon: int) -> np.nd
     ends_N = np.concatenate([fcs[s].ends_N for s in fit_splits]).astype(np.int64)
     pred_NHC = np.concatenate([fcs[s].prices_NHC for s in fit_splits])
     close_N11 = prep.ohlc[ends_N, CLOSE][:, None, None]
-    err_NHC = baselines.future_log_ratios(prep.ohlc, ends_N, horizon) - np.log(pred_NHC / close_N11)
-    sigma_N = baselines.ewma_range(prep.ohlc, ends_N, lookback)
+    err_NHC = band.future_log_ratios(prep.ohlc, ends_N, horizon) - np.log(pred_NHC / close_N11)
+    sigma_N = band.ewma_range(prep.ohlc, ends_N, lookback)
     ok = sigma_N > 0
     shift = np.zeros((horizon, 2))
     if not ok.any():
         return shift
     score_NHC, s = err_NHC[ok] / sigma_N[ok, None, None], sigma_N[ok]
     for h in range(horizon):
-        shift[h, 0] = baselines.weighted_median(score_NHC[:, h, layers.HIGH], s)
-        shift[h, 1] = -baselines.weighted_median(score_NHC[:, h, layers.LOW], s)
+        shift[h, 0] = band.weighted_median(score_NHC[:, h, columns.HIGH], s)
+        shift[h, 1] = -band.weighted_median(score_NHC[:, h, columns.LOW], s)
     return shift
 
 
@@ -70,10 +71,10 @@ def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int):
     pass of the trained model thus serves every refit. It equals a forward pass of
     `shifted(params, shift_H2)` to float32 rounding (sigma here is float64 from prices).
     """
-    sigma_N = baselines.ewma_range(prep.ohlc, fc.ends_N, lookback)
+    sigma_N = band.ewma_range(prep.ohlc, fc.ends_N, lookback)
     log_move_NHC = np.zeros(fc.norm_NHC.shape)
-    log_move_NHC[:, :, layers.HIGH] = shift_H2[None, :, 0] * sigma_N[:, None]
-    log_move_NHC[:, :, layers.LOW] = -shift_H2[None, :, 1] * sigma_N[:, None]
+    log_move_NHC[:, :, columns.HIGH] = shift_H2[None, :, 0] * sigma_N[:, None]
+    log_move_NHC[:, :, columns.LOW] = -shift_H2[None, :, 1] * sigma_N[:, None]
     factor_NHC = np.exp(log_move_NHC)
     return forecast.SplitForecast(
         fc.ends_N,

@@ -25,11 +25,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from cpbjax.band import (
+    EWMA_DECAY,
+    fit_vol_band,
+    future_log_ratios,
+    vol_band_predict,
+    weighted_median,
+    window_index,
+)
+from cpbjax.columns import CLOSE
 from cpbjax.data import features
-from cpbjax.data.context import EWMA_DECAY, ewma_range, window_index
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.score.metrics import (
-    CLOSE,
     close_dm,
     errors,
     json_floats,
@@ -49,12 +56,6 @@ HAR_REGRESSORS = tuple(
 def _window_log_prices(ohlc_TC, ends_N, lookback):
     # [N, L, 4]; each candle's log once, not L times
     return np.log(ohlc_TC)[window_index(ends_N, lookback)]
-
-
-def future_log_ratios(ohlc_TC, ends_N, horizon):
-    """log(OHLC[t+h] / close[t]) of each window, float64 [N, H, 4]."""
-    idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
-    return np.log(ohlc_TC[idx_NH]) - np.log(ohlc_TC[ends_N, CLOSE])[:, None, None]
 
 
 def ridge_features(ohlc_TC, ends_N, lookback):
@@ -87,44 +88,6 @@ def ridge_predict(fit, ohlc_TC, ends_N, lookback, horizon):
     z_NX = (ridge_features(ohlc_TC, ends_N, lookback) - fit["x_mean"]) / fit["x_scale"]
     log_ratio = (z_NX @ fit["coef"] + fit["y_mean"]).reshape(len(ends_N), horizon, 4)
     return ohlc_TC[ends_N, CLOSE][:, None, None] * np.exp(log_ratio)
-
-
-def weighted_quantile(values, weights, level: float) -> float:
-    """The minimiser k of sum(weights * pinball_level(values - k)): level 0.5 is the
-    weighted median (the least-absolute-deviation fit); intervals.py fits other levels."""
-    order = np.argsort(values)
-    cum = np.cumsum(weights[order])
-    return float(values[order][np.searchsorted(cum, level * cum[-1])])
-
-
-def weighted_median(values, weights) -> float:
-    """The minimiser of sum(weights * |values - k|) over k."""
-    return weighted_quantile(values, weights, 0.5)
-
-
-def fit_vol_band(ohlc_TC, fit_ends_N, lookback, horizon, decay=EWMA_DECAY) -> dict:
-    """k_h of high = close * exp(k_h * sigma), low = close * exp(-k_h * sigma).
-
-    Each k_h is the least-absolute-deviation fit in log space, i.e. minimises
-    sum_t |log(high[t+h] / close[t]) - k_h * sigma_t|: a weighted median of the
-    ratios with weights sigma_t. Windows with sigma = 0 carry no information.
-    """
-    sigma_N = ewma_range(ohlc_TC, fit_ends_N, lookback, decay)
-    ratios_NHC = future_log_ratios(ohlc_TC, fit_ends_N, horizon)
-    ok = sigma_N > 0
-    s = sigma_N[ok]
-    k_high = [weighted_median(ratios_NHC[ok, j, 1] / s, s) for j in range(horizon)]
-    k_low = [weighted_median(-ratios_NHC[ok, j, 2] / s, s) for j in range(horizon)]
-    return {"k_high_h": np.array(k_high), "k_low_h": np.array(k_low), "decay": decay}
-
-
-def vol_band_predict(fit, ohlc_TC, ends_N, lookback):
-    """Band forecasts in prices: (high [N, H], low [N, H])."""
-    sigma_N1 = ewma_range(ohlc_TC, ends_N, lookback, fit["decay"])[:, None]
-    close_N1 = ohlc_TC[ends_N, CLOSE][:, None]
-    return close_N1 * np.exp(fit["k_high_h"] * sigma_N1), close_N1 * np.exp(
-        -fit["k_low_h"] * sigma_N1
-    )
 
 
 def har_design(ohlc_TC, open_time_ms_T, interval, ends_N, horizon) -> np.ndarray:

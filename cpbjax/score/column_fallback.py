@@ -33,8 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cpbjax import columns
 from cpbjax.models import heads
-from cpbjax.score import forecast, metrics
+from cpbjax.score import forecast
 from cpbjax.training import early_stopping
 
 
@@ -78,12 +79,12 @@ def decide(module, params, prep, spec) -> np.ndarray:
     """
     ends_N = prep.ends["val"]
     if not len(ends_N):  # nothing to judge on: every column keeps what it had
-        return np.ones(len(metrics.COLUMNS), bool)
+        return np.ones(len(columns.COLUMNS), bool)
     idx_NH = ends_N[:, None] + np.arange(1, spec.horizon + 1)[None, :]
     y_NHC = prep.targets[idx_NH].astype(np.float64) - prep.anchor[ends_N][:, None, None]
     errors = {}
     for name, keep in (("model", True), ("baseline", False)):
-        masked = heads.with_keep(params, np.full(len(metrics.COLUMNS), keep))
+        masked = heads.with_keep(params, np.full(len(columns.COLUMNS), keep))
         fc = forecast.split_forecast(module, masked, prep, "val", spec)
         errors[name] = window_errors(spec.loss, fc.norm_NHC, y_NHC)
     return keep_mask(errors["model"], errors["baseline"], spec.horizon - 1)
@@ -101,4 +102,4 @@ def apply(module, params, prep, spec):
 
 def baseline_columns(keep_C) -> list[str]:
     """The names of the columns a mask (bool [C]) gives the baseline's forecast."""
-    return [c for c, keep in zip(metrics.COLUMNS, keep_C, strict=True) if not keep]
+    return [c for c, keep in zip(columns.COLUMNS, keep_C, strict=True) if not keep]

@@ -1,4 +1,4 @@
-"""Scoring models: `evaluate_model` (what training and --mode evaluate both call) and --mode evaluate.
+"""Scoring models: `evaluate_model`, what training and --mode evaluate both call.
 
 A model is scored on the val and test splits of a series, in price units, against the
 naive forecasts (cpbjax/score/metrics.py) and the fitted baselines (cpbjax/score/baselines.py) on
@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import datetime
 import os
-import time
 from typing import NamedTuple
 
 import numpy as np
 from absl import logging
 
-from cpbjax import runtime, sharding, writers
+from cpbjax import sharding
 from cpbjax import workdir as workdir_lib
-from cpbjax.config import rules
 from cpbjax.data import parsing, split_dates
 from cpbjax.models import heads
-from cpbjax.report import run_report as report
-from cpbjax.score import band_refit, baselines, column_fallback, forecast, intervals, metrics, saved
+from cpbjax.score import band_refit, baselines, column_fallback, forecast, intervals, metrics
 from cpbjax.training import checkpoint
-
-
-class NothingEvaluated(RuntimeError):
-    """Every requested series was skipped; nothing is written and the reasons are listed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,108 +239,3 @@ def reload_forecasts(config, workdir: str, module, preps: list) -> dict:
         if c.eval.save_forecasts:
             forecast.save_forecasts(workdir, records[prep.name])
     return records
-
-
-def run_facts(mode: str, config, started: float, **facts) -> dict:
-    """The "run" block of every results file (results.json, backtest.json, sweep.json,
-    eval-*.json, forecast.json): the mode, model, versions and devices, when it started
-    (`started`, a time.time()) and its wall seconds (this process only, not the parts of
-    a resumed run done before); `facts`: the mode's own (a plan's groups, `scored_workdir`)."""
-    devices = runtime.describe_devices()
-    return {
-        "mode": mode,
-        "model": config.model.name,
-        "seed": config.seed,
-        "versions": runtime.versions(),
-        "platform": devices["backend"],
-        "device_count": devices["device_count"],
-        "process_count": devices["process_count"],
-        "devices": devices["devices"],
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "wall_seconds": time.time() - started,
-        **facts,
-    }
-
-
-# The data fields that say where a run's candles came from (those its source reads).
-_DATA_FACTS = ("source", "base_url", "local_dir", "months", "end", "max_candles")
-
-
-def scored_workdir(config, workdir: str) -> dict:
-    """`run_facts`' facts of --mode evaluate and predict: the workdir of the models (its
-    name: the file lies in it, and a path would name the machine), when the results were
-    made, and the data they were made from (less the fields data.source ignores)."""
-    d = config.data
-    ignored = {
-        field
-        for other, values, _, fields in rules.IGNORED
-        if other == "data.source" and d.source in values
-        for field in fields
-    }
-    return {
-        "workdir": os.path.basename(os.path.abspath(workdir)),
-        "created": parsing.iso(time.time() * 1000),
-        "data": {k: d[k] for k in _DATA_FACTS if f"data.{k}" not in ignored},
-    }
-
-
-def _read_results(workdir: str) -> dict:
-    path = workdir_lib.results_json(workdir)
-    return writers.read_json(path) if os.path.exists(path) else {}
-
-
-def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
-    """results entries (training facts + val/test scores) and test forecast records."""
-    series, records = {}, {}
-    # The saved mask stands: it was decided on the training run's own val split.
-    spec = dataclasses.replace(make_spec(cfg), column_fallback=False)
-    for name, prep in preps.items():
-        model = loaded[name]
-        entry, record, _, _ = evaluate_model(model.module, model.params, prep, spec, forecasts_dir)
-        facts = trained_results.get("series", {}).get(name, {})
-        series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}
-        series[name].update(entry, data=prep.notes)  # the evaluated data
-        if record is not None:
-            records[name] = record
-    return series, records
-
-
-def run_evaluate(config, workdir: str) -> dict:
-    """Scores every saved best model of `workdir` on the data of `config`, without training.
-
-    The series are config.data.symbols x config.data.intervals; series that training
-    skipped are listed as skipped. Writes <workdir>/eval-<YYYYmmdd-HHMMSS>.json (the
-    results.json schema, with the training facts of each series), the same report as
-    <workdir>/eval-<stamp>.md with plots under <workdir>/plots/eval-<stamp>/, and with
-    eval.save_forecasts the forecasts under <workdir>/eval-<stamp>/forecasts/.
-
-    Returns:
-      The results dict that was written.
-
-    Raises:
-      saved.ModelNotFound: a requested series has no model (the message lists those that do).
-      NothingEvaluated: no requested series could be scored.
-    """
-    started = time.time()
-    stem = "eval-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    available = saved.available_models(workdir)
-    trained_results = _read_results(workdir)
-    names, skipped = saved.select_series(
-        available,
-        config.data.symbols,
-        config.data.intervals,
-        excused=trained_results.get("skipped", {}),
-    )
-    loaded, trained, unreadable = saved.load_models(available, names)
-    cfg = saved.run_config(config, trained, list(loaded))
-    preps, data_skipped = saved.prepare(cfg, loaded)
-    skipped.update(unreadable, **data_skipped)
-    forecasts_dir = os.path.join(workdir, stem) if cfg.eval.save_forecasts else None
-    series, records = _score_all(loaded, preps, trained_results, cfg, forecasts_dir)
-    if not series:
-        raise NothingEvaluated(f"no series could be evaluated; skipped: {skipped}")
-    run = run_facts("evaluate", cfg, started, **scored_workdir(cfg, workdir))
-    results = {"run": run, "series": series, "skipped": skipped}
-    writers.write_json(os.path.join(workdir, f"{stem}.json"), results)
-    report.write_reports(workdir, results, cfg, report.PlotInputs(forecasts=records), stem)
-    return results

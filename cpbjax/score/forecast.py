@@ -19,11 +19,10 @@ import jax
 import numpy as np
 from absl import logging
 
+from cpbjax import columns, writers
 from cpbjax import workdir as workdir_lib
-from cpbjax import writers
-from cpbjax.config.schema import INTERVAL_MS
 from cpbjax.data import parsing, stacking, windows
-from cpbjax.data.series import SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 from cpbjax.score import intervals, metrics
 
 
@@ -64,7 +63,7 @@ def predict_windows(module, params, prep, ends_N, lookback, horizon):
     ends_N = np.asarray(ends_N, np.int32)
     n = len(ends_N)
     if n == 0:
-        return np.zeros((0, horizon, windows.NUM_TARGETS), np.float32)
+        return np.zeros((0, horizon, columns.NUM_TARGETS), np.float32)
     b = min(MAX_BATCH, 1 << max(n - 1, 0).bit_length())
     padded = np.concatenate([ends_N, np.full(-n % b, ends_N[-1], np.int32)])
     source = stacking.window_source(prep)
@@ -105,7 +104,7 @@ def forecast_record(prep, fc: SplitForecast, spec, calibration=None):
         "series": np.array(prep.name),
         "symbol": np.array(prep.symbol),
         "interval": np.array(prep.interval),
-        "columns": np.array(metrics.COLUMNS),
+        "columns": np.array(columns.COLUMNS),
         "last_open_time_ms": prep.open_time_ms[ends_N].astype(np.int64),
         "last_candle": prep.ohlc[ends_N].astype(np.float64),
         "target_open_time_ms": prep.open_time_ms[idx_NH].astype(np.int64),
@@ -235,7 +234,7 @@ def flat_candle(candle: dict) -> dict:
 
 
 def _candle(values_C) -> dict:
-    return dict(zip(metrics.COLUMNS, map(float, values_C), strict=True))
+    return dict(zip(columns.COLUMNS, map(float, values_C), strict=True))
 
 
 # Significant digits of the prices in forecast.json and .csv: a Binance price has at most
@@ -247,7 +246,7 @@ PRICE_DIGITS = 8
 def _rounded_candle(candle: dict) -> dict:
     """A candle of a next_candles entry with its OHLC (and interval) prices rounded."""
     out = {
-        k: float(f"{v:.{PRICE_DIGITS}g}") if k in metrics.COLUMNS else v for k, v in candle.items()
+        k: float(f"{v:.{PRICE_DIGITS}g}") if k in columns.COLUMNS else v for k, v in candle.items()
     }
     if "interval" in candle:
         out["interval"] = {side: _rounded_candle(c) for side, c in candle["interval"].items()}
@@ -284,7 +283,7 @@ def skill_on_test(scored: dict | None, baseline: str) -> dict:
     if cols:
         skill = {
             "windows": test.get("windows"),
-            "vs_naive": {c: cols[c]["skill"] for c in metrics.COLUMNS},
+            "vs_naive": {c: cols[c]["skill"] for c in columns.COLUMNS},
             "vs_band": {c: metrics.skill(cols[c]["mae"], band[c]["mae"]) for c in band},
         }
     kept = None

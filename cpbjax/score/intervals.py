@@ -12,7 +12,7 @@ Python API and serve give the interval the test split scored. (How it is fitted 
 chosen on validation: benchmarks/interval_choice.py, docs/performance.md.)
 This module scores intervals in price units (numpy only), next to the volatility band's
 own quantiles: level q of column c at step h is close * exp(k_{h,c,q} * sigma), sigma the
-window's EWMA log range (baselines.ewma_range), with k the pinball-loss minimiser on the
+window's EWMA log range (band.ewma_range), with k the pinball-loss minimiser on the
 windows of the splits before the scored one (baselines.fit_ends); and, for an interval
 with a blended scale, next to the band with that scale (`scaled_band`).
 Shape letters (docs/design.md): N windows, H steps, C OHLC columns, J quantile levels.
@@ -24,11 +24,13 @@ import math
 
 import numpy as np
 
-from cpbjax.config import rules
+from cpbjax import band
+from cpbjax import config_rules as rules
+from cpbjax.columns import COLUMNS
 from cpbjax.data import parsing
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.score import baselines
-from cpbjax.score.metrics import COLUMNS, json_float, json_floats, next_candles
+from cpbjax.score.metrics import json_float, json_floats, next_candles
 
 # The scale of a calibration saved before the long-run blend: the band's sigma alone.
 WINDOW_ONLY = {"long_candles": 1, "long_weight": 0.0}
@@ -57,7 +59,7 @@ def interval_scale(ohlc_TC, ends_N, lookback, scale: dict) -> np.ndarray:
     mean log(high/low) of the n candles up to and including the window's last one (all of
     them where the series has fewer); n, w = scale["long_candles"], scale["long_weight"].
     It reads no candle after the window's end."""
-    sigma_N = baselines.ewma_range(ohlc_TC, np.asarray(ends_N), lookback)
+    sigma_N = band.ewma_range(ohlc_TC, np.asarray(ends_N), lookback)
     weight = scale["long_weight"]
     if weight == 0:
         return sigma_N
@@ -83,8 +85,8 @@ def fit_band_quantiles(ohlc_TC, fit_ends_N, lookback, horizon, levels_J) -> np.n
     sum_i pinball_q(r_i - k * sigma_i) = sum_i sigma_i * pinball_q(r_i / sigma_i - k), so
     each k is a sigma-weighted quantile of r / sigma (r = log(price[t+h] / close[t])).
     """
-    sigma_N = baselines.ewma_range(ohlc_TC, fit_ends_N, lookback)
-    ratios_NHC = baselines.future_log_ratios(ohlc_TC, fit_ends_N, horizon)
+    sigma_N = band.ewma_range(ohlc_TC, fit_ends_N, lookback)
+    ratios_NHC = band.future_log_ratios(ohlc_TC, fit_ends_N, horizon)
     with np.errstate(divide="ignore", invalid="ignore"):
         score_NHC = ratios_NHC / sigma_N[:, None, None]
     ok_NHC = np.broadcast_to((sigma_N > 0)[:, None, None], score_NHC.shape)
@@ -93,7 +95,7 @@ def fit_band_quantiles(ohlc_TC, fit_ends_N, lookback, horizon, levels_J) -> np.n
 
 def band_quantiles(k_HCJ, ohlc_TC, ends_N, lookback) -> np.ndarray:
     """The band's quantile forecasts in prices, [N, H, C, J]."""
-    sigma_N = baselines.ewma_range(ohlc_TC, ends_N, lookback)
+    sigma_N = band.ewma_range(ohlc_TC, ends_N, lookback)
     return _scaled(k_HCJ, ohlc_TC[ends_N, 3][:, None, None], sigma_N)
 
 
@@ -114,7 +116,7 @@ def _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting: str) -> np
             continue
         if weighting == "sigma":
             s, w = score_NHC[ok, h, c], sigma_N[ok]
-            k[h, c] = [baselines.weighted_quantile(s, w, q) for q in levels_J]
+            k[h, c] = [band.weighted_quantile(s, w, q) for q in levels_J]
         else:
             k[h, c] = [_conformal_quantile(score_NHC[ok, h, c], q) for q in levels_J]
     return k

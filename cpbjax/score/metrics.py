@@ -25,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-COLUMNS = ("open", "high", "low", "close")
+from cpbjax.columns import CLOSE, COLUMNS
+
 NAIVES = ("persistence", "last_candle")  # Order breaks MAE ties: persistence wins.
-CLOSE = 3
 
 
 def json_float(x):

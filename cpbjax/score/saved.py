@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import ml_collections
 from absl import logging
 
-from cpbjax import models, writers
+from cpbjax import columns, models, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.data import features as features_lib
@@ -363,7 +363,7 @@ def prepare(config, loaded: dict, latest: bool = False) -> tuple[dict, dict]:
     """
     names = list(loaded)
     norms = {n: m.norm for n, m in loaded.items() if m.norm is not None}
-    z_scored = [f for f in config.data.features if f not in features_lib.PRICE_FEATURES]
+    z_scored = [f for f in config.data.features if f not in columns.PRICE_FEATURES]
     if not latest and z_scored and len(norms) < len(names):
         logging.warning(
             "models %s were saved without their normalisation statistics: those are "

@@ -13,16 +13,13 @@ epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets, A 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from cpbjax.data import stacking
-
-if TYPE_CHECKING:  # only for annotations: step imports this module
-    from cpbjax.training.epoch_spec import EpochSpec
-    from cpbjax.training.step import GroupState
+from cpbjax.training.epoch_spec import EpochSpec, GroupState
 
 
 class CoinData(NamedTuple):

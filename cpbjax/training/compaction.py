@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 
 from cpbjax import sharding
-from cpbjax.training import optimizer, step
+from cpbjax.training import epoch_spec, optimizer
 from cpbjax.training.group import GroupTrainer
 
 
@@ -116,13 +116,13 @@ class LiveCoins:
             "%d of %d coins still train: moved them to a program of %d", slots.size, k, k_live
         )
 
-    def full_state(self) -> step.GroupState:
+    def full_state(self) -> epoch_spec.GroupState:
         """The whole group's state on the devices (this program's own while uncompacted)."""
         if self.frozen is None:
             return self.state
         return sharding.place(self._full_host(), self.group_trainer.state_sharding)
 
-    def _full_host(self) -> step.GroupState:
+    def _full_host(self) -> epoch_spec.GroupState:
         """Host copy of the whole group's state: the frozen rows updated with the live ones."""
         host = sharding.to_host(self.state)
         if self.frozen is None:

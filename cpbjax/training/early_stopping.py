@@ -29,14 +29,12 @@ Shape letters (docs/design.md): K coins, N windows of a split (padded to S x B).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-if TYPE_CHECKING:  # only for annotations: step imports this module
-    from cpbjax.training.epoch_spec import EpochSpec
-    from cpbjax.training.step import GroupState
+from cpbjax.training.epoch_spec import EpochSpec, GroupState
 
 
 def bar(min_delta: float, best_K: jnp.ndarray, gain_se_K: jnp.ndarray) -> jnp.ndarray:

@@ -1,15 +1,20 @@
-"""The frozen spec of the compiled epoch (`EpochSpec`), built from a run config once.
+"""The compiled epoch's types: its frozen spec (`EpochSpec`, built from a run config once),
+the state it carries (`GroupState`) and the parts of a train pass (`StepResult`, `TrainPass`).
 
-cpbjax/training/step.py's and cpbjax/training/pooled.py's traced functions read it, never the config.
+cpbjax/training/step.py's and cpbjax/training/pooled.py's traced functions read the spec,
+never the config; batching, validation and early stopping read the state.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, NamedTuple
 
+import jax
 import optax
 from flax import linen as nn
+from flax import struct
 
 from cpbjax.config import sweep_grid
 from cpbjax.data import stacking
@@ -85,3 +90,56 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         pooled_chunk=t.pooled_chunk,
         members=members,
     )
+
+
+@struct.dataclass
+class GroupState:
+    """Everything a group needs to continue training; one Orbax checkpoint.
+
+    All leaves except `epoch` carry the coin axis K first. Epoch numbers are 1-based;
+    0 means "none yet".
+    """
+
+    params: Any  # Current Flax params [K, ...].
+    opt_state: Any  # Optax state of `optimizer.make_optimizer` [K, ...].
+    plateau: Any  # Reduce-on-plateau state [K, ...] (scale stays 1 when disabled).
+    best_params: Any  # Params at each coin's best validation loss [K, ...].
+    best_val: jax.Array  # float32 [K], inf before the first epoch.
+    best_epoch: jax.Array  # int32 [K].
+    bad_epochs: jax.Array  # int32 [K]: epochs since the last improvement.
+    active: jax.Array  # bool [K]: still training (False for padded coins).
+    diverged: jax.Array  # bool [K].
+    diverged_epoch: jax.Array  # int32 [K].
+    epochs_run: jax.Array  # int32 [K]: epochs this coin trained.
+    key: jax.Array  # uint32 [K, 2]: per-coin training key; epoch keys fold in the epoch.
+    epoch: jax.Array  # int32 []: epochs completed by the group.
+
+
+class StepResult(NamedTuple):
+    """One masked update of one coin."""
+
+    params: Any
+    opt_state: Any
+    loss_sum: jax.Array  # forecast loss x windows trained on (0 if the update was not taken)
+    num_windows: jax.Array  # int32: windows trained on
+    nonfinite: jax.Array  # bool: an active coin's loss or gradient was not finite
+
+
+class TrainPass(NamedTuple):
+    """One epoch's train pass so far, per coin, in the state's layout ([K, ...] leaves)."""
+
+    params: Any
+    opt_state: Any
+    loss_sum_K: jax.Array
+    num_windows_K: jax.Array
+    nonfinite_K: jax.Array
+
+    def add(self, r: StepResult) -> TrainPass:
+        """The pass after one more step: its params and opt state, its sums added."""
+        return TrainPass(
+            r.params,
+            r.opt_state,
+            self.loss_sum_K + r.loss_sum,
+            self.num_windows_K + r.num_windows,
+            self.nonfinite_K | r.nonfinite,
+        )

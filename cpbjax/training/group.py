@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cpbjax import sharding
+from cpbjax import columns, sharding
 from cpbjax.config import sweep_grid
 from cpbjax.data import stacking, windows
 from cpbjax.training import epoch_spec, pooled, step, streaming
@@ -43,7 +43,7 @@ class GroupTrainer:
     Attributes:
       spec: the epoch_spec.EpochSpec the programs close over.
       num_coins: K, a multiple of the mesh size.
-      state_sharding: NamedShardings of step.GroupState (coin axis over the mesh).
+      state_sharding: NamedShardings of epoch_spec.GroupState (coin axis over the mesh).
       arrays_sharding: NamedShardings of stacking.GroupArrays (see `stack`).
       coin_sharding: NamedSharding of one [K, ...] array.
       streamed: with train.stream_chunk_steps, the streaming.StreamedEpoch that stack,
@@ -97,9 +97,8 @@ class GroupTrainer:
         per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
         math = self._math()
         if self.stream_chunk_steps:
-            fresh = self._init_program(math.fresh_state, per_device, arrays_specs, state_specs)
-            self.streamed = streaming.StreamedEpoch(
-                self, math, fresh, per_device, state_specs, arrays_specs, metrics_specs
+            self.streamed = self._streamed_epoch(
+                math, per_device, state_specs, arrays_specs, metrics_specs
             )
             return
         self.streamed = None
@@ -117,6 +116,24 @@ class GroupTrainer:
         )
         self._init_jit = self._init_program(math.init_state, per_device, arrays_specs, state_specs)
         self._start_jit = self._start_program(per_device, arrays_specs, state_specs)
+
+    def _streamed_epoch(self, math, per_device, state_specs, arrays_specs, metrics_specs):
+        """The streamed epoch's programs (train.stream_chunk_steps), placed as this group's."""
+        fresh = self._init_program(math.fresh_state, per_device, arrays_specs, state_specs)
+        placement = streaming.Placement(
+            self.mesh, self.num_coins, self.state_sharding, self.arrays_sharding, self.coin_sharding
+        )
+        return streaming.StreamedEpoch(
+            self.spec,
+            placement,
+            self.stream_chunk_steps,
+            math,
+            fresh,
+            per_device,
+            state_specs,
+            arrays_specs,
+            metrics_specs,
+        )
 
     def _init_program(self, init, per_device, arrays_specs, state_specs):
         """The jitted `init` (the math's init_state or fresh_state): (keys, arrays) -> state.
@@ -161,7 +178,7 @@ class GroupTrainer:
         for train.share=pooled (one model, same state layout), else cpbjax/training/step.py."""
         return pooled if self.spec.share == "pooled" else step
 
-    def _state_shapes(self) -> step.GroupState:
+    def _state_shapes(self) -> epoch_spec.GroupState:
         keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)
         fresh = functools.partial(step.fresh_state, self.spec)
         return jax.eval_shape(fresh, keys, self._abstract_arrays())
@@ -178,11 +195,11 @@ class GroupTrainer:
             ends[f"{split}_mask"] = sds((k, sizes[split]), jnp.bool_)
         return stacking.GroupArrays(
             inputs=sds((k, t, spec.num_features), jnp.float32),
-            targets=sds((k, t, windows.NUM_TARGETS), jnp.float32),
+            targets=sds((k, t, columns.NUM_TARGETS), jnp.float32),
             anchor=sds((k, t), jnp.float32),
             aux=sds((k, t, spec.num_aux), jnp.float32),
             price_mask=sds((spec.num_features,), jnp.float32),
-            target_scale=sds((k, windows.NUM_TARGETS), jnp.float32),
+            target_scale=sds((k, columns.NUM_TARGETS), jnp.float32),
             band=sds((k, spec.horizon, 2), jnp.float32),
             hparams={name: sds((k,), jnp.float32) for name in self.hparam_names},
             **ends,
@@ -196,7 +213,7 @@ class GroupTrainer:
             return self.streamed.stack(host)
         return sharding.place(host, self.arrays_sharding)
 
-    def init_state(self, keys_K2, arrays) -> step.GroupState:
+    def init_state(self, keys_K2, arrays) -> epoch_spec.GroupState:
         """A fresh GroupState: `module.init` of each coin with its own key.
 
         Args:
@@ -211,7 +228,7 @@ class GroupTrainer:
                 return self.streamed.init_state(keys, arrays)
             return self._init_jit(keys, arrays)
 
-    def start_from(self, state: step.GroupState, params_K, arrays) -> step.GroupState:
+    def start_from(self, state: epoch_spec.GroupState, params_K, arrays) -> epoch_spec.GroupState:
         """`state` (fresh, donated) starting from the host params [K, ...] `params_K`
         (train.init_from): their val loss is the bar (step.start_from / pooled.start_from)."""
         with jax.default_matmul_precision(self.matmul_precision):
@@ -220,7 +237,7 @@ class GroupTrainer:
                 return self.streamed.start_from(state, params, arrays)
             return self._start_jit(state, params, arrays)
 
-    def abstract_state(self) -> step.GroupState:
+    def abstract_state(self) -> epoch_spec.GroupState:
         """GroupState of jax.ShapeDtypeStruct with shardings, the target of a restore."""
         return jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
@@ -228,7 +245,7 @@ class GroupTrainer:
             self.state_sharding,
         )
 
-    def run_epoch(self, state: step.GroupState, arrays):
+    def run_epoch(self, state: epoch_spec.GroupState, arrays):
         """Runs one epoch of every active coin; `state` is donated (do not reuse it).
 
         Returns:
@@ -247,7 +264,7 @@ class GroupTrainer:
         streamed epoch's two chunks of windows (cpbjax/training/streaming.py), else 0."""
         return self.streamed.in_flight_bytes() if self.streamed else 0
 
-    def lowered_epoch(self, state: step.GroupState, arrays):
+    def lowered_epoch(self, state: epoch_spec.GroupState, arrays):
         """The lowered epoch program, e.g. `.compile().cost_analysis()` for benchmarks
         (streamed: the program of one full chunk of train steps)."""
         with jax.default_matmul_precision(self.matmul_precision):

@@ -19,8 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-LOSSES = ("mse", "mae")
-LOSS_SCALES = ("none", "persistence")
+from cpbjax.config.check import LOSSES
 
 
 def window_loss(kind: str, y_hat_BHC, y_BHC: jax.Array, scale_C: jax.Array | None) -> jax.Array:

@@ -16,7 +16,7 @@ import dataclasses
 
 from absl import logging
 
-from cpbjax.config.rules import ConfigError
+from cpbjax.config_rules import ConfigError
 
 GIB = 2**30
 

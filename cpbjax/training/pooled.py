@@ -91,7 +91,7 @@ def pooled_band(arrays: stacking.GroupArrays) -> jax.Array:
 
 def fresh_state(
     spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
-) -> step.GroupState:
+) -> epoch_spec.GroupState:
     """The fresh state before any val pass: every coin holds the params that coin 0's key
     initialises (with the pooled band) and keeps its own train key (its shuffles and
     dropout)."""
@@ -109,7 +109,7 @@ def fresh_state(
 
 def init_state(
     spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
-) -> step.GroupState:
+) -> epoch_spec.GroupState:
     """`fresh_state`; with model.baseline, the untrained model's pooled val loss is the one
     to beat."""
     state = fresh_state(spec, keys_K2, arrays)
@@ -118,14 +118,16 @@ def init_state(
     return with_bar(state, *validation.val_sums(spec, state.params, arrays))
 
 
-def with_bar(state: step.GroupState, val_sum_K, val_n_K) -> step.GroupState:
+def with_bar(state: epoch_spec.GroupState, val_sum_K, val_n_K) -> epoch_spec.GroupState:
     """step.with_bar for the one pooled model: the bar of every training coin is the
     window mean of the val losses summed per coin (val_sum_K over val_n_K windows)."""
     val = pooled_mean(val_sum_K, val_n_K, state.active)
     return state.replace(best_val=jnp.where(state.active, val, jnp.inf).astype(jnp.float32))
 
 
-def restart(spec: epoch_spec.EpochSpec, state: step.GroupState, params) -> step.GroupState:
+def restart(
+    spec: epoch_spec.EpochSpec, state: epoch_spec.GroupState, params
+) -> epoch_spec.GroupState:
     """step.restart for the one pooled model (`params` [K, ...], every coin's the same)."""
     k = state.active.shape[0]
     return state.replace(
@@ -136,8 +138,8 @@ def restart(spec: epoch_spec.EpochSpec, state: step.GroupState, params) -> step.
 
 
 def start_from(
-    spec: epoch_spec.EpochSpec, state: step.GroupState, params, arrays: stacking.GroupArrays
-) -> step.GroupState:
+    spec: epoch_spec.EpochSpec, state: epoch_spec.GroupState, params, arrays: stacking.GroupArrays
+) -> epoch_spec.GroupState:
     """step.start_from for the one pooled model: the starting model's pooled val loss is
     the one to beat."""
     return with_bar(restart(spec, state, params), *validation.val_sums(spec, params, arrays))
@@ -251,26 +253,26 @@ def pooled_train_step(spec: epoch_spec.EpochSpec, params, opt_state, s: PooledSt
     )
     opt_state = jax.tree.map(lambda a, b: jnp.where(take, a, b), new_opt, opt_state)
     n_taken_K = jnp.where(take, n_K, 0)
-    return step.StepResult(
+    return epoch_spec.StepResult(
         params, opt_state, jnp.where(take, err_K, 0.0), n_taken_K, trains & ~finite
     )
 
 
 def train_steps(
     spec: epoch_spec.EpochSpec,
-    state: step.GroupState,
+    state: epoch_spec.GroupState,
     arrays: stacking.GroupArrays,
-    trained: step.TrainPass,
+    trained: epoch_spec.TrainPass,
     xs,
     windows_of,
-) -> step.TrainPass:
+) -> epoch_spec.TrainPass:
     """step.train_steps for the shared params: `trained` (in the state's layout, every
     coin's params the same) after the steps `xs`, replicated back to this device's
     [K, ...] with its per-coin sums."""
     _, step_keys_K = batching.epoch_keys(state)
     lr_scale, hparams = setting_hparams(arrays, optimizer.plateau_scale(shared(state.plateau)))
 
-    def body(carry: step.TrainPass, xs):
+    def body(carry: epoch_spec.TrainPass, xs):
         s, part, mask_KB = xs
         lr = spec.schedule(state.epoch * spec.train_steps + s)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
@@ -290,7 +292,9 @@ def train_steps(
     )
 
 
-def train_pass(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays) -> step.TrainPass:
+def train_pass(
+    spec: epoch_spec.EpochSpec, state: epoch_spec.GroupState, arrays
+) -> epoch_spec.TrainPass:
     """This epoch's train steps with the shared params, each batch sliced from the
     device-resident series; as step.train_pass."""
     ends_SKB, mask_SKB = batching.train_batches(spec, state, arrays)
@@ -310,7 +314,7 @@ def setting_hparams(arrays: stacking.GroupArrays, lr_scale: jax.Array):
     return shared((lr_scale_K, hparams_K))
 
 
-def run_epoch(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays):
+def run_epoch(spec: epoch_spec.EpochSpec, state: epoch_spec.GroupState, arrays):
     """One epoch of the pooled model: (new GroupState, metrics of step.EPOCH_METRICS)."""
     trained = train_pass(spec, state, arrays)
     val = validation.val_pass(spec, trained.params, arrays)
@@ -320,8 +324,8 @@ def run_epoch(spec: epoch_spec.EpochSpec, state: step.GroupState, arrays):
 
 def finish_epoch(
     spec: epoch_spec.EpochSpec,
-    state: step.GroupState,
-    trained: step.TrainPass,
+    state: epoch_spec.GroupState,
+    trained: epoch_spec.TrainPass,
     val: validation.ValPass,
     best: validation.ValPass,
 ):

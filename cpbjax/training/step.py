@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 
-from cpbjax.data import stacking, windows
+from cpbjax import columns
+from cpbjax.data import stacking
 from cpbjax.models import heads
 from cpbjax.training import batching, early_stopping, epoch_spec, optimizer, validation
+from cpbjax.training.epoch_spec import GroupState, StepResult, TrainPass
 
 # What `run_epoch` returns; epoch and lr are scalars, the rest [K].
 EPOCH_METRICS = (
@@ -53,59 +54,6 @@ EPOCH_METRICS = (
 )
 
 
-@struct.dataclass
-class GroupState:
-    """Everything a group needs to continue training; one Orbax checkpoint.
-
-    All leaves except `epoch` carry the coin axis K first. Epoch numbers are 1-based;
-    0 means "none yet".
-    """
-
-    params: Any  # Current Flax params [K, ...].
-    opt_state: Any  # Optax state of `optimizer.make_optimizer` [K, ...].
-    plateau: Any  # Reduce-on-plateau state [K, ...] (scale stays 1 when disabled).
-    best_params: Any  # Params at each coin's best validation loss [K, ...].
-    best_val: jax.Array  # float32 [K], inf before the first epoch.
-    best_epoch: jax.Array  # int32 [K].
-    bad_epochs: jax.Array  # int32 [K]: epochs since the last improvement.
-    active: jax.Array  # bool [K]: still training (False for padded coins).
-    diverged: jax.Array  # bool [K].
-    diverged_epoch: jax.Array  # int32 [K].
-    epochs_run: jax.Array  # int32 [K]: epochs this coin trained.
-    key: jax.Array  # uint32 [K, 2]: per-coin training key; epoch keys fold in the epoch.
-    epoch: jax.Array  # int32 []: epochs completed by the group.
-
-
-class StepResult(NamedTuple):
-    """One masked update of one coin."""
-
-    params: Any
-    opt_state: Any
-    loss_sum: jax.Array  # forecast loss x windows trained on (0 if the update was not taken)
-    num_windows: jax.Array  # int32: windows trained on
-    nonfinite: jax.Array  # bool: an active coin's loss or gradient was not finite
-
-
-class TrainPass(NamedTuple):
-    """One epoch's train pass so far, per coin, in the state's layout ([K, ...] leaves)."""
-
-    params: Any
-    opt_state: Any
-    loss_sum_K: jax.Array
-    num_windows_K: jax.Array
-    nonfinite_K: jax.Array
-
-    def add(self, r: StepResult) -> TrainPass:
-        """The pass after one more step: its params and opt state, its sums added."""
-        return TrainPass(
-            r.params,
-            r.opt_state,
-            self.loss_sum_K + r.loss_sum,
-            self.num_windows_K + r.num_windows,
-            self.nonfinite_K | r.nonfinite,
-        )
-
-
 def window_sq_err(y_hat_B: jax.Array, y_B: jax.Array) -> jax.Array:
     """Mean squared error of each window over its other axes ([B, H, C] or [B, A]), float32 [B]."""
     err = jnp.square(y_hat_B.astype(jnp.float32) - y_B)
@@ -123,7 +71,7 @@ def init_coin(spec: epoch_spec.EpochSpec, key: jax.Array, band_H2: jax.Array):
     init_key, train_key = jax.random.split(key)
     params_key, dropout_key, teacher_key = jax.random.split(init_key, 3)
     x_BLF = jnp.zeros((1, spec.lookback, spec.num_features), jnp.float32)
-    y_BHC = jnp.zeros((1, spec.horizon, windows.NUM_TARGETS), jnp.float32)
+    y_BHC = jnp.zeros((1, spec.horizon, columns.NUM_TARGETS), jnp.float32)
     rngs = {"params": params_key, "dropout": dropout_key, "teacher": teacher_key}
     params = heads.init_params(spec.module, rngs, x_BLF, y_BHC)
     if spec.baseline == "vol_band":

@@ -33,21 +33,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cpbjax import sharding
+from cpbjax.columns import NUM_TARGETS
 from cpbjax.data import stacking
-from cpbjax.data.windows import NUM_TARGETS
-from cpbjax.training import batching, step, validation
-
-if TYPE_CHECKING:  # only for annotations: group imports this module
-    from cpbjax.training.group import GroupTrainer
+from cpbjax.training import batching, epoch_spec, step, validation
 
 # Shard specs of a chunk's [J, K, ...] leaves and of per-coin [K] sums.
 CHUNK_SPEC = P(None, sharding.COIN_AXIS)
@@ -122,13 +119,25 @@ def stream(program: Callable, carry, chunks: Iterator[tuple[int, Chunk]], put: C
     return carry, outs
 
 
+class Placement(NamedTuple):
+    """Where a group's programs place their data (GroupTrainer's mesh and shardings)."""
+
+    mesh: Mesh  # the 1-D coin mesh
+    num_coins: int  # K, a multiple of the mesh size
+    state_sharding: Any  # NamedShardings of a GroupState
+    arrays_sharding: Any  # NamedShardings of GroupArrays less their series
+    coin_sharding: NamedSharding  # one [K, ...] array, its coin axis over the mesh
+
+
 class StreamedEpoch:
-    """The programs of streamed epochs of one GroupTrainer's K coins, and the host loops
-    that feed them chunks (GroupTrainer delegates stack, init, start and epochs here)."""
+    """The programs of streamed epochs of one group's K coins, and the host loops that
+    feed them chunks (GroupTrainer delegates stack, init, start and epochs here)."""
 
     def __init__(
         self,
-        trainer: GroupTrainer,
+        spec: epoch_spec.EpochSpec,
+        placement: Placement,
+        chunk_steps: int,
         math,
         fresh: Callable,
         per_device: Callable,
@@ -137,22 +146,24 @@ class StreamedEpoch:
         metrics_specs: dict,
     ):
         """Args:
-        trainer: its spec, mesh, shardings and chunk size (train.stream_chunk_steps).
+        spec: the epoch's spec, as the default epoch's programs close over it.
+        placement: the group's mesh, K and shardings (GroupTrainer's).
+        chunk_steps: J, the train steps of windows per chunk (train.stream_chunk_steps).
         math: cpbjax/training/step.py or cpbjax/training/pooled.py (group.py's `_math`).
         fresh: the jitted math.fresh_state, placed as the state (the bar is set here).
         per_device: group.py's shard_map over the coin mesh.
         state_specs, arrays_specs, metrics_specs: the shard specs of the GroupState, the
           GroupArrays less their series, and step.EPOCH_METRICS.
         """
-        self.trainer, self.spec, self.fresh = trainer, trainer.spec, fresh
-        self.chunk_steps = trainer.stream_chunk_steps
-        self.chunk_sharding = NamedSharding(trainer.mesh, CHUNK_SPEC)
-        pass_specs = step.TrainPass(
+        self.placement, self.spec, self.fresh = placement, spec, fresh
+        self.chunk_steps = chunk_steps
+        self.chunk_sharding = NamedSharding(placement.mesh, CHUNK_SPEC)
+        pass_specs = epoch_spec.TrainPass(
             state_specs.params, state_specs.opt_state, COIN_SPEC, COIN_SPEC, COIN_SPEC
         )
         self._order = jax.jit(functools.partial(batching.train_batches, self.spec))
         self._fresh_pass = jax.jit(
-            step.fresh_pass, out_shardings=sharding.named(trainer.mesh, pass_specs)
+            step.fresh_pass, out_shardings=sharding.named(placement.mesh, pass_specs)
         )
         self._build_chunk_programs(math, per_device, state_specs, arrays_specs, pass_specs)
         # The epoch's end: the state donated, placed as the default epoch places it.
@@ -163,7 +174,7 @@ class StreamedEpoch:
                 in_specs=(state_specs, pass_specs, val_specs, val_specs, CHUNK_SPEC),
                 out_specs=(state_specs, metrics_specs),
             ),
-            out_shardings=(trainer.state_sharding, sharding.named(trainer.mesh, metrics_specs)),
+            out_shardings=(placement.state_sharding, sharding.named(placement.mesh, metrics_specs)),
             donate_argnums=0,
         )
         self._build_start_programs(math)
@@ -177,7 +188,7 @@ class StreamedEpoch:
                 in_specs=(state_specs, arrays_specs, pass_specs, P(), CHUNK_SPEC),
                 out_specs=pass_specs,
             ),
-            out_shardings=sharding.named(self.trainer.mesh, pass_specs),
+            out_shardings=sharding.named(self.placement.mesh, pass_specs),
         )
         sums_specs = (COIN_SPEC, COIN_SPEC)
         self._val = jax.jit(
@@ -191,7 +202,7 @@ class StreamedEpoch:
     def _build_start_programs(self, math) -> None:
         """The bar and train.init_from's restart: one program each, partitioned by XLA (a
         pooled model's read every coin, as its init does; a per-series one's each coin)."""
-        on_state = {"out_shardings": self.trainer.state_sharding, "donate_argnums": 0}
+        on_state = {"out_shardings": self.placement.state_sharding, "donate_argnums": 0}
         self._bar = jax.jit(math.with_bar, **on_state)
         self._restart = jax.jit(functools.partial(math.restart, self.spec), **on_state)
 
@@ -200,20 +211,20 @@ class StreamedEpoch:
         val_ends_SKB, val_mask_SKB = jax.device_get(batching.val_batches(self.spec, host))
         return StreamedArrays(
             host,
-            sharding.place(without_series(host), self.trainer.arrays_sharding),
+            sharding.place(without_series(host), self.placement.arrays_sharding),
             val_ends_SKB,
             val_mask_SKB,
             sharding.place(val_mask_SKB, self.chunk_sharding),
         )
 
-    def init_state(self, keys_K2, arrays: StreamedArrays) -> step.GroupState:
+    def init_state(self, keys_K2, arrays: StreamedArrays) -> epoch_spec.GroupState:
         """step/pooled.init_state, its baseline's bar from a streamed val pass."""
         state = self.fresh(keys_K2, arrays.device)
         if self.spec.baseline == "none":
             return state
         return self._bar(state, *self.val_sums(state.params, arrays))
 
-    def start_from(self, state: step.GroupState, params, arrays: StreamedArrays):
+    def start_from(self, state: epoch_spec.GroupState, params, arrays: StreamedArrays):
         """step/pooled.start_from (train.init_from), the bar from a streamed val pass."""
         state = self._restart(state, params)
         return self._bar(state, *self.val_sums(state.params, arrays))
@@ -224,7 +235,7 @@ class StreamedEpoch:
         sums, _ = stream(run, self._zero_sums(), self._val_chunks(arrays), self._put)
         return sums
 
-    def run_epoch(self, state: step.GroupState, arrays: StreamedArrays):
+    def run_epoch(self, state: epoch_spec.GroupState, arrays: StreamedArrays):
         """One epoch, as the default path's run_epoch; `state` is donated."""
         ends_SKB, mask_SKB = sharding.to_host(self._order(state, arrays.device))
         chunks = host_chunks(
@@ -247,7 +258,7 @@ class StreamedEpoch:
         val, best = (sums[0], val_errs), (sums[1], best_errs)
         return self._finish(state, trained, val, best, arrays.val_mask_on_devices)
 
-    def lowered_epoch(self, state: step.GroupState, arrays: StreamedArrays):
+    def lowered_epoch(self, state: epoch_spec.GroupState, arrays: StreamedArrays):
         """The lowered program of one full chunk of train steps: the memory check's."""
         trained = jax.eval_shape(step.fresh_pass, state)
         return self._train.lower(state, arrays.device, trained, 0, self._abstract_chunk())
@@ -257,12 +268,12 @@ class StreamedEpoch:
         reads, the next one being put), which no program's buffers count."""
         chunk = self._abstract_chunk()
         nbytes = sum(np.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(chunk))
-        return 2 * int(nbytes) // self.trainer.mesh.size
+        return 2 * int(nbytes) // self.placement.mesh.size
 
     def _abstract_chunk(self) -> Chunk:
         """A full chunk of J steps as jax.ShapeDtypeStructs, sharded as `_put` places it."""
         spec = self.spec
-        leading = (self.chunk_steps, self.trainer.num_coins, spec.batch_size)
+        leading = (self.chunk_steps, self.placement.num_coins, spec.batch_size)
         sds = functools.partial(jax.ShapeDtypeStruct, sharding=self.chunk_sharding)
         windows = batching.Windows(
             sds(leading + (spec.lookback, spec.num_features), jnp.float32),
@@ -284,9 +295,9 @@ class StreamedEpoch:
 
     def _zero_sums(self):
         """(float32 [K], int32 [K]) zeros on the devices: a val pass's sums before its first step."""
-        k = self.trainer.num_coins
+        k = self.placement.num_coins
         zeros = (np.zeros(k, np.float32), np.zeros(k, np.int32))
-        return sharding.place(zeros, (self.trainer.coin_sharding,) * 2)
+        return sharding.place(zeros, (self.placement.coin_sharding,) * 2)
 
     def _put(self, chunk: Chunk) -> Chunk:
         """The chunk on the devices, each its coins' shard (asynchronous)."""

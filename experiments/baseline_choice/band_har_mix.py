@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
+from cpbjax import band  # noqa: E402
 from cpbjax.config import schema as config_lib  # noqa: E402
 from cpbjax.modes import plan  # noqa: E402
 from cpbjax.score import baselines, metrics  # noqa: E402
@@ -35,13 +36,13 @@ METHODS = ("band", "HAR", "geometric mean")
 def _forecasts(prep, split, lookback, horizon) -> dict:
     """method -> (high, low) prices [N, H] of `split`'s windows, fitted on the splits before."""
     fit_on, ends = baselines.fit_ends(prep, split), prep.ends[split]
-    band_fit = baselines.fit_vol_band(prep.ohlc, fit_on, lookback, horizon)
-    band = baselines.vol_band_predict(band_fit, prep.ohlc, ends, lookback)
+    band_fit = band.fit_vol_band(prep.ohlc, fit_on, lookback, horizon)
+    vol_band = band.vol_band_predict(band_fit, prep.ohlc, ends, lookback)
     times, interval = prep.open_time_ms, prep.interval
     har_fit = baselines.fit_har(prep.ohlc, times, interval, fit_on, horizon)
     har = baselines.har_predict(har_fit, prep.ohlc, times, interval, ends, horizon)
-    mix = tuple(np.sqrt(b * h) for b, h in zip(band, har, strict=True))
-    return dict(zip(METHODS, (band, har, mix), strict=True))
+    mix = tuple(np.sqrt(b * h) for b, h in zip(vol_band, har, strict=True))
+    return dict(zip(METHODS, (vol_band, har, mix), strict=True))
 
 
 def _skills(prep, split, lookback, horizon) -> dict:

@@ -3,7 +3,7 @@ a pair list, with its band, targets and causal context, from the product's own l
 
 One row per window end t (gap-free, calendar-split by `data.split_dates`):
   - `x`: the window itself, float32 [N, L, 4]: log(OHLC / close_t), in units of sigma_t;
-  - `sigma`: the window's EWMA log range (the band's sigma, baselines.ewma_range) [N];
+  - `sigma`: the window's EWMA log range (the band's sigma, band.ewma_range) [N];
   - `y`: the targets log(OHLC_{t+h} / close_t) [N, H, 4] (not scaled);
   - `ctx`: causal context features at t [N, X] (CONTEXT names them), NaN where undefined;
   - `close`: close_t [N] (to price units), `split`: 0 train, 1 val, 2 test.
@@ -41,10 +41,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from cpbjax import band
 from cpbjax.config import schema as config_lib
 from cpbjax.data import context, features, pairs, sources, split_dates, windows  # noqa: E402
 from cpbjax.data import series as series_lib
-from cpbjax.score import baselines  # noqa: E402
 
 L, H = 30, 10
 DAY_MS = 86_400_000
@@ -122,8 +122,8 @@ def series_context(s, market) -> np.ndarray:
 
 
 def ewma_all(range_T: np.ndarray) -> np.ndarray:
-    """baselines.ewma_range of the window ending at every t >= L-1 (NaN before)."""
-    w_L = baselines.EWMA_DECAY ** np.arange(L - 1, -1, -1, dtype=np.float64)
+    """band.ewma_range of the window ending at every t >= L-1 (NaN before)."""
+    w_L = band.EWMA_DECAY ** np.arange(L - 1, -1, -1, dtype=np.float64)
     out = np.full(len(range_T), np.nan)
     out[L - 1 :] = sliding_window_view(range_T, L) @ (w_L / w_L.sum())
     return out
@@ -166,7 +166,7 @@ def series_rows(s, market, data_cfg, context_of) -> dict | None:
         return None
     split_N = np.concatenate([np.full(len(parts[k]), i) for i, k in enumerate(split_dates.SPLITS)])
     ohlc = s.ohlcv[:, :4]
-    sigma_N = baselines.ewma_range(ohlc, ends_N, L)
+    sigma_N = band.ewma_range(ohlc, ends_N, L)
     logc_N = np.log(ohlc[ends_N, 3])
     x = np.log(ohlc[ends_N[:, None] + np.arange(-L + 1, 1)]) - logc_N[:, None, None]
     y = np.log(ohlc[ends_N[:, None] + np.arange(1, H + 1)]) - logc_N[:, None, None]

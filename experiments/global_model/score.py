@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpbjax.score import baselines
+from cpbjax import band
 
 COLS = ("high", "low", "close")
 COL_INDEX = (1, 2, 3)  # in OHLC
@@ -18,7 +18,7 @@ COL_INDEX = (1, 2, 3)  # in OHLC
 
 def band_factors(t, fit_splits) -> np.ndarray:
     """[S, H, 2] per series the band's k_high_h, k_low_h: least absolute deviation on the
-    series' windows of `fit_splits` (baselines.fit_vol_band's rule); NaN for a series
+    series' windows of `fit_splits` (band.fit_vol_band's rule); NaN for a series
     with none."""
     out = []
     for i in range(len(t["names"])):
@@ -28,8 +28,8 @@ def band_factors(t, fit_splits) -> np.ndarray:
             out.append(np.full((t["y"].shape[1], 2), np.nan))
             continue
         k = [
-            [baselines.weighted_median(y[:, h, 1] / s, s) for h in range(y.shape[1])],
-            [baselines.weighted_median(-y[:, h, 2] / s, s) for h in range(y.shape[1])],
+            [band.weighted_median(y[:, h, 1] / s, s) for h in range(y.shape[1])],
+            [band.weighted_median(-y[:, h, 2] / s, s) for h in range(y.shape[1])],
         ]
         out.append(np.array(k).T)
     return np.stack(out)
