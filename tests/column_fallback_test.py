@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import columns, writers
+from cpbjax import band, columns, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
@@ -86,8 +86,8 @@ def _forced_model():
     5% too high (far worse than persistence), open none (the baseline itself)."""
     cfg = levers_config()
     prep = levers_preps()[0]
-    band = stacking.band_factors(prep, L, H) - WRONG
-    module, params = levers_init_params(cfg, prep, band)
+    band_H2 = stacking.band_factors(prep, L, H) - WRONG
+    module, params = levers_init_params(cfg, prep, band_H2)
     sigma = np.median(band.ewma_range(prep.ohlc, prep.ends["train"], L))
     bias_HC = np.zeros((H, 4), np.float32)
     bias_HC[:, HIGH], bias_HC[:, LOW] = WRONG * sigma, -WRONG * sigma

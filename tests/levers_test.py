@@ -79,8 +79,8 @@ def test_persistence_scale_is_the_persistence_mae_of_each_column():
 def test_an_untrained_model_is_the_fitted_volatility_band_exactly(name, window_scale, ensemble):
     cfg = levers_config(name, window_scale=window_scale, ensemble=ensemble)
     prep, lookback, horizon = levers_preps()[0], cfg.data.lookback, cfg.data.horizon
-    band = stacking.band_factors(prep, lookback, horizon)
-    module, params = levers_init_params(cfg, prep, band)
+    band_H2 = stacking.band_factors(prep, lookback, horizon)
+    module, params = levers_init_params(cfg, prep, band_H2)
     ends_N = prep.ends["val"]
     x, _ = stacking.gather(stacking.window_source(prep), ends_N, lookback, horizon)
     y_hat = np.asarray(_forward(module)(params, x), np.float64)

@@ -49,7 +49,7 @@ def _candles(n=5):
 )
 def test_the_data_table_cli_gives_one_line_and_exit_2(flags, words):
     proc = subprocess.run(
-        [sys.executable, "-m", "cpbjax.data", *flags],
+        [sys.executable, "launch.py", "--mode=data", *flags],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -33,8 +33,8 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
     for name, prep in preps.items():
         model = loaded[name]
         entry, record, _, _ = evaluate_model(model.module, model.params, prep, spec, forecasts_dir)
-        facts = trained_results.get("series", {}).get(name, {})
-        series[name] = {k: v for k, v in facts.items() if k not in ("val", "test")}
+        trained = trained_results.get("series", {}).get(name, {})
+        series[name] = {k: v for k, v in trained.items() if k not in ("val", "test")}
         series[name].update(entry, data=prep.notes)  # the evaluated data
         if record is not None:
             records[name] = record

@@ -132,13 +132,13 @@ def console_rows(results: dict) -> list[list[str]]:
     rows = []
     for name, entry in sorted(results.get("series", {}).items()):
         test = entry.get("test") or {}
-        columns = test.get("columns") or {}
+        cols = test.get("columns") or {}
         interval = ((test.get("calibrated_interval") or {}).get("columns") or {}).get("close")
         rows.append(
             [
                 name,
                 kept_epoch(entry),
-                *(fmt((columns.get(c) or {}).get("skill"), "+.2f", 100) for c in SCORED_COLUMNS),
+                *(fmt((cols.get(c) or {}).get("skill"), "+.2f", 100) for c in SCORED_COLUMNS),
                 fmt(_vs_band(test, "high"), "+.2f", 100),
                 fmt(_vs_band(test, "low"), "+.2f", 100),
                 fmt((interval or {}).get("coverage"), ".1f", 100),
