@@ -54,6 +54,7 @@ def test_a_config_saved_today_upgrades_to_itself(path):
         ("train.loss", "pinball"),
         ("model.baseline", "persistence"),
         ("data.normalization", "zscore"),
+        ("data.normalization", "candle_minmax"),
     ],
 )
 def test_a_retired_option_set_in_a_saved_config_is_refused_by_name(field, value):

@@ -324,17 +324,16 @@ def random_window(rng, cfg, batch=6):
 # One synthetic series with L=8, H=3 (metrics, evaluate and intervals tests).
 
 
-def prep_config(normalization="last_close"):
+def prep_config():
     c = config_lib.base_config()
     c.data.lookback, c.data.horizon = L, H
     c.data.max_candles, c.data.min_candles = 300, 100
-    c.data.normalization = normalization
     return c
 
 
-def make_prep(normalization="last_close", seed=0):
+def make_prep(seed=0):
     series = synthetic.generate("BTCUSDT", "1h", 320, seed=seed)
-    return windows.prepare_series(series, prep_config(normalization).data)
+    return windows.prepare_series(series, prep_config().data)
 
 
 class Probe(nn.Module):
@@ -382,8 +381,9 @@ def data_config(**overrides):
     return d
 
 
-def reference_windows(series, prep, names, kind, ends):
-    """Normalised windows of `ends`, from the raw candles, written out plainly (float64)."""
+def reference_windows(series, prep, names, ends):
+    """Normalised windows of `ends` (last_close), from the raw candles, written out plainly
+    (float64)."""
     feats, _ = features.compute(series.ohlcv, names)
     offset = len(series.ohlcv) - len(prep.ohlc)  # kept rows are the newest ones
     assert (series.open_time_ms[offset:] == prep.open_time_ms).all()
@@ -398,17 +398,10 @@ def reference_windows(series, prep, names, kind, ends):
                 value = feats[row, j]
                 if name not in features.PRICE_FEATURES:
                     x[i, j] = (value - mu[j]) / sd[j]
-                elif kind == "last_close":
-                    x[i, j] = math.log(value / ohlc[t, 3])
                 else:
-                    x[i, j] = (value - ohlc[row, 2]) / (ohlc[row, 1] - ohlc[row, 2])
-        y = ohlc[t + 1 : t + H + 1]
-        if kind == "last_close":
-            y = np.log(y / ohlc[t, 3])
-        else:
-            y = (y - y[:, 2:3]) / (y[:, 1:2] - y[:, 2:3])
+                    x[i, j] = math.log(value / ohlc[t, 3])
         xs.append(x)
-        ys.append(y)
+        ys.append(np.log(ohlc[t + 1 : t + H + 1] / ohlc[t, 3]))
     return np.stack(xs), np.stack(ys)
 
 

@@ -149,7 +149,7 @@ def _validate_windows(c) -> None:
     _int_range(c, "data.max_candles", 0, 10_000_000)
     _int_range(c, "data.min_candles", 1)
     _choice(c, "data.bad_rows", ("skip_series", "drop_rows"))
-    _choice(c, "data.normalization", ("last_close", "candle_minmax"))
+    _choice(c, "data.normalization", ("last_close",))
     splits = d.splits
     ok = (
         isinstance(splits, (tuple, list))
@@ -188,17 +188,9 @@ def _validate_aux(c) -> None:
 
 
 def _validate_outputs(c) -> None:
-    """Rules between the loss, the baseline and the normalisation."""
-    m = c.model
+    """The loss and its scaling."""
     _choice(c, "train.loss", owned_names("LOSSES"))
     _choice(c, "train.loss_scale", owned_names("LOSS_SCALES"))
-    if m.baseline != "none" or m.window_scale != "none":
-        rules.check(
-            c.data.normalization == "last_close",
-            "data.normalization",
-            c.data.normalization,
-            "'last_close' with model.baseline or model.window_scale (they read log ranges)",
-        )
 
 
 def _validate_train(c) -> None:

@@ -78,6 +78,9 @@ RETIRED_VALUES: dict[tuple[str, Any], str] = {
         "retrain with model.baseline='vol_band' (experiments/accuracy_levers) or 'none'"
     ),
     ("data.normalization", "zscore"): "retrain with data.normalization='last_close'",
+    ("data.normalization", "candle_minmax"): (
+        "retrain with data.normalization='last_close' (candle_minmax kept no price level)"
+    ),
 }
 
 

@@ -93,8 +93,6 @@ IGNORED = (
      ("model.corrected_columns",)),
     ("model.baseline", ("none",), "there is no baseline to fall back to",
      ("eval.column_fallback",)),
-    ("data.normalization", ("candle_minmax",), "it keeps no price level to forecast",
-     ("eval.save_forecasts",)),
     ("data.source", ("binance", "binance_rest", "synthetic"), "only the local source reads it",
      ("data.local_dir",)),
     ("data.source", _NOT_BINANCE, "only the binance sources download",

@@ -93,7 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
     d.lookback = 30  # Input candles per window (L).
     d.horizon = 10  # Forecast candles per window (H); targets are OHLC.
     d.splits = (0.70, 0.15, 0.15)  # Chronological train / val / test fractions.
-    d.normalization = "last_close"  # last_close | candle_minmax (lossy, legacy).
+    d.normalization = "last_close"  # Log ratios to each window's last close (the only one).
     d.download_workers = 8  # Parallel downloads.
     d.timeout_seconds = 30.0  # Per-request timeout.
     d.retries = 5  # Retries per request (connection errors, 429, 5xx).

@@ -415,19 +415,10 @@ def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) ->
       pred_NHC: [N, H, 4] forecasts in the normalised space `gather` produces.
 
     Returns:
-      float64 [N, H, 4] OHLC prices; exact (up to float64) for last_close.
-
-    Raises:
-      ValueError: for candle_minmax, which discards the price level.
+      float64 [N, H, 4] OHLC prices; exact up to float64 (log ratios to the last close).
     """
     pred = np.asarray(pred_NHC, np.float64)
-    kind = prep.norm["kind"]
-    if kind == "last_close":
-        return prep.ohlc[np.asarray(ends_N), 3][:, None, None] * np.exp(pred)
-    raise ValueError(
-        f"{prep.name}: data.normalization='candle_minmax' keeps no price level, so "
-        "forecasts cannot be mapped to prices; use last_close"
-    )
+    return prep.ohlc[np.asarray(ends_N), 3][:, None, None] * np.exp(pred)
 
 
 def latest_window(prep: PreparedSeries, lookback: int) -> np.ndarray:

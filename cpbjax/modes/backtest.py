@@ -164,11 +164,6 @@ def _check(config) -> None:
             "would score a start trained on their own months: backtest the starting run's "
             "config instead"
         )
-    if config.data.normalization == "candle_minmax":
-        raise ConfigError(
-            "data.normalization='candle_minmax' keeps no price level, so a backtest has no "
-            "price-space errors to pool: use last_close"
-        )
 
 
 def plan_for(config, clock: StageClock) -> plan_lib.Plan:
