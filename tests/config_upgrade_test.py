@@ -55,6 +55,7 @@ def test_a_config_saved_today_upgrades_to_itself(path):
         ("model.baseline", "persistence"),
         ("data.normalization", "zscore"),
         ("data.normalization", "candle_minmax"),
+        ("train.reduce_on_plateau", True),
     ],
 )
 def test_a_retired_option_set_in_a_saved_config_is_refused_by_name(field, value):
@@ -64,6 +65,17 @@ def test_a_retired_option_set_in_a_saved_config_is_refused_by_name(field, value)
         group = group[part]
     group[leaf] = value
     with pytest.raises(config_lib.ConfigError, match=rf"config\.{field}=.* was retired, so "):
+        config_lib.upgrade(saved)
+
+
+def test_a_retired_field_that_only_a_retired_option_read_is_dropped_while_that_is_off():
+    # train.plateau_* were read only with train.reduce_on_plateau=True.
+    saved = _saved()
+    saved["train"]["plateau_factor"], saved["train"]["plateau_patience"] = 0.3, 2
+    upgraded = config_lib.upgrade(saved)
+    assert "plateau_factor" not in upgraded.train and "plateau_patience" not in upgraded.train
+    saved["train"]["reduce_on_plateau"] = True
+    with pytest.raises(config_lib.ConfigError, match=r"config\.train\.reduce_on_plateau=True"):
         config_lib.upgrade(saved)
 
 

@@ -616,6 +616,9 @@ RETIRED_SINCE_2C4DD27 = {
     "train.min_delta_mode",
     "eval.interval_vol_days",
     "eval.interval_vol_weight",
+    "train.reduce_on_plateau",
+    "train.plateau_factor",
+    "train.plateau_patience",
 }
 
 

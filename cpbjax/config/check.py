@@ -205,13 +205,10 @@ def _validate_train(c) -> None:
     _num_range(c, "train.warmup_fraction", 0, 1, hi_open=True)
     _num_range(c, "train.warmup_init_factor", 0, 1)
     _num_range(c, "train.final_lr_factor", 0, 1)
-    _num_range(c, "train.plateau_factor", 0, 1, lo_open=True, hi_open=True)
-    _int_range(c, "train.plateau_patience", 1)
     _num_range(c, "train.teacher_forcing", 0, 1)
     _int_range(c, "train.group_size", 0)
     _choice(c, "train.share", SHARES)
     _int_range(c, "train.pooled_chunk", 0, 1_000_000)
-    _bool(c, "train.reduce_on_plateau")
     _bool(c, "train.compact_groups")
     _int_range(c, "train.stream_chunk_steps", 0, 1_000_000)
     init_from = c.train.init_from

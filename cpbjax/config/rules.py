@@ -82,8 +82,6 @@ _NOT_BINANCE = ("local", "synthetic")  # built-in sources that neither download 
 IGNORED = (
     ("model.decoding", ("direct",), "only autoregressive decoding feeds true candles",
      ("train.teacher_forcing",)),
-    ("train.reduce_on_plateau", (False,), "the lr is reduced only on plateaus",
-     ("train.plateau_factor", "train.plateau_patience")),
     ("train.share", ("pooled",), "a pooled run is one group of one model",
      ("train.compact_groups",)),
     ("model.aux_targets", ((),), "it weighs the aux targets' loss", ("model.aux_weight",)),

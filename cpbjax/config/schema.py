@@ -145,9 +145,6 @@ def base_config() -> ml_collections.ConfigDict:
     t.warmup_fraction = 0.05  # Share of all steps spent in linear warmup.
     t.warmup_init_factor = 0.01  # Warmup starts at this x learning_rate.
     t.final_lr_factor = 0.01  # Cosine decay ends at this x learning_rate.
-    t.reduce_on_plateau = False  # Also halve the lr after a plateau of val loss.
-    t.plateau_factor = 0.5  # Reduce-on-plateau multiplier.
-    t.plateau_patience = 8  # Reduce-on-plateau patience, in epochs.
     t.teacher_forcing = 0.5  # Per-step probability of feeding the true candle.
     # mse | mae: what the step minimises AND what
     # the val loss, early stopping and the kept model use (cpbjax/training/losses.py).

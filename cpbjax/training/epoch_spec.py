@@ -27,7 +27,6 @@ class EpochSpec:
     module: nn.Module  # the Flax Linen model of every coin
     tx: optax.GradientTransformation  # optimizer.make_optimizer (lr injected per step)
     schedule: optax.Schedule  # global step -> base learning rate
-    plateau: optax.GradientTransformation  # reduce-on-plateau (scale 1 when disabled)
     lookback: int  # L
     horizon: int  # H
     num_features: int  # F
@@ -42,7 +41,6 @@ class EpochSpec:
     scale_loss: bool  # train.loss_scale == "persistence": errors over target_scale
     baseline: str  # model.baseline: "vol_band" starts params at the fitted band
     min_delta: float  # an epoch improves only if it beats the best by more (`early_stopping.bar`)
-    reduce_on_plateau: bool
     # train.share: "series" (a model per coin, cpbjax/training/step.py's epoch) or "pooled" (one model
     # for every coin: cpbjax/training/pooled.py's epoch over the same data and state layout).
     share: str = "series"
@@ -65,7 +63,6 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
             t, "weight_decay" in sweep_grid.hparam_names(config), members=members
         ),
         schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
-        plateau=optimizer.make_plateau(t),
         lookback=d.lookback,
         horizon=d.horizon,
         num_features=len(d.features),
@@ -80,7 +77,6 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         scale_loss=t.loss_scale == "persistence",
         baseline=config.model.baseline,
         min_delta=t.min_delta,
-        reduce_on_plateau=t.reduce_on_plateau,
         share=t.share,
         pooled_chunk=t.pooled_chunk,
         members=members,

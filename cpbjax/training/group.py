@@ -233,7 +233,7 @@ class GroupTrainer:
 
         Returns:
           (new state, metrics): device arrays; metrics holds float32 [K] train_loss,
-          val_loss, best_val_loss, lr_scale, val_gain_se, bool [K] active, diverged, and scalars
+          val_loss, best_val_loss, val_gain_se, bool [K] active, diverged, and scalars
           epoch (1-based, the epoch just run) and lr (base schedule lr of its last step).
           Losses are NaN for coins that did not train this epoch.
         """

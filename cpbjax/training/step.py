@@ -41,7 +41,6 @@ EPOCH_METRICS = (
     "train_loss",
     "val_loss",
     "best_val_loss",
-    "lr_scale",
     "active",
     "diverged",
     "val_gain_se",  # the standard error of val_loss - best before it (early_stopping.bar)
@@ -63,7 +62,6 @@ class GroupState:
 
     params: Any  # Current Flax params [K, ...].
     opt_state: Any  # Optax state of `optimizer.make_optimizer` [K, ...].
-    plateau: Any  # Reduce-on-plateau state [K, ...] (scale stays 1 when disabled).
     best_params: Any  # Params at each coin's best validation loss [K, ...].
     best_val: jax.Array  # float32 [K], inf before the first epoch.
     best_epoch: jax.Array  # int32 [K].
@@ -116,7 +114,7 @@ def window_sq_err(y_hat_B: jax.Array, y_B: jax.Array) -> jax.Array:
 
 
 def init_coin(spec: epoch_spec.EpochSpec, key: jax.Array, band_H2: jax.Array):
-    """(params, opt_state, plateau state, train key) of one coin from its key.
+    """(params, opt_state, train key) of one coin from its key.
 
     With model.baseline=vol_band the band starts at the coin's fitted factors band_H2.
     """
@@ -128,7 +126,7 @@ def init_coin(spec: epoch_spec.EpochSpec, key: jax.Array, band_H2: jax.Array):
     params = heads.init_params(spec.module, rngs, x_BLF, y_BHC)
     if spec.baseline == "vol_band":
         params = heads.with_band(params, band_H2)
-    return params, spec.tx.init(params), optimizer.init_plateau(spec.plateau), train_key
+    return params, spec.tx.init(params), train_key
 
 
 def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
@@ -138,7 +136,7 @@ def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArray
     # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
     # pool and deadlocks when the pool is small (seen with K >= 3 on 2 cores). Init
     # runs once per group, so a sequential map costs nothing that matters.
-    params, opt_state, plateau, train_keys = jax.lax.map(
+    params, opt_state, train_keys = jax.lax.map(
         lambda kb: init_coin(spec, *kb), (keys_K2, arrays.band)
     )
     k = keys_K2.shape[0]
@@ -148,7 +146,6 @@ def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArray
     return GroupState(
         params=params,
         opt_state=opt_state,
-        plateau=plateau,
         best_params=jax.tree.map(jnp.copy, params),
         best_val=jnp.full((k,), jnp.inf, jnp.float32),
         best_epoch=zeros_K,
@@ -260,7 +257,7 @@ class CoinStep(NamedTuple):
 
     mask_B: jax.Array  # bool [B] valid windows
     key: jax.Array  # this step's key
-    lr: jax.Array  # learning rate (schedule x plateau scale x a sweep coin's lr_mult)
+    lr: jax.Array  # learning rate (schedule x a sweep coin's lr_mult)
     active: jax.Array  # bool: the coin still trains
     hparams: dict  # the coin's other injected optimizer hyperparameters ({} without a sweep)
 
@@ -293,14 +290,15 @@ def coin_train_step(
 # -- the epoch --------------------------------------------------------------------------
 
 
-def coin_hparams(arrays: stacking.GroupArrays, lr_scale_K: jax.Array):
-    """A sweep's per-coin hyperparameters (cpbjax/config/sweep_grid.py) as the step takes them:
-    (lr_scale_K times the coins' lr_mult where swept, the injected optimizer ones: name ->
-    [K]). Without a sweep, (lr_scale_K, {}) untouched: the default program is unchanged."""
+def coin_hparams(arrays: stacking.GroupArrays, k: int):
+    """A sweep's per-coin hyperparameters (cpbjax/config/sweep_grid.py) as the step takes them
+    for its k coins: (the lr multipliers float32 [k], the injected optimizer ones: name ->
+    [k]). Without a sweep, (ones, {}): the lr is the schedule's, times 1 (exact)."""
     hparams = dict(arrays.hparams)
-    if "lr_mult" in hparams:
-        lr_scale_K = lr_scale_K * hparams.pop("lr_mult")
-    return lr_scale_K, hparams
+    lr_mult_K = hparams.pop("lr_mult", None)
+    if lr_mult_K is None:
+        lr_mult_K = jnp.ones((k,), jnp.float32)
+    return lr_mult_K, hparams
 
 
 def fresh_pass(state: GroupState) -> TrainPass:
@@ -333,15 +331,14 @@ def train_steps(
       windows_of: a step's part [K, ...] -> that step's StepWindows of the K coins.
     """
     _, step_keys_K = batching.epoch_keys(state)
-    lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
-    lr_scale_K, hparams_K = coin_hparams(arrays, lr_scale_K)
+    lr_mult_K, hparams_K = coin_hparams(arrays, state.active.shape[0])
 
     def body(carry: TrainPass, xs):
         s, part, mask_KB = xs
         w = windows_of(part)
         lr = spec.schedule(state.epoch * spec.train_steps + s)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
-        coin_steps = CoinStep(mask_KB, keys_K, lr * lr_scale_K, state.active, hparams_K)
+        coin_steps = CoinStep(mask_KB, keys_K, lr * lr_mult_K, state.active, hparams_K)
         step = jax.vmap(
             lambda p, o, w, s: coin_train_step(spec, p, o, w, s), in_axes=(0, 0, w.coin_axes(), 0)
         )
@@ -395,7 +392,7 @@ def finish_epoch(
 def end_epoch(
     spec: epoch_spec.EpochSpec, state: GroupState, trained: TrainPass, train_K, val_K, gain_se_K
 ):
-    """Per-coin early stopping (cpbjax/training/early_stopping.py), divergence and plateau
+    """Per-coin early stopping (cpbjax/training/early_stopping.py) and divergence
     bookkeeping after one epoch.
 
     gain_se_K: float32 [K], the standard error of val_K - best_val (`gain_se`).
@@ -403,13 +400,8 @@ def end_epoch(
     epoch = state.epoch + 1
     ran_K = state.active
     verdict = early_stopping.judge(spec, state, trained.nonfinite_K, val_K, gain_se_K)
-    plateau = state.plateau
-    if spec.reduce_on_plateau:
-        stepped = jax.vmap(optimizer.step_plateau, (None, 0, 0))(spec.plateau, plateau, val_K)
-        plateau = early_stopping.select(ran_K & ~verdict.diverged_K, stepped, plateau)
     new_state = state.replace(
         opt_state=trained.opt_state,
-        plateau=plateau,
         epochs_run=state.epochs_run + ran_K.astype(jnp.int32),
         epoch=epoch,
         **early_stopping.kept(state, verdict, trained.params, val_K, epoch),
@@ -420,7 +412,6 @@ def end_epoch(
         "train_loss": train_K,
         "val_loss": jnp.where(ran_K, val_K, jnp.nan),
         "best_val_loss": new_state.best_val,
-        "lr_scale": jax.vmap(optimizer.plateau_scale)(plateau),
         "active": verdict.active_K,
         "diverged": new_state.diverged,
         "val_gain_se": jnp.where(ran_K, gain_se_K, jnp.nan),
