@@ -277,7 +277,6 @@ IGNORED_COMBINATIONS = [
     ("train.teacher_forcing", 0.3, "model.decoding", "direct", "autoregressive",
      {"model.baseline": "none"}),
     ("train.compact_groups", False, "train.share", "pooled", "series", {}),
-    ("model.aux_weight", 0.5, "model.aux_targets", (), ("realized_vol",), {}),
     ("eval.refit_band", False, "model.baseline", "none", "vol_band", {}),
     ("data.local_dir", ROOT, "data.source", "binance", "local", {}),
     ("data.local_dir", ROOT, "data.source", "synthetic", "local", {}),

@@ -352,7 +352,7 @@ def probe_params(seed=0):
 
 
 # ---------------------------------------------------------------------------------------
-# Random 1h series and their windows written out plainly (windows and aux-target tests).
+# Random 1h series and their windows written out plainly (windows tests).
 
 
 FIRST_OPEN_MS = 1_700_000_000_000 // STEP_MS * STEP_MS  # make_series' default first open
@@ -414,7 +414,7 @@ def perturbed(series, first_row, seed=1):
 
 
 # ---------------------------------------------------------------------------------------
-# The model tests' networks, params and data (models and aux-target tests).
+# The model tests' networks, params and data.
 
 MODEL_B, MODEL_L, MODEL_H, MODEL_C = 3, 6, 4, 4  # batch, lookback, horizon, columns
 # Biases whose gradient is zero by construction, so "every gradient is non-zero"
@@ -619,6 +619,8 @@ RETIRED_SINCE_2C4DD27 = {
     "train.reduce_on_plateau",
     "train.plateau_factor",
     "train.plateau_patience",
+    "model.aux_targets",
+    "model.aux_weight",
 }
 
 

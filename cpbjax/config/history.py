@@ -19,7 +19,6 @@ from typing import Any
 from cpbjax.config.rules import ConfigError
 
 ADDED: dict[str, Any] = {
-    "model.aux_targets": (),  # no auxiliary head
     "model.baseline": "none",  # the raw network output
     "model.window_scale": "none",
     "model.ensemble": 1,
@@ -47,6 +46,7 @@ _INTERVAL_SCALE = (
     "(experiments/interval_scale): drop the field"
 )
 _PLATEAU = "the lr follows the warmup-cosine schedule alone (no run used it): retrain without it"
+_AUX = "the objective is the forecast's loss alone (no run used aux targets): retrain without it"
 # field -> (its value that behaves as cpbjax does now, what to do instead)
 RETIRED: dict[str, tuple[Any, str]] = {
     "train.min_delta_mode": ("se", _MARGIN),  # see _margin_mode
@@ -71,6 +71,8 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "train.reduce_on_plateau": (False, _PLATEAU),
     "train.plateau_factor": (0.5, _PLATEAU),
     "train.plateau_patience": (8, _PLATEAU),
+    "model.aux_targets": ((), _AUX),
+    "model.aux_weight": (0.1, _AUX),
 }
 # Retired fields read only while another retired field held a value other than its
 # default: field -> that field. Dropped whatever they hold while it holds its default
@@ -78,6 +80,7 @@ RETIRED: dict[str, tuple[Any, str]] = {
 READ_ONLY_WITH: dict[str, str] = {
     "train.plateau_factor": "train.reduce_on_plateau",
     "train.plateau_patience": "train.reduce_on_plateau",
+    "model.aux_weight": "model.aux_targets",
 }
 # (field, retired value) -> what to do instead
 RETIRED_VALUES: dict[tuple[str, Any], str] = {

@@ -50,7 +50,7 @@ DEFAULT_INTERVALS = ("15m", "1h")
 
 
 def __getattr__(name: str):
-    """config.SOURCES, MODELS, FEATURES, AUX_TARGETS, LOSSES, LOSS_SCALES: the names their
+    """config.SOURCES, MODELS, FEATURES, LOSSES, LOSS_SCALES: the names their
     owners hold now (config_check.OWNED_NAMES)."""
     if name in config_check.OWNED_NAMES:
         return config_check.owned_names(name)
@@ -109,8 +109,6 @@ def base_config() -> ml_collections.ConfigDict:
     # direct | autoregressive: on 40 real series direct tied or beat autoregressive on
     # validation, its epochs taking 58-69% of the time (experiments/decoding_modes); the replaced system's was autoregressive.
     m.decoding = "direct"
-    m.aux_targets = ()  # Multi-task head's extra targets: bb_position, realized_vol; () = none.
-    m.aux_weight = 0.1  # Weight of the auxiliary MSE in the training loss (not in val loss).
     # none | vol_band: the network outputs a correction added to this forecast computed
     # from the window (the last close for open/close, plus a range band for high/low). Its
     # output layer starts at zero, so an untrained model IS the baseline. vol_band +

@@ -93,9 +93,7 @@ def main(argv) -> None:
         started = time.perf_counter()
         series, skipped = sources.load_all(config.data)
         loaded = time.perf_counter()
-        preps, unusable = windows.prepare_all(
-            series, config.data, aux_targets=config.model.aux_targets
-        )
+        preps, unusable = windows.prepare_all(series, config.data)
         prepared = time.perf_counter()
     except config_lib.ConfigError as e:
         cli_errors.fail(str(e))

@@ -50,9 +50,7 @@ def _prepare(config, clock: StageClock) -> tuple[list, dict]:
     with clock.stage("load"):
         series, skipped = sources.load_all(config.data)
     with clock.stage("prepare"):
-        preps, unusable = folds.prepare_all(
-            series, config.data, config.backtest, aux_targets=config.model.aux_targets
-        )
+        preps, unusable = folds.prepare_all(series, config.data, config.backtest)
     return preps, {**skipped, **unusable}
 
 

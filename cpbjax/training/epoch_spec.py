@@ -30,12 +30,10 @@ class EpochSpec:
     lookback: int  # L
     horizon: int  # H
     num_features: int  # F
-    num_aux: int  # A: aux target columns (0 without model.aux_targets)
     batch_size: int  # B
     train_steps: int  # S of the train pass: ceil(padded train windows / B)
     val_steps: int  # S of the val pass
     teacher_forcing: float  # per-step probability of feeding the true candle
-    aux_weight: float  # weight of the aux MSE in the training objective
     patience: int  # early stopping: epochs without val improvement
     loss: str  # losses.LOSSES: minimised, and what the val loss measures
     scale_loss: bool  # train.loss_scale == "persistence": errors over target_scale
@@ -51,7 +49,7 @@ class EpochSpec:
 
 
 def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
-    """The EpochSpec of a run config (data, model.aux_*, train), its model, and its
+    """The EpochSpec of a run config (data, model, train), its model, and its
     padded length T (stacking.padded_length; default data.max_candles)."""
     d, t = config.data, config.train
     sizes = stacking.padded_sizes(d, t_max)
@@ -66,12 +64,10 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         lookback=d.lookback,
         horizon=d.horizon,
         num_features=len(d.features),
-        num_aux=len(config.model.aux_targets),
         batch_size=t.batch_size,
         train_steps=train_steps,
         val_steps=math.ceil(sizes["val"] / t.batch_size),
         teacher_forcing=t.teacher_forcing,
-        aux_weight=config.model.aux_weight,
         patience=t.patience,
         loss=t.loss,
         scale_loss=t.loss_scale == "persistence",

@@ -180,7 +180,6 @@ class GroupTrainer:
             inputs=sds((k, t, spec.num_features), jnp.float32),
             targets=sds((k, t, windows.NUM_TARGETS), jnp.float32),
             anchor=sds((k, t), jnp.float32),
-            aux=sds((k, t, spec.num_aux), jnp.float32),
             price_mask=sds((spec.num_features,), jnp.float32),
             target_scale=sds((k, windows.NUM_TARGETS), jnp.float32),
             band=sds((k, spec.horizon, 2), jnp.float32),

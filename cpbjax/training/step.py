@@ -16,7 +16,7 @@ and moments do not move). Every reduction is per coin, so a NaN in one coin can 
 reach another.
 
 Shape letters (docs/design.md): K coins, T candles, N windows of a split, S steps of an
-epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets, A aux targets.
+epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets.
 """
 
 from __future__ import annotations
@@ -102,12 +102,6 @@ class TrainPass(NamedTuple):
             self.num_windows_K + r.num_windows,
             self.nonfinite_K | r.nonfinite,
         )
-
-
-def window_sq_err(y_hat_B: jax.Array, y_B: jax.Array) -> jax.Array:
-    """Mean squared error of each window over its other axes ([B, H, C] or [B, A]), float32 [B]."""
-    err = jnp.square(y_hat_B.astype(jnp.float32) - y_B)
-    return jnp.mean(err, axis=tuple(range(1, err.ndim)))
 
 
 # -- init -------------------------------------------------------------------------------
@@ -201,48 +195,36 @@ def coin_loss_sums(spec: epoch_spec.EpochSpec, params, w: batching.StepWindows, 
     """The training objective of ONE coin's batch and its forecast part, summed over the
     valid windows (float32 scalars, 0 when none is valid).
 
-    Per window: train.loss of the OHLC forecast + aux_weight * aux MSE (the aux term
-    only with aux targets). An ensemble's objective is the sum of its members' (each
-    member's gradient is its own) and its forecast part their mean.
+    Per window: train.loss of the OHLC forecast. An ensemble's objective is the sum of
+    its members' (each member's gradient is its own) and its forecast part their mean.
     """
     windows = w.gathered(spec)
     dropout_key, teacher_key = jax.random.split(key)
     members = {"member_outputs": True} if spec.members > 1 else {}
-    y_hat, aux_hat_BA = spec.module.apply(
+    y_hat = spec.module.apply(
         {"params": params},
         windows.x_BLF,
         windows.y_BHC,
         train=True,
         teacher_forcing=spec.teacher_forcing,
-        return_aux=True,
         rngs={"dropout": dropout_key, "teacher": teacher_key},
         **members,
     )
-    window_terms = functools.partial(_window_terms, spec, windows, w.target_scale_C, mask_B)
+    window_loss = functools.partial(_window_loss, spec, windows, w.target_scale_C, mask_B)
     if spec.members == 1:
-        objective_B, err_B = window_terms(y_hat, aux_hat_BA)
-    else:  # [Y, B] per member
-        objective_YB, err_YB = jax.vmap(window_terms)(y_hat, aux_hat_BA)
-        objective_B, err_B = jnp.sum(objective_YB, axis=0), jnp.mean(err_YB, axis=0)
-    return jnp.sum(objective_B), jnp.sum(err_B)
+        err_B = window_loss(y_hat)
+        return jnp.sum(err_B), jnp.sum(err_B)
+    err_YB = jax.vmap(window_loss)(y_hat)  # [Y, B] per member
+    return jnp.sum(jnp.sum(err_YB, axis=0)), jnp.sum(jnp.mean(err_YB, axis=0))
 
 
-def _window_terms(
-    spec: epoch_spec.EpochSpec,
-    w: batching.Windows,
-    target_scale_C: jax.Array,
-    mask_B,
-    y_hat,
-    aux_hat_BA,
+def _window_loss(
+    spec: epoch_spec.EpochSpec, w: batching.Windows, target_scale_C: jax.Array, mask_B, y_hat
 ):
-    """(objective, forecast loss) of each window of one model's forecasts, float32 [B]
-    (0 where mask_B is False)."""
+    """The forecast loss of each window of one model's forecasts y_hat [B, H, C], float32
+    [B] (0 where mask_B is False)."""
     err_B = validation.forecast_loss(spec, y_hat, w.y_BHC, target_scale_C)
-    err_B = jnp.where(mask_B, err_B, 0.0)
-    if not w.aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC loss
-        return err_B, err_B
-    aux_err_B = jnp.where(mask_B, window_sq_err(aux_hat_BA, w.aux_BA), 0.0)
-    return err_B + spec.aux_weight * aux_err_B, err_B
+    return jnp.where(mask_B, err_B, 0.0)
 
 
 def coin_loss(spec: epoch_spec.EpochSpec, params, w: batching.StepWindows, mask_B, key):
@@ -268,8 +250,7 @@ def coin_train_step(
     """One masked update of ONE coin; returns a StepResult.
 
     The sums cover the windows actually trained on; the loss is train.loss of the OHLC
-    forecast (the aux term shapes the gradient, not the reported loss, so runs with and
-    without aux targets report the same quantity as the val loss).
+    forecast (for an ensemble the members' mean, the objective their sum).
     """
     n = jnp.sum(s.mask_B)
     loss_fn = functools.partial(coin_loss, spec)
