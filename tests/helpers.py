@@ -185,7 +185,7 @@ TIMING = {"train_seconds", "group_train_seconds", "peak_memory_bytes"}
 def subprocess_env(**extra):
     """os.environ for a CPU subprocess that imports this checkout, with `extra` on top."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
-    # One device unless `extra` names a count, and XLA -O0 as in tests/conftest.py unless
+    # One device unless `extra` names a count, and XLA -O0 as in conftest.py unless
     # it names a level (XLA_FLAGS given in `extra` replace the inherited ones).
     defaults = {
         "xla_force_host_platform_device_count": "1",
