@@ -82,19 +82,14 @@ _NOT_BINANCE = ("local", "synthetic")  # built-in sources that neither download 
 IGNORED = (
     ("model.decoding", ("direct",), "only autoregressive decoding feeds true candles",
      ("train.teacher_forcing",)),
-    ("train.reduce_on_plateau", (False,), "the lr is reduced only on plateaus",
-     ("train.plateau_factor", "train.plateau_patience")),
     ("train.share", ("pooled",), "a pooled run is one group of one model",
      ("train.compact_groups",)),
-    ("model.aux_targets", ((),), "it weighs the aux targets' loss", ("model.aux_weight",)),
     ("model.baseline", ("none",), "it refits the vol_band baseline's band",
      ("eval.refit_band",)),
     ("model.baseline", ("none",), "the network forecasts every column itself",
      ("model.corrected_columns",)),
     ("model.baseline", ("none",), "there is no baseline to fall back to",
      ("eval.column_fallback",)),
-    ("data.normalization", ("candle_minmax",), "it keeps no price level to forecast",
-     ("eval.save_forecasts",)),
     ("data.source", ("binance", "binance_rest", "synthetic"), "only the local source reads it",
      ("data.local_dir",)),
     ("data.source", _NOT_BINANCE, "only the binance sources download",
@@ -122,9 +117,6 @@ def check_combinations(c, defaults) -> None:
     if d.source == "local":
         ok = os.path.isdir(os.path.expanduser(d.local_dir))
         check(ok, "data.local_dir", d.local_dir, "an existing directory when data.source='local'")
-    if "realized_vol" in c.model.aux_targets:  # The std of one return is always 0.
-        allowed = ">= 2 with the aux target realized_vol (a std over the horizon)"
-        check(d.horizon >= 2, "data.horizon", d.horizon, allowed)
     if c.train.epochs == 0:  # scores the starting model as it is (zero-shot on new series)
         allowed = ">= 1 without train.init_from (with it, 0 evaluates the starting model)"
         check(bool(c.train.init_from), "train.epochs", 0, allowed)

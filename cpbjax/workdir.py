@@ -14,7 +14,8 @@
 <workdir>/forecast.json, forecast.csv --mode predict (the latest)
 <workdir>/predictions/forecast-<UTC time>.json  every --mode predict forecast
 <workdir>/eval-<stamp>.json, .md, .html --mode evaluate
-<workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard)
+<workdir>/tb/<group>/                 TensorBoard event files (logging.tensorboard;
+                                      named by report/tensorboard.py)
 <workdir>/export/<SERIES>/            --mode export: a portable model folder
 <workdir>/frames/<SERIES>.parquet     cpbjax.fit's candles, read as the run's `local` source
 <workdir>/backtest.json, .md, .html   --mode backtest: per series x fold and pooled scores
@@ -45,7 +46,6 @@ FINISHED_DIR = "finished"  # checkpoints/finished/<group>.json, the ledger's fin
 MODELS_DIR = "models"
 FORECASTS_DIR = "forecasts"
 PLOTS_DIR = "plots"
-TENSORBOARD_DIR = "tb"
 EXPORT_DIR = "export"
 PREDICTIONS_DIR = "predictions"
 FRAMES_DIR = "frames"
@@ -112,10 +112,6 @@ def forecast_json(workdir: str) -> str:
 
 def forecast_csv(workdir: str) -> str:
     return os.path.join(workdir, FORECAST_CSV)
-
-
-def tensorboard_dir(workdir: str) -> str:
-    return os.path.join(workdir, TENSORBOARD_DIR)
 
 
 def export_dir(workdir: str, series: str) -> str:

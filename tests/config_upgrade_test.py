@@ -55,6 +55,9 @@ def test_a_config_saved_today_upgrades_to_itself(path):
         ("train.loss", "pinball"),
         ("model.baseline", "persistence"),
         ("data.normalization", "zscore"),
+        ("data.normalization", "candle_minmax"),
+        ("train.reduce_on_plateau", True),
+        ("model.aux_targets", ["realized_vol"]),
     ],
 )
 def test_a_retired_option_set_in_a_saved_config_is_refused_by_name(field, value):
@@ -67,11 +70,29 @@ def test_a_retired_option_set_in_a_saved_config_is_refused_by_name(field, value)
         config_lib.upgrade(saved)
 
 
+def test_a_retired_field_that_only_a_retired_option_read_is_dropped_while_that_is_off():
+    # train.plateau_* were read only with train.reduce_on_plateau=True, model.aux_weight
+    # only with model.aux_targets.
+    saved = _saved()
+    saved["train"]["plateau_factor"], saved["train"]["plateau_patience"] = 0.3, 2
+    saved["model"]["aux_weight"] = 0.5
+    upgraded = config_lib.upgrade(saved)
+    assert "plateau_factor" not in upgraded.train and "plateau_patience" not in upgraded.train
+    assert "aux_weight" not in upgraded.model
+    saved["train"]["reduce_on_plateau"] = True
+    with pytest.raises(ConfigError, match=r"config\.train\.reduce_on_plateau=True"):
+        config_lib.upgrade(saved)
+    saved["train"]["reduce_on_plateau"] = False
+    saved["model"]["aux_targets"] = ["realized_vol"]
+    with pytest.raises(ConfigError, match=r"config\.model\.aux_targets=\("):
+        config_lib.upgrade(saved)
+
+
 def test_fields_added_since_take_the_value_of_the_earlier_behaviour():
     # A config from before the levers, the pooled model, intervals and the band refit,
     # with the margin in the loss's units (train.min_delta_mode did not exist).
     saved = _saved()
-    for field in ("baseline", "window_scale", "ensemble", "aux_targets", "quantiles"):
+    for field in ("baseline", "window_scale", "ensemble", "quantiles"):
         del saved["model"][field]
     for field in ("loss", "loss_scale", "share", "pooled_chunk", "min_delta_mode"):
         del saved["train"][field]

@@ -17,7 +17,6 @@ from cpbjax import models, sharding
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
-from cpbjax.data import sources, windows
 from cpbjax.models import ensemble as ensemble_lib
 from cpbjax.score import evaluate
 from cpbjax.training import checkpoint
@@ -48,35 +47,23 @@ def _members_alone(config):
 
 
 def _config(kind: str):
-    """The 3-series test config (pooled; aux: per series with an aux target), no dropout (a member's dropout key under nn.vmap is not the one
-    alone), and a gradient clip so small that it binds on every step: members clipped
-    together would not train as alone."""
+    """The 3-series test config (pooled or per series), no dropout (a member's dropout key
+    under nn.vmap is not the one alone), and a gradient clip so small that it binds on
+    every step: members clipped together would not train as alone."""
     c = helpers.pooled_config() if kind == "pooled" else helpers.tiny_config()
     c.model.dropout, c.train.grad_clip = 0.0, 1e-3
-    if kind == "aux":
-        c.model.aux_targets = ("realized_vol",)
     return config_lib.validate(c)
 
 
-def _preps(config) -> list:
-    """tiny_preps' series, with the config's aux target columns when it has any."""
-    if not config.model.aux_targets:
-        return list(helpers.tiny_preps())
-    series, _ = sources.load_all(config.data)
-    aux = config.model.aux_targets
-    return [windows.prepare_series(s, config.data, aux_targets=aux) for s in series]
-
-
-@pytest.mark.parametrize("kind", ["series", "pooled", "aux"])
+@pytest.mark.parametrize("kind", ["series", "pooled"])
 def test_an_epoch_trains_each_member_as_that_member_alone(kind):
     config = _config(kind)
     ensemble, alone = _members_alone(config)
-    arrays = ensemble.stack(_preps(config))
+    arrays = ensemble.stack(list(helpers.tiny_preps()))
     keys = coin_keys(0, range(len(helpers.POOLED_NAMES)))
     state0 = jax.device_get(ensemble.init_state(keys, arrays))
     state, metrics = jax.device_get(ensemble.run_epoch(jax.device_put(state0), arrays))
     like = jax.device_get(alone.init_state(keys, arrays))  # one model's tree structure
-    assert ("aux_head" in like.params) == (kind == "aux")  # the aux term is trained
     train_losses = []
     for m in range(SIZE):
         member0 = state0.replace(
@@ -102,24 +89,17 @@ def test_an_epoch_trains_each_member_as_that_member_alone(kind):
 def test_the_forecast_is_the_mean_of_the_members_forecasts():
     c = helpers.tiny_config()
     c.model.ensemble = SIZE
-    c.model.aux_targets = ("realized_vol",)
     cfg = models.make_config(config_lib.validate(c))
     ensemble, member = models.build(cfg), models.REGISTRY[cfg.name][0](cfg)
     x = jnp.asarray(helpers.random_window(np.random.default_rng(0), cfg), jnp.float32)
     params = ensemble.init(jax.random.key(1), x)["params"]
-    kwargs = {"return_aux": True}
-    y_hat, aux_hat = ensemble.apply({"params": params}, x, **kwargs)
+    y_hat = ensemble.apply({"params": params}, x)
     alone = [
-        member.apply(
-            {"params": jax.tree.map(lambda a, m=m: a[m], params[ensemble_lib.MEMBERS])}, x, **kwargs
-        )
+        member.apply({"params": jax.tree.map(lambda a, m=m: a[m], params[ensemble_lib.MEMBERS])}, x)
         for m in range(SIZE)
     ]
-    np.testing.assert_allclose(y_hat, np.mean([a[0] for a in alone], axis=0), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(
-        aux_hat, np.mean([a[1] for a in alone], axis=0), rtol=1e-5, atol=1e-7
-    )
-    assert not np.allclose(alone[0][0], alone[1][0])  # each member its own init
+    np.testing.assert_allclose(y_hat, np.mean(alone, axis=0), rtol=1e-5, atol=1e-7)
+    assert not np.allclose(alone[0], alone[1])  # each member its own init
 
 
 @pytest.mark.parametrize("value", [0, -1, 65])

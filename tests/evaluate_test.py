@@ -4,7 +4,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from cpbjax import band
 from cpbjax.data import stacking, synthetic, windows
@@ -40,7 +39,7 @@ def test_forecast_program_does_not_depend_on_the_series_length():
     forecast._forecast_batch.clear_cache()
     short = make_prep()
     other = windows.prepare_series(
-        synthetic.generate("ETHUSDT", "1h", 260, seed=1), prep_config("last_close").data
+        synthetic.generate("ETHUSDT", "1h", 260, seed=1), prep_config().data
     )
     assert short.inputs.shape[0] != other.inputs.shape[0]
     for prep in (short, other):
@@ -105,21 +104,6 @@ def test_saved_forecasts_reproduce_the_metrics(tmp_path):
     again = metrics.score_prices(last, actual, pred)
     for key in ("columns", "direction", "dm"):
         assert again[key] == out[key]
-
-
-def test_candle_minmax_has_no_price_metrics(tmp_path):
-    prep = make_prep("candle_minmax")
-    params = probe_params()
-    fc = forecast.split_forecast(Probe(), params, prep, "test", evaluate.EvalSpec(L, H))
-    assert fc.prices_NHC is None
-    out = evaluate.evaluate_split(prep, fc, "test", evaluate.EvalSpec(L, H))
-    assert out["price_space"] is False and out["normalized_mse"] > 0
-    with pytest.raises(ValueError, match="candle_minmax"):
-        forecast.forecast_record(prep, fc, evaluate.EvalSpec(L, H))
-    entry, record, _, _ = evaluate.evaluate_model(
-        Probe(), params, prep, evaluate.EvalSpec(L, H), str(tmp_path)
-    )
-    assert record is None and entry["test"]["price_space"] is False
 
 
 def test_consistent_ohlc_moves_only_the_violating_high_or_low():

@@ -185,7 +185,7 @@ TIMING = {"train_seconds", "group_train_seconds", "peak_memory_bytes"}
 def subprocess_env(**extra):
     """os.environ for a CPU subprocess that imports this checkout, with `extra` on top."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
-    # One device unless `extra` names a count, and XLA -O0 as in tests/conftest.py unless
+    # One device unless `extra` names a count, and XLA -O0 as in conftest.py unless
     # it names a level (XLA_FLAGS given in `extra` replace the inherited ones).
     defaults = {
         "xla_force_host_platform_device_count": "1",
@@ -324,17 +324,16 @@ def random_window(rng, cfg, batch=6):
 # One synthetic series with L=8, H=3 (metrics, evaluate and intervals tests).
 
 
-def prep_config(normalization="last_close"):
+def prep_config():
     c = config_lib.base_config()
     c.data.lookback, c.data.horizon = L, H
     c.data.max_candles, c.data.min_candles = 300, 100
-    c.data.normalization = normalization
     return c
 
 
-def make_prep(normalization="last_close", seed=0):
+def make_prep(seed=0):
     series = synthetic.generate("BTCUSDT", "1h", 320, seed=seed)
-    return windows.prepare_series(series, prep_config(normalization).data)
+    return windows.prepare_series(series, prep_config().data)
 
 
 class Probe(nn.Module):
@@ -353,7 +352,7 @@ def probe_params(seed=0):
 
 
 # ---------------------------------------------------------------------------------------
-# Random 1h series and their windows written out plainly (windows and aux-target tests).
+# Random 1h series and their windows written out plainly (windows tests).
 
 
 FIRST_OPEN_MS = 1_700_000_000_000 // STEP_MS * STEP_MS  # make_series' default first open
@@ -382,8 +381,9 @@ def data_config(**overrides):
     return d
 
 
-def reference_windows(series, prep, names, kind, ends):
-    """Normalised windows of `ends`, from the raw candles, written out plainly (float64)."""
+def reference_windows(series, prep, names, ends):
+    """Normalised windows of `ends` (last_close), from the raw candles, written out plainly
+    (float64)."""
     feats, _ = features.compute(series.ohlcv, names)
     offset = len(series.ohlcv) - len(prep.ohlc)  # kept rows are the newest ones
     assert (series.open_time_ms[offset:] == prep.open_time_ms).all()
@@ -398,17 +398,10 @@ def reference_windows(series, prep, names, kind, ends):
                 value = feats[row, j]
                 if name not in columns.PRICE_FEATURES:
                     x[i, j] = (value - mu[j]) / sd[j]
-                elif kind == "last_close":
-                    x[i, j] = math.log(value / ohlc[t, 3])
                 else:
-                    x[i, j] = (value - ohlc[row, 2]) / (ohlc[row, 1] - ohlc[row, 2])
-        y = ohlc[t + 1 : t + H + 1]
-        if kind == "last_close":
-            y = np.log(y / ohlc[t, 3])
-        else:
-            y = (y - y[:, 2:3]) / (y[:, 1:2] - y[:, 2:3])
+                    x[i, j] = math.log(value / ohlc[t, 3])
         xs.append(x)
-        ys.append(y)
+        ys.append(np.log(ohlc[t + 1 : t + H + 1] / ohlc[t, 3]))
     return np.stack(xs), np.stack(ys)
 
 
@@ -421,7 +414,7 @@ def perturbed(series, first_row, seed=1):
 
 
 # ---------------------------------------------------------------------------------------
-# The model tests' networks, params and data (models and aux-target tests).
+# The model tests' networks, params and data.
 
 MODEL_B, MODEL_L, MODEL_H, MODEL_C = 3, 6, 4, 4  # batch, lookback, horizon, columns
 # Biases whose gradient is zero by construction, so "every gradient is non-zero"
@@ -623,6 +616,11 @@ RETIRED_SINCE_2C4DD27 = {
     "train.min_delta_mode",
     "eval.interval_vol_days",
     "eval.interval_vol_weight",
+    "train.reduce_on_plateau",
+    "train.plateau_factor",
+    "train.plateau_patience",
+    "model.aux_targets",
+    "model.aux_weight",
 }
 
 

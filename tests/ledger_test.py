@@ -22,18 +22,19 @@ def test_ledger_refuses_another_config_but_not_a_newer_cpbjax(tmp_path):
         ledger.Ledger(str(tmp_path), ledger.fingerprint(changed, plan))
     with pytest.raises(ledger.RunMismatch, match="groups"):
         ledger.Ledger(str(tmp_path), ledger.fingerprint(config, [["BTCUSDT-1h"]]))
-    # A ledger written before model.aux_targets existed resumes while it stays at its default,
+    # A ledger written before model.ensemble existed resumes while it stays at its default,
     # and so does one that still holds retired fields at their defaults (config.upgrade).
     path = tmp_path / "checkpoints" / workdir_lib.LEDGER_FILE
     old = writers.read_json(str(path))
-    del old["fingerprint"]["config"]["model"]["aux_targets"]
+    del old["fingerprint"]["config"]["model"]["ensemble"]
     old["fingerprint"]["config"]["recurrent_gradient"] = "autodiff"
-    old["fingerprint"]["config"]["model"]["quantiles"] = []
+    old_model = old["fingerprint"]["config"]["model"]
+    old_model.update(quantiles=[], aux_targets=[], aux_weight=0.1)
     writers.write_json(str(path), old)
     assert ledger.Ledger(str(tmp_path), ledger.fingerprint(config, plan)).finished("group-000")
     changed = tiny_config()
-    changed.model.aux_targets = ("realized_vol",)
-    with pytest.raises(ledger.RunMismatch, match=r"model.aux_targets: \[\] -> \['realized_vol'\]"):
+    changed.model.ensemble = 2
+    with pytest.raises(ledger.RunMismatch, match=r"model.ensemble: 1 -> 2"):
         ledger.Ledger(str(tmp_path), ledger.fingerprint(changed, plan))
 
 

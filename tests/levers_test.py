@@ -219,18 +219,9 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
     [
         ({"train.loss": "pinball"}, "train.loss"),
         ({"model.decoding": "autoregressive"}, "model.baseline"),
-        ({"data.normalization": "candle_minmax"}, "data.normalization"),
         ({"train.loss": "l1"}, "train.loss"),
         ({"model.baseline": "ewma"}, "model.baseline"),
         ({"model.window_scale": "zscore"}, "model.window_scale"),
-        (
-            {
-                "model.window_scale": "range",
-                "model.baseline": "none",
-                "data.normalization": "candle_minmax",
-            },
-            "data.normalization",
-        ),
         (
             {
                 "model.window_scale": "range",

@@ -1,4 +1,4 @@
-"""Tests of cpbjax.training.optimizer: schedule values, clipping, Adam vs AdamW decay, plateau."""
+"""Tests of cpbjax.training.optimizer: schedule values, clipping, Adam vs AdamW decay."""
 
 import math
 
@@ -112,19 +112,6 @@ class ChainTest(chex.TestCase):
             _train_cfg(optimizer="adam", weight_decay=0.0), params, {"w": jnp.ones(2)}, 0.25
         )
         np.testing.assert_allclose(new["w"], 1 - 0.25, rtol=1e-5)  # first Adam step = lr
-
-
-class PlateauTest(chex.TestCase):
-    def test_scale_halves_after_patience_epochs_without_improvement(self):
-        cfg = _train_cfg(plateau_factor=0.5, plateau_patience=2)
-        plateau = optimizer.make_plateau(cfg)
-        state = optimizer.init_plateau(plateau)
-        scales = []
-        for val in (1.0, 0.8, 0.8, 0.8, 0.8, 0.8, 0.5):
-            state = optimizer.step_plateau(plateau, state, jnp.float32(val))
-            scales.append(float(optimizer.plateau_scale(state)))
-        # Two epochs without improvement reduce the scale; the counter then restarts.
-        self.assertEqual(scales, [1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25])
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def _reference_epoch(config, module, state0, arrays, spec):
         batches = _reference_batches(config, ends_SKB[s], mask_SKB[s], step_keys_K, s)
         (_, per_coin), grads = grad_fn(params, batches)
         sums_K += np.asarray(per_coin)
-        lr = spec.schedule(s)  # epoch 0: global step s; plateau scale 1
+        lr = spec.schedule(s)  # epoch 0: global step s
         updates, opt_state = tx.update(grads, optimizer.with_learning_rate(opt_state, lr), params)
         params = optax.apply_updates(params, updates)
     return params, sums_K / mask_SKB.sum(axis=(0, 2))

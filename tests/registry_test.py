@@ -42,15 +42,14 @@ class MLP(nn.Module):
     cfg: MLPConfig
 
     @nn.compact
-    def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0, return_aux=False):
+    def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0):
         cfg = self.cfg
         model_config.check_inputs(cfg, x_BLF, y_BHC)
         flat = x_BLF.reshape(x_BLF.shape[0], -1).astype(cfg.compute_dtype)  # [B, L * F]
         h_BD = nn.relu(layers.dense(cfg, cfg.hidden)(flat))
         h_BD = nn.Dropout(cfg.dropout)(h_BD, deterministic=not train)
         y_flat = layers.dense(cfg, cfg.horizon * cfg.num_targets)(h_BD)  # [B, H * C]
-        y_hat_BHC = y_flat.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
-        return heads.outputs(heads.aux_head(cfg), y_hat_BHC, h_BD, return_aux)
+        return y_flat.reshape(-1, cfg.horizon, cfg.num_targets).astype(jnp.float32)
 
 
 class MLPWithHead(MLP):
@@ -58,7 +57,7 @@ class MLPWithHead(MLP):
     through layers.PriceScale."""
 
     @nn.compact
-    def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0, return_aux=False):
+    def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0):
         y_hat_BHC = super().__call__(x_BLF, y_BHC, train, teacher_forcing)
         return heads.ForecastOutput(self.cfg)(y_hat_BHC, x_BLF)
 

@@ -34,14 +34,12 @@ def _record(epoch, train, val, best, **extra):
     }
 
 
-# Epoch 1: ETH's val loss is None (non-finite in metrics.jsonl), lr_scale and val_gain_se
-# present.
+# Epoch 1: ETH's val loss is None (non-finite in metrics.jsonl), val_gain_se present.
 RECORD_1 = _record(
     1,
     [0.5, 0.25],
     [0.1, None],
     [0.1, None],
-    lr_scale=[1.0, 0.5],
     val_gain_se=[0.002, None],
     pooled_val_loss=0.125,
 )
@@ -51,8 +49,6 @@ EXPECTED_1 = {
     "train_loss/ETHUSDT-15m": 0.25,
     "val_loss/BTCUSDT-1h": 0.1,
     "best_val_loss/BTCUSDT-1h": 0.1,
-    "lr_scale/BTCUSDT-1h": 1.0,
-    "lr_scale/ETHUSDT-15m": 0.5,
     "val_gain_se/BTCUSDT-1h": 0.002,
     "lr": 0.001,
     "active_series": 1.0,
@@ -208,7 +204,7 @@ def test_tensorboard_reader_reads_the_same_scalars(tmp_path):
     log = tensorboard.TensorBoardLog(str(tmp_path))
     log.start_group("group-000", 0)
     log.append(RECORD_1)
-    log.append(_record(2, [0.4, 0.2], [0.09, 0.3], [0.09, 0.3], lr_scale=[1.0, 0.5]))
+    log.append(_record(2, [0.4, 0.2], [0.09, 0.3], [0.09, 0.3]))
     log.close()
 
     acc = event_accumulator.EventAccumulator(os.path.join(tmp_path, "tb", "group-000"))

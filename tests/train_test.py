@@ -252,29 +252,6 @@ def _end_epoch(trainer, state, params, val_K, gain_se_K=None):
     return step.end_epoch(trainer.spec, state, trained, val_K, val_K, gain_se_K)
 
 
-def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
-    config = tiny_config()
-    config.train.reduce_on_plateau, config.train.plateau_patience = True, 2
-    config.train.plateau_factor = 0.5
-    trainer = GroupTrainer(
-        config,
-        models.build(models.make_config(config)),
-        NUM_COINS,
-        sharding.coin_mesh(jax.devices()[:1]),
-    )
-    # The plateau state always exists, so the shared trainer's fresh state fits this one.
-    shared = group_trainer()
-    state = shared.init_state(coin_keys(0, range(NUM_COINS)), shared.stack(list(tiny_preps())))
-    vals = np.array([[1.0, 1.0, 1.0], [3.0, 2.0, 1.0], [1.0, 1.0, 1.0], [1.0] * 3], np.float32)
-    scales = []
-    for e in range(3):
-        val_K = jnp.asarray(vals[:, e])
-        state, metrics = _end_epoch(trainer, state, state.params, val_K)
-        scales.append(np.asarray(metrics["lr_scale"])[:3].tolist())
-    # Two epochs without improvement halve the rate; an improving coin keeps 1.
-    assert scales == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.5, 1.0, 0.5]]
-
-
 _SHARDED = """
 import re, sys, jax, numpy as np
 from jax.sharding import PartitionSpec as P

@@ -4,7 +4,6 @@ import chex
 import jax
 import numpy as np
 import pytest
-from absl.testing import parameterized
 
 from cpbjax import columns, writers
 from cpbjax.data import features, stacking, windows
@@ -26,7 +25,6 @@ INDICATORS = (
     "bb_width",
     "log_return",
 )
-NORMALIZATIONS = ("last_close", "candle_minmax")
 
 
 def _vmapped_gather(inputs, targets, anchor, price_mask, ends):
@@ -37,10 +35,9 @@ def _vmapped_gather(inputs, targets, anchor, price_mask, ends):
 
 class GatherTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters(*NORMALIZATIONS)
-    def test_gather_matches_plain_numpy(self, kind):
+    def test_gather_matches_plain_numpy(self):
         series = make_series()
-        prep = windows.prepare_series(series, data_config(features=INDICATORS, normalization=kind))
+        prep = windows.prepare_series(series, data_config(features=INDICATORS))
         ends = np.concatenate(
             [prep.ends[s][:: max(len(prep.ends[s]) // 4, 1)] for s in windows.SPLITS]
         )
@@ -48,7 +45,7 @@ class GatherTest(chex.TestCase):
         x, y = gather(stacking.window_source(prep), ends)
         chex.assert_shape(x, (len(ends), L, len(INDICATORS)))
         chex.assert_shape(y, (len(ends), H, 4))
-        x_ref, y_ref = reference_windows(series, prep, INDICATORS, kind, ends)
+        x_ref, y_ref = reference_windows(series, prep, INDICATORS, ends)
         np.testing.assert_allclose(x, x_ref, rtol=2e-5, atol=2e-5)
         np.testing.assert_allclose(y, y_ref, rtol=2e-5, atol=2e-5)
 
@@ -77,12 +74,6 @@ def test_last_close_round_trip_is_exact_on_host_and_float32_on_device():
     np.testing.assert_allclose(windows.to_prices(prep, ends, y_device), actual, rtol=2e-6)
 
 
-def test_candle_minmax_has_no_prices():
-    prep = windows.prepare_series(make_series(), data_config(normalization="candle_minmax"))
-    with pytest.raises(ValueError, match="candle_minmax"):
-        windows.to_prices(prep, prep.ends["test"], np.zeros((len(prep.ends["test"]), H, 4)))
-
-
 def _train_view(prep):
     """Everything training reads: train ends and the rows, inputs and targets they touch."""
     n_train = prep.ends["train"][-1] + H + 1
@@ -90,9 +81,8 @@ def _train_view(prep):
     return prep.ends["train"], prep.inputs[:n_train], prep.targets[:n_train], x, y
 
 
-@pytest.mark.parametrize("kind", ["last_close"])
-def test_later_candles_do_not_leak_into_training(kind):
-    cfg = data_config(features=INDICATORS, normalization=kind)
+def test_later_candles_do_not_leak_into_training():
+    cfg = data_config(features=INDICATORS)
     series = make_series(missing=(150, 300))
     prep = windows.prepare_series(series, cfg)
     offset = len(series.ohlcv) - len(prep.ohlc)
@@ -109,10 +99,9 @@ def test_later_candles_do_not_leak_into_training(kind):
     assert not np.array_equal(_train_view(prep)[4], _train_view(touched)[4])
 
 
-@pytest.mark.parametrize("kind", ["last_close"])
-def test_a_saved_norm_scales_new_data_as_training_did(kind):
+def test_a_saved_norm_scales_new_data_as_training_did():
     """evaluate/predict on new data: the training run's statistics, never re-fitted ones."""
-    cfg = data_config(features=INDICATORS, normalization=kind)
+    cfg = data_config(features=INDICATORS)
     trained_on, new = make_series(seed=0), make_series(seed=7)
     saved = writers.to_jsonable(windows.prepare_series(trained_on, cfg).norm)  # as meta.json
     prep = windows.prepare_series(new, cfg, fitted_norm=saved)
@@ -128,7 +117,7 @@ def test_a_saved_norm_scales_new_data_as_training_did(kind):
     refitted = windows.prepare_series(new, cfg)
     assert not np.allclose(refitted.inputs[:, other], prep.inputs[:, other], atol=1e-3)
     with pytest.raises(ValueError, match="feature_mean/feature_std do not fit 4 columns"):
-        windows.prepare_series(new, data_config(normalization=kind), fitted_norm=saved)
+        windows.prepare_series(new, data_config(), fitted_norm=saved)
 
 
 @pytest.mark.parametrize("missing", [(), (260,), (250, 251, 298, 301, 305)])

@@ -2,7 +2,7 @@
 
 `config.validate()` runs it before anything downloads or compiles; every error is a
 `ConfigError` naming the field, the value and what is allowed. Names that other modules
-own (data sources, models, features, aux targets, losses) are read from them when
+own (data sources, models, features, losses) are read from them when
 validating, and config.model is checked by the registered model's config dataclass
 (`cpbjax.models.validate_group`), so user-registered ones are allowed.
 """
@@ -30,11 +30,7 @@ OWNED_NAMES = {
     "SOURCES": ("cpbjax.data.sources", lambda m: tuple(m.SOURCES)),
     "MODELS": ("cpbjax.models", lambda m: tuple(m.REGISTRY)),
     "FEATURES": ("cpbjax.data.features", lambda m: tuple(m.NAMES)),
-    "AUX_TARGETS": ("cpbjax.data.auxiliary", lambda m: tuple(m.FUNCTIONS)),
 }
-# config.model entries that the run reads (windows, the loss), not the model; every
-# other config.model entry is a field of the model's config dataclass (cpbjax.models).
-_RUN_MODEL_ENTRIES = ("aux_targets", "aux_weight")
 # (lo, hi, lo_open) of the train fields a sweep can set per coin: train.<field> and each
 # value of sweep.<field> obey the same range.
 _SWEEPABLE_RANGES = {"learning_rate": (0, 10, True), "weight_decay": (0, 1, False)}
@@ -151,7 +147,7 @@ def _validate_windows(c) -> None:
     _int_range(c, "data.max_candles", 0, 10_000_000)
     _int_range(c, "data.min_candles", 1)
     _choice(c, "data.bad_rows", ("skip_series", "drop_rows"))
-    _choice(c, "data.normalization", ("last_close", "candle_minmax"))
+    _choice(c, "data.normalization", ("last_close",))
     splits = d.splits
     ok = (
         isinstance(splits, (tuple, list))
@@ -165,42 +161,18 @@ def _validate_windows(c) -> None:
 
 
 def _validate_model(c) -> None:
-    """config.model: the registered model's own fields (its dataclass's rules), then aux."""
+    """config.model: the registered model's own fields (its dataclass's rules); every
+    config.model entry is a field of the model's config dataclass (cpbjax.models)."""
     from cpbjax import models  # The registry imports jax: only when a config is validated.
 
-    models.validate_group(c.model, run_entries=_RUN_MODEL_ENTRIES)
-    _validate_aux(c)
+    models.validate_group(c.model)
     _validate_outputs(c)
 
 
-def _validate_aux(c) -> None:
-    m = c.model
-    names = m.aux_targets
-    rules.check(
-        isinstance(names, (tuple, list)),
-        "model.aux_targets",
-        names,
-        "a tuple of auxiliary target names, () for none",
-    )
-    aux_names = owned_names("AUX_TARGETS")
-    for name in names:
-        rules.check(name in aux_names, "model.aux_targets", name, ", ".join(aux_names))
-    rules.check(len(set(names)) == len(names), "model.aux_targets", names, "no repeated entries")
-    _num_range(c, "model.aux_weight", 0, 1e6)
-
-
 def _validate_outputs(c) -> None:
-    """Rules between the loss, the baseline and the normalisation."""
-    m = c.model
+    """The loss and its scaling."""
     _choice(c, "train.loss", LOSSES)
     _choice(c, "train.loss_scale", LOSS_SCALES)
-    if m.baseline != "none" or m.window_scale != "none":
-        rules.check(
-            c.data.normalization == "last_close",
-            "data.normalization",
-            c.data.normalization,
-            "'last_close' with model.baseline or model.window_scale (they read log ranges)",
-        )
 
 
 def _validate_train(c) -> None:
@@ -215,13 +187,10 @@ def _validate_train(c) -> None:
     _num_range(c, "train.warmup_fraction", 0, 1, hi_open=True)
     _num_range(c, "train.warmup_init_factor", 0, 1)
     _num_range(c, "train.final_lr_factor", 0, 1)
-    _num_range(c, "train.plateau_factor", 0, 1, lo_open=True, hi_open=True)
-    _int_range(c, "train.plateau_patience", 1)
     _num_range(c, "train.teacher_forcing", 0, 1)
     _int_range(c, "train.group_size", 0)
     _choice(c, "train.share", SHARES)
     _int_range(c, "train.pooled_chunk", 0, 1_000_000)
-    _bool(c, "train.reduce_on_plateau")
     _bool(c, "train.compact_groups")
     _int_range(c, "train.stream_chunk_steps", 0, 1_000_000)
     init_from = c.train.init_from

@@ -19,7 +19,6 @@ from typing import Any
 from cpbjax.config_rules import ConfigError
 
 ADDED: dict[str, Any] = {
-    "model.aux_targets": (),  # no auxiliary head
     "model.baseline": "none",  # the raw network output
     "model.window_scale": "none",
     "model.ensemble": 1,
@@ -46,6 +45,8 @@ _INTERVAL_SCALE = (
     "the interval scale is the constants intervals.VOL_DAYS=7, VOL_WEIGHT=0.25 now "
     "(experiments/interval_scale): drop the field"
 )
+_PLATEAU = "the lr follows the warmup-cosine schedule alone (no run used it): retrain without it"
+_AUX = "the objective is the forecast's loss alone (no run used aux targets): retrain without it"
 # field -> (its value that behaves as cpbjax does now, what to do instead)
 RETIRED: dict[str, tuple[Any, str]] = {
     "train.min_delta_mode": ("se", _MARGIN),  # see _margin_mode
@@ -67,6 +68,19 @@ RETIRED: dict[str, tuple[Any, str]] = {
     # is scored with today's blend: the calibration it saved keeps its own scale.
     "eval.interval_vol_days": (7.0, _INTERVAL_SCALE),
     "eval.interval_vol_weight": (0.25, _INTERVAL_SCALE),
+    "train.reduce_on_plateau": (False, _PLATEAU),
+    "train.plateau_factor": (0.5, _PLATEAU),
+    "train.plateau_patience": (8, _PLATEAU),
+    "model.aux_targets": ((), _AUX),
+    "model.aux_weight": (0.1, _AUX),
+}
+# Retired fields read only while another retired field held a value other than its
+# default: field -> that field. Dropped whatever they hold while it holds its default
+# (nothing read them; config_rules.IGNORED refuses such a value only since it existed).
+READ_ONLY_WITH: dict[str, str] = {
+    "train.plateau_factor": "train.reduce_on_plateau",
+    "train.plateau_patience": "train.reduce_on_plateau",
+    "model.aux_weight": "model.aux_targets",
 }
 # (field, retired value) -> what to do instead
 RETIRED_VALUES: dict[tuple[str, Any], str] = {
@@ -78,6 +92,9 @@ RETIRED_VALUES: dict[tuple[str, Any], str] = {
         "retrain with model.baseline='vol_band' (experiments/accuracy_levers) or 'none'"
     ),
     ("data.normalization", "zscore"): "retrain with data.normalization='last_close'",
+    ("data.normalization", "candle_minmax"): (
+        "retrain with data.normalization='last_close' (candle_minmax kept no price level)"
+    ),
 }
 
 
@@ -123,9 +140,12 @@ def drop_retired(d: dict) -> None:
         raise _retired("train.min_delta_mode", mode, _MARGIN)
     if _get(d, "train.min_delta_mode") is not None:
         d["train"]["min_delta_mode"] = "se"
+    unread = {
+        f for f, by in READ_ONLY_WITH.items() if _get(d, by, RETIRED[by][0]) == RETIRED[by][0]
+    }
     for field, (keep, instead) in RETIRED.items():
         value = _get(d, field, keep)
-        if value != keep:
+        if value != keep and field not in unread:
             raise _retired(field, value, instead)
         if _get(d, field) is not None:
             _pop(d, field)

@@ -49,7 +49,7 @@ DEFAULT_INTERVALS = ("15m", "1h")
 
 
 def __getattr__(name: str):
-    """config.SOURCES, MODELS, FEATURES, AUX_TARGETS: the names their owners hold now
+    """config.SOURCES, MODELS, FEATURES: the names their owners hold now
     (config_check.OWNED_NAMES)."""
     if name in config_check.OWNED_NAMES:
         return config_check.owned_names(name)
@@ -92,7 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
     d.lookback = 30  # Input candles per window (L).
     d.horizon = 10  # Forecast candles per window (H); targets are OHLC.
     d.splits = (0.70, 0.15, 0.15)  # Chronological train / val / test fractions.
-    d.normalization = "last_close"  # last_close | candle_minmax (lossy, legacy).
+    d.normalization = "last_close"  # Log ratios to each window's last close (the only one).
     d.download_workers = 8  # Parallel downloads.
     d.timeout_seconds = 30.0  # Per-request timeout.
     d.retries = 5  # Retries per request (connection errors, 429, 5xx).
@@ -108,8 +108,6 @@ def base_config() -> ml_collections.ConfigDict:
     # direct | autoregressive: on 40 real series direct tied or beat autoregressive on
     # validation, its epochs taking 58-69% of the time (experiments/decoding_modes); the replaced system's was autoregressive.
     m.decoding = "direct"
-    m.aux_targets = ()  # Multi-task head's extra targets: bb_position, realized_vol; () = none.
-    m.aux_weight = 0.1  # Weight of the auxiliary MSE in the training loss (not in val loss).
     # none | vol_band: the network outputs a correction added to this forecast computed
     # from the window (the last close for open/close, plus a range band for high/low). Its
     # output layer starts at zero, so an untrained model IS the baseline. vol_band +
@@ -144,9 +142,6 @@ def base_config() -> ml_collections.ConfigDict:
     t.warmup_fraction = 0.05  # Share of all steps spent in linear warmup.
     t.warmup_init_factor = 0.01  # Warmup starts at this x learning_rate.
     t.final_lr_factor = 0.01  # Cosine decay ends at this x learning_rate.
-    t.reduce_on_plateau = False  # Also halve the lr after a plateau of val loss.
-    t.plateau_factor = 0.5  # Reduce-on-plateau multiplier.
-    t.plateau_patience = 8  # Reduce-on-plateau patience, in epochs.
     t.teacher_forcing = 0.5  # Per-step probability of feeding the true candle.
     # mse | mae: what the step minimises AND what
     # the val loss, early stopping and the kept model use (cpbjax/training/losses.py).

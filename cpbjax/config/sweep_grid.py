@@ -48,7 +48,7 @@ _REFUSED = {
     ),
     **dict.fromkeys(("batch_size", "features", "max_candles"), _SHAPES),
     **dict.fromkeys(("dropout", "loss", "loss_scale", "optimizer", "teacher_forcing"), _TRACED),
-    **dict.fromkeys(("decoding", "aux_targets", "aux_weight", "grad_clip", "baseline"), _TRACED),
+    **dict.fromkeys(("decoding", "grad_clip", "baseline"), _TRACED),
 }
 
 

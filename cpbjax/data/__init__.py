@@ -3,8 +3,7 @@
 `sources.load_all(config.data)` returns validated `Series` records and the skip
 reason of every series that could not be used (`binance` with its `mirrors` and
 download `progress`, `synthetic`, local files; all through `parsing`); `windows`
-turns them into leak-free windows on the device, with `features`, `normalize` and
-the `auxiliary` targets.
+turns them into leak-free windows on the device, with `features` and `normalize`.
 """
 
 from cpbjax.data.series import Series, SeriesSkipped

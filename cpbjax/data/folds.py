@@ -95,7 +95,7 @@ def fold_ends(ends_N: np.ndarray, fold: int, bt_cfg, splits, horizon: int) -> di
     }
 
 
-def prepare_folds(series: Series, data_cfg, bt_cfg, aux_targets=()) -> tuple[list, dict]:
+def prepare_folds(series: Series, data_cfg, bt_cfg) -> tuple[list, dict]:
     """The fold PreparedSeries of one series, each normalised on its own train windows.
 
     Returns:
@@ -105,7 +105,7 @@ def prepare_folds(series: Series, data_cfg, bt_cfg, aux_targets=()) -> tuple[lis
       SeriesSkipped: the whole series cannot be used (too few candles).
     """
     L, H = data_cfg.lookback, data_cfg.horizon
-    rows = windows.kept_rows(series, data_cfg, aux_targets)
+    rows = windows.kept_rows(series, data_cfg)
     ends_N = windows.contiguous_ends(rows.open_time_ms, INTERVAL_MS[series.interval], L, H)
     folds, skipped = [], {}
     for f in range(bt_cfg.folds):
@@ -122,7 +122,7 @@ def prepare_folds(series: Series, data_cfg, bt_cfg, aux_targets=()) -> tuple[lis
     return folds, skipped
 
 
-def prepare_all(series_list: list[Series], data_cfg, bt_cfg, aux_targets=()):
+def prepare_all(series_list: list[Series], data_cfg, bt_cfg):
     """`prepare_folds` of each series: (every fold PreparedSeries, name -> skip reason).
 
     A series that cannot be used is skipped under its own name, a fold under its fold name.
@@ -139,7 +139,7 @@ def prepare_all(series_list: list[Series], data_cfg, bt_cfg, aux_targets=()):
     preps, skipped = [], {}
     for series in series_list:
         try:
-            folds, fold_skips = prepare_folds(series, data_cfg, bt_cfg, aux_targets)
+            folds, fold_skips = prepare_folds(series, data_cfg, bt_cfg)
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
             logging.warning("%s: skipped: %s", series.name, e)

@@ -3,13 +3,11 @@
 Normalisation is arranged so that the device only ever subtracts an anchor:
   x[t-L+1..t] = inputs[...] - anchor[t] * price_mask      (price columns only)
   y[t+1..t+H] = targets[...] - anchor[t]
-  - last_close: inputs/targets of price columns hold log(p / p0) and
-    anchor[t] = log(close[t] / p0), so windows are log ratios to the window's own
-    last close. Nothing is fitted, and predictions map back exactly.
-  - candle_minmax: the replaced system's per-candle (x - low) / (high - low);
-    anchor = 0. Lossy: the price level is gone, so no price-space metric exists.
-Non-price features (volume, RSI, ...) are z-scored with train-split statistics in
-every mode, except the scale-free context features (features.UNSCALED_FEATURES), which
+last_close (data.normalization, the one kind): inputs/targets of price columns hold
+log(p / p0) and anchor[t] = log(close[t] / p0), so windows are log ratios to the
+window's own last close. Nothing is fitted, and predictions map back exactly.
+Non-price features (volume, RSI, ...) are z-scored with train-split statistics,
+except the scale-free context features (features.UNSCALED_FEATURES), which
 the model reads as they are (mean 0, std 1 in the saved statistics).
 
 Shapes: T candles, N rows (candles or windows), F features, C target columns (OHLC).
@@ -50,6 +48,8 @@ def normalise(ohlc_TC, feats_TF, names, n_train: int, kind: str, fitted: dict | 
     taken from `fitted` (the `norm` a training run saved with its model), so a saved
     model sees new data scaled exactly as its training data was.
     """
+    if kind != "last_close":
+        raise ValueError(f"data.normalization={kind!r} is not allowed: expected last_close")
     price = price_mask(names).astype(bool)
     if fitted is None:
         mu, sd = train_stats(feats_TF[:n_train])
@@ -57,23 +57,14 @@ def normalise(ohlc_TC, feats_TF, names, n_train: int, kind: str, fitted: dict | 
         mu, sd = np.where(unscaled, 0.0, mu), np.where(unscaled, 1.0, sd)
     else:
         mu, sd = fitted_stats(fitted, "feature_mean", "feature_std", len(names))
-    # Non-price columns keep this z-score in every mode.
+    # Non-price columns keep this z-score.
     inputs_TF = (feats_TF - mu) / sd
     norm = {"kind": kind, "feature_mean": mu, "feature_std": sd}
-    if kind == "last_close":
-        log_p0 = math.log(ohlc_TC[0, 3])  # cancels out of every window; kept for to_prices
-        with np.errstate(divide="ignore", invalid="ignore"):  # a band <= 0 is caught later
-            inputs_TF[:, price] = np.log(feats_TF[:, price]) - log_p0
-        targets_TC = np.log(ohlc_TC) - log_p0
-        return inputs_TF, targets_TC, targets_TC[:, 3].copy(), {**norm, "log_p0": log_p0}
-    if kind == "candle_minmax":
-        low_T1, high_T1 = ohlc_TC[:, 2:3], ohlc_TC[:, 1:2]
-        range_T1 = np.where(high_T1 - low_T1 > 0, high_T1 - low_T1, 1.0)
-        inputs_TF[:, price] = (feats_TF[:, price] - low_T1) / range_T1
-        return inputs_TF, (ohlc_TC - low_T1) / range_T1, np.zeros(len(ohlc_TC)), norm
-    raise ValueError(
-        f"data.normalization={kind!r} is not allowed: expected last_close or candle_minmax"
-    )
+    log_p0 = math.log(ohlc_TC[0, 3])  # cancels out of every window; kept for to_prices
+    with np.errstate(divide="ignore", invalid="ignore"):  # a band <= 0 is caught later
+        inputs_TF[:, price] = np.log(feats_TF[:, price]) - log_p0
+    targets_TC = np.log(ohlc_TC) - log_p0
+    return inputs_TF, targets_TC, targets_TC[:, 3].copy(), {**norm, "log_p0": log_p0}
 
 
 def check_finite(inputs_TF: np.ndarray, names) -> None:

@@ -39,7 +39,6 @@ class GroupArrays:
     inputs: jax.Array  # float32 [K, T, F]
     targets: jax.Array  # float32 [K, T, C]
     anchor: jax.Array  # float32 [K, T]
-    aux: jax.Array  # float32 [K, T, A]: aux targets by window end; A = 0 without them
     price_mask: jax.Array  # float32 [F]: 1 on price columns, 0 elsewhere
     # float32 [K, C]: each column's persistence MAE over the coin's train windows, the
     # divisor of train.loss_scale=persistence (1 for padded coins).
@@ -107,20 +106,18 @@ def _check_fits(preps: list[PreparedSeries], group_size: int, sizes: dict) -> No
         raise ValueError(f"stack_group: {len(preps)} series for group_size={group_size}")
     if any(p.hparams.keys() != preps[0].hparams.keys() for p in preps):
         raise ValueError("stack_group: the series carry different hparams names")
-    width, num_aux = preps[0].inputs.shape[1], preps[0].aux.shape[1]
+    width = preps[0].inputs.shape[1]
     for p in preps:
         counts = {split: len(p.ends[split]) for split in SPLITS}
-        shapes = (p.inputs.shape[1], p.aux.shape[1])
         if (
             len(p.inputs) > sizes["T"]
-            or shapes != (width, num_aux)
+            or p.inputs.shape[1] != width
             or any(counts[s] > sizes[s] for s in SPLITS)
         ):
             raise ValueError(
                 f"stack_group: {p.name} has {len(p.inputs)} candles, {p.inputs.shape[1]} "
-                f"features, {p.aux.shape[1]} aux targets and windows {counts}, which do not "
-                f"fit the padded sizes {sizes} with {width} features and {num_aux} aux "
-                "targets: prepare every series with the same config"
+                f"features and windows {counts}, which do not fit the padded sizes {sizes} "
+                f"with {width} features: prepare every series with the same config"
             )
 
 
@@ -163,7 +160,6 @@ def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, data_cfg):
         "inputs": np.zeros((k, t, f), np.float32),
         "targets": np.zeros((k, t, NUM_TARGETS), np.float32),
         "anchor": np.zeros((k, t), np.float32),
-        "aux": np.zeros((k, t, preps[0].aux.shape[1]), np.float32),
         "target_scale": np.ones((k, NUM_TARGETS), np.float32),
         "band": np.repeat(default_band(h)[None], k, 0),
     }
@@ -172,7 +168,7 @@ def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, data_cfg):
         host[f"{split}_mask"] = np.zeros((k, sizes[split]), bool)
     for i, p in enumerate(preps):
         n_t = len(p.inputs)
-        for field in ("inputs", "targets", "anchor", "aux"):
+        for field in ("inputs", "targets", "anchor"):
             host[field][i, :n_t] = getattr(p, field)
         host["target_scale"][i] = persistence_scale(p, h)
         host["band"][i] = band_factors(p, data_cfg.lookback, h)
@@ -259,8 +255,3 @@ def gather_inputs(source: WindowSource, ends_B, lookback: int):
         source.inputs_TF[band.window_index(ends_B, lookback)]
         - anchor_B[..., None, None] * source.price_mask_F
     )
-
-
-def gather_aux(aux_TA: jax.Array, ends_B: jax.Array) -> jax.Array:
-    """The aux targets of B windows of ONE coin: aux_TA [T, A], ends_B [B] -> [B, A]."""
-    return aux_TA[ends_B]

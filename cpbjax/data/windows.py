@@ -13,9 +13,6 @@ Indicators are computed on the whole series (they are causal), then the newest
 never zero-filled, and never cost the kept series any candles. Indicators run
 across a gap as if the candles were consecutive; windows never span a gap.
 
-Auxiliary targets (config.model.aux_targets, `auxiliary`) are one row per window,
-indexed by its end t.
-
 Splits are chronological over the gap-free windows, by fractions of each series'
 windows (data.splits) or by calendar dates shared by every series (data.split_dates,
 `split_dates.split_ends`). Fractional purging is by candle index: a window of one split
@@ -39,8 +36,8 @@ from absl import logging
 
 from cpbjax import columns
 from cpbjax.columns import NUM_TARGETS
-from cpbjax.data import auxiliary, normalize, split_dates
 from cpbjax.data import features as features_lib
+from cpbjax.data import normalize, split_dates
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 from cpbjax.data.split_dates import SPLITS, TrainOnly
 
@@ -58,13 +55,10 @@ class PreparedSeries:
       inputs: float32 [T, F] normalised features (see module docstring).
       targets: float32 [T, 4] normalised OHLC targets.
       anchor: float32 [T] value subtracted at each window's last candle.
-      aux: float32 [T, A] auxiliary targets of the window ending at each row (A = 0
-        without aux targets; rows that end no window are 0).
       ends: split name -> int64 [N] window end indices t (gap-free, purged).
       norm: the fitted statistics and how to map back: {"kind", "feature_mean",
-        "feature_std" (float64 [F], the train split's), and "log_p0" (last_close); with
-        aux targets also "aux_targets" (their
-        names), "aux_mean", "aux_std" (float64 [A])}; saved with a model's meta.json.
+        "feature_std" (float64 [F], the train split's), "log_p0"}; saved with a model's
+        meta.json.
       price_mask: float32 [F], 1 on price-valued feature columns.
       notes: the Series notes plus "used_candles" (T) and "windows" (split -> count).
       hparams: a sweep coin's own hyperparameters, name -> value (cpbjax/config/sweep_grid.py);
@@ -79,7 +73,6 @@ class PreparedSeries:
     inputs: np.ndarray
     targets: np.ndarray
     anchor: np.ndarray
-    aux: np.ndarray
     ends: dict
     norm: dict
     price_mask: np.ndarray
@@ -193,36 +186,27 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
 
 
 def _normalised(rows, ends: dict, data_cfg, fitted) -> dict:
-    """The normalised PreparedSeries fields: inputs, targets, anchor, aux, norm, price_mask.
+    """The normalised PreparedSeries fields: inputs, targets, anchor, norm, price_mask.
 
-    `rows`: `kept_rows`; its features hold the columns of its names, then bb_position when
-    an aux target needs it.
+    `rows`: `kept_rows`.
     """
-    H = data_cfg.horizon
     ohlc_TC, feats_TF, names = rows.ohlcv[:, :NUM_TARGETS], rows.features, rows.names
-    n_train = int(ends["train"][-1]) + H + 1  # every candle a training window reads
+    n_train = int(ends["train"][-1]) + data_cfg.horizon + 1  # every candle training reads
     inputs_TF, targets_TC, anchor_T, norm = normalize.normalise(
-        ohlc_TC, feats_TF[:, : len(names)], names, n_train, data_cfg.normalization, fitted
+        ohlc_TC, feats_TF, names, n_train, data_cfg.normalization, fitted
     )
     normalize.check_finite(inputs_TF, names)
-    aux_TA = np.zeros((len(ohlc_TC), 0), np.float32)
-    if rows.aux_names:
-        y_scale = auxiliary.target_rms(targets_TC, anchor_T, ends["train"], H)
-        aux_in = auxiliary.AuxInputs(ohlc_TC[:, 3], feats_TF[:, -1])
-        aux_TA, aux_norm = auxiliary.compute(rows.aux_names, aux_in, y_scale, ends, H, fitted)
-        norm = {**norm, **aux_norm}
     return {
         "inputs": inputs_TF.astype(np.float32),
         "targets": targets_TC.astype(np.float32),
         "anchor": anchor_T.astype(np.float32),
-        "aux": aux_TA,
         "norm": norm,
         "price_mask": columns.price_mask(names),
     }
 
 
 def prepare_series(
-    series: Series, data_cfg, fitted_norm: dict | None = None, aux_targets=(), keep_train_only=False
+    series: Series, data_cfg, fitted_norm: dict | None = None, keep_train_only=False
 ) -> PreparedSeries:
     """Features, gap-free windows, split and normalisation for one series.
 
@@ -231,7 +215,6 @@ def prepare_series(
       data_cfg: the `config.data` group.
       fitted_norm: a saved model's `norm` (its training statistics) to normalise with;
         None fits them on this series' train split.
-      aux_targets: config.model.aux_targets, the aux targets to compute (`aux`).
       keep_train_only: return a training-data-only series (data.split_dates) with empty
         val and test ends and its reason in notes[TRAIN_ONLY], instead of skipping it.
 
@@ -242,9 +225,9 @@ def prepare_series(
       SeriesSkipped: if fewer than data.min_candles candles remain after the warm-up,
         if a split has no gap-free window (TrainOnly: only train has, and not
         keep_train_only), or if a normalised value is not finite.
-      ValueError: an unknown aux target, or a fitted_norm that does not fit.
+      ValueError: a fitted_norm that does not fit.
     """
-    rows = kept_rows(series, data_cfg, aux_targets)
+    rows = kept_rows(series, data_cfg)
     try:
         ends = _split_windows(rows.open_time_ms, series.interval, data_cfg)
     except TrainOnly as e:
@@ -262,27 +245,19 @@ class KeptRows:
 
     open_time_ms: np.ndarray  # int64 [T]
     ohlcv: np.ndarray  # float64 [T, 5]
-    features: np.ndarray  # float64 [T, F(+1)]: data.features, then bb_position if needed
+    features: np.ndarray  # float64 [T, F]: data.features
     names: tuple  # data.features
-    aux_names: tuple  # model.aux_targets
 
 
-def kept_rows(series: Series, data_cfg, aux_targets=()) -> KeptRows:
+def kept_rows(series: Series, data_cfg) -> KeptRows:
     """The features of `series` and the rows windows may use (see KeptRows).
 
     Raises:
       SeriesSkipped: fewer than data.min_candles candles remain after the warm-up.
-      ValueError: an unknown aux target.
     """
-    names, aux_names = tuple(data_cfg.features), tuple(aux_targets)
-    if not set(aux_names) <= set(auxiliary.FUNCTIONS):
-        raise ValueError(
-            f"aux targets {aux_names}: expected names from {tuple(auxiliary.FUNCTIONS)}"
-        )
-    # bb_position's bands need 19 earlier candles: its warm-up is dropped like the inputs'.
-    extra = ("bb_position",) if "bb_position" in aux_names else ()
-    times_T, ohlcv_T5, feats_TF = _kept_rows(series, data_cfg, names + extra)
-    return KeptRows(times_T, ohlcv_T5, feats_TF, names, aux_names)
+    names = tuple(data_cfg.features)
+    times_T, ohlcv_T5, feats_TF = _kept_rows(series, data_cfg, names)
+    return KeptRows(times_T, ohlcv_T5, feats_TF, names)
 
 
 def with_ends(
@@ -361,7 +336,6 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
         inputs=inputs_TF.astype(np.float32),
         targets=targets_TC.astype(np.float32),
         anchor=anchor_T.astype(np.float32),
-        aux=np.zeros((len(ohlc_TC), 0), np.float32),
         ends={split: np.zeros(0, np.int64) for split in SPLITS},
         norm=norm,
         price_mask=columns.price_mask(names),
@@ -373,7 +347,6 @@ def prepare_all(
     series_list: list[Series],
     data_cfg,
     fitted_norms: dict | None = None,
-    aux_targets=(),
     keep_train_only=False,
 ) -> tuple[list[PreparedSeries], dict]:
     """`prepare_series` for each series; one that cannot be used is skipped, not fatal.
@@ -382,7 +355,6 @@ def prepare_all(
       series_list: validated series.
       data_cfg: the `config.data` group.
       fitted_norms: optional series name -> saved `norm` (see `prepare_series`).
-      aux_targets: config.model.aux_targets (see `prepare_series`).
       keep_train_only: keep training-data-only series (see `prepare_series`).
 
     Returns:
@@ -396,7 +368,7 @@ def prepare_all(
     for series in series_list:
         try:
             fitted = (fitted_norms or {}).get(series.name)
-            preps.append(prepare_series(series, data_cfg, fitted, aux_targets, keep_train_only))
+            preps.append(prepare_series(series, data_cfg, fitted, keep_train_only))
             series_windows.append(preps[-1].ends)
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
@@ -416,19 +388,10 @@ def to_prices(prep: PreparedSeries, ends_N: np.ndarray, pred_NHC: np.ndarray) ->
       pred_NHC: [N, H, 4] forecasts in the normalised space `gather` produces.
 
     Returns:
-      float64 [N, H, 4] OHLC prices; exact (up to float64) for last_close.
-
-    Raises:
-      ValueError: for candle_minmax, which discards the price level.
+      float64 [N, H, 4] OHLC prices; exact up to float64 (log ratios to the last close).
     """
     pred = np.asarray(pred_NHC, np.float64)
-    kind = prep.norm["kind"]
-    if kind == "last_close":
-        return prep.ohlc[np.asarray(ends_N), 3][:, None, None] * np.exp(pred)
-    raise ValueError(
-        f"{prep.name}: data.normalization='candle_minmax' keeps no price level, so "
-        "forecasts cannot be mapped to prices; use last_close"
-    )
+    return prep.ohlc[np.asarray(ends_N), 3][:, None, None] * np.exp(pred)
 
 
 def latest_window(prep: PreparedSeries, lookback: int) -> np.ndarray:

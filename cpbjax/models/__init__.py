@@ -3,10 +3,7 @@
 `make_config(config)` is the one place a run config becomes a model config;
 `build(model_cfg)` returns the module. Every module is called as
   module.apply({"params": p}, x_BLF, y_BHC or None, train=..., teacher_forcing=...,
-               rngs={"dropout": k1, "teacher": k2}) → y_hat [B, H, C] float32,
-or, with return_aux=True, (y_hat, aux_hat [B, A] float32): the multi-task head's
-forecasts of config.model.aux_targets (A = 0 without them; the head then has no
-parameters).
+               rngs={"dropout": k1, "teacher": k2}) → y_hat [B, H, C] float32.
 Adding an architecture: a module and a config dataclass (a `model_config.ModelConfig`
 subclass) whose own fields are named like its config.model entries, then
 `register(name, module_cls, config_cls)`, from this package or from user code.
@@ -72,7 +69,7 @@ def make_config(config: ml_collections.ConfigDict) -> model_config.ModelConfig:
 
     Returns:
       The registered config dataclass of config.model.name, filled from
-      config.model.* plus lookback, horizon, num_features, num_aux, dtype and precision.
+      config.model.* plus lookback, horizon, num_features, dtype and precision.
 
     Raises:
       ValueError: unknown model name, or a field the model needs is missing.
@@ -88,7 +85,6 @@ def make_config(config: ml_collections.ConfigDict) -> model_config.ModelConfig:
         "horizon": config.data.horizon,
         "num_features": len(config.data.features),
         "num_targets": NUM_TARGETS,
-        "num_aux": len(config.model.aux_targets),
         "dtype": config.dtype,
         "matmul_precision": config.matmul_precision,
         "price_columns": tuple(int(j) for j in np.flatnonzero(price_mask(config.data.features))),

@@ -45,7 +45,6 @@ class Ensemble(nn.Module):
         y_BHC=None,
         train: bool = False,
         teacher_forcing=0.0,
-        return_aux: bool = False,
         member_outputs: bool = False,
     ):
         """The architecture's outputs averaged over the members (its __call__ contract), or
@@ -59,7 +58,7 @@ class Ensemble(nn.Module):
             axis_size=self.cfg.ensemble,
         )
         # Positional: nn.vmap broadcasts them.
-        args = (x_BLF, y_BHC, train, teacher_forcing, return_aux)
+        args = (x_BLF, y_BHC, train, teacher_forcing)
         out = stack(self.cfg, name=MEMBERS)(*args)
         if member_outputs:
             return out

@@ -1,6 +1,6 @@
 """The output side shared by the architectures: the forecast head's init and its baseline
 (`ForecastOutput`, the vol_band factors `band_factors` / `with_band`, the per-column
-fallback mask `keep_columns` / `with_keep`), the aux head, and `init_params`, which
+fallback mask `keep_columns` / `with_keep`) and `init_params`, which
 refuses a baseline or window scale a model would ignore.
 
 Shape suffixes: models/layers.py; Y ensemble members.
@@ -165,28 +165,3 @@ def without_keep(params) -> dict:
     if ensemble.MEMBERS in params:
         return {**params, ensemble.MEMBERS: stripped}
     return stripped
-
-
-def aux_head(cfg: model_config.ModelConfig) -> nn.Dense | None:
-    """The multi-task head: a linear map from the window summary to the A aux targets.
-
-    Linear on purpose: the auxiliary losses are there to shape the shared encoder
-    (hard parameter sharing); a deeper head could fit them by itself and leave the
-    encoder less shaped. None without aux targets: such a model has no extra parameter.
-    """
-    return layers.dense(cfg, cfg.num_aux) if cfg.num_aux else None
-
-
-def outputs(
-    head: nn.Dense | None, y_hat_BHC: jax.Array, summary_BD: jax.Array | None, return_aux: bool
-):
-    """y_hat_BHC, or (y_hat_BHC, aux_hat_BA float32) with return_aux.
-
-    The head runs whether or not its output is returned, so `init` creates its
-    parameters either way; under jit an unused aux output is pruned.
-    """
-    if head is None:
-        aux_hat_BA = jnp.zeros((y_hat_BHC.shape[0], 0), jnp.float32)
-    else:
-        aux_hat_BA = head(summary_BD).astype(jnp.float32)
-    return (y_hat_BHC, aux_hat_BA) if return_aux else y_hat_BHC

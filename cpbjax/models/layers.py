@@ -2,7 +2,7 @@
 the window's price scale (`PriceScale`, `window_range`).
 
 Shape suffixes (the package's legend): B batch, L lookback, H horizon, F input features,
-C targets (OHLC), A aux targets, D model width. Attention adds Q query positions,
+C targets (OHLC), D model width. Attention adds Q query positions,
 P attended (key/value) positions, E heads and W head width (D / E); an RNN cell's
 input width is I (F, D or C, by layer).
 """

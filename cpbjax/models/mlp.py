@@ -60,9 +60,9 @@ class WindowMLP(nn.Module):
     cfg: MLPConfig
 
     @nn.compact
-    def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0, return_aux=False):
-        """Forecasts [B, H, C] float32 (normalised space); with return_aux, (forecasts,
-        aux forecasts [B, A]). y_BHC and teacher_forcing are unused (direct decoding)."""
+    def __call__(self, x_BLF, y_BHC=None, train=False, teacher_forcing=0.0):
+        """Forecasts [B, H, C] float32 (normalised space). y_BHC and teacher_forcing are
+        unused (direct decoding)."""
         del teacher_forcing
         cfg = self.cfg
         model_config.check_inputs(cfg, x_BLF, y_BHC)
@@ -74,8 +74,7 @@ class WindowMLP(nn.Module):
         raw = layers.dense(cfg, out, kernel_init=heads.head_init(cfg), name="head")(h_BX)
         raw_BHC = raw.reshape(-1, cfg.horizon, cfg.num_targets)
         # The name every model gives its ForecastOutput: the band and fallback mask live there.
-        y_hat_BHC = heads.ForecastOutput(cfg, name="output")(raw_BHC, x_BLF)
-        return heads.outputs(heads.aux_head(cfg), y_hat_BHC, h_BX, return_aux)
+        return heads.ForecastOutput(cfg, name="output")(raw_BHC, x_BLF)
 
 
 def network_inputs(cfg: MLPConfig, x_BLF: jax.Array, scaled_BLF: jax.Array) -> jax.Array:

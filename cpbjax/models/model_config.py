@@ -42,7 +42,6 @@ class ModelConfig:
     horizon: int  # H, forecast candles per window.
     num_features: int  # F, input columns.
     num_targets: int = 4  # C, OHLC.
-    num_aux: int = 0  # A, auxiliary targets (len(config.model.aux_targets)); 0: no aux head.
     dropout: float = 0.0  # Dropout rate; only active with train=True.
     dtype: str = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
     matmul_precision: str = "default"  # highest | high | default.
@@ -65,7 +64,6 @@ class ModelConfig:
             "horizon",
             "num_features",
             "num_targets",
-            "num_aux",
             "dtype",
             "matmul_precision",
             "price_columns",

@@ -61,8 +61,6 @@ class RNNSeq2Seq(nn.Module):
     and a zero candle, and is fed its previous forecast (or, under teacher forcing,
     the true candle); the head maps [decoder output; context] to C values per step.
     Direct: the head maps [encoder's last output; context] to all H·C values at once.
-    The aux head (num_aux > 0) reads the encoder's last output, the top layer's final
-    state: a summary of the window that teacher-forced candles never reach.
     """
 
     cfg: RNNConfig
@@ -81,7 +79,6 @@ class RNNSeq2Seq(nn.Module):
         self.head_out = layers.dense(cfg, out, kernel_init=heads.head_init(cfg))
         self.price_scale = layers.PriceScale(cfg)
         self.output = heads.ForecastOutput(cfg)
-        self.aux_head = heads.aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
     def __call__(
@@ -90,7 +87,6 @@ class RNNSeq2Seq(nn.Module):
         y_BHC=None,
         train: bool = False,
         teacher_forcing=0.0,
-        return_aux: bool = False,
     ):
         """Forecasts H candles from windows.
 
@@ -101,12 +97,9 @@ class RNNSeq2Seq(nn.Module):
           train: enables dropout and teacher forcing (needs rngs "dropout", "teacher").
           teacher_forcing: per-step probability (float or traced scalar) of feeding
             the true previous candle instead of the forecast.
-          return_aux: also return the aux head's forecasts.
 
         Returns:
-          Forecasts [B, H, C] float32, in the
-          normalised space of the targets; with return_aux, (forecasts, aux forecasts
-          [B, A] float32).
+          Forecasts [B, H, C] float32, in the normalised space of the targets.
 
         Raises:
           ValueError: window shapes that do not match the config.
@@ -115,14 +108,12 @@ class RNNSeq2Seq(nn.Module):
         model_config.check_inputs(cfg, x_BLF, y_BHC)
         enc_BLD, states = self._encode(x_BLF, train)
         memory = self.attention.prepare(enc_BLD)
-        last_BD = enc_BLD[:, -1]
         if cfg.decoding == "direct":
+            last_BD = enc_BLD[:, -1]
             y_flat = self._head(last_BD, self.attention(memory, last_BD))  # [B, H * C]
             raw = y_flat.reshape(-1, cfg.horizon, cfg.num_targets)
-            y_hat_BHC = self.output(raw, x_BLF)
-        else:
-            y_hat_BHC = self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
-        return heads.outputs(self.aux_head, y_hat_BHC, last_BD, return_aux)
+            return self.output(raw, x_BLF)
+        return self._autoregressive(states, memory, y_BHC, train, teacher_forcing)
 
     def _encoder_layer(self) -> nn.Module:
         return nn.RNN(self.cell_type(self.cfg.hidden, self.cfg), return_carry=True)

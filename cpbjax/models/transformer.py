@@ -129,8 +129,6 @@ class Transformer(nn.Module):
     a separate target projection C → D embeds candles. Cross-attention keys and
     values of the encoder memory are computed once, before the decoding scan.
     Direct decoding feeds H learned query embeddings through the decoder at once.
-    The aux head (num_aux > 0) reads the encoder memory averaged over the L positions,
-    which teacher-forced candles never reach.
     """
 
     cfg: TransformerConfig
@@ -145,7 +143,6 @@ class Transformer(nn.Module):
         self.output_proj = layers.dense(cfg, cfg.num_targets, kernel_init=heads.head_init(cfg))
         self.price_scale = layers.PriceScale(cfg)
         self.output = heads.ForecastOutput(cfg)
-        self.aux_head = heads.aux_head(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         if cfg.decoding == "direct":
             init = nn.initializers.normal(0.02)
@@ -157,7 +154,6 @@ class Transformer(nn.Module):
         y_BHC=None,
         train: bool = False,
         teacher_forcing=0.0,
-        return_aux: bool = False,
     ):
         """Forecasts H candles from windows: the model interface of every cpbjax model, with
         the arguments and returns documented on `seq2seq.RNNSeq2Seq.__call__`."""
@@ -170,13 +166,8 @@ class Transformer(nn.Module):
             h_BHD = h_BHD.astype(cfg.compute_dtype)
             for layer, kv in zip(self.decoder, cross_kv, strict=True):
                 h_BHD = layer(h_BHD, kv, train)
-            y_hat_BHC = self.output(self.output_proj(h_BHD), x_BLF)
-        else:
-            y_hat_BHC = self._autoregressive(
-                cross_kv, x_BLF.shape[0], y_BHC, train, teacher_forcing
-            )
-        pooled_BD = None if self.aux_head is None else jnp.mean(memory_BLD, axis=1)
-        return heads.outputs(self.aux_head, y_hat_BHC, pooled_BD, return_aux)
+            return self.output(self.output_proj(h_BHD), x_BLF)
+        return self._autoregressive(cross_kv, x_BLF.shape[0], y_BHC, train, teacher_forcing)
 
     def _encode(self, x_BLF, train):
         cfg = self.cfg

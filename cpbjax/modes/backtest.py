@@ -50,9 +50,7 @@ def _prepare(config, clock: StageClock) -> tuple[list, dict]:
     with clock.stage("load"):
         series, skipped = sources.load_all(config.data)
     with clock.stage("prepare"):
-        preps, unusable = folds.prepare_all(
-            series, config.data, config.backtest, aux_targets=config.model.aux_targets
-        )
+        preps, unusable = folds.prepare_all(series, config.data, config.backtest)
     return preps, {**skipped, **unusable}
 
 
@@ -163,11 +161,6 @@ def _check(config) -> None:
             f"train.init_from={config.train.init_from!r} is set, but a backtest's folds "
             "would score a start trained on their own months: backtest the starting run's "
             "config instead"
-        )
-    if config.data.normalization == "candle_minmax":
-        raise ConfigError(
-            "data.normalization='candle_minmax' keeps no price level, so a backtest has no "
-            "price-space errors to pool: use last_close"
         )
 
 

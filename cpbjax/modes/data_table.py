@@ -76,7 +76,7 @@ def run_data_table(config) -> None:
     started = time.perf_counter()
     series, skipped = sources.load_all(config.data)
     loaded = time.perf_counter()
-    preps, unusable = windows.prepare_all(series, config.data, aux_targets=config.model.aux_targets)
+    preps, unusable = windows.prepare_all(series, config.data)
     prepared = time.perf_counter()
     print(format_table(table_rows(config.data, series, {**skipped, **unusable}, preps)))
     print(f"\n{len(series)} of {len(series) + len(skipped)} series loaded.")

@@ -235,8 +235,7 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
 
     Returns:
       (series name -> results.json entry (without evaluation on processes other than
-      0), series name -> test forecast record (none where the normalisation keeps no
-      price level)).
+      0), series name -> test forecast record).
     """
     fields = ("best_params", "best_val", "best_epoch", "epochs_run", "active", "diverged")
     # The last params only serve the warning on a run that kept its untrained baseline.
@@ -259,8 +258,7 @@ def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds
                 last_params = jax.tree.map(lambda a, i=i: a[i], last_params)
             with run.clock.stage("evaluate"):
                 _keep_scored(run, prep, scored[prep.name], entry, last_params)
-            if scored[prep.name].record is not None:
-                records[prep.name] = scored[prep.name].record
+            records[prep.name] = scored[prep.name].record
         entries[prep.name] = writers.to_jsonable(entry)
     run.ledger.finish(group, entries)
     sharding.barrier(f"cpbjax {group} finished")

@@ -36,8 +36,7 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
         trained = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in trained.items() if k not in ("val", "test")}
         series[name].update(entry, data=prep.notes)  # the evaluated data
-        if record is not None:
-            records[name] = record
+        records[name] = record
     return series, records
 
 

@@ -115,12 +115,7 @@ def prepare_all(config, clock: StageClock | None = None, keep_train_only=False):
     with clock.stage("load"):
         series, skipped = sources.load_all(config.data)
     with clock.stage("prepare"):
-        preps, unusable = windows.prepare_all(
-            series,
-            config.data,
-            aux_targets=config.model.aux_targets,
-            keep_train_only=keep_train_only,
-        )
+        preps, unusable = windows.prepare_all(series, config.data, keep_train_only=keep_train_only)
     return preps, {**skipped, **unusable}
 
 

@@ -50,8 +50,6 @@ def epoch_record(group: str, names: list[str], m: dict, seconds: float, coins: i
         "seconds": seconds,
         "coins_computed": coins,
     }
-    if train_cfg.reduce_on_plateau:
-        record["lr_scale"] = m["lr_scale"][:n]
     record["val_gain_se"] = m["val_gain_se"][:n]
     if train_cfg.share == "pooled":  # what its early stopping judged, the same on every coin
         # that trains; coin 0 may not (data.split_dates: a series with no train windows).

@@ -152,7 +152,7 @@ def summary_lines(results: dict) -> list[str]:
     skills = {n: _close(e).get("skill") for n, e in results.get("series", {}).items()}
     skills = {n: s for n, s in skills.items() if s is not None}
     if not skills:
-        return ["No price-space test metrics (no series evaluated, or candle_minmax)."]
+        return ["No price-space test metrics (no series evaluated)."]
     pvals = [
         (results["series"][n].get("test") or {}).get("dm", {}).get("p_value_better") for n in skills
     ]

@@ -117,7 +117,7 @@ def _scalars(record: dict) -> list[tuple[str, float]]:
     ]
     if record.get("pooled_val_loss") is not None:  # train.share=pooled
         pairs.append(("pooled_val_loss", record["pooled_val_loss"]))
-    optional = tuple(f for f in ("lr_scale", "val_gain_se") if f in record)
+    optional = ("val_gain_se",) if "val_gain_se" in record else ()
     for field in ("train_loss", "val_loss", "best_val_loss", *optional):
         values = record.get(field)
         if values is None or len(values) != len(series):
@@ -145,7 +145,7 @@ class TensorBoardLog:
     """Writes each group's epoch scalars as one TensorBoard run under `<workdir>/tb/<group>/`.
 
     Tags: `train_loss/<series>`, `val_loss/<series>`, `best_val_loss/<series>`,
-    `lr_scale/<series>` and `val_gain_se/<series>` (when present), `lr`, `active_series`,
+    `val_gain_se/<series>` (when present), `lr`, `active_series`,
     `epoch_seconds`, `pooled_val_loss` (train.share=pooled); the step is the epoch. Every
     `append` is flushed and fsynced, so a SIGKILL loses nothing appended.
     Call `close()` in a `finally`.
@@ -196,7 +196,7 @@ class TensorBoardLog:
 
         Args:
           record: {"group", "epoch", "series", "train_loss", "val_loss", "best_val_loss",
-            "lr", "active", "seconds"} and optionally "lr_scale", "val_gain_se" and
+            "lr", "active", "seconds"} and optionally "val_gain_se" and
             "pooled_val_loss", as the driver writes it.
 
         Raises:

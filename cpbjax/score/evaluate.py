@@ -68,13 +68,13 @@ class Scored(NamedTuple):
     """What `evaluate_model` gives for one series."""
 
     entry: dict  # {"val": metrics, "test": metrics}: results.json's series[name] splits
-    record: dict | None  # the test `forecast.forecast_record`; None without a price level
+    record: dict  # the test `forecast.forecast_record`
     calibration: dict | None  # `intervals.fit_before` test's, on train+val; None without one
     params: dict  # the params test scored: with eval.refit_band, refit on train+val
 
 
 def _window_scores(prep, fc: forecast.SplitForecast, horizon: int) -> dict:
-    """What every normalisation scores of a split: its windows and normalised losses."""
+    """A split's windows and normalised losses."""
     ends = fc.ends_N
     return {
         "windows": int(len(ends)),
@@ -87,7 +87,7 @@ def _window_scores(prep, fc: forecast.SplitForecast, horizon: int) -> dict:
         "zero_forecast_mse": metrics.normalized_mse(
             prep, ends, np.zeros_like(fc.norm_NHC), horizon
         ),
-        "price_space": fc.prices_NHC is not None,
+        "price_space": True,  # results.json's field: every forecast maps back to prices
     }
 
 
@@ -103,12 +103,10 @@ def evaluate_split(
 
     Returns:
       The JSON-ready metrics dict (schema: README, "results.json"): windows,
-      normalized_mse, and with a price-preserving normalisation also columns,
-      direction, dm, ridge and vol_band; a calibration adds calibrated_interval.
+      normalized_mse, columns, direction, dm, ridge and vol_band; a calibration adds
+      calibrated_interval.
     """
     ends, out = fc.ends_N, _window_scores(prep, fc, spec.horizon)
-    if fc.prices_NHC is None:  # candle_minmax keeps no price level: nothing to score.
-        return out
     actual = metrics.next_candles(prep.ohlc, ends, spec.horizon)
     out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
     out.update(baselines.fitted_baselines(prep, split, ends, spec, out["columns"]))
@@ -166,16 +164,13 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
         if refit:
             fcs, shift_H2 = band_refit.refit_for(split, prep, trained, spec)
             scored_params = band_refit.shifted(params, shift_H2)
-        if spec.interval_levels and fcs[split].prices_NHC is not None:
+        if spec.interval_levels:
             point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
             calibration = intervals.fit_before(prep, split, point, spec)
         entry[split] = evaluate_split(prep, fcs[split], split, spec, calibration)
         if refit:
             entry[split]["band_refit"] = band_refit.shift_json(shift_H2)
-    test = fcs["test"]
-    if test.prices_NHC is None:  # only the test split is plotted and saved
-        return Scored(entry, None, None, scored_params)
-    record = forecast.forecast_record(prep, test, spec, calibration)
+    record = forecast.forecast_record(prep, fcs["test"], spec, calibration)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
     return Scored(entry, record, calibration, scored_params)
@@ -217,7 +212,7 @@ def reload_forecasts(config, workdir: str, module, preps: list) -> dict:
     for the plots, and saved to forecasts/ when eval.save_forecasts asks for files that
     are missing (process 0; {} when neither asks for them)."""
     c = config
-    plots = c.eval.plots and c.eval.plot_windows and c.data.normalization != "candle_minmax"
+    plots = c.eval.plots and c.eval.plot_windows
     if not ((plots or c.eval.save_forecasts) and sharding.is_primary()):
         return {}
     records, spec = {}, make_spec(c)
@@ -232,8 +227,6 @@ def reload_forecasts(config, workdir: str, module, preps: list) -> dict:
             )
             continue
         fc = forecast.split_forecast(module, params, prep, "test", spec)
-        if fc.prices_NHC is None:
-            continue
         calibration = meta.get("interval_calibration")
         records[prep.name] = forecast.forecast_record(prep, fc, spec, calibration)
         if c.eval.save_forecasts:

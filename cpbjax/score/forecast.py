@@ -30,7 +30,7 @@ class SplitForecast(NamedTuple):
     """The forecasts of every window of one split."""
 
     ends_N: np.ndarray  # int64 window end indices into the series
-    prices_NHC: np.ndarray | None  # float64 prices; None under candle_minmax (no price level)
+    prices_NHC: np.ndarray  # float64 prices
     norm_NHC: np.ndarray  # float32 forecasts in the normalised space
 
 
@@ -81,11 +81,9 @@ def split_forecast(module, params, prep, split, spec) -> SplitForecast:
 
 
 def forecast_ends(module, params, prep, ends_N, lookback, horizon) -> SplitForecast:
-    """Forecasts the windows of one series that end at ends_N, in prices where there are."""
+    """Forecasts the windows of one series that end at ends_N, normalised and in prices."""
     ends_N = np.asarray(ends_N, np.int64)
     pred_norm = predict_windows(module, params, prep, ends_N, lookback, horizon)
-    if prep.norm["kind"] == "candle_minmax":
-        return SplitForecast(ends_N, None, pred_norm)
     return SplitForecast(ends_N, windows.to_prices(prep, ends_N, pred_norm), pred_norm)
 
 
@@ -93,11 +91,6 @@ def forecast_record(prep, fc: SplitForecast, spec, calibration=None):
     """The arrays of a forecasts file (see save_forecasts); spec: the run's
     evaluate.EvalSpec (its window sizes); `calibration` (intervals.fit_calibration) adds
     the calibrated interval."""
-    if fc.prices_NHC is None:
-        raise ValueError(
-            f"{prep.name}: no price forecasts to save: data.normalization="
-            f"{prep.norm['kind']!r} keeps no price level"
-        )
     ends_N = np.asarray(fc.ends_N, np.int64)
     idx_NH = ends_N[:, None] + np.arange(1, spec.horizon + 1)[None, :]
     record = {
@@ -164,11 +157,8 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
     `interval`: {"lower", "upper"} OHLC prices, and the entry's `interval_levels`.
 
     Raises:
-      SeriesSkipped: the newest L candles are too few or span a gap, or the
-        normalisation keeps no price level (candle_minmax).
+      SeriesSkipped: the newest L candles are too few or span a gap.
     """
-    if prep.norm["kind"] == "candle_minmax":
-        raise SeriesSkipped("data.normalization='candle_minmax' keeps no price level")
     try:
         windows.latest_window(prep, lookback)
     except ValueError as e:

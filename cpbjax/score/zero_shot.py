@@ -48,11 +48,8 @@ def fit_series(model, prep):
       (the fitted LoadedModel, the number of windows fitted on).
 
     Raises:
-      SeriesSkipped: fewer than MIN_FIT_WINDOWS windows, or a normalisation without a
-        price level (candle_minmax).
+      SeriesSkipped: fewer than MIN_FIT_WINDOWS windows.
     """
-    if prep.norm["kind"] == "candle_minmax":
-        raise SeriesSkipped("data.normalization='candle_minmax' keeps no price level")
     spec = evaluate.make_spec(model.trained)
     ends_N = fit_ends(prep, spec.lookback, spec.horizon)
     if len(ends_N) < MIN_FIT_WINDOWS:

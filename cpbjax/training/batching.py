@@ -8,7 +8,7 @@ two `StepWindows`: `SeriesWindows`, still to be sliced from the device-resident 
 paths run the same step.
 
 Shape letters (docs/design.md): K coins, T candles, N windows of a split, S steps of an
-epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets, A aux targets.
+epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ class CoinData(NamedTuple):
     targets_TC: jax.Array
     anchor_T: jax.Array
     price_mask_F: jax.Array  # shared by the coins of a group
-    aux_TA: jax.Array
     target_scale_C: jax.Array  # the loss's per-column divisors (train.loss_scale)
 
 
 # vmap axes of CoinData over the coins of a GroupArrays.
-COIN_DATA_AXES = CoinData(0, 0, 0, None, 0, 0)
+COIN_DATA_AXES = CoinData(0, 0, 0, None, 0)
 
 
 def coin_data(arrays: stacking.GroupArrays) -> CoinData:
@@ -43,7 +42,6 @@ def coin_data(arrays: stacking.GroupArrays) -> CoinData:
         arrays.targets,
         arrays.anchor,
         arrays.price_mask,
-        arrays.aux,
         arrays.target_scale,
     )
 
@@ -53,22 +51,15 @@ class Windows(NamedTuple):
 
     x_BLF: jax.Array  # normalised inputs
     y_BHC: jax.Array  # normalised OHLC targets
-    aux_BA: jax.Array  # aux targets (A = 0 without them)
 
 
 def gather_windows(spec: EpochSpec, data: CoinData, ends_B: jax.Array) -> Windows:
     """The windows of ONE coin ending at ends_B (int32 [B])."""
-    if data.aux_TA.shape[-1] != spec.num_aux:
-        raise ValueError(
-            f"the group has {data.aux_TA.shape[-1]} aux target columns but the spec has "
-            f"{spec.num_aux}: prepare the series with "
-            "windows.prepare_all(..., aux_targets=config.model.aux_targets)"
-        )
     source = stacking.WindowSource(
         data.inputs_TF, data.targets_TC, data.anchor_T, data.price_mask_F
     )
     x_BLF, y_BHC = stacking.gather(source, ends_B, spec.lookback, spec.horizon)
-    return Windows(x_BLF, y_BHC, stacking.gather_aux(data.aux_TA, ends_B))
+    return Windows(x_BLF, y_BHC)
 
 
 class SeriesWindows(NamedTuple):
@@ -100,7 +91,7 @@ class HostWindows(NamedTuple):
 
     def coin_axes(self) -> HostWindows:
         """vmap axes of K coins' HostWindows (every leaf has the coin axis)."""
-        return HostWindows(Windows(0, 0, 0), 0)
+        return HostWindows(Windows(0, 0), 0)
 
 
 StepWindows = SeriesWindows | HostWindows

@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 
 from cpbjax import sharding
-from cpbjax.training import epoch_spec, optimizer
+from cpbjax.training import epoch_spec
 from cpbjax.training.group import GroupTrainer
 
 
@@ -105,7 +105,6 @@ class LiveCoins:
             "train_loss": nan_K,
             "val_loss": nan_K,
             "best_val_loss": full.best_val,
-            "lr_scale": np.asarray(jax.vmap(optimizer.plateau_scale)(full.plateau)),
             "active": np.zeros_like(full.active),
             "diverged": full.diverged,
             "val_gain_se": nan_K,

@@ -32,22 +32,18 @@ class EpochSpec:
     module: nn.Module  # the Flax Linen model of every coin
     tx: optax.GradientTransformation  # optimizer.make_optimizer (lr injected per step)
     schedule: optax.Schedule  # global step -> base learning rate
-    plateau: optax.GradientTransformation  # reduce-on-plateau (scale 1 when disabled)
     lookback: int  # L
     horizon: int  # H
     num_features: int  # F
-    num_aux: int  # A: aux target columns (0 without model.aux_targets)
     batch_size: int  # B
     train_steps: int  # S of the train pass: ceil(padded train windows / B)
     val_steps: int  # S of the val pass
     teacher_forcing: float  # per-step probability of feeding the true candle
-    aux_weight: float  # weight of the aux MSE in the training objective
     patience: int  # early stopping: epochs without val improvement
     loss: str  # losses.LOSSES: minimised, and what the val loss measures
     scale_loss: bool  # train.loss_scale == "persistence": errors over target_scale
     baseline: str  # model.baseline: "vol_band" starts params at the fitted band
     min_delta: float  # an epoch improves only if it beats the best by more (`early_stopping.bar`)
-    reduce_on_plateau: bool
     # train.share: "series" (a model per coin, cpbjax/training/step.py's epoch) or "pooled" (one model
     # for every coin: cpbjax/training/pooled.py's epoch over the same data and state layout).
     share: str = "series"
@@ -58,7 +54,7 @@ class EpochSpec:
 
 
 def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
-    """The EpochSpec of a run config (data, model.aux_*, train), its model, and its
+    """The EpochSpec of a run config (data, model, train), its model, and its
     padded length T (stacking.padded_length; default data.max_candles)."""
     d, t = config.data, config.train
     sizes = stacking.padded_sizes(d, t_max)
@@ -70,22 +66,18 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
             t, "weight_decay" in sweep_grid.hparam_names(config), members=members
         ),
         schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
-        plateau=optimizer.make_plateau(t),
         lookback=d.lookback,
         horizon=d.horizon,
         num_features=len(d.features),
-        num_aux=len(config.model.aux_targets),
         batch_size=t.batch_size,
         train_steps=train_steps,
         val_steps=math.ceil(sizes["val"] / t.batch_size),
         teacher_forcing=t.teacher_forcing,
-        aux_weight=config.model.aux_weight,
         patience=t.patience,
         loss=t.loss,
         scale_loss=t.loss_scale == "persistence",
         baseline=config.model.baseline,
         min_delta=t.min_delta,
-        reduce_on_plateau=t.reduce_on_plateau,
         share=t.share,
         pooled_chunk=t.pooled_chunk,
         members=members,
@@ -102,7 +94,6 @@ class GroupState:
 
     params: Any  # Current Flax params [K, ...].
     opt_state: Any  # Optax state of `optimizer.make_optimizer` [K, ...].
-    plateau: Any  # Reduce-on-plateau state [K, ...] (scale stays 1 when disabled).
     best_params: Any  # Params at each coin's best validation loss [K, ...].
     best_val: jax.Array  # float32 [K], inf before the first epoch.
     best_epoch: jax.Array  # int32 [K].

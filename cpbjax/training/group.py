@@ -197,7 +197,6 @@ class GroupTrainer:
             inputs=sds((k, t, spec.num_features), jnp.float32),
             targets=sds((k, t, columns.NUM_TARGETS), jnp.float32),
             anchor=sds((k, t), jnp.float32),
-            aux=sds((k, t, spec.num_aux), jnp.float32),
             price_mask=sds((spec.num_features,), jnp.float32),
             target_scale=sds((k, columns.NUM_TARGETS), jnp.float32),
             band=sds((k, spec.horizon, 2), jnp.float32),
@@ -250,7 +249,7 @@ class GroupTrainer:
 
         Returns:
           (new state, metrics): device arrays; metrics holds float32 [K] train_loss,
-          val_loss, best_val_loss, lr_scale, val_gain_se, bool [K] active, diverged, and scalars
+          val_loss, best_val_loss, val_gain_se, bool [K] active, diverged, and scalars
           epoch (1-based, the epoch just run) and lr (base schedule lr of its last step).
           Losses are NaN for coins that did not train this epoch.
         """

@@ -1,14 +1,12 @@
-"""The Optax chain, its warmup-cosine schedule and the per-epoch reduce-on-plateau.
+"""The Optax chain and its warmup-cosine schedule.
 
 The chain is clip_by_global_norm -> adam | adamw. Its learning rate is an
 injected hyperparameter (`optax.inject_hyperparams`) that the train step sets
-before every update from `schedule(global_step) * plateau_scale`, so:
+before every update from `schedule(global_step)`, so:
   - the schedule follows the group's global step (epoch * steps_per_epoch + batch),
     and a batch a coin skips (no valid windows, or the coin is frozen) does not
     shift that coin's schedule;
-  - the learning rate lives in the optimizer state, where metrics can read it;
-  - reduce-on-plateau is fed the validation loss once per epoch (its patience is
-    in epochs), not the training loss of every step.
+  - the learning rate lives in the optimizer state, where metrics can read it.
 A sweep coin (cpbjax/config/sweep_grid.py) multiplies that rate by its own lr_mult, and with
 `per_coin_decay` its weight decay is injected the same way. For model.ensemble the chain
 runs once per member (`per_member`), so clipping and Adam see one member at a time.
@@ -109,29 +107,3 @@ def with_learning_rate(opt_state, learning_rate: jax.Array, **others: jax.Array)
         },
     )
     return opt_state._replace(hyperparams=hyperparams)
-
-
-def make_plateau(train_cfg) -> optax.GradientTransformationExtraArgs:
-    """Reduce-on-plateau over the validation loss, stepped once per epoch.
-
-    With train.reduce_on_plateau False the scale is never stepped and stays 1.
-    """
-    return optax.contrib.reduce_on_plateau(
-        factor=train_cfg.plateau_factor, patience=train_cfg.plateau_patience
-    )
-
-
-def init_plateau(plateau: optax.GradientTransformationExtraArgs):
-    """The plateau state (float32 scale 1, no best value yet)."""
-    return plateau.init(jnp.zeros((), jnp.float32))
-
-
-def step_plateau(plateau: optax.GradientTransformationExtraArgs, state, val_loss: jax.Array):
-    """Feeds one epoch's validation loss; returns the new plateau state."""
-    _, state = plateau.update(updates={}, state=state, value=val_loss)
-    return state
-
-
-def plateau_scale(state) -> jax.Array:
-    """The current learning-rate multiplier of a plateau state."""
-    return state.scale

@@ -2,23 +2,22 @@
 
 It keeps cpbjax/training/step.py's data and state layout, so group.py, checkpoints, resume and the
 per-series saving work unchanged: the GroupState still carries the coin axis K, but every
-coin holds the same params, optimizer and plateau state (replicated), and the real coins
+coin holds the same params and optimizer state (replicated), and the real coins
 share one early-stopping record. Each step gathers B windows of every coin (each coin
 shuffled with its own key, as `batching.train_batches` does), takes ONE gradient of the
 shared params on the mean loss over all K·B valid windows and makes one update. Early
-stopping, divergence and the plateau watch the pooled val loss, the mean over every
-coin's val windows; each coin's own train and val losses are still reported.
+stopping and divergence watch the pooled val loss, the mean over every coin's val
+windows; each coin's own train and val losses are still reported.
 
 Both means weigh windows, not coins: the pooled model is fitted to all windows, and with
-data.normalization=last_close and train.loss_scale=persistence a window's loss is comparable
-across series; a coin with fewer windows (a shorter series) counts for fewer of them.
+train.loss_scale=persistence a window's loss is comparable across series; a coin with fewer windows (a shorter series) counts for fewer of them.
 
 Data-parallel over every device (docs/design.md): the coin axis is sharded over the `coins`
 mesh as in a per-series run, and the epoch runs per device under group.py's shard_map on
 its K / num_devices coins. Each device sums its coins' objective and gradient; one psum
 (an all-reduce) per step makes the update of every device the same, so the params stay
-replicated. Per epoch, the shared view (`shared`: coin 0's params, optimizer, plateau and
-sweep setting) and the val losses the pooled val loss and its standard error read are
+replicated. Per epoch, the shared view (`shared`: coin 0's params, optimizer and sweep
+setting) and the val losses the pooled val loss and its standard error read are
 all-gathered; nothing else crosses devices. The init (`init_state`) is one global
 program that XLA partitions (group.py). On one device every collective is the identity,
 so a 1-device run computes what it computed before the mesh grew.
@@ -55,8 +54,7 @@ def gather_coins(tree):
 
 def shared(tree):
     """Inside the epoch's shard_map: `first` of the whole coin axis on every device. A
-    device's own first coin may be padding, whose plateau and sweep values are not the
-    model's; so each device's first leaf is gathered and device 0's taken."""
+    device's own first coin may be padding, whose sweep values are not the model's; so each device's first leaf is gathered and device 0's taken."""
     return jax.tree.map(lambda a: jax.lax.all_gather(a, sharding.COIN_AXIS)[0], first(tree))
 
 
@@ -231,7 +229,7 @@ class PooledStep(NamedTuple):
     """What one pooled update takes besides the shared params and the data."""
 
     batch: Batch  # this device's coins' windows of the step
-    lr: jax.Array  # learning rate (schedule x plateau scale x a sweep setting's lr_mult)
+    lr: jax.Array  # learning rate (schedule x a sweep setting's lr_mult)
     hparams: dict  # a sweep setting's other injected optimizer values ({} without one)
 
 
@@ -270,14 +268,14 @@ def train_steps(
     coin's params the same) after the steps `xs`, replicated back to this device's
     [K, ...] with its per-coin sums."""
     _, step_keys_K = batching.epoch_keys(state)
-    lr_scale, hparams = setting_hparams(arrays, optimizer.plateau_scale(shared(state.plateau)))
+    lr_mult, hparams = setting_hparams(arrays)
 
     def body(carry: epoch_spec.TrainPass, xs):
         s, part, mask_KB = xs
         lr = spec.schedule(state.epoch * spec.train_steps + s)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
         mask_KB = mask_KB & state.active[:, None]
-        pooled_step = PooledStep(Batch(windows_of(part), mask_KB, keys_K), lr * lr_scale, hparams)
+        pooled_step = PooledStep(Batch(windows_of(part), mask_KB, keys_K), lr * lr_mult, hparams)
         r = pooled_train_step(spec, carry.params, carry.opt_state, pooled_step)
         return carry.add(r), None
 
@@ -304,14 +302,11 @@ def train_pass(
     return train_steps(spec, state, arrays, step.fresh_pass(state), xs, windows_of)
 
 
-def setting_hparams(arrays: stacking.GroupArrays, lr_scale: jax.Array):
-    """The group's sweep setting as the pooled step takes it: (lr_scale times its lr_mult
-    where swept, the injected optimizer values: name -> []). A pooled sweep trains one
-    setting per group (cpbjax/modes/sweep.py), so coin 0's values are every coin's; without a
-    sweep, (lr_scale, {}) untouched."""
-    k = arrays.train_mask.shape[0]
-    lr_scale_K, hparams_K = step.coin_hparams(arrays, jnp.broadcast_to(lr_scale, (k,)))
-    return shared((lr_scale_K, hparams_K))
+def setting_hparams(arrays: stacking.GroupArrays):
+    """The group's sweep setting as the pooled step takes it: (its lr_mult, the injected
+    optimizer values: name -> []). A pooled sweep trains one setting per group
+    (cpbjax/modes/sweep.py), so coin 0's values are every coin's; without a sweep, (1, {})."""
+    return shared(step.coin_hparams(arrays, arrays.train_mask.shape[0]))
 
 
 def run_epoch(spec: epoch_spec.EpochSpec, state: epoch_spec.GroupState, arrays):

@@ -16,7 +16,7 @@ and moments do not move). Every reduction is per coin, so a NaN in one coin can 
 reach another.
 
 Shape letters (docs/design.md): K coins, T candles, N windows of a split, S steps of an
-epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets, A aux targets.
+epoch, B windows per step, L lookback, H horizon, F features, C OHLC targets.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ EPOCH_METRICS = (
     "train_loss",
     "val_loss",
     "best_val_loss",
-    "lr_scale",
     "active",
     "diverged",
     "val_gain_se",  # the standard error of val_loss - best before it (early_stopping.bar)
@@ -54,17 +53,11 @@ EPOCH_METRICS = (
 )
 
 
-def window_sq_err(y_hat_B: jax.Array, y_B: jax.Array) -> jax.Array:
-    """Mean squared error of each window over its other axes ([B, H, C] or [B, A]), float32 [B]."""
-    err = jnp.square(y_hat_B.astype(jnp.float32) - y_B)
-    return jnp.mean(err, axis=tuple(range(1, err.ndim)))
-
-
 # -- init -------------------------------------------------------------------------------
 
 
 def init_coin(spec: epoch_spec.EpochSpec, key: jax.Array, band_H2: jax.Array):
-    """(params, opt_state, plateau state, train key) of one coin from its key.
+    """(params, opt_state, train key) of one coin from its key.
 
     With model.baseline=vol_band the band starts at the coin's fitted factors band_H2.
     """
@@ -76,7 +69,7 @@ def init_coin(spec: epoch_spec.EpochSpec, key: jax.Array, band_H2: jax.Array):
     params = heads.init_params(spec.module, rngs, x_BLF, y_BHC)
     if spec.baseline == "vol_band":
         params = heads.with_band(params, band_H2)
-    return params, spec.tx.init(params), optimizer.init_plateau(spec.plateau), train_key
+    return params, spec.tx.init(params), train_key
 
 
 def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
@@ -86,7 +79,7 @@ def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArray
     # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
     # pool and deadlocks when the pool is small (seen with K >= 3 on 2 cores). Init
     # runs once per group, so a sequential map costs nothing that matters.
-    params, opt_state, plateau, train_keys = jax.lax.map(
+    params, opt_state, train_keys = jax.lax.map(
         lambda kb: init_coin(spec, *kb), (keys_K2, arrays.band)
     )
     k = keys_K2.shape[0]
@@ -96,7 +89,6 @@ def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArray
     return GroupState(
         params=params,
         opt_state=opt_state,
-        plateau=plateau,
         best_params=jax.tree.map(jnp.copy, params),
         best_val=jnp.full((k,), jnp.inf, jnp.float32),
         best_epoch=zeros_K,
@@ -152,48 +144,36 @@ def coin_loss_sums(spec: epoch_spec.EpochSpec, params, w: batching.StepWindows, 
     """The training objective of ONE coin's batch and its forecast part, summed over the
     valid windows (float32 scalars, 0 when none is valid).
 
-    Per window: train.loss of the OHLC forecast + aux_weight * aux MSE (the aux term
-    only with aux targets). An ensemble's objective is the sum of its members' (each
-    member's gradient is its own) and its forecast part their mean.
+    Per window: train.loss of the OHLC forecast. An ensemble's objective is the sum of
+    its members' (each member's gradient is its own) and its forecast part their mean.
     """
     windows = w.gathered(spec)
     dropout_key, teacher_key = jax.random.split(key)
     members = {"member_outputs": True} if spec.members > 1 else {}
-    y_hat, aux_hat_BA = spec.module.apply(
+    y_hat = spec.module.apply(
         {"params": params},
         windows.x_BLF,
         windows.y_BHC,
         train=True,
         teacher_forcing=spec.teacher_forcing,
-        return_aux=True,
         rngs={"dropout": dropout_key, "teacher": teacher_key},
         **members,
     )
-    window_terms = functools.partial(_window_terms, spec, windows, w.target_scale_C, mask_B)
+    window_loss = functools.partial(_window_loss, spec, windows, w.target_scale_C, mask_B)
     if spec.members == 1:
-        objective_B, err_B = window_terms(y_hat, aux_hat_BA)
-    else:  # [Y, B] per member
-        objective_YB, err_YB = jax.vmap(window_terms)(y_hat, aux_hat_BA)
-        objective_B, err_B = jnp.sum(objective_YB, axis=0), jnp.mean(err_YB, axis=0)
-    return jnp.sum(objective_B), jnp.sum(err_B)
+        err_B = window_loss(y_hat)
+        return jnp.sum(err_B), jnp.sum(err_B)
+    err_YB = jax.vmap(window_loss)(y_hat)  # [Y, B] per member
+    return jnp.sum(jnp.sum(err_YB, axis=0)), jnp.sum(jnp.mean(err_YB, axis=0))
 
 
-def _window_terms(
-    spec: epoch_spec.EpochSpec,
-    w: batching.Windows,
-    target_scale_C: jax.Array,
-    mask_B,
-    y_hat,
-    aux_hat_BA,
+def _window_loss(
+    spec: epoch_spec.EpochSpec, w: batching.Windows, target_scale_C: jax.Array, mask_B, y_hat
 ):
-    """(objective, forecast loss) of each window of one model's forecasts, float32 [B]
-    (0 where mask_B is False)."""
+    """The forecast loss of each window of one model's forecasts y_hat [B, H, C], float32
+    [B] (0 where mask_B is False)."""
     err_B = validation.forecast_loss(spec, y_hat, w.y_BHC, target_scale_C)
-    err_B = jnp.where(mask_B, err_B, 0.0)
-    if not w.aux_BA.shape[-1]:  # static: without aux targets the objective is the OHLC loss
-        return err_B, err_B
-    aux_err_B = jnp.where(mask_B, window_sq_err(aux_hat_BA, w.aux_BA), 0.0)
-    return err_B + spec.aux_weight * aux_err_B, err_B
+    return jnp.where(mask_B, err_B, 0.0)
 
 
 def coin_loss(spec: epoch_spec.EpochSpec, params, w: batching.StepWindows, mask_B, key):
@@ -208,7 +188,7 @@ class CoinStep(NamedTuple):
 
     mask_B: jax.Array  # bool [B] valid windows
     key: jax.Array  # this step's key
-    lr: jax.Array  # learning rate (schedule x plateau scale x a sweep coin's lr_mult)
+    lr: jax.Array  # learning rate (schedule x a sweep coin's lr_mult)
     active: jax.Array  # bool: the coin still trains
     hparams: dict  # the coin's other injected optimizer hyperparameters ({} without a sweep)
 
@@ -219,8 +199,7 @@ def coin_train_step(
     """One masked update of ONE coin; returns a StepResult.
 
     The sums cover the windows actually trained on; the loss is train.loss of the OHLC
-    forecast (the aux term shapes the gradient, not the reported loss, so runs with and
-    without aux targets report the same quantity as the val loss).
+    forecast (for an ensemble the members' mean, the objective their sum).
     """
     n = jnp.sum(s.mask_B)
     loss_fn = functools.partial(coin_loss, spec)
@@ -241,14 +220,15 @@ def coin_train_step(
 # -- the epoch --------------------------------------------------------------------------
 
 
-def coin_hparams(arrays: stacking.GroupArrays, lr_scale_K: jax.Array):
-    """A sweep's per-coin hyperparameters (cpbjax/config/sweep_grid.py) as the step takes them:
-    (lr_scale_K times the coins' lr_mult where swept, the injected optimizer ones: name ->
-    [K]). Without a sweep, (lr_scale_K, {}) untouched: the default program is unchanged."""
+def coin_hparams(arrays: stacking.GroupArrays, k: int):
+    """A sweep's per-coin hyperparameters (cpbjax/config/sweep_grid.py) as the step takes them
+    for its k coins: (the lr multipliers float32 [k], the injected optimizer ones: name ->
+    [k]). Without a sweep, (ones, {}): the lr is the schedule's, times 1 (exact)."""
     hparams = dict(arrays.hparams)
-    if "lr_mult" in hparams:
-        lr_scale_K = lr_scale_K * hparams.pop("lr_mult")
-    return lr_scale_K, hparams
+    lr_mult_K = hparams.pop("lr_mult", None)
+    if lr_mult_K is None:
+        lr_mult_K = jnp.ones((k,), jnp.float32)
+    return lr_mult_K, hparams
 
 
 def fresh_pass(state: GroupState) -> TrainPass:
@@ -281,15 +261,14 @@ def train_steps(
       windows_of: a step's part [K, ...] -> that step's StepWindows of the K coins.
     """
     _, step_keys_K = batching.epoch_keys(state)
-    lr_scale_K = jax.vmap(optimizer.plateau_scale)(state.plateau)
-    lr_scale_K, hparams_K = coin_hparams(arrays, lr_scale_K)
+    lr_mult_K, hparams_K = coin_hparams(arrays, state.active.shape[0])
 
     def body(carry: TrainPass, xs):
         s, part, mask_KB = xs
         w = windows_of(part)
         lr = spec.schedule(state.epoch * spec.train_steps + s)
         keys_K = jax.vmap(jax.random.fold_in, (0, None))(step_keys_K, s)
-        coin_steps = CoinStep(mask_KB, keys_K, lr * lr_scale_K, state.active, hparams_K)
+        coin_steps = CoinStep(mask_KB, keys_K, lr * lr_mult_K, state.active, hparams_K)
         step = jax.vmap(
             lambda p, o, w, s: coin_train_step(spec, p, o, w, s), in_axes=(0, 0, w.coin_axes(), 0)
         )
@@ -343,7 +322,7 @@ def finish_epoch(
 def end_epoch(
     spec: epoch_spec.EpochSpec, state: GroupState, trained: TrainPass, train_K, val_K, gain_se_K
 ):
-    """Per-coin early stopping (cpbjax/training/early_stopping.py), divergence and plateau
+    """Per-coin early stopping (cpbjax/training/early_stopping.py) and divergence
     bookkeeping after one epoch.
 
     gain_se_K: float32 [K], the standard error of val_K - best_val (`gain_se`).
@@ -351,13 +330,8 @@ def end_epoch(
     epoch = state.epoch + 1
     ran_K = state.active
     verdict = early_stopping.judge(spec, state, trained.nonfinite_K, val_K, gain_se_K)
-    plateau = state.plateau
-    if spec.reduce_on_plateau:
-        stepped = jax.vmap(optimizer.step_plateau, (None, 0, 0))(spec.plateau, plateau, val_K)
-        plateau = early_stopping.select(ran_K & ~verdict.diverged_K, stepped, plateau)
     new_state = state.replace(
         opt_state=trained.opt_state,
-        plateau=plateau,
         epochs_run=state.epochs_run + ran_K.astype(jnp.int32),
         epoch=epoch,
         **early_stopping.kept(state, verdict, trained.params, val_K, epoch),
@@ -368,7 +342,6 @@ def end_epoch(
         "train_loss": train_K,
         "val_loss": jnp.where(ran_K, val_K, jnp.nan),
         "best_val_loss": new_state.best_val,
-        "lr_scale": jax.vmap(optimizer.plateau_scale)(plateau),
         "active": verdict.active_K,
         "diverged": new_state.diverged,
         "val_gain_se": jnp.where(ran_K, gain_se_K, jnp.nan),

@@ -7,8 +7,7 @@ Streamed, the devices hold the state, the group's small per-coin arrays (window 
 masks, bands, loss scales: `stacking.GroupArrays` less its series, T = 0) and at most
 two chunks of windows. The host gathers the windows of J steps at a time from its own
 copy of the series (`stacking.gather` on numpy, the device's own float32 arithmetic) into
-a `Chunk`, x [J, K, B, L, F], y [J, K, B, H, C], aux [J, K, B, A], and puts it on the
-devices.
+a `Chunk`, x [J, K, B, L, F] and y [J, K, B, H, C], and puts it on the devices.
 
 Double-buffered (`stream`): JAX dispatches asynchronously, so the host gathers and puts
 chunk i while the devices run chunk i - 1's program, queues chunk i's program behind it,
@@ -25,8 +24,7 @@ left on the devices, it would need the series there, which is what does not fit.
 init (a baseline's bar) and train.init_from's start stream their val pass the same way.
 
 Shape letters (docs/design.md): K coins, T candles, S steps of an epoch, J steps of one
-streamed chunk, B windows per step, L lookback, H horizon, F features, C OHLC targets,
-A aux targets.
+streamed chunk, B windows per step, L lookback, H horizon, F features, C OHLC targets.
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ class Chunk(NamedTuple):
     """The windows of J consecutive steps of every coin (numpy on the host, then on the
     devices, sharded over the coin axis)."""
 
-    windows: batching.Windows  # x [J, K, B, L, F], y [J, K, B, H, C], aux [J, K, B, A]
+    windows: batching.Windows  # x [J, K, B, L, F], y [J, K, B, H, C]
     mask_JKB: np.ndarray | jax.Array  # bool: valid windows
 
 
@@ -70,10 +68,10 @@ class StreamedArrays(NamedTuple):
 
 
 def without_series(arrays: stacking.GroupArrays) -> stacking.GroupArrays:
-    """`arrays` less the series that windows are sliced from (inputs, targets, anchor,
-    aux with T = 0): what a streamed epoch places on the devices."""
+    """`arrays` less the series that windows are sliced from (inputs, targets, anchor
+    with T = 0): what a streamed epoch places on the devices."""
     empty = lambda a: a[:, :0]
-    series = ("inputs", "targets", "anchor", "aux")
+    series = ("inputs", "targets", "anchor")
     return arrays.replace(**{name: empty(getattr(arrays, name)) for name in series})
 
 
@@ -85,9 +83,8 @@ def host_chunk(host: stacking.GroupArrays, ends_JKB, mask_JKB, lookback: int, ho
         source = stacking.WindowSource(
             host.inputs[k], host.targets[k], host.anchor[k], host.price_mask
         )
-        ends_JB = ends_JKB[:, k]
-        x_JBLF, y_JBHC = stacking.gather(source, ends_JB, lookback, horizon)
-        per_coin.append(batching.Windows(x_JBLF, y_JBHC, stacking.gather_aux(host.aux[k], ends_JB)))
+        x_JBLF, y_JBHC = stacking.gather(source, ends_JKB[:, k], lookback, horizon)
+        per_coin.append(batching.Windows(x_JBLF, y_JBHC))
     return Chunk(jax.tree.map(lambda *a: np.stack(a, axis=1), *per_coin), mask_JKB)
 
 
@@ -278,7 +275,6 @@ class StreamedEpoch:
         windows = batching.Windows(
             sds(leading + (spec.lookback, spec.num_features), jnp.float32),
             sds(leading + (spec.horizon, NUM_TARGETS), jnp.float32),
-            sds(leading + (spec.num_aux,), jnp.float32),
         )
         return Chunk(windows, sds(leading, jnp.bool_))
 

@@ -31,11 +31,7 @@ def forecast_loss(
 
 
 def coin_val_losses(spec: epoch_spec.EpochSpec, params, w: batching.StepWindows, mask_B):
-    """train.loss of each val window of ONE coin, float32 [B] (0 where mask_B is False).
-
-    The aux targets never enter it: early stopping watches the forecast the model
-    is for, and the val loss stays comparable across runs with any aux targets.
-    """
+    """train.loss of each val window of ONE coin, float32 [B] (0 where mask_B is False)."""
     windows = w.gathered(spec)
     y_hat_BHC = spec.module.apply({"params": params}, windows.x_BLF, None, train=False)
     err_B = forecast_loss(spec, y_hat_BHC, windows.y_BHC, w.target_scale_C)

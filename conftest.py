@@ -1,4 +1,7 @@
-"""Set-up of every test process, before any test module imports jax.
+"""Set-up of every test process, before any test module imports jax: the tests of the
+package (tests/) and those beside the scripts they test (benchmarks/, experiments/).
+Being at the repository root, this file also puts the root on sys.path, so every test
+imports `tests.helpers`, `benchmarks.*` and `experiments.*` alike.
 
 In-process programs compile at XLA optimisation level 0, as the driver subprocesses
 already do (tests/helpers.py `driver_env`): it about halves CPU compile time, which
