@@ -21,7 +21,7 @@ from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import auxiliary, stacking, windows
 from cpbjax.modes import plan
-from cpbjax.training import batching, group, step
+from cpbjax.training import batching, epoch_spec, group, step
 from tests import helpers
 
 AUX = ("bb_position", "realized_vol")
@@ -336,7 +336,9 @@ def _aux_config():
 def _aux_trainer(config):
     module = models.build(models.make_config(config))
     return group.GroupTrainer(
-        config, module, helpers.NUM_COINS, sharding.coin_mesh(jax.devices()[:1])
+        epoch_spec.make_spec(config, module),
+        helpers.NUM_COINS,
+        sharding.coin_mesh(jax.devices()[:1]),
     )
 
 

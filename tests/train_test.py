@@ -186,7 +186,9 @@ def _baseline_trainer(min_delta: float) -> GroupTrainer:
     config.train.min_delta = min_delta
     config = config_lib.validate(config)
     module = models.build(models.make_config(config))
-    return GroupTrainer(config, module, NUM_COINS, sharding.coin_mesh(jax.devices()[:1]))
+    return GroupTrainer(
+        epoch_spec.make_spec(config, module), NUM_COINS, sharding.coin_mesh(jax.devices()[:1])
+    )
 
 
 @pytest.mark.parametrize("min_delta", [0.0, 0.15])
@@ -257,8 +259,7 @@ def test_reduce_on_plateau_steps_once_per_epoch_on_val_loss():
     config.train.reduce_on_plateau, config.train.plateau_patience = True, 2
     config.train.plateau_factor = 0.5
     trainer = GroupTrainer(
-        config,
-        models.build(models.make_config(config)),
+        epoch_spec.make_spec(config, models.build(models.make_config(config))),
         NUM_COINS,
         sharding.coin_mesh(jax.devices()[:1]),
     )
