@@ -14,8 +14,8 @@ import pytest
 from cpbjax import models, writers
 from cpbjax.columns import COLUMNS
 from cpbjax.config import schema as config_lib
-from cpbjax.config.schema import INTERVAL_MS
 from cpbjax.data import sources, windows
+from cpbjax.data.series import INTERVAL_MS
 from cpbjax.modes import evaluate as evaluate_mode
 from cpbjax.modes import facts, predict
 from cpbjax.score import forecast, saved
