@@ -16,6 +16,7 @@ import jax
 
 from cpbjax import models, sharding
 from cpbjax.config import schema as config_lib
+from cpbjax.training import epoch_spec
 from cpbjax.training.group import GroupTrainer
 
 
@@ -25,7 +26,9 @@ def compile_seconds(share: str) -> float:
     c.model.baseline, c.train.loss, c.train.loss_scale = "vol_band", "mae", "persistence"
     c.train.share = share
     trainer = GroupTrainer(
-        c, models.build(models.make_config(c)), 12, sharding.coin_mesh(jax.devices()[:1])
+        epoch_spec.make_spec(c, models.build(models.make_config(c))),
+        12,
+        sharding.coin_mesh(jax.devices()[:1]),
     )
     arrays = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),

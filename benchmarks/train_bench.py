@@ -69,6 +69,7 @@ from cpbjax import models, sharding  # noqa: E402
 from cpbjax.config import schema as config_lib  # noqa: E402
 from cpbjax.data import sources, windows  # noqa: E402
 from cpbjax.data.series import SeriesSkipped  # noqa: E402
+from cpbjax.training import epoch_spec  # noqa: E402
 from cpbjax.training.group import GroupTrainer, coin_keys  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,7 +161,7 @@ def build_group(config, preps: list, k: int) -> Group:
     mesh = sharding.coin_mesh()
     k_padded = -(-k // mesh.size) * mesh.size
     module = models.build(models.make_config(config))
-    trainer = GroupTrainer(config, module, k_padded, mesh)
+    trainer = GroupTrainer(epoch_spec.make_spec(config, module), k_padded, mesh)
     arrays = trainer.stack([preps[i % len(preps)] for i in range(k)])
     state = trainer.init_state(coin_keys(config.seed, range(k_padded)), arrays)
     jax.block_until_ready(state)

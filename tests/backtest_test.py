@@ -19,6 +19,7 @@ from cpbjax.data import folds, sources, windows
 from cpbjax.modes import backtest
 from cpbjax.report import html_page as report_html
 from cpbjax.report import plots
+from cpbjax.report import spec as report_spec
 from cpbjax.report import tables as report_tables
 from cpbjax.score import backtest_scores, metrics
 from cpbjax.training import ledger
@@ -319,7 +320,7 @@ def test_backtest_html_shows_the_fold_and_pooled_tables_and_the_fold_chart(full,
     chart = plots.plot_fold_skill(str(tmp_path / "fold_skill.png"), out)
     with open(chart, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    page = report_html.render_backtest_html(out, backtest_config(), chart)
+    page = report_html.render_backtest_html(out, report_spec.make_spec(backtest_config()), chart)
     assert page.count("data:image/png;base64,") == 1
     assert 'href="#s-' not in page  # the folds' "series" column is a count, not a link
 

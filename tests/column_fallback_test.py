@@ -154,7 +154,7 @@ def test_load_predict_and_export_apply_the_saved_mask(tmp_path):
     entry = {"num_params": 0, "status": "trained", "best_epoch": 1, "best_val_loss": 0.0}
     entry.update(scored.entry)
     workdir = str(tmp_path)
-    saved.keep_model(workdir, cfg, prep, scored, entry)
+    saved.keep_model(workdir, saved.RunMeta.from_config(cfg), prep, scored, entry)
     model_dir = workdir_lib.series_model(workdir, prep.name)
     export_dir = portable.export_series(model_dir, entry, str(tmp_path / "export" / prep.name))
     i = len(scored.record["predicted"]) // 2  # a test window in the middle

@@ -8,7 +8,7 @@ import pytest
 
 from cpbjax import models, sharding
 from cpbjax.config import schema as config_lib
-from cpbjax.training import early_stopping
+from cpbjax.training import early_stopping, epoch_spec
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 
@@ -79,7 +79,7 @@ def _trainer(share: str) -> GroupTrainer:
     c.train.epochs = c.train.patience = EPOCHS
     c = config_lib.validate(c)
     module = models.build(models.make_config(c))
-    return GroupTrainer(c, module, 3, sharding.coin_mesh(jax.devices()[:1]))
+    return GroupTrainer(epoch_spec.make_spec(c, module), 3, sharding.coin_mesh(jax.devices()[:1]))
 
 
 def _window_losses(trainer, params, k, prep, scale_C):

@@ -19,7 +19,7 @@ from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.models import ensemble as ensemble_lib
 from cpbjax.score import evaluate
-from cpbjax.training import checkpoint
+from cpbjax.training import checkpoint, epoch_spec
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 
@@ -42,7 +42,9 @@ def _members_alone(config):
         c.model.ensemble = members
         c = config_lib.validate(c)
         module = models.build(models.make_config(c))
-        trainers.append(GroupTrainer(c, module, len(helpers.POOLED_NAMES), mesh))
+        trainers.append(
+            GroupTrainer(epoch_spec.make_spec(c, module), len(helpers.POOLED_NAMES), mesh)
+        )
     return trainers
 
 

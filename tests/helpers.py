@@ -103,10 +103,10 @@ def make_trainer(num_coins, mesh=None, max_traces=None):
     module = models.build(models.make_config(config))
     mesh = mesh if mesh is not None else sharding.coin_mesh(jax.devices()[:1])
     if max_traces is None:
-        return GroupTrainer(config, module, num_coins, mesh)
+        return GroupTrainer(epoch_spec.make_spec(config, module), num_coins, mesh)
     counted = chex.assert_max_traces(step.run_epoch, n=max_traces)
     with mock.patch.object(step, "run_epoch", counted):
-        return GroupTrainer(config, module, num_coins, mesh)
+        return GroupTrainer(epoch_spec.make_spec(config, module), num_coins, mesh)
 
 
 def reference_early_stopping(

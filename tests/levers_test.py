@@ -14,7 +14,7 @@ from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import stacking
 from cpbjax.score import intervals
-from cpbjax.training import losses
+from cpbjax.training import epoch_spec, losses
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests.helpers import levers_config, levers_init_params, levers_preps, random_window
 
@@ -181,7 +181,9 @@ def test_the_untrained_val_loss_is_the_one_to_beat():
     cfg = levers_config()
     cfg.train.learning_rate = 5.0  # so large that some coin's first epoch is worse
     module = models.build(models.make_config(cfg))
-    trainer = GroupTrainer(cfg, module, 2, sharding.coin_mesh(jax.devices()[:1]))
+    trainer = GroupTrainer(
+        epoch_spec.make_spec(cfg, module), 2, sharding.coin_mesh(jax.devices()[:1])
+    )
     arrays = trainer.stack(list(levers_preps()))
     state = trainer.init_state(coin_keys(0, [0, 1]), arrays)
     for i, prep in enumerate(levers_preps()):

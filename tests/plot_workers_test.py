@@ -6,6 +6,7 @@ import os
 from rich.console import Console
 
 from cpbjax.report import run_report as report
+from cpbjax.report import spec as report_spec
 from cpbjax.report.plot_workers import PlotWorkers
 from tests.helpers import forecast_record, report_config, report_history, report_results
 
@@ -17,7 +18,7 @@ def _report(workdir, results, records, drawn=None):
     report.write_reports(
         workdir,
         results,
-        report_config(),
+        report_spec.make_spec(report_config()),
         report.PlotInputs(report_history(NAMES), records, drawn),
         console=Console(file=io.StringIO()),
     )
@@ -36,7 +37,7 @@ def test_workers_draw_the_in_process_report(tmp_path):
     alone = _report(str(tmp_path / "alone"), results, records)
 
     workdir = str(tmp_path / "pooled")
-    workers = PlotWorkers(os.path.join(workdir, "plots"), report_config(), 1)
+    workers = PlotWorkers(os.path.join(workdir, "plots"), report_spec.make_spec(report_config()), 1)
     for name in NAMES:  # one "group" per series, as the driver submits them
         workers.submit(
             {name: results["series"][name]}, report_history(NAMES), {name: records[name]}
@@ -54,7 +55,7 @@ def test_workers_draw_the_in_process_report(tmp_path):
 def test_a_failed_worker_leaves_the_series_to_the_report(tmp_path):
     records = {n: forecast_record(n, i) for i, n in enumerate(NAMES)}
     results = report_results(records)
-    workers = PlotWorkers(str(tmp_path / "plots"), report_config(), 1)
+    workers = PlotWorkers(str(tmp_path / "plots"), report_spec.make_spec(report_config()), 1)
     bad_record = {"actual": None}  # plot_forecasts fails on it in the worker
     workers.submit(
         results["series"],

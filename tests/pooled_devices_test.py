@@ -29,6 +29,7 @@ import re, sys
 import jax, numpy as np
 from cpbjax import models, sharding
 from cpbjax.config import schema as config_lib
+from cpbjax.training import epoch_spec
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 
@@ -40,7 +41,7 @@ module = models.build(models.make_config(config))
 preps = list(helpers.tiny_preps())
 out = {}
 for n, k in ((1, 3), (4, 4)):
-    trainer = GroupTrainer(config, module, k, sharding.coin_mesh(jax.devices()[:n]))
+    trainer = GroupTrainer(epoch_spec.make_spec(config, module), k, sharding.coin_mesh(jax.devices()[:n]))
     arrays = trainer.stack(preps)
     state = trainer.init_state(coin_keys(0, range(k)), arrays)
     epoch = trainer.lowered_epoch(state, arrays).compile()  # run_epoch's program, compiled once

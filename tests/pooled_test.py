@@ -26,7 +26,7 @@ from cpbjax.models import heads
 from cpbjax.modes import evaluate as evaluate_mode
 from cpbjax.modes import plan
 from cpbjax.score import saved
-from cpbjax.training import batching, checkpoint, memory, optimizer, pooled
+from cpbjax.training import batching, checkpoint, epoch_spec, memory, optimizer, pooled
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 from tests.helpers import POOLED_NAMES, pooled_config
@@ -110,7 +110,11 @@ def one_epoch():
     """A pooled trainer's fresh state and its first epoch (3 series, one per coin)."""
     config = pooled_config()
     module = models.build(models.make_config(config))
-    trainer = GroupTrainer(config, module, len(POOLED_NAMES), sharding.coin_mesh(jax.devices()[:1]))
+    trainer = GroupTrainer(
+        epoch_spec.make_spec(config, module),
+        len(POOLED_NAMES),
+        sharding.coin_mesh(jax.devices()[:1]),
+    )
     arrays = trainer.stack(list(helpers.tiny_preps()))
     state0 = jax.device_get(trainer.init_state(coin_keys(0, range(len(POOLED_NAMES))), arrays))
     state, metrics = trainer.run_epoch(jax.device_put(state0), arrays)
@@ -174,7 +178,7 @@ def test_a_chunked_epoch_trains_as_the_one_vmap_in_less_memory(one_epoch):
     chunked_config = config.copy_and_resolve_references()
     chunked_config.train.pooled_chunk = 1
     mesh = sharding.coin_mesh(jax.devices()[:1])
-    chunked = GroupTrainer(chunked_config, module, len(POOLED_NAMES), mesh)
+    chunked = GroupTrainer(epoch_spec.make_spec(chunked_config, module), len(POOLED_NAMES), mesh)
     chunked_state, chunked_metrics = chunked.run_epoch(jax.device_put(state0), arrays)
     helpers.assert_trees_close(
         jax.device_get(chunked_state.params), state.params, **helpers.CROSS_PROGRAM

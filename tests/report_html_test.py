@@ -17,6 +17,7 @@ from rich.console import Console
 from cpbjax.report import html_page as report_html
 from cpbjax.report import plots
 from cpbjax.report import run_report as report
+from cpbjax.report import spec as report_spec
 from cpbjax.report import tables as report_tables
 from tests.helpers import forecast_record, report_config, report_history, report_results
 
@@ -71,7 +72,7 @@ def _write(workdir, plots_on=True, results=None, sweep=None):
     report.write_reports(
         str(workdir),
         results,
-        report_config(plots=plots_on),
+        report_spec.make_spec(report_config(plots=plots_on)),
         report.PlotInputs(report_history(NAMES), records),
         console=Console(file=io.StringIO()),
     )

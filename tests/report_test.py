@@ -15,6 +15,7 @@ from cpbjax import columns, writers
 from cpbjax.modes import driver
 from cpbjax.report import plots
 from cpbjax.report import run_report as report
+from cpbjax.report import spec as report_spec
 from cpbjax.report import tables as report_tables
 from tests import helpers
 from tests.helpers import forecast_record, report_config, report_history, report_results
@@ -160,7 +161,7 @@ def test_write_reports_files(tmp_path):
     path = report.write_reports(
         workdir,
         results,
-        report_config(),
+        report_spec.make_spec(report_config()),
         report.PlotInputs(report_history(names), records),
         console=Console(file=out, width=250),
     )
@@ -188,7 +189,7 @@ def test_forecasts_read_from_saved_files_and_stem(tmp_path):
     report.write_reports(
         workdir,
         results,
-        report_config(),
+        report_spec.make_spec(report_config()),
         report.PlotInputs(history=[]),
         stem="eval-20240101-000000",
         console=Console(file=io.StringIO()),
@@ -205,7 +206,7 @@ def test_plots_off(tmp_path):
     report.write_reports(
         workdir,
         report_results(records),
-        report_config(plots=False),
+        report_spec.make_spec(report_config(plots=False)),
         report.PlotInputs(forecasts=records),
         console=Console(file=io.StringIO()),
     )
@@ -245,7 +246,7 @@ def test_the_loss_plot_marks_the_kept_baseline_at_epoch_0(kept):
     entry = results["series"][name]
     assert entry["best_epoch"] is None and entry["epochs_run"] == 2
     curve = plots.loss_curves(history)[name]
-    ylabel = report.series_plot_spec(workdir, config).loss_label
+    ylabel = report.series_plot_spec(workdir, report_spec.make_spec(config)).loss_label
     ax = plots.loss_figure(name, curve, entry, ylabel).axes[0]
     assert ax.get_ylabel() == "loss (MAE / persistence MAE)"
     (star,) = [line for line in ax.get_lines() if line.get_label().startswith("kept")]

@@ -19,7 +19,7 @@ import pytest
 from cpbjax import models, sharding
 from cpbjax.config import schema as config_lib
 from cpbjax.modes import driver
-from cpbjax.training import checkpoint, ledger, memory, step, streaming
+from cpbjax.training import checkpoint, epoch_spec, ledger, memory, step, streaming
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 
@@ -38,7 +38,7 @@ def _trainer(share: str, chunk: int) -> GroupTrainer:
     config = _config(share, chunk)
     module = models.build(models.make_config(config))
     mesh = sharding.coin_mesh(jax.devices()[:1])
-    return GroupTrainer(config, module, helpers.NUM_COINS, mesh)
+    return GroupTrainer(epoch_spec.make_spec(config, module), helpers.NUM_COINS, mesh)
 
 
 def _train(trainer: GroupTrainer):
@@ -93,6 +93,7 @@ def test_a_streamed_start_from_trained_params_sets_the_same_bar(share):
 _TWO_DEVICES = r"""
 import jax
 from cpbjax import models, sharding
+from cpbjax.training import epoch_spec
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers, streaming_test as t
 
@@ -101,7 +102,7 @@ runs = []
 for chunk in (0, t.CHUNK):
     config = t._config("pooled", chunk)
     module = models.build(models.make_config(config))
-    trainer = GroupTrainer(config, module, helpers.NUM_COINS, sharding.coin_mesh())
+    trainer = GroupTrainer(epoch_spec.make_spec(config, module), helpers.NUM_COINS, sharding.coin_mesh())
     arrays = trainer.stack(list(helpers.tiny_preps()))
     state = trainer.init_state(coin_keys(0, range(helpers.NUM_COINS)), arrays)
     history = []

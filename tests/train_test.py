@@ -186,7 +186,9 @@ def _baseline_trainer(min_delta: float) -> GroupTrainer:
     config.train.min_delta = min_delta
     config = config_lib.validate(config)
     module = models.build(models.make_config(config))
-    return GroupTrainer(config, module, NUM_COINS, sharding.coin_mesh(jax.devices()[:1]))
+    return GroupTrainer(
+        epoch_spec.make_spec(config, module), NUM_COINS, sharding.coin_mesh(jax.devices()[:1])
+    )
 
 
 @pytest.mark.parametrize("min_delta", [0.0, 0.15])

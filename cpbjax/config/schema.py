@@ -126,7 +126,9 @@ def base_config() -> ml_collections.ConfigDict:
     m.ensemble = 1
 
     c.train = t = ml_collections.ConfigDict()
-    t.optimizer = "adamw"  # adam | adamw.
+    # adam | adamw. adamw, its decay, the batch and the patience below are the replaced
+    # system's (the transformer's default run keeps them).
+    t.optimizer = "adamw"
     t.learning_rate = 1e-3  # Peak learning rate.
     t.weight_decay = 1e-2  # AdamW decoupled decay, or Adam's L2 term.
     t.batch_size = 128  # Windows per step per coin.

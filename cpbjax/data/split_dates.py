@@ -41,7 +41,7 @@ def is_train_only(prep) -> bool:
 def bounds_ms(data_cfg) -> tuple[int, int] | None:
     """data.split_dates as (val_start, test_start) epoch ms; None for fractional splits
     (also for a config saved before the field existed)."""
-    dates = tuple(data_cfg.get("split_dates", ()))
+    dates = tuple(getattr(data_cfg, "split_dates", ()))  # the group or a DataSpec
     return tuple(split_date_ms(d) for d in dates) if dates else None
 
 

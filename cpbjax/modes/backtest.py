@@ -33,6 +33,7 @@ from cpbjax.data import folds, pooling, sources
 from cpbjax.modes import driver, facts
 from cpbjax.modes import plan as plan_lib
 from cpbjax.report import run_report as report
+from cpbjax.report import spec as report_spec
 from cpbjax.report.runlog import StageClock
 from cpbjax.score import backtest_scores, baselines, evaluate, forecast
 
@@ -217,7 +218,7 @@ def run_backtest(config, workdir: str) -> dict:
     if sharding.is_primary():
         writers.write_json(workdir_lib.backtest_json(workdir), out)
         with clock.stage("report"):
-            md = report.write_backtest_report(workdir, out, config)
+            md = report.write_backtest_report(workdir, out, report_spec.make_spec(config))
         html = workdir_lib.report_html(workdir, workdir_lib.BACKTEST_STEM)
         report.print_backtest(out, [workdir_lib.backtest_json(workdir), md, html, run_dir])
     sharding.barrier("cpbjax backtest finished")

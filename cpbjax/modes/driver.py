@@ -29,9 +29,10 @@ from cpbjax.modes import plan as plan_lib
 from cpbjax.modes.plan import Plan
 from cpbjax.report import plot_workers, runlog
 from cpbjax.report import run_report as report
+from cpbjax.report import spec as report_spec
 from cpbjax.report.runlog import RunLog, StageClock
 from cpbjax.score import evaluate, saved
-from cpbjax.training import checkpoint, memory
+from cpbjax.training import checkpoint, epoch_spec, memory
 from cpbjax.training.compaction import LiveCoins
 from cpbjax.training.group import GroupTrainer, coin_keys
 from cpbjax.training.ledger import Ledger, fingerprint
@@ -51,6 +52,8 @@ class _Run:
     plan: Plan
     module: object
     spec: evaluate.EvalSpec  # what scoring reads of the config
+    epoch: epoch_spec.EpochSpec | None  # what the group programs read; None: no group
+    meta: saved.RunMeta  # what a kept model's meta.json records of the config
     ledger: Ledger
     log: RunLog
     clock: StageClock  # the run's stage timings (timings.json)
@@ -59,10 +62,7 @@ class _Run:
     def trainer_for(self, num_coins: int) -> GroupTrainer:
         """The run's trainer for programs of `num_coins` coins (each size compiles once)."""
         if num_coins not in self.trainers:
-            p = self.plan
-            self.trainers[num_coins] = GroupTrainer(
-                self.config, self.module, num_coins, p.mesh, p.t_max
-            )
+            self.trainers[num_coins] = GroupTrainer(self.epoch, num_coins, self.plan.mesh)
         return self.trainers[num_coins]
 
     def checkpoints(self, group: str) -> checkpoint.GroupCheckpoints:
@@ -227,7 +227,7 @@ def _keep_scored(run: _Run, prep, scored, entry: dict, last_params) -> None:
     entry.update(scored.entry)
     evaluate.flag_worse_than_untrained(run.module, run.spec, prep, entry, last_params)
     if run.plan.keep_models:
-        saved.keep_model(run.workdir, run.config, prep, scored, entry)
+        saved.keep_model(run.workdir, run.meta, prep, scored, entry)
 
 
 def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds, peak):
@@ -272,12 +272,16 @@ def _make_run(config, workdir: str, plan: Plan, clock: StageClock) -> _Run:
       RunMismatch: the workdir's ledger belongs to another run.
     """
     run_print = fingerprint(config, plan.group_names(), plan.t_max)
+    module = models.build(models.make_config(config))
     return _Run(
         config=config,
         workdir=workdir,
         plan=plan,
-        module=models.build(models.make_config(config)),
+        module=module,
         spec=evaluate.make_spec(config),
+        # Built once for the run's padded length T; a plan with no group compiles nothing.
+        epoch=epoch_spec.make_spec(config, module, plan.t_max) if plan.groups else None,
+        meta=saved.RunMeta.from_config(config),
         ledger=Ledger(workdir, {**run_print, **plan.pool_windows(), **plan.extra_print}),
         log=RunLog(workdir, config.logging, sharding.is_primary()),
         clock=clock,
@@ -362,7 +366,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     plan = plan_lib.for_train(config, clock)
     if all(split_dates.is_train_only(p) for p in plan.coins):  # none to score
         raise _nothing_trained(config, workdir, plan, started)
-    workers = plot_workers.start(config, workdir)
+    shown = report_spec.make_spec(config)  # what the report and its plot workers read
+    workers = plot_workers.start(shown, workdir)
     try:
         entries, records = train_groups(config, workdir, plan, clock, workers)
     except BaseException:
@@ -374,7 +379,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         writers.write_results(workdir, results)
         with clock.stage("report"):
             drawn = workers.finish() if workers is not None else None
-            report.write_reports(workdir, results, config, report.PlotInputs(None, records, drawn))
+            report.write_reports(workdir, results, shown, report.PlotInputs(None, records, drawn))
         writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
     sharding.barrier("cpbjax run finished")
     return results

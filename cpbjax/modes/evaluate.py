@@ -12,6 +12,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax import writers
 from cpbjax.modes import facts
 from cpbjax.report import run_report as report
+from cpbjax.report import spec as report_spec
 from cpbjax.score import saved
 from cpbjax.score.evaluate import evaluate_model, make_spec
 
@@ -77,5 +78,6 @@ def run_evaluate(config, workdir: str) -> dict:
     run = facts.run_facts("evaluate", cfg, started, **facts.scored_workdir(cfg, workdir))
     results = {"run": run, "series": series, "skipped": skipped}
     writers.write_json(os.path.join(workdir, f"{stem}.json"), results)
-    report.write_reports(workdir, results, cfg, report.PlotInputs(forecasts=records), stem)
+    inputs = report.PlotInputs(forecasts=records)
+    report.write_reports(workdir, results, report_spec.make_spec(cfg), inputs, stem)
     return results

@@ -37,6 +37,7 @@ from cpbjax.data import pooling
 from cpbjax.modes import driver, facts
 from cpbjax.modes import plan as plan_lib
 from cpbjax.report import run_report as report
+from cpbjax.report import spec as report_spec
 from cpbjax.report import sweep_section as report_sweep
 from cpbjax.report.runlog import StageClock
 from cpbjax.training import checkpoint
@@ -197,7 +198,8 @@ def _write(config, workdir: str, results: dict, out: dict, published: tuple, clo
     writers.write_results(workdir, results)
     writers.write_json(workdir_lib.sweep_json(workdir), out)
     with clock.stage("report"):
-        report.write_reports(workdir, results, config, report.PlotInputs(history, forecasts))
+        inputs = report.PlotInputs(history, forecasts)
+        report.write_reports(workdir, results, report_spec.make_spec(config), inputs)
 
 
 def plan_for(config, clock: StageClock) -> tuple[plan_lib.Plan, list[str]]:

@@ -15,6 +15,7 @@ import os
 from cpbjax.report import plots as plots_lib
 from cpbjax.report import sweep_section as report_sweep
 from cpbjax.report import tables
+from cpbjax.report.spec import ReportSpec
 
 CSS = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2330;
@@ -189,10 +190,10 @@ def _series_sections(results: dict, by_name: dict) -> str:
     return "".join(blocks) or "<p>No series was scored.</p>"
 
 
-def _header(results: dict, config, title: str) -> str:
-    d = config.data
+def _header(results: dict, spec: ReportSpec, title: str) -> str:
+    d = spec.data
     model = (
-        f"{config.model.name} ({config.model.decoding}), lookback {d.lookback} -> horizon "
+        f"{spec.model} ({spec.decoding}), lookback {d.lookback} -> horizon "
         f"{d.horizon}, normalization {d.normalization}"
     )
     return (
@@ -213,8 +214,8 @@ def _summary(results: dict) -> str:
     )
 
 
-def _tables(results: dict, config) -> str:
-    rows = tables.table_rows(results, config.model.name)
+def _tables(results: dict, model: str) -> str:
+    rows = tables.table_rows(results, model)
     baselines = tables.baseline_rows(results)
     return (
         '<section id="results"><h2>Results (test split, price units)</h2>'
@@ -261,12 +262,14 @@ def _page(title: str, header: str, nav_items, body: str) -> str:
     )
 
 
-def render_html(results: dict, config, plots: list[str], title: str = "cpbjax report") -> str:
+def render_html(
+    results: dict, spec: ReportSpec, plots: list[str], title: str = "cpbjax report"
+) -> str:
     """The report page.
 
     Args:
       results: the results.json dict ({"run", "series", "skipped"}).
-      config: the run config.
+      spec: the run's ReportSpec (model and data facts).
       plots: paths of the PNGs `tables.write_plots` wrote (named by `plots.plot_name`);
         empty when eval.plots is off.
       title: the page title.
@@ -284,20 +287,20 @@ def render_html(results: dict, config, plots: list[str], title: str = "cpbjax re
     )
     body = (
         _summary(results)
-        + _tables(results, config)
+        + _tables(results, spec.model)
         + _sweep(results)
         + f'<section id="skill"><h2>Skill per series</h2>{skill or no_plots}</section>'
         + f'<section id="series"><h2>Series</h2>{_series_sections(results, by_name)}</section>'
         + _skipped(results)
     )
-    return _page(title, _header(results, config, title), nav, body)
+    return _page(title, _header(results, spec, title), nav, body)
 
 
-def render_backtest_html(backtest: dict, config, chart: str | None) -> str:
+def render_backtest_html(backtest: dict, spec: ReportSpec, chart: str | None) -> str:
     """The backtest page: what backtest.md holds, and the skill-per-fold chart.
 
     Args:
-      backtest: the backtest.json dict. config: the run config.
+      backtest: the backtest.json dict. spec: the run's ReportSpec.
       chart: the path of `plots.plot_fold_skill`'s PNG, or None (eval.plots off).
     """
     title = "cpbjax backtest"
@@ -317,4 +320,4 @@ def render_backtest_html(backtest: dict, config, chart: str | None) -> str:
         + _skipped(backtest, "Skipped series and folds")
     )
     nav = (("run", "Run"), ("folds", "Folds"), ("pooled", "Pooled"))
-    return _page(title, _header(backtest, config, title), nav, body)
+    return _page(title, _header(backtest, spec, title), nav, body)

@@ -23,18 +23,19 @@ from absl import logging
 from cpbjax import sharding, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.report import run_report as report
+from cpbjax.report.spec import ReportSpec
 
 
 class PlotWorkers:
     """A process pool drawing loss and forecast plots of series handed to it group by group."""
 
-    def __init__(self, folder: str, config, workers: int):
+    def __init__(self, folder: str, spec: ReportSpec, workers: int):
         """Args:
         folder: the plots folder (`workdir.plots_dir`).
-        config: the run config (eval.plot_windows, data.lookback).
+        spec: the run's ReportSpec (eval.plot_windows, data.lookback, the loss label).
         workers: processes in the pool (eval.plot_workers, >= 1).
         """
-        self.spec = report.series_plot_spec(folder, config)
+        self.spec = report.series_plot_spec(folder, spec)
         os.makedirs(folder, exist_ok=True)
         self._pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn")
@@ -74,13 +75,13 @@ class PlotWorkers:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def start(config, workdir: str) -> PlotWorkers | None:
+def start(spec: ReportSpec, workdir: str) -> PlotWorkers | None:
     """The pool drawing each group's plots while the next one trains (process 0, when
     eval.plots and eval.plot_workers ask for it), else None: plots drawn at the end."""
-    if not (config.eval.plots and config.eval.plot_workers and sharding.is_primary()):
+    if not (spec.plots and spec.plot_workers and sharding.is_primary()):
         return None
     folder = workdir_lib.plots_dir(workdir, "report")
-    return PlotWorkers(folder, config, config.eval.plot_workers)
+    return PlotWorkers(folder, spec, spec.plot_workers)
 
 
 def submit_group(workers, workdir: str, group: str, entries: dict, records: dict) -> None:

@@ -22,13 +22,13 @@ from cpbjax.report import sweep_section as report_sweep
 from cpbjax.report import tables
 from cpbjax.report.plots import (
     loss_curves,
-    loss_label,
     plot_fold_skill,
     plot_forecasts,
     plot_loss,
     plot_name,
     plot_skill,
 )
+from cpbjax.report.spec import ReportSpec
 from cpbjax.score import forecast
 
 FALLBACK_WIDTH = 80  # Console columns when the width is unknown (not a terminal, no $COLUMNS).
@@ -94,14 +94,16 @@ def _md_table(headers, rows) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def render_markdown(results: dict, config, plots: list[str], title: str = "cpbjax report") -> str:
+def render_markdown(
+    results: dict, spec: ReportSpec, plots: list[str], title: str = "cpbjax report"
+) -> str:
     """The report.md text: run facts, summary, results table, baselines, skipped series, plots."""
-    model = config.model.name
-    d = config.data
+    model = spec.model
+    d = spec.data
     lines = [f"# {title}", "", "The .html file beside this one shows all of it on one page.", ""]
     lines += ["## Run", ""]
     lines += [
-        f"- model: {model} ({config.model.decoding}), lookback {d.lookback} -> "
+        f"- model: {model} ({spec.decoding}), lookback {d.lookback} -> "
         f"horizon {d.horizon}, normalization {d.normalization}",
         f"- data: {tables.data_description(d, results)}",
     ]
@@ -170,14 +172,10 @@ class SeriesPlotSpec(NamedTuple):
     pooled: bool  # train.share == "pooled": a kept baseline's val loss is the pooled one
 
 
-def series_plot_spec(folder: str, config) -> SeriesPlotSpec:
-    """The SeriesPlotSpec of a run's config, drawing into `folder`."""
+def series_plot_spec(folder: str, spec: ReportSpec) -> SeriesPlotSpec:
+    """The SeriesPlotSpec of a run's ReportSpec, drawing into `folder`."""
     return SeriesPlotSpec(
-        folder,
-        config.eval.plot_windows,
-        config.data.lookback,
-        loss_label(config.train),
-        config.train.share == "pooled",
+        folder, spec.plot_windows, spec.data.lookback, spec.loss_label, spec.pooled
     )
 
 
@@ -218,7 +216,7 @@ def series_plots(spec: SeriesPlotSpec, name, entry, curve, record) -> list[str]:
     return [*paths, plot_forecasts(path, record, spec.plot_windows, spec.lookback)]
 
 
-def write_plots(folder, results, config, history, forecasts, drawn=None) -> list[str]:
+def write_plots(folder, results, spec: ReportSpec, history, forecasts, drawn=None) -> list[str]:
     """Writes skill.png, then loss-<series>.png and forecast-<series>.png of each series;
     returns their paths in that order.
 
@@ -231,18 +229,18 @@ def write_plots(folder, results, config, history, forecasts, drawn=None) -> list
     skill = plot_skill(os.path.join(folder, plot_name("skill")), results)
     paths = [skill] if skill else []
     curves = loss_curves(history)
-    spec = series_plot_spec(folder, config)
+    series_spec = series_plot_spec(folder, spec)
     for name, entry in sorted(results.get("series", {}).items()):
         if name in drawn:
             paths += drawn[name]
             continue
-        paths += series_plots(spec, name, entry, curves.get(name), forecasts.get(name))
+        paths += series_plots(series_spec, name, entry, curves.get(name), forecasts.get(name))
     return paths
 
 
-def _report_plots(workdir: str, results: dict, config, inputs: PlotInputs, stem: str) -> list:
+def _report_plots(workdir: str, results: dict, spec: ReportSpec, inputs: PlotInputs, stem: str):
     """Draws the report's plots (eval.plots) into `workdir.plots_dir`; returns their paths."""
-    if not config.eval.plots:
+    if not spec.plots:
         return []
     history = inputs.history
     if history is None:
@@ -252,18 +250,23 @@ def _report_plots(workdir: str, results: dict, config, inputs: PlotInputs, stem:
         if name not in forecasts and name not in drawn:
             forecasts[name] = _read_forecasts(workdir, name)
     folder = workdir_lib.plots_dir(workdir, stem)
-    return write_plots(folder, results, config, history, forecasts, drawn)
+    return write_plots(folder, results, spec, history, forecasts, drawn)
 
 
 def write_reports(
-    workdir, results, config, inputs: PlotInputs | None = None, stem="report", console=None
+    workdir,
+    results,
+    spec: ReportSpec,
+    inputs: PlotInputs | None = None,
+    stem="report",
+    console=None,
 ) -> str:
     """Prints the results table and writes <workdir>/<stem>.md, <stem>.html and the plots.
 
     Args:
       workdir: the run folder.
       results: the results.json dict ({"run", "series", "skipped"}).
-      config: the run config (model name, data facts, eval.plots, eval.plot_windows).
+      spec: the run's ReportSpec (model name, data facts, eval.plots, eval.plot_windows).
       inputs: the metrics history, test forecasts and already drawn plots to draw the
         per-series plots from (see PlotInputs; None: all read or drawn here).
       stem: report name; plots go to <workdir>/plots/ for "report", otherwise to
@@ -274,12 +277,12 @@ def write_reports(
       The path of the markdown report (the HTML one is workdir.report_html(workdir, stem)).
     """
     print_table(results, console)
-    plots = _report_plots(workdir, results, config, inputs or PlotInputs(), stem)
+    plots = _report_plots(workdir, results, spec, inputs or PlotInputs(), stem)
     path = workdir_lib.report_md(workdir, stem)
     rel = [os.path.relpath(p, workdir) for p in plots]
-    writers.atomic_write(path, render_markdown(results, config, rel, title=f"cpbjax {stem}"))
+    writers.atomic_write(path, render_markdown(results, spec, rel, title=f"cpbjax {stem}"))
 
-    page = report_html.render_html(results, config, plots, title=f"cpbjax {stem}")
+    page = report_html.render_html(results, spec, plots, title=f"cpbjax {stem}")
     writers.atomic_write(workdir_lib.report_html(workdir, stem), page)
     return path
 
@@ -288,12 +291,12 @@ def write_reports(
 # --mode backtest
 
 
-def render_backtest_markdown(backtest: dict, config) -> str:
+def render_backtest_markdown(backtest: dict, spec: ReportSpec) -> str:
     """The backtest.md text: settings, skill per fold over time, pooled skill, skipped."""
-    d, b = config.data, backtest.get("backtest") or {}
+    d, b = spec.data, backtest.get("backtest") or {}
     lines = ["# cpbjax backtest", "", "## Run", ""]
     lines += [
-        f"- model: {config.model.name} ({config.model.decoding}), lookback {d.lookback} -> "
+        f"- model: {spec.model} ({spec.decoding}), lookback {d.lookback} -> "
         f"horizon {d.horizon}, normalization {d.normalization}",
         f"- data: {tables.data_description(d)}",
     ]
@@ -311,17 +314,17 @@ def render_backtest_markdown(backtest: dict, config) -> str:
     return "\n".join(lines)
 
 
-def write_backtest_report(workdir: str, backtest: dict, config) -> str:
+def write_backtest_report(workdir: str, backtest: dict, spec: ReportSpec) -> str:
     """Writes <workdir>/backtest.md, backtest.html and (eval.plots) plots/backtest/fold_skill.png;
     returns the markdown's path."""
     stem = workdir_lib.BACKTEST_STEM
     path = workdir_lib.report_md(workdir, stem)
-    writers.atomic_write(path, render_backtest_markdown(backtest, config))
+    writers.atomic_write(path, render_backtest_markdown(backtest, spec))
     chart = None
-    if config.eval.plots:
+    if spec.plots:
         folder = workdir_lib.plots_dir(workdir, stem)
         os.makedirs(folder, exist_ok=True)
         chart = plot_fold_skill(os.path.join(folder, plot_name("fold_skill")), backtest)
-    page = report_html.render_backtest_html(backtest, config, chart)
+    page = report_html.render_backtest_html(backtest, spec, chart)
     writers.atomic_write(workdir_lib.report_html(workdir, stem), page)
     return path

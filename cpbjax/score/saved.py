@@ -39,15 +39,30 @@ class ModelNotFound(ValueError):
     """A requested series or interval has no saved model; the message lists those that do."""
 
 
-def model_meta(config, prep, entry: dict) -> dict:
+@dataclasses.dataclass(frozen=True)
+class RunMeta:
+    """What every kept model's meta.json records of its run's config, taken once by the
+    mode (`from_config`): plain dicts, never the ConfigDict."""
+
+    model: dict  # dataclasses.asdict of the run's models.make_config
+    config: dict  # the whole run config, to rebuild the model (`load_model`)
+    data: dict  # its data group
+
+    @classmethod
+    def from_config(cls, config) -> RunMeta:
+        model = dataclasses.asdict(models.make_config(config))
+        return cls(model=model, config=config.to_dict(), data=config.data.to_dict())
+
+
+def model_meta(run: RunMeta, prep, entry: dict) -> dict:
     """meta.json of a saved series model: enough to rebuild the module and map prices."""
     return {
         "series": prep.name,
         "symbol": prep.symbol,
         "interval": prep.interval,
-        "model": dataclasses.asdict(models.make_config(config)),
-        "config": config.to_dict(),
-        "data": config.data.to_dict(),
+        "model": run.model,
+        "config": run.config,
+        "data": run.data,
         "norm": prep.norm,
         "price_mask": prep.price_mask,
         **{k: entry[k] for k in ("num_params", "status", "best_epoch", "best_val_loss")},
@@ -56,11 +71,11 @@ def model_meta(config, prep, entry: dict) -> dict:
     }
 
 
-def keep_model(workdir: str, config, prep, scored, entry: dict) -> None:
+def keep_model(workdir: str, run: RunMeta, prep, scored, entry: dict) -> None:
     """Saves a trained series' model to <workdir>/models/<SERIES>/: the params test
     scored (`evaluate.Scored`: with eval.refit_band, its band refit on train+val), and
-    meta.json with its interval calibration."""
-    meta = model_meta(config, prep, entry)
+    meta.json with its interval calibration (`run`: its run's RunMeta)."""
+    meta = model_meta(run, prep, entry)
     if scored.calibration is not None:
         meta["interval_calibration"] = scored.calibration
     checkpoint.save_series_model(workdir_lib.series_model(workdir, prep.name), scored.params, meta)

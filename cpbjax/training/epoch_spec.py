@@ -17,6 +17,7 @@ from flax import linen as nn
 from flax import struct
 
 from cpbjax.config import sweep_grid
+from cpbjax.data import spec as data_spec
 from cpbjax.data import stacking
 from cpbjax.training import optimizer
 
@@ -51,20 +52,28 @@ class EpochSpec:
     pooled_chunk: int = 0
     # model.ensemble: Y members, each trained on its own loss (models/ensemble.py).
     members: int = 1
+    # What the group's programs are built over besides the math (cpbjax/training/group.py):
+    # the data's padded shapes, T, the swept hparams' names (GroupArrays.hparams), the
+    # matmul precision and train.stream_chunk_steps (J; 0 = the device-resident epoch).
+    data: data_spec.DataSpec | None = None
+    t_max: int = 0
+    hparams: tuple = ()
+    matmul_precision: str = "default"
+    stream_chunk_steps: int = 0
 
 
 def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
-    """The EpochSpec of a run config (data, model, train), its model, and its
-    padded length T (stacking.padded_length; default data.max_candles)."""
-    d, t = config.data, config.train
+    """The EpochSpec of a run config (data, model, train, sweep, matmul_precision),
+    its model, and its padded length T (stacking.padded_length; default data.max_candles)."""
+    d, t = data_spec.make_spec(config.data), config.train
+    t_max = d.max_candles if t_max is None else t_max
+    hparams = sweep_grid.hparam_names(config)
     sizes = stacking.padded_sizes(d, t_max)
     train_steps = math.ceil(sizes["train"] / t.batch_size)
     members = config.model.ensemble
     return EpochSpec(
         module=module,
-        tx=optimizer.make_optimizer(
-            t, "weight_decay" in sweep_grid.hparam_names(config), members=members
-        ),
+        tx=optimizer.make_optimizer(t, "weight_decay" in hparams, members=members),
         schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
         lookback=d.lookback,
         horizon=d.horizon,
@@ -81,6 +90,11 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         share=t.share,
         pooled_chunk=t.pooled_chunk,
         members=members,
+        data=d,
+        t_max=t_max,
+        hparams=hparams,
+        matmul_precision=config.matmul_precision,
+        stream_chunk_steps=t.stream_chunk_steps,
     )
 
 

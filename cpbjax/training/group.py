@@ -22,7 +22,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cpbjax import columns, sharding
-from cpbjax.config import sweep_grid
 from cpbjax.data import stacking, windows
 from cpbjax.training import epoch_spec, pooled, step, streaming
 
@@ -50,30 +49,25 @@ class GroupTrainer:
         init_state, start_from and run_epoch hand over to; None otherwise.
     """
 
-    def __init__(
-        self, config, module, num_coins: int, mesh: Mesh | None = None, t_max: int | None = None
-    ):
+    def __init__(self, spec: epoch_spec.EpochSpec, num_coins: int, mesh: Mesh | None = None):
         """Args:
-        config: the run config; read here once (epoch_spec.make_spec, data sizes, precision).
-        module: the Flax Linen model (see cpbjax.models).
+        spec: the run's EpochSpec (`epoch_spec.make_spec` of its config, model and padded
+          length T), built once by the mode.
         num_coins: K, a multiple of the mesh size.
         mesh: a 1-D `coins` mesh; default `sharding.coin_mesh()`.
-        t_max: the padded length T of the run's series (`stacking.padded_length`);
-          default data.max_candles.
         """
         self.mesh = mesh if mesh is not None else sharding.coin_mesh()
         if num_coins % self.mesh.size:
             raise ValueError(
                 f"num_coins={num_coins} is not a multiple of the {self.mesh.size} devices"
             )
-        self.t_max = config.data.max_candles if t_max is None else t_max
-        self.spec = epoch_spec.make_spec(config, module, self.t_max)
+        self.spec = spec
+        self.t_max = spec.t_max
         self.num_coins = num_coins
-        self.data_cfg = config.data
-        self.hparam_names = sweep_grid.hparam_names(config)  # GroupArrays.hparams of a sweep
-        self.matmul_precision = config.matmul_precision
+        self.hparam_names = spec.hparams  # GroupArrays.hparams of a sweep
+        self.matmul_precision = spec.matmul_precision
         # J steps of windows per chunk streamed from the host; 0 = the device-resident epoch.
-        self.stream_chunk_steps = config.train.stream_chunk_steps
+        self.stream_chunk_steps = spec.stream_chunk_steps
         self.coin_sharding = NamedSharding(self.mesh, P(sharding.COIN_AXIS))
         self._build_programs()
 
@@ -186,7 +180,7 @@ class GroupTrainer:
     def _abstract_arrays(self) -> stacking.GroupArrays:
         """GroupArrays of ShapeDtypeStructs: the fixed padded shapes of this config."""
         k, spec = self.num_coins, self.spec
-        sizes = stacking.padded_sizes(self.data_cfg, self.t_max)
+        sizes = stacking.padded_sizes(self.spec.data, self.t_max)
         t = 0 if self.stream_chunk_steps else sizes["T"]  # streamed: no series on the devices
         sds = jax.ShapeDtypeStruct
         ends = {}
@@ -207,7 +201,7 @@ class GroupTrainer:
     def stack(self, preps: list) -> stacking.GroupArrays | streaming.StreamedArrays:
         """`stacking.stack_group` padded to K coins, each process placing its own shards
         (streamed: all but the series, which stay on the host)."""
-        host = stacking.stack_group(preps, self.num_coins, self.data_cfg, self.t_max)
+        host = stacking.stack_group(preps, self.num_coins, self.spec.data, self.t_max)
         if self.streamed:
             return self.streamed.stack(host)
         return sharding.place(host, self.arrays_sharding)
