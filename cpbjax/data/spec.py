@@ -29,7 +29,7 @@ class DataSpec:
     horizon: int  # H
     splits: tuple  # (train, val, test) fractions
     split_dates: tuple  # (VAL_START, TEST_START) or () for fractional splits
-    normalization: str  # last_close | candle_minmax
+    normalization: str  # last_close (the one value left: the report and meta.json name it)
 
 
 def make_spec(data_cfg) -> DataSpec:
