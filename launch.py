@@ -154,48 +154,45 @@ def _data_table(config) -> None:
 
 def _run_mode(config, workdir: str) -> None:
     """Runs --mode in `workdir`; its known failures exit 2 with one line."""
-    if _MODE.value == "train":
-        from cpbjax.modes import driver
+    run, known_errors = _mode_entry(config)
+    try:
+        run(config, workdir)
+    except (ConfigError, *known_errors) as e:
+        cli_errors.fail(str(e))
+
+
+def _mode_entry(config):
+    """(run(config, workdir), the errors it ends with one line) of --mode; each mode's
+    modules are imported only when it runs."""
+    mode = _MODE.value
+    if mode in TRAINING_MODES:
         from cpbjax.training import ledger
 
-        try:
-            if sweep_grid.is_sweep(config):
-                from cpbjax.modes import sweep
+        if mode == "backtest":
+            from cpbjax.modes import backtest
 
-                sweep.run_sweep(config, workdir)
-            else:
-                driver.train_and_evaluate(config, workdir)
-        except (ConfigError, ledger.RunMismatch, driver.NothingTrained) as e:
-            cli_errors.fail(str(e))
-    elif _MODE.value == "backtest":
-        from cpbjax.modes import backtest
-        from cpbjax.training import ledger
+            return backtest.run_backtest, (ledger.RunMismatch, backtest.NothingBacktested)
+        from cpbjax.modes import driver, sweep
 
-        try:
-            backtest.run_backtest(config, workdir)
-        except (ConfigError, ledger.RunMismatch, backtest.NothingBacktested) as e:
-            cli_errors.fail(str(e))
-    else:
-        from cpbjax.modes import evaluate, export, predict, serve
-        from cpbjax.score import saved
+        run = sweep.run_sweep if sweep_grid.is_sweep(config) else driver.train_and_evaluate
+        return run, (ledger.RunMismatch, driver.NothingTrained)
+    from cpbjax.modes import evaluate, export, predict, serve
+    from cpbjax.score import saved
 
-        run = {
-            "evaluate": evaluate.run_evaluate,
-            "predict": predict.run_predict,
-            "export": export.run_export,
-            "serve": serve.run_serve,
-        }[_MODE.value]
-        try:
-            run(config, workdir)
-        except (
-            ConfigError,
-            saved.ModelNotFound,
-            predict.NothingToForecast,
-            evaluate.NothingEvaluated,
-            export.NothingToExport,
-            serve.ServeError,
-        ) as e:
-            cli_errors.fail(str(e))
+    runs = {
+        "evaluate": evaluate.run_evaluate,
+        "predict": predict.run_predict,
+        "export": export.run_export,
+        "serve": serve.run_serve,
+    }
+    known_errors = (
+        saved.ModelNotFound,
+        predict.NothingToForecast,
+        evaluate.NothingEvaluated,
+        export.NothingToExport,
+        serve.ServeError,
+    )
+    return runs[mode], known_errors
 
 
 if __name__ == "__main__":

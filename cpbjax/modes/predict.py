@@ -125,15 +125,12 @@ def run_predict(config, workdir: str) -> dict:
     predict.symbols x intervals, or a changed data.symbols / data.intervals) from the
     newest data. A pooled run also forecasts series it never trained on (zero_shot.py).
 
-    Writes <workdir>/forecast.json ({"run", "model", "horizon", "series": {name:
-    {"symbol", "interval", "last_open_time", "last_open_time_ms", "last_candle",
-    "forecast": [{"step", "open_time", "open_time_ms", "open", "high", "low",
-    "close"}, ...], "age_intervals", "test_skill", "kept_baseline", and for an unseen series
-    "zero_shot"}}, "skipped"}; prices
-    at forecast.PRICE_DIGITS significant digits, the skill as `forecast.skill_on_test`
-    says) and <workdir>/forecast.csv, and keeps every earlier forecast as
-    <workdir>/predictions/forecast-<UTC time>.json. Prints the newest closed candle and the
-    forecast span of each series.
+    Writes <workdir>/forecast.json: {"run", "model", "horizon", "skipped", "series": {name:
+    {"symbol", "interval", "last_open_time(_ms)", "last_candle", "forecast": [{"step",
+    "open_time(_ms)", "open", "high", "low", "close"}, ...], "age_intervals", "test_skill",
+    "kept_baseline", "zero_shot" (an unseen series)}}} (prices at forecast.PRICE_DIGITS
+    digits); forecast.csv; and every forecast under predictions/. Prints the newest closed
+    candle and the forecast span of each series.
 
     Returns:
       The forecast.json dict.
@@ -159,8 +156,14 @@ def run_predict(config, workdir: str) -> dict:
     now_ms = klines_api.clock_ms()
     for entry in series.values():
         freshness(entry, now_ms, cfg.data.source)
-    paths = forecast.write_forecast_files(workdir, doc)
-    for name, reason in skipped.items():
-        logging.warning("%s: not forecast: %s", name, reason)
-    print("\n".join([*(_summary(n, s) for n, s in series.items()), f"wrote {', '.join(paths)}"]))
+    _publish(workdir, doc)
     return doc
+
+
+def _publish(workdir: str, doc: dict) -> None:
+    """Writes the forecast files, names each skipped series and prints each forecast."""
+    paths = forecast.write_forecast_files(workdir, doc)
+    for name, reason in doc["skipped"].items():
+        logging.warning("%s: not forecast: %s", name, reason)
+    lines = [_summary(name, entry) for name, entry in doc["series"].items()]
+    print("\n".join([*lines, f"wrote {', '.join(paths)}"]))

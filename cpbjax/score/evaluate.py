@@ -148,10 +148,7 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
     params' saved mask where no decision is made, e.g. --mode evaluate).
     """
     entry, calibration = {}, None
-    if spec.column_fallback:
-        params, entry["baseline_columns"] = column_fallback.apply(module, params, prep, spec)
-    elif (keep_C := heads.keep_columns(params)) is not None:
-        entry["baseline_columns"] = column_fallback.baseline_columns(keep_C)
+    params = _decide_columns(module, params, prep, spec, entry)
     refit = spec.refit_band and band_refit.applies(module)
     # One forward pass per split serves every refit (band_refit.shifted_forecast); train
     # is forecast only when a refit or an interval is fitted on it.
@@ -174,6 +171,16 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
     return Scored(entry, record, calibration, scored_params)
+
+
+def _decide_columns(module, params, prep, spec: EvalSpec, entry: dict):
+    """The params scored: with spec.column_fallback, masked as decided on val; the entry's
+    `baseline_columns` from that decision or from the params' saved mask."""
+    if spec.column_fallback:
+        params, entry["baseline_columns"] = column_fallback.apply(module, params, prep, spec)
+    elif (keep_C := heads.keep_columns(params)) is not None:
+        entry["baseline_columns"] = column_fallback.baseline_columns(keep_C)
+    return params
 
 
 # A val loss this many times the zero forecast's marks a model worse than no training.

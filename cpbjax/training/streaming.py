@@ -163,18 +163,22 @@ class StreamedEpoch:
             step.fresh_pass, out_shardings=sharding.named(placement.mesh, pass_specs)
         )
         self._build_chunk_programs(math, per_device, state_specs, arrays_specs, pass_specs)
-        # The epoch's end: the state donated, placed as the default epoch places it.
+        self._build_finish_program(math, per_device, state_specs, pass_specs, metrics_specs)
+        self._build_start_programs(math)
+
+    def _build_finish_program(self, math, per_device, state_specs, pass_specs, metrics_specs):
+        """The epoch's end: the state donated, placed as the default epoch places it."""
         val_specs = ((COIN_SPEC, COIN_SPEC), CHUNK_SPEC)  # (sums, every chunk's losses)
+        mesh = self.placement.mesh
         self._finish = jax.jit(
             per_device(
                 functools.partial(_finish_epoch, math.finish_epoch, self.spec),
                 in_specs=(state_specs, pass_specs, val_specs, val_specs, CHUNK_SPEC),
                 out_specs=(state_specs, metrics_specs),
             ),
-            out_shardings=(placement.state_sharding, sharding.named(placement.mesh, metrics_specs)),
+            out_shardings=(self.placement.state_sharding, sharding.named(mesh, metrics_specs)),
             donate_argnums=0,
         )
-        self._build_start_programs(math)
 
     def _build_chunk_programs(self, math, per_device, state_specs, arrays_specs, pass_specs):
         """The programs of one chunk: its train steps (the TrainPass carried from chunk to
