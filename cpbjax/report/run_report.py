@@ -30,6 +30,7 @@ from cpbjax.report.plots import (
     plot_skill,
 )
 from cpbjax.score import forecast
+from cpbjax.training import sharing
 
 FALLBACK_WIDTH = 80  # Console columns when the width is unknown (not a terminal, no $COLUMNS).
 
@@ -167,7 +168,7 @@ class SeriesPlotSpec(NamedTuple):
     plot_windows: int  # eval.plot_windows; 0 draws no forecast plot
     lookback: int  # data.lookback: the input closes shown before each forecast
     loss_label: str  # the loss plots' y label (`plots.loss_label` of train.loss)
-    pooled: bool  # train.share == "pooled": a kept baseline's val loss is the pooled one
+    val_label: str  # a kept baseline's val loss, "val" or "pooled val" (sharing.Sharing)
 
 
 def series_plot_spec(folder: str, config) -> SeriesPlotSpec:
@@ -177,7 +178,7 @@ def series_plot_spec(folder: str, config) -> SeriesPlotSpec:
         config.eval.plot_windows,
         config.data.lookback,
         loss_label(config.train),
-        config.train.share == "pooled",
+        sharing.from_config(config.train).val_label,
     )
 
 
@@ -208,7 +209,7 @@ def series_plots(spec: SeriesPlotSpec, name, entry, curve, record) -> list[str]:
     paths = []
     if curve is not None:
         path = os.path.join(spec.folder, plot_name("loss", name))
-        paths.append(plot_loss(path, name, curve, entry, spec.loss_label, spec.pooled))
+        paths.append(plot_loss(path, name, curve, entry, spec.loss_label, spec.val_label))
     if not spec.plot_windows:
         return paths
     if record is None:

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from cpbjax import sharding
 from cpbjax.config import sweep_grid
 from cpbjax.data import stacking, windows
-from cpbjax.training import epoch_spec, pooled, step, streaming
+from cpbjax.training import epoch_spec, sharing, step, streaming
 
 
 def coin_keys(seed: int, series_indices) -> np.ndarray:
@@ -42,6 +42,8 @@ class GroupTrainer:
 
     Attributes:
       spec: the epoch_spec.EpochSpec the programs close over.
+      sharing: the sharing.Sharing of its train.share: the epoch math the programs run
+        (cpbjax/training/step.py or pooled.py) and how the init programs are placed.
       num_coins: K, a multiple of the mesh size.
       state_sharding: NamedShardings of step.GroupState (coin axis over the mesh).
       arrays_sharding: NamedShardings of stacking.GroupArrays (see `stack`).
@@ -68,6 +70,7 @@ class GroupTrainer:
             )
         self.t_max = config.data.max_candles if t_max is None else t_max
         self.spec = epoch_spec.make_spec(config, module, self.t_max)
+        self.sharing = sharing.of(self.spec.share)
         self.num_coins = num_coins
         self.data_cfg = config.data
         self.hparam_names = sweep_grid.hparam_names(config)  # GroupArrays.hparams of a sweep
@@ -95,7 +98,7 @@ class GroupTrainer:
         # check_vma=False: the scalar outputs (epoch, lr) are computed from replicated
         # inputs only, so they are the same on every device by construction.
         per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
-        math = self._math()
+        math = self.sharing.math
         if self.stream_chunk_steps:
             fresh = self._init_program(math.fresh_state, per_device, arrays_specs, state_specs)
             self.streamed = streaming.StreamedEpoch(
@@ -128,7 +131,7 @@ class GroupTrainer:
         out_shardings: the state placed as the epoch places it (`_build_programs`).
         """
         init = functools.partial(init, self.spec)
-        if self.spec.share == "pooled":
+        if self.sharing.global_init:
             in_shardings = (self.coin_sharding, self.arrays_sharding)
             return jax.jit(init, in_shardings=in_shardings, out_shardings=self.state_sharding)
         init_specs = (P(sharding.COIN_AXIS), arrays_specs)
@@ -140,8 +143,8 @@ class GroupTrainer:
     def _start_program(self, per_device, arrays_specs, state_specs):
         """The jitted train.init_from start: (state, params, arrays) -> state, placed as
         `_init_program`'s."""
-        start = functools.partial(self._math().start_from, self.spec)
-        if self.spec.share == "pooled":
+        start = functools.partial(self.sharing.math.start_from, self.spec)
+        if self.sharing.global_init:
             start_shardings = (self.state_sharding, self.state_sharding.params)
             return jax.jit(
                 start,
@@ -155,11 +158,6 @@ class GroupTrainer:
             out_shardings=self.state_sharding,
             donate_argnums=0,
         )
-
-    def _math(self):
-        """The module whose init_state and run_epoch the programs run: cpbjax/training/pooled.py
-        for train.share=pooled (one model, same state layout), else cpbjax/training/step.py."""
-        return pooled if self.spec.share == "pooled" else step
 
     def _state_shapes(self) -> step.GroupState:
         keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)

@@ -138,7 +138,7 @@ class StreamedEpoch:
     ):
         """Args:
         trainer: its spec, mesh, shardings and chunk size (train.stream_chunk_steps).
-        math: cpbjax/training/step.py or cpbjax/training/pooled.py (group.py's `_math`).
+        math: the epoch_math.EpochMath of the trainer's sharing.Sharing (step or pooled).
         fresh: the jitted math.fresh_state, placed as the state (the bar is set here).
         per_device: group.py's shard_map over the coin mesh.
         state_specs, arrays_specs, metrics_specs: the shard specs of the GroupState, the
