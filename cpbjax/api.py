@@ -37,6 +37,7 @@ from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 from cpbjax.modes import driver, sweep
 from cpbjax.modes import export as export_mode
 from cpbjax.score import forecast, saved, zero_shot
+from cpbjax.training import sharing
 
 OHLCV = ("open", "high", "low", "close", "volume")
 # The config `fit` trains with when given none: the GRU's default run.
@@ -340,7 +341,7 @@ class RunModel:
     def __init__(self, workdir: str):
         self.workdir = workdir
         self.available = saved.available_models(workdir)
-        self.pooled = saved.run_config_of(workdir).train.share == "pooled"
+        self.pooled = sharing.from_config(saved.run_config_of(workdir).train).one_model
 
     def model_for(self, symbol: str | None, interval: str) -> Model:
         """The Model that forecasts symbol-interval (see the class docstring)."""

@@ -75,6 +75,10 @@ def get(c, field: str, missing: Any = None) -> Any:
 
 
 _NOT_BINANCE = ("local", "synthetic")  # built-in sources that neither download nor top up
+# The train.share values whose step takes one gradient over many coins, which
+# train.pooled_chunk splits: cpbjax/training/sharing.py's `chunked_gradient` (above this
+# layer, so the rule names the values; tests/epoch_math_test.py keeps the two the same).
+CHUNKED_GRADIENT_SHARES = ("pooled",)
 
 # A value other than its default of each of `fields` is ignored while `other` holds one of
 # `values`, so it is refused: (other, values, why, fields). A source registered from user
@@ -122,7 +126,8 @@ def check_combinations(c, defaults) -> None:
         check(bool(c.train.init_from), "train.epochs", 0, allowed)
     if c.train.pooled_chunk:
         allowed = "0 unless train.share='pooled' (a per-series step has one coin per gradient)"
-        check(c.train.share == "pooled", "train.pooled_chunk", c.train.pooled_chunk, allowed)
+        ok = c.train.share in CHUNKED_GRADIENT_SHARES
+        check(ok, "train.pooled_chunk", c.train.pooled_chunk, allowed)
     _check_ignored(c, defaults)
 
 

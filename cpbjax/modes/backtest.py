@@ -36,6 +36,7 @@ from cpbjax.report import run_report as report
 from cpbjax.report import spec as report_spec
 from cpbjax.report.runlog import StageClock
 from cpbjax.score import backtest_scores, baselines, evaluate, forecast
+from cpbjax.training import sharing
 
 # Per-window wall-clock fields left out of a fold's backtest.json entry: the same run
 # resumed gives the same file.
@@ -171,7 +172,7 @@ def plan_for(config, clock: StageClock) -> plan_lib.Plan:
     per fold in time order, each purged across its own series only."""
     preps, skipped = _prepare(config, clock)
     fields = {"keep_models": False, "extra_print": {"backtest": _settings(config)}}
-    if config.train.share != "pooled":
+    if not sharing.from_config(config.train).pools_windows:
         return plan_lib.chunked(config, preps, skipped=skipped, **fields)
     groups, pool = [], {}
     for f in sorted({folds.fold_of(p.name) for p in preps}):

@@ -119,7 +119,7 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
         if ckpts.due(epoch, force=finished):  # All processes save.
             ckpts.maybe_save(epoch, live.full_state(), force=finished)
         # A pooled group is one model: its coins stop together, nothing to compact.
-        if t.compact_groups and t.share == "series" and not finished:
+        if t.compact_groups and run.plan.sharing.compactable and not finished:
             live.maybe_compact(m, t.patience, t.epochs)
     ckpts.close()
     run.log.end_group()

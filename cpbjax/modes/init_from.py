@@ -23,19 +23,21 @@ from cpbjax import models
 from cpbjax.config_rules import ConfigError
 from cpbjax.models import heads
 from cpbjax.score import saved
+from cpbjax.training import sharing
 
 FIELD = "train.init_from"
 
 
-def _source_models(config) -> tuple[dict, str]:
-    """(series name -> saved model folder, the source's train.share) of config.train.init_from."""
+def _source_models(config) -> tuple[dict, sharing.Sharing]:
+    """(series name -> saved model folder, the source's sharing.Sharing) of
+    config.train.init_from."""
     source = config.train.init_from
     try:
         available = saved.available_models(source)
         run = saved.run_config_of(source)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{FIELD}={source!r} is not a trained workdir: {e}") from None
-    return available, run.train.share
+    return available, sharing.from_config(run.train)
 
 
 def check_source(config, workdir: str) -> None:
@@ -48,19 +50,19 @@ def check_source(config, workdir: str) -> None:
         _checked_source(config)
 
 
-def _checked_source(config) -> tuple[dict, str]:
+def _checked_source(config) -> tuple[dict, sharing.Sharing]:
     """`_source_models`, once the source's share suits this run (a pooled run needs a
     pooled source) and its models have this run's window fields and param shapes
     (`check_shape`, on one of them: a run's models share them)."""
-    available, share = _source_models(config)
-    if share != "pooled" and config.train.share == "pooled":
+    available, source = _source_models(config)
+    if sharing.from_config(config.train).one_model and not source.one_model:
         raise ConfigError(
             f"{FIELD}={config.train.init_from!r} trained a model per series "
             "(train.share='series'): a pooled run starts from a pooled workdir"
         )
     model = saved.load_model(next(iter(available.values())))
     check_shape(config, model.trained, heads.without_keep(model.params))
-    return available, share
+    return available, source
 
 
 def _differing_field(config, trained) -> tuple[str, object, object] | None:
@@ -129,9 +131,9 @@ def starting_params(config, names: list[str], num_coins: int):
       ConfigError: one line, as `_checked_source` says, or naming a series that a
         per-series source has no model of.
     """
-    available, share = _checked_source(config)  # also for a sweep or a backtest's folds
+    available, source_sharing = _checked_source(config)  # also a sweep's, a backtest's folds
     source = config.train.init_from
-    if share == "pooled":
+    if source_sharing.one_model:
         per_coin = [_pooled_start(config, available)] * len(names)
     else:  # a per-series source, so a per-series run
         missing = [n for n in names if n not in available]

@@ -6,7 +6,8 @@ Every mode builds one `Plan` from its config and prepared data (a train run here
 PreparedSeries: a series, a backtest fold or a sweep setting of a series. A group of up
 to K coins trains as one compiled program (cpbjax/training/group.py); with train.share=pooled a
 group is ONE model over its coins, their train and val windows purged across series
-(cpbjax/data/pooling.py).
+(cpbjax/data/pooling.py). The plan holds the run's `sharing.Sharing`, chosen here once
+from train.share, for the driver and the programs it builds.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from cpbjax import config_rules as rules
 from cpbjax import sharding
 from cpbjax.data import pooling, sources, split_dates, stacking, windows
 from cpbjax.report.runlog import StageClock
+from cpbjax.training import sharing as sharing_lib
 
 MAX_GROUP_SIZE = 64  # train.group_size=0 puts up to this many series in one program ...
 # ... except on CPU devices, where a coin's step is fastest while the group's working set
@@ -36,6 +38,7 @@ class Plan:
     mesh: Mesh | None  # the coin mesh over every device; None when there is nothing to train
     t_max: int  # T, the padded length of the coins (stacking.padded_length)
     index: dict  # series name -> its position in config.data: its coin key's fold-in
+    sharing: sharing_lib.Sharing  # what train.share decides (one model or one per coin)
     skipped: dict = dataclasses.field(default_factory=dict)  # name -> why it does not train
     # False for backtest folds: no model is saved, the test forecasts always are (the
     # backtest pools them), so a backtest never writes a series' model.
@@ -58,7 +61,7 @@ class Plan:
         return {
             "groups": len(self.groups),
             "group_size": max((len(g) for g in self.groups), default=0),
-            "share": config.train.share,
+            "share": self.sharing.name,
         }
 
     def training_view(self, preps: list) -> list:
@@ -84,7 +87,7 @@ def group_size(num_series: int, train_cfg, num_devices: int, backend: str) -> in
     CPU_COINS_PER_DEVICE per device on the CPU backend; never more than the series
     (rounded up to the device count).
     """
-    if train_cfg.share == "pooled":
+    if sharing_lib.from_config(train_cfg).one_group:
         return pooled_group_size(num_series, train_cfg, num_devices)
     fit = CPU_COINS_PER_DEVICE * num_devices if backend == "cpu" else MAX_GROUP_SIZE
     k = min(train_cfg.group_size or fit, num_series)
@@ -132,13 +135,14 @@ def of_groups(config, groups: list, **fields) -> Plan:
       ConfigError: a train.group_size a pooled run cannot have (`pooled_group_size`).
     """
     groups = tuple(tuple(g) for g in groups)
+    index, shared = _series_index(config), sharing_lib.from_config(config.train)
     if not any(groups):  # nothing to train: no mesh to build
-        return Plan((), 0, None, 0, _series_index(config), **fields)
+        return Plan((), 0, None, 0, index, shared, **fields)
     mesh = sharding.coin_mesh()
     backend = mesh.devices.flat[0].platform
     k = group_size(max(len(g) for g in groups), config.train, mesh.size, backend)
     t_max = stacking.padded_length([p for g in groups for p in g], config.data)
-    return Plan(groups, k, mesh, t_max, _series_index(config), **fields)
+    return Plan(groups, k, mesh, t_max, index, shared, **fields)
 
 
 def chunked(config, coins: list, **fields) -> Plan:
@@ -155,7 +159,7 @@ def for_train(config, clock: StageClock) -> Plan:
     """A train run's plan: every series in chunks of group_size, or with
     train.share=pooled one group of the series that keep purged windows, training-data-only
     series among them (data.split_dates: trained on, never scored; listed as skipped)."""
-    if config.train.share != "pooled":
+    if not sharing_lib.from_config(config.train).pools_windows:
         preps, skipped = prepare_all(config, clock)
         return chunked(config, preps, skipped=skipped)
     preps, skipped = prepare_all(config, clock, keep_train_only=True)

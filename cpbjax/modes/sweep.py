@@ -40,7 +40,7 @@ from cpbjax.report import run_report as report
 from cpbjax.report import spec as report_spec
 from cpbjax.report import sweep_section as report_sweep
 from cpbjax.report.runlog import StageClock
-from cpbjax.training import checkpoint
+from cpbjax.training import checkpoint, sharing
 
 # Per-coin fields left out of sweep.json: wall-clock times (the same run resumed gives
 # the same file) and the series' data notes (in results.json once per series).
@@ -214,7 +214,7 @@ def plan_for(config, clock: StageClock) -> tuple[plan_lib.Plan, list[str]]:
     preps, skipped = plan_lib.prepare_all(config, clock)
     trained = {k: v for k, v in grid(config).items() if k != "select"}
     fields = {"extra_print": {"sweep": trained}}
-    if config.train.share != "pooled":
+    if not sharing.from_config(config.train).pools_windows:
         coins = sweep_grid.expand(preps, config)
         return plan_lib.chunked(config, coins, skipped=skipped, **fields), [p.name for p in preps]
     preps, kept, emptied = pooling.pooled_series(preps, config.data)

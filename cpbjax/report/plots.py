@@ -80,14 +80,14 @@ def loss_label(train_cfg) -> str:
     )
 
 
-def kept_point(epochs, val, entry: dict, pooled: bool = False):
+def kept_point(epochs, val, entry: dict, val_label: str = "val"):
     """(epoch, val loss, legend label) of the model a series kept, or None if unknown.
 
     The kept model is results.json's `best_epoch`; None there means no epoch beat the
     untrained model (the baseline), so epoch 0 is kept, at the untrained val loss, which
     is the `best_val_loss` no epoch beat (step.init_state; with train.share=pooled that
-    loss is the pooled one of all series, and the label says so). An entry without a
-    best_epoch at all (not a trained run's) marks nothing.
+    loss is the pooled one of all series, and `val_label`, sharing.Sharing's, says so).
+    An entry without a best_epoch at all (not a trained run's) marks nothing.
     """
     if "best_epoch" not in entry:
         return None
@@ -96,31 +96,30 @@ def kept_point(epochs, val, entry: dict, pooled: bool = False):
         untrained = entry.get("best_val_loss")
         if untrained is None or not math.isfinite(untrained):
             return None  # no baseline (model.baseline=none) and no epoch kept
-        which = "pooled val" if pooled else "val"
         return (
             0,
             float(untrained),
-            f"kept: epoch 0, the untrained baseline ({which} {untrained:.3g})",
+            f"kept: epoch 0, the untrained baseline ({val_label} {untrained:.3g})",
         )
     at = [v for e, v in zip(epochs, val, strict=True) if e == best]
     return (best, float(at[0]), f"kept: epoch {best} (val {at[0]:.3g})") if at else None
 
 
-def loss_figure(name: str, curve: tuple, entry: dict, ylabel: str, pooled: bool = False) -> Figure:
+def loss_figure(name: str, curve: tuple, entry: dict, ylabel: str, val_label="val") -> Figure:
     """Train and validation loss of one series against the (whole) epoch, the kept model
     marked (`kept_point`: epoch 0 when the series kept its untrained baseline).
 
     Args:
       curve: (epochs, train losses, val losses), lists of equal length (`loss_curves`).
       entry: its results.json entry (best_epoch, best_val_loss, status).
-      ylabel: `loss_label` of the run's config. pooled: train.share == "pooled".
+      ylabel: `loss_label` of the run's config. val_label: `kept_point`'s.
     """
     epochs, train, val = curve
     fig = _figure(5.0, 3.2)
     ax = fig.add_subplot()
     ax.plot(epochs, train, "o-", ms=3, label="train")
     ax.plot(epochs, val, "o-", ms=3, label="val")
-    kept = kept_point(epochs, np.asarray(val, float), entry, pooled)
+    kept = kept_point(epochs, np.asarray(val, float), entry, val_label)
     losses = np.r_[np.asarray(train, float), np.asarray(val, float)]
     if kept is not None:
         ax.axvline(kept[0], color="C2", ls="--", lw=1)
@@ -135,9 +134,9 @@ def loss_figure(name: str, curve: tuple, entry: dict, ylabel: str, pooled: bool 
     return fig
 
 
-def plot_loss(path: str, name: str, curve: tuple, entry: dict, ylabel: str, pooled=False) -> str:
+def plot_loss(path: str, name: str, curve: tuple, entry: dict, ylabel: str, val_label="val") -> str:
     """Writes `loss_figure` as a PNG at `path`; returns the path."""
-    return _save(loss_figure(name, curve, entry, ylabel, pooled), path)
+    return _save(loss_figure(name, curve, entry, ylabel, val_label), path)
 
 
 def _loss_axis(ax, losses) -> None:

@@ -169,13 +169,13 @@ class SeriesPlotSpec(NamedTuple):
     plot_windows: int  # eval.plot_windows; 0 draws no forecast plot
     lookback: int  # data.lookback: the input closes shown before each forecast
     loss_label: str  # the loss plots' y label (`plots.loss_label` of train.loss)
-    pooled: bool  # train.share == "pooled": a kept baseline's val loss is the pooled one
+    val_label: str  # a kept baseline's val loss, "val" or "pooled val" (sharing.Sharing)
 
 
 def series_plot_spec(folder: str, spec: ReportSpec) -> SeriesPlotSpec:
     """The SeriesPlotSpec of a run's ReportSpec, drawing into `folder`."""
     return SeriesPlotSpec(
-        folder, spec.plot_windows, spec.data.lookback, spec.loss_label, spec.pooled
+        folder, spec.plot_windows, spec.data.lookback, spec.loss_label, spec.val_label
     )
 
 
@@ -206,7 +206,7 @@ def series_plots(spec: SeriesPlotSpec, name, entry, curve, record) -> list[str]:
     paths = []
     if curve is not None:
         path = os.path.join(spec.folder, plot_name("loss", name))
-        paths.append(plot_loss(path, name, curve, entry, spec.loss_label, spec.pooled))
+        paths.append(plot_loss(path, name, curve, entry, spec.loss_label, spec.val_label))
     if not spec.plot_windows:
         return paths
     if record is None:

@@ -19,6 +19,7 @@ from absl import logging
 
 from cpbjax import writers
 from cpbjax.report import tensorboard
+from cpbjax.training import sharing
 
 # jax.monitoring's event for each XLA program built: compiled, or read from the persistent
 # compile cache (then it times the read).
@@ -51,10 +52,11 @@ def epoch_record(group: str, names: list[str], m: dict, seconds: float, coins: i
         "coins_computed": coins,
     }
     record["val_gain_se"] = m["val_gain_se"][:n]
-    if train_cfg.share == "pooled":  # what its early stopping judged, the same on every coin
-        # that trains; coin 0 may not (data.split_dates: a series with no train windows).
+    judged_key = sharing.from_config(train_cfg).judged_val_key
+    if judged_key:  # what its early stopping judged, the same on every coin that trains;
+        # coin 0 may not (data.split_dates: a series with no train windows).
         judged = [v for v in m["stop_val_loss"][:n] if v is not None and math.isfinite(v)]
-        record["pooled_val_loss"] = judged[0] if judged else None
+        record[judged_key] = judged[0] if judged else None
     return record
 
 

@@ -11,6 +11,7 @@ import dataclasses
 
 from cpbjax.data import spec as data_spec
 from cpbjax.report.plots import loss_label
+from cpbjax.training import sharing
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -21,7 +22,7 @@ class ReportSpec:
     decoding: str  # model.decoding
     data: data_spec.DataSpec  # the data facts (lookback, horizon, source, symbols, ...)
     loss_label: str  # the loss plots' y label (`plots.loss_label` of train.loss)
-    pooled: bool  # train.share == "pooled": a kept baseline's val loss is the pooled one
+    val_label: str  # a kept baseline's val loss, "val" or "pooled val" (sharing.Sharing)
     plots: bool  # eval.plots: draw the PNGs at all
     plot_windows: int  # eval.plot_windows; 0 draws no forecast plot
     plot_workers: int  # eval.plot_workers; 0 draws every plot in the run's own process
@@ -34,7 +35,7 @@ def make_spec(config) -> ReportSpec:
         decoding=config.model.decoding,
         data=data_spec.make_spec(config.data),
         loss_label=loss_label(config.train),
-        pooled=config.train.share == "pooled",
+        val_label=sharing.from_config(config.train).val_label,
         plots=config.eval.plots,
         plot_windows=config.eval.plot_windows,
         plot_workers=config.eval.plot_workers,

@@ -29,7 +29,7 @@ from cpbjax.data import sources, windows
 from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 from cpbjax.models import heads
 from cpbjax.score import intervals
-from cpbjax.training import checkpoint
+from cpbjax.training import checkpoint, sharing
 
 # data fields that define a model's windows: always taken from the model's saved config.
 MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
@@ -345,7 +345,7 @@ def load_for_forecast(config, workdir: str, fit_days: float = 0.0):
     has_run = os.path.exists(workdir_lib.config_json(workdir))
     run = run_config_of(workdir) if has_run else config
     symbols, intervals_ = requested_series(config, run)
-    pooled = has_run and run.train.share == "pooled"
+    pooled = has_run and sharing.from_config(run.train).one_model
     if pooled and not fit_days:
         names, _ = select_series(available, symbols, intervals_)
         unseen = []

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from cpbjax import columns, sharding
 from cpbjax.data import stacking, windows
-from cpbjax.training import epoch_spec, pooled, step, streaming
+from cpbjax.training import epoch_spec, sharing, step, streaming
 
 
 def coin_keys(seed: int, series_indices) -> np.ndarray:
@@ -41,6 +41,8 @@ class GroupTrainer:
 
     Attributes:
       spec: the epoch_spec.EpochSpec the programs close over.
+      sharing: the sharing.Sharing of its train.share: the epoch math the programs run
+        (cpbjax/training/step.py or pooled.py) and how the init programs are placed.
       num_coins: K, a multiple of the mesh size.
       state_sharding: NamedShardings of epoch_spec.GroupState (coin axis over the mesh).
       arrays_sharding: NamedShardings of stacking.GroupArrays (see `stack`).
@@ -63,6 +65,7 @@ class GroupTrainer:
             )
         self.spec = spec
         self.t_max = spec.t_max
+        self.sharing = sharing.of(self.spec.share)
         self.num_coins = num_coins
         self.hparam_names = spec.hparams  # GroupArrays.hparams of a sweep
         self.matmul_precision = spec.matmul_precision
@@ -89,7 +92,7 @@ class GroupTrainer:
         # check_vma=False: the scalar outputs (epoch, lr) are computed from replicated
         # inputs only, so they are the same on every device by construction.
         per_device = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
-        math = self._math()
+        math = self.sharing.math
         if self.stream_chunk_steps:
             self.streamed = self._streamed_epoch(
                 math, per_device, state_specs, arrays_specs, metrics_specs
@@ -139,7 +142,7 @@ class GroupTrainer:
         out_shardings: the state placed as the epoch places it (`_build_programs`).
         """
         init = functools.partial(init, self.spec)
-        if self.spec.share == "pooled":
+        if self.sharing.global_init:
             in_shardings = (self.coin_sharding, self.arrays_sharding)
             return jax.jit(init, in_shardings=in_shardings, out_shardings=self.state_sharding)
         init_specs = (P(sharding.COIN_AXIS), arrays_specs)
@@ -151,8 +154,8 @@ class GroupTrainer:
     def _start_program(self, per_device, arrays_specs, state_specs):
         """The jitted train.init_from start: (state, params, arrays) -> state, placed as
         `_init_program`'s."""
-        start = functools.partial(self._math().start_from, self.spec)
-        if self.spec.share == "pooled":
+        start = functools.partial(self.sharing.math.start_from, self.spec)
+        if self.sharing.global_init:
             start_shardings = (self.state_sharding, self.state_sharding.params)
             return jax.jit(
                 start,
@@ -166,11 +169,6 @@ class GroupTrainer:
             out_shardings=self.state_sharding,
             donate_argnums=0,
         )
-
-    def _math(self):
-        """The module whose init_state and run_epoch the programs run: cpbjax/training/pooled.py
-        for train.share=pooled (one model, same state layout), else cpbjax/training/step.py."""
-        return pooled if self.spec.share == "pooled" else step
 
     def _state_shapes(self) -> epoch_spec.GroupState:
         keys = jax.ShapeDtypeStruct((self.num_coins, 2), jnp.uint32)

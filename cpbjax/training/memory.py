@@ -17,6 +17,7 @@ import dataclasses
 from absl import logging
 
 from cpbjax.config_rules import ConfigError
+from cpbjax.training import sharing
 
 GIB = 2**30
 
@@ -120,7 +121,7 @@ def remedy(train_cfg, num_coins: int, num_devices: int = 1) -> str:
     if train_cfg.stream_chunk_steps:
         chunk = f"train.stream_chunk_steps, {train_cfg.stream_chunk_steps} now"
         batch = f"{batch}, fewer steps per streamed chunk ({chunk})"
-    if train_cfg.share == "pooled":
+    if sharing.from_config(train_cfg).chunked_gradient:
         per_device = num_coins // num_devices
         chunk = min(train_cfg.pooled_chunk or per_device, per_device)
         held = f"the {per_device} coins each device holds" if num_devices > 1 else per_device

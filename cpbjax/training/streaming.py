@@ -146,7 +146,7 @@ class StreamedEpoch:
         spec: the epoch's spec, as the default epoch's programs close over it.
         placement: the group's mesh, K and shardings (GroupTrainer's).
         chunk_steps: J, the train steps of windows per chunk (train.stream_chunk_steps).
-        math: cpbjax/training/step.py or cpbjax/training/pooled.py (group.py's `_math`).
+        math: the epoch_math.EpochMath of the group's sharing.Sharing (step or pooled).
         fresh: the jitted math.fresh_state, placed as the state (the bar is set here).
         per_device: group.py's shard_map over the coin mesh.
         state_specs, arrays_specs, metrics_specs: the shard specs of the GroupState, the
