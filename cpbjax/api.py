@@ -78,10 +78,9 @@ def fit(
 
     Args:
       frames: {series name: frame}, names <SYMBOL>-<INTERVAL> such as "BTCUSDT-1h", or
-        one long frame whose `series` column names each row's series (taken in sorted
-        order: the order sets each series' seed, as data.symbols does); a series' frame as
-        `Model.predict` takes it (a missing volume is written as 0, allowed only where
-        no feature reads it).
+        one long frame whose `series` column names each row's series (in sorted order,
+        which sets each series' seed); each as `Model.predict` takes it (a missing volume
+        is written as 0, allowed only where no feature reads it).
       config: as `train` takes; None: the GRU's default run (configs/gru.py). The
         frames set its data source and series (data.symbols x data.intervals: a pair
         without a frame is skipped with its reason).
