@@ -258,11 +258,16 @@ def run_sweep(config, workdir: str) -> dict:
     if sharding.is_primary():
         trained = _Trained(run_dir, tab, entries, records)
         got = _publish(config, workdir, trained, chosen, skipped)
-        tied = sorted(s for s, row in tab.items() if len(lowest(row)) > 1)
-        summary = {**extra["sweep"], "by_setting": by_setting(tab, chosen), "tied_series": tied}
-        results = {"run": run, "series": got[0], "skipped": skipped, "sweep": summary}
+        results = _results(run, extra["sweep"], tab, chosen, got[0], skipped)
         out = writers.to_jsonable({**out, "skipped": skipped})
         _write(config, workdir, writers.to_jsonable(results), out, got[1:], clock)
         writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))
     sharding.barrier("cpbjax sweep finished")
     return writers.to_jsonable({**out, "skipped": skipped})
+
+
+def _results(run: dict, grid_facts: dict, tab, chosen, series: dict, skipped: dict) -> dict:
+    """The sweep's results.json: its published series and the grid's summary."""
+    tied = sorted(s for s, row in tab.items() if len(lowest(row)) > 1)
+    summary = {**grid_facts, "by_setting": by_setting(tab, chosen), "tied_series": tied}
+    return {"run": run, "series": series, "skipped": skipped, "sweep": summary}
