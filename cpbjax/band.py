@@ -20,6 +20,12 @@ from cpbjax.columns import CLOSE, HIGH, LOW
 EWMA_DECAY = 0.9  # weight ratio between consecutive candles of sigma's EWMA
 
 
+class NoRange(ValueError):
+    """Flat candles (high == low, as in a halted pair's hours) wherever a fit would read
+    them: sigma is 0 in every fit window, so the band (and every fit weighted by sigma)
+    has nothing to fit on. The data layer skips such a series with this reason."""
+
+
 def decay_weights(lookback: int, xp=np, dtype=np.float64, decay: float = EWMA_DECAY):
     """The EWMA's unnormalised weights [L], oldest candle first (array module `xp`)."""
     return decay ** xp.arange(lookback - 1, -1, -1, dtype=dtype)
@@ -58,9 +64,16 @@ def future_log_ratios(ohlc_TC, ends_N, horizon):
 
 def weighted_quantile(values, weights, level: float) -> float:
     """The minimiser k of sum(weights * pinball_level(values - k)): level 0.5 is the
-    weighted median (the least-absolute-deviation fit); intervals.py fits other levels."""
+    weighted median (the least-absolute-deviation fit); intervals.py fits other levels.
+
+    Raises:
+      NoRange: no value with a positive weight (the weights are sigmas: all 0 when
+        every window is flat), where the minimiser is any k.
+    """
     order = np.argsort(values)
     cum = np.cumsum(weights[order])
+    if not len(cum) or not cum[-1] > 0:
+        raise NoRange(f"no window with a positive weight among {len(cum)} to fit on")
     return float(values[order][np.searchsorted(cum, level * cum[-1])])
 
 
@@ -75,14 +88,32 @@ def fit_vol_band(ohlc_TC, fit_ends_N, lookback, horizon, decay=EWMA_DECAY) -> di
     Each k_h is the least-absolute-deviation fit in log space, i.e. minimises
     sum_t |log(high[t+h] / close[t]) - k_h * sigma_t|: a weighted median of the
     ratios with weights sigma_t. Windows with sigma = 0 carry no information.
+
+    Raises:
+      NoRange: no fit window has a range (`require_range`).
     """
-    sigma_N = ewma_range(ohlc_TC, fit_ends_N, lookback, decay)
+    sigma_N = require_range(ohlc_TC, fit_ends_N, lookback, decay)
     ratios_NHC = future_log_ratios(ohlc_TC, fit_ends_N, horizon)
     ok = sigma_N > 0
     s = sigma_N[ok]
     k_high = [weighted_median(ratios_NHC[ok, j, HIGH] / s, s) for j in range(horizon)]
     k_low = [weighted_median(-ratios_NHC[ok, j, LOW] / s, s) for j in range(horizon)]
     return {"k_high_h": np.array(k_high), "k_low_h": np.array(k_low), "decay": decay}
+
+
+def require_range(ohlc_TC, fit_ends_N, lookback, decay=EWMA_DECAY) -> np.ndarray:
+    """sigma [N] of the fit windows, where at least one is above 0.
+
+    Raises:
+      NoRange: every fit window's candles are flat (or there is no fit window).
+    """
+    sigma_N = ewma_range(ohlc_TC, np.asarray(fit_ends_N, np.int64), lookback, decay)
+    if not (sigma_N > 0).any():
+        raise NoRange(
+            "flat candles: the volatility band has no window with a range to fit on "
+            f"(high == low in every candle of its {len(sigma_N)} fit windows)"
+        )
+    return sigma_N
 
 
 def vol_band_predict(fit, ohlc_TC, ends_N, lookback):

@@ -139,13 +139,14 @@ def persistence_scale(prep: PreparedSeries, horizon: int) -> np.ndarray:
 def band_factors(prep: PreparedSeries, lookback: int, horizon: int) -> np.ndarray:
     """band.fit_vol_band's (k_high, k_low) per step on the train windows, float32 [H, 2].
 
-    A series whose train windows have no range keeps `default_band`.
+    A series whose train windows have no range keeps `default_band` (windows.with_ends
+    skips such a series; a prep built otherwise, e.g. in a test, still stacks).
     """
-    ends_N = prep.ends["train"].astype(np.int64)
-    if len(ends_N) and (band.ewma_range(prep.ohlc, ends_N, lookback) > 0).any():
-        fit = band.fit_vol_band(prep.ohlc, ends_N, lookback, horizon)
-        return np.stack([fit["k_high_h"], fit["k_low_h"]], axis=-1).astype(np.float32)
-    return default_band(horizon)
+    try:
+        fit = band.fit_vol_band(prep.ohlc, prep.ends["train"].astype(np.int64), lookback, horizon)
+    except band.NoRange:
+        return default_band(horizon)
+    return np.stack([fit["k_high_h"], fit["k_low_h"]], axis=-1).astype(np.float32)
 
 
 def default_band(horizon: int) -> np.ndarray:
