@@ -34,7 +34,7 @@ import dataclasses
 import numpy as np
 from absl import logging
 
-from cpbjax import columns
+from cpbjax import band, columns
 from cpbjax.columns import NUM_TARGETS
 from cpbjax.data import features as features_lib
 from cpbjax.data import normalize, split_dates
@@ -274,9 +274,14 @@ def with_ends(
         "<SERIES>@fold<f>").
 
     Raises:
-      SeriesSkipped: a normalised value is not finite.
+      SeriesSkipped: a normalised value is not finite, or the train windows' candles
+        are flat (`band.NoRange`).
     """
     ohlc_TC = rows.ohlcv[:, :NUM_TARGETS]
+    try:  # Every band fit (the net's start, baselines, refit) reads train: skip before training.
+        band.require_range(ohlc_TC, ends["train"], data_cfg.lookback)
+    except band.NoRange as e:
+        raise SeriesSkipped(str(e)) from None
     fields = _normalised(rows, ends, data_cfg, fitted_norm)
     counts = {split: len(e) for split, e in ends.items()}
     return PreparedSeries(
