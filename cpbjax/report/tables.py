@@ -256,20 +256,26 @@ def interval_lines(results: dict) -> list[str]:
     if not blocks:
         return []
     lo, hi = blocks[0]["central"]
-    med = lambda col, key: statistics.median(b["columns"][col][key] for b in blocks)  # noqa: E731
-    parts = [f"{col} {100 * med(col, 'coverage'):.1f}%" for col in ("close", "high", "low")]
-    skills = [f"{col} {100 * med(col, 'skill_vs_band'):+.2f}%" for col in ("close", "high", "low")]
+    each = lambda key, fmt: ", ".join(  # noqa: E731
+        f"{col} {_median_pct(blocks, col, key, fmt)}" for col in ("close", "high", "low")
+    )
     line = (
         f"Calibrated {100 * (hi - lo):.0f}% interval (q{100 * lo:.0f}-q{100 * hi:.0f}, fitted "
-        f"on train+val), median over {len(blocks)} series: test coverage {', '.join(parts)}; "
-        f"pinball skill against the band's quantiles {', '.join(skills)}"
+        f"on train+val), median over {len(blocks)} series: test coverage "
+        f"{each('coverage', '.1f')}; pinball skill against the band's quantiles "
+        f"{each('skill_vs_band', '+.2f')}"
     )
     if all("skill_vs_scaled_band" in b["columns"]["close"] for b in blocks):
-        same = [
-            f"{c} {100 * med(c, 'skill_vs_scaled_band'):+.2f}%" for c in ("close", "high", "low")
-        ]
-        line += f", and against the band with the interval's own scale {', '.join(same)}"
+        own = each("skill_vs_scaled_band", "+.2f")
+        line += f", and against the band with the interval's own scale {own}"
     return [line + "." + _scale_sentence([b.get("scale", intervals.WINDOW_ONLY) for b in blocks])]
+
+
+def _median_pct(blocks, col: str, key: str, fmt: str) -> str:
+    """The median in % of a figure over the series that have it; a flat test span has no
+    range, so its skill against the band is 0/0: None, left out ("n/a" if all are)."""
+    values = [b["columns"][col][key] for b in blocks if b["columns"][col].get(key) is not None]
+    return f"{100 * statistics.median(values):{fmt}}%" if values else "n/a"
 
 
 def _scale_sentence(scales: list) -> str:
