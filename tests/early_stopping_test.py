@@ -93,6 +93,28 @@ def _window_losses(trainer, params, k, prep, scale_C):
     return np.mean(np.abs(y_hat - y) / scale_C, axis=(1, 2))
 
 
+def _reference_val_and_se(trainer, preps, scale_KC, before, after, share: str):
+    """Per coin, the plain reference of one epoch's val loss (after.params) and the standard
+    error of its paired gain over the best so far (before.best_params): per series, or one
+    pooled figure for all three coins (the gains paired by window position)."""
+    lag = trainer.spec.horizon - 1
+    new = [_window_losses(trainer, after.params, k, p, scale_KC[k]) for k, p in enumerate(preps)]
+    old = [
+        _window_losses(trainer, before.best_params, k, p, scale_KC[k]) for k, p in enumerate(preps)
+    ]
+    if share == "series":
+        se = [_loop_se([[v] for v in new[k] - old[k]], lag) for k in range(3)]
+        val = [float(np.mean(v)) for v in new]
+    else:
+        n = max(len(v) for v in new)
+        by_pos = [
+            [float(new[k][j] - old[k][j]) for k in range(3) if j < len(new[k])] for j in range(n)
+        ]
+        se = [_loop_se(by_pos, lag)] * 3
+        val = [float(np.mean(np.concatenate(new)))] * 3
+    return val, se
+
+
 @pytest.mark.parametrize("share", ["series", "pooled"])
 def test_an_epoch_improves_only_by_more_than_z_standard_errors_of_its_paired_gain(share):
     trainer = _trainer(share)
@@ -100,31 +122,14 @@ def test_an_epoch_improves_only_by_more_than_z_standard_errors_of_its_paired_gai
     arrays = trainer.stack(preps)
     scale_KC = np.asarray(arrays.target_scale)
     state = trainer.init_state(coin_keys(0, range(3)), arrays)
-    lag, decisions = trainer.spec.horizon - 1, []
+    decisions = []
     for epoch in range(1, EPOCHS + 1):
         before = jax.device_get(state)
         state, metrics = trainer.run_epoch(state, arrays)
         after = jax.device_get(state)
         if not before.active.any():
             break
-        new = [
-            _window_losses(trainer, after.params, k, p, scale_KC[k]) for k, p in enumerate(preps)
-        ]
-        old = [
-            _window_losses(trainer, before.best_params, k, p, scale_KC[k])
-            for k, p in enumerate(preps)
-        ]
-        if share == "series":
-            se = [_loop_se([[v] for v in new[k] - old[k]], lag) for k in range(3)]
-            val = [float(np.mean(v)) for v in new]
-        else:
-            n = max(len(v) for v in new)
-            by_pos = [
-                [float(new[k][j] - old[k][j]) for k in range(3) if j < len(new[k])]
-                for j in range(n)
-            ]
-            se = [_loop_se(by_pos, lag)] * 3
-            val = [float(np.mean(np.concatenate(new)))] * 3
+        val, se = _reference_val_and_se(trainer, preps, scale_KC, before, after, share)
         for k in range(3):
             if not before.active[k]:
                 continue
