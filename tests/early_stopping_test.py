@@ -10,7 +10,7 @@ from cpbjax import models, sharding
 from cpbjax.config import schema as config_lib
 from cpbjax.training import early_stopping, epoch_spec
 from cpbjax.training.group import GroupTrainer, coin_keys
-from tests import helpers
+from tests import helpers, references
 
 Z = 1.0  # train.min_delta: the bar is best - Z standard errors of the gain
 EPOCHS = 5
@@ -86,7 +86,7 @@ def _window_losses(trainer, params, k, prep, scale_C):
     """Coin k's per-val-window scaled MAE under params [K, ...], numpy [N], one window at a
     time from numpy-sliced windows."""
     spec = trainer.spec
-    x, y = helpers.anchored_windows(prep, prep.ends["val"], spec.lookback, spec.horizon)
+    x, y = references.anchored_windows(prep, prep.ends["val"], spec.lookback, spec.horizon)
     coin = jax.tree.map(lambda p: p[k], params)
     apply = jax.jit(lambda p, x: trainer.module.apply({"params": p}, x, None, train=False))
     y_hat = np.concatenate([np.asarray(apply(coin, x[i : i + 1])) for i in range(len(x))])

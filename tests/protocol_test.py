@@ -31,7 +31,7 @@ from cpbjax.data import (
 )
 from cpbjax.data.series import INTERVAL_MS, Series, split_date_ms
 from tests import binance_test, launch_test
-from tests.helpers import make_series
+from tests.fake_data import make_series
 
 L, H = 8, 3
 HOUR = INTERVAL_MS["1h"]

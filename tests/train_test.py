@@ -38,11 +38,10 @@ from tests.helpers import (
     finish,
     kill_once_checkpointed,
     make_trainer,
-    plain_window_losses,
-    reference_early_stopping,
     tiny_config,
     tiny_preps,
 )
+from tests.references import plain_window_losses, reference_early_stopping
 
 driver_env = helpers.driver_env  # the module's subprocess environment (a fixture)
 
