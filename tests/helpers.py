@@ -111,6 +111,21 @@ def pooled_config():
     return config_lib.validate(c)
 
 
+# The sweep of the sweep tests: the tiny run's first 2 series x 2 learning rates x 2 decays.
+SWEEP_SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")
+SWEEP_RATES, SWEEP_DECAYS = (1e-3, 3e-3), (0.0, 0.05)  # x 2 series: 8 coins, one group of 8
+
+
+def sweep_config():
+    """tiny_config's GRU (300 candles, 1 layer of 16), 2 series, 2 x 2 settings."""
+    c = tiny_config()
+    c.data.symbols = tuple(s.split("-")[0] for s in SWEEP_SERIES)
+    c.ckpt.every_epochs = 1
+    c.train.group_size = 8
+    c.sweep.learning_rate, c.sweep.weight_decay = SWEEP_RATES, SWEEP_DECAYS
+    return config_lib.validate(c)
+
+
 # ---------------------------------------------------------------------------------------
 # Driver runs in subprocesses.
 
