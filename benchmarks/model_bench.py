@@ -57,6 +57,20 @@ def _train_step_fn(module, optimizer):
     return jax.jit(step)
 
 
+def _time_compiles(module, optimizer, inputs, repeats: int):
+    """Traces and compiles a fresh training step `repeats` times: the last compiled step and
+    the trace and compile seconds of each time."""
+    trace_s, compile_s = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        lowered = _train_step_fn(module, optimizer).lower(*inputs)
+        traced = time.perf_counter()
+        step = lowered.compile()
+        trace_s.append(traced - start)
+        compile_s.append(time.perf_counter() - traced)
+    return step, trace_s, compile_s
+
+
 def _bench_model(name: str, args) -> dict:
     config = config_lib.load(str(REPO / f"configs/{name}.py"))
     config.model.decoding, config.dtype = args.decoding, args.dtype
@@ -73,15 +87,7 @@ def _bench_model(name: str, args) -> dict:
     optimizer = optax.adam(config.train.learning_rate)
     inputs = (params, optimizer.init(params), x, y, jax.random.key(1))
 
-    trace_s, compile_s = [], []
-    for _ in range(args.compile_repeats):
-        start = time.perf_counter()
-        lowered = _train_step_fn(module, optimizer).lower(*inputs)
-        traced = time.perf_counter()
-        step = lowered.compile()
-        trace_s.append(traced - start)
-        compile_s.append(time.perf_counter() - traced)
-
+    step, trace_s, compile_s = _time_compiles(module, optimizer, inputs, args.compile_repeats)
     step_s, _ = common.median_time(lambda: jax.block_until_ready(step(*inputs)), args.repeats)
     forward = jax.jit(lambda p, x: module.apply({"params": p}, x))
     jax.block_until_ready(forward(params, x))  # Compile outside the timing.

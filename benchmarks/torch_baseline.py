@@ -250,12 +250,20 @@ def time_torch_epochs(
     stats = []
     for i, windows_s in enumerate(series_windows):
         stats += _train_one_series(model_name, windows_s, epochs, cfg, decoding, seed + i)
+    return _timing_record(model_name, decoding, len(series_windows), epochs, threads, stats)
+
+
+def _timing_record(
+    model_name: str, decoding: str, n_series: int, epochs: int, threads: int, stats: list[dict]
+) -> dict:
+    """`time_torch_epochs`'s result from its per-model-epoch `stats`: the first model-epoch
+    (the warm-up) apart, medians of the rest, and the last model-epoch's losses."""
     measured = stats[1:]
     return {
         "model": model_name,
         "decoding": decoding,
         "params": EXPECTED_PARAMS[model_name, decoding],
-        "series": len(series_windows),
+        "series": n_series,
         "epochs": epochs,
         "threads": threads,
         "warmup_epoch_s": stats[0]["epoch_s"],

@@ -228,6 +228,25 @@ def _group_sizes(args, with_torch: bool) -> list[int]:
     return sorted(set(args.coins) | ({args.torch_coins} if with_torch else set()))
 
 
+def _time_group(model: str, config, preps, k: int, args, tw: list | None):
+    """Builds a group of k series and times its epochs: alone, or with torch windows `tw`
+    alternated with torch (`torch_side.side_by_side`, decoding as the group does).
+
+    Returns:
+      (the group, its epoch seconds, torch seconds per model-epoch by thread count or None).
+    """
+    if tw is None:
+        group, epoch_s = measure_group(config, preps, k, args.warmup_epochs, args.epochs_measured)
+        return group, epoch_s, None
+    group = build_group(config, preps, k)
+    for _ in range(args.warmup_epochs):
+        group.epoch()
+    torch_s, epoch_s = torch_side.side_by_side(
+        model, group, tw, args.repeats, args.device, config.model.decoding
+    )
+    return group, epoch_s, torch_s
+
+
 def run_model(model: str, args, results: Results) -> None:
     """Throughput of every decoding, dtype and K, the side-by-side rounds and the suite estimate.
 
@@ -250,18 +269,12 @@ def run_model(model: str, args, results: Results) -> None:
         rows = []
         for k in _group_sizes(args, with_torch):
             print(f"{model} {decoding} {dtype} K={k}: compiling", flush=True)
-            if alternated and k == args.torch_coins:
-                group = build_group(config, preps, k)
-                for _ in range(args.warmup_epochs):
-                    group.epoch()
-                torch_s, epoch_s = torch_side.side_by_side(
-                    model, group, tw, args.repeats, args.device, decoding
-                )
+            beside_torch = alternated and k == args.torch_coins
+            group, epoch_s, torch_s = _time_group(
+                model, config, preps, k, args, tw if beside_torch else None
+            )
+            if beside_torch:
                 torch_by_decoding[decoding] = torch_s
-            else:
-                group, epoch_s = measure_group(
-                    config, preps, k, args.warmup_epochs, args.epochs_measured
-                )
             rows.append(throughput_row(config, group, epoch_s))
             print(f"  {rows[-1]}", flush=True)
             del group  # Frees the device state and data before the next K.

@@ -23,7 +23,7 @@ from cpbjax.data import sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.score import evaluate, saved
 from cpbjax.training import checkpoint, memory
-from tests import helpers
+from tests import fake_data
 from tests.fake_exchange import FakeExchange, running
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +44,7 @@ def run(tmp_path_factory):
     """(workdir, mirror, results): tiny GRU trained by cpbjax.train on a 2-month mirror."""
     root = tmp_path_factory.mktemp("api")
     mirror = str(root / "mirror")
-    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), helpers.last_complete_months(2))
+    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), fake_data.last_complete_months(2))
     workdir = str(root / "run")
     return workdir, mirror, cpbjax.train(_config(mirror), workdir)
 

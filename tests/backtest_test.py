@@ -17,10 +17,9 @@ from absl import logging
 from cpbjax import writers
 from cpbjax.data import folds, sources, windows
 from cpbjax.modes import backtest
+from cpbjax.report import backtest_tables, plots
 from cpbjax.report import html_page as report_html
-from cpbjax.report import plots
 from cpbjax.report import spec as report_spec
-from cpbjax.report import tables as report_tables
 from cpbjax.score import backtest_scores, metrics
 from cpbjax.training import ledger
 from tests import helpers
@@ -305,17 +304,17 @@ def test_backtest_html_shows_the_fold_and_pooled_tables_and_the_fold_chart(full,
     with open(os.path.join(full, "backtest.html")) as f:
         page = f.read()
     for table_id, rows in (
-        ("folds-table", report_tables.fold_rows(out)),
-        ("pooled-table", report_tables.pooled_rows(out)),
+        ("folds-table", backtest_tables.fold_rows(out)),
+        ("pooled-table", backtest_tables.pooled_rows(out)),
     ):
         parser = _TableCells(table_id)
         parser.feed(page)
         assert [r for r in parser.rows if r] == rows, table_id
-    assert len(report_tables.fold_rows(out)) == FOLDS
+    assert len(backtest_tables.fold_rows(out)) == FOLDS
     # The chart's per-fold means are the fold table's skill columns.
     for col, cell in (("close", 4), ("high", 5), ("low", 6)):
         by_fold = plots.fold_skills(out, col)
-        for row in report_tables.fold_rows(out):
+        for row in backtest_tables.fold_rows(out):
             assert f"{100 * np.mean(by_fold[int(row[0])]):+.2f}" == row[cell]
     chart = plots.plot_fold_skill(str(tmp_path / "fold_skill.png"), out)
     with open(chart, "rb") as f:

@@ -21,8 +21,8 @@ import urllib3
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import binance, parsing, synthetic
-from tests import helpers
-from tests.helpers import damage_deflate
+from tests import fake_data
+from tests.fake_data import damage_deflate
 
 MONTHS = ["2024-10", "2024-11", "2024-12", "2025-01", "2025-02"]
 HOURS = {"2024-10": 744, "2024-11": 720, "2024-12": 744, "2025-01": 744, "2025-02": 672}
@@ -78,7 +78,7 @@ def _reference(symbol, months, seed=7):
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
-    helpers.fast_backoff(monkeypatch)
+    fake_data.fast_backoff(monkeypatch)
 
 
 def test_end_month_and_month_arithmetic():

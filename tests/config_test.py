@@ -76,6 +76,21 @@ def test_the_real_data_transformer_is_an_ensemble_of_three_narrow_members():
         assert config_lib.load("configs/transformer.py" + variant).model.ensemble == 1
 
 
+def _assert_the_replaced_systems_shared_settings(c):
+    """What every model of the replaced system shared: data, decoding, objective, optimiser."""
+    assert len(c.data.symbols) == 20 and c.data.intervals == ("15m", "1h")
+    assert (c.data.lookback, c.data.horizon, c.data.months) == (30, 10, 12)
+    assert (c.data.max_candles, c.train.grad_clip, c.seed) == (5000, 1.0, 0)
+    assert c.data.features == ("open", "high", "low", "close")
+    assert (c.data.source, c.train.share, c.train.learning_rate) == ("binance", "series", 1e-3)
+    assert (c.model.decoding, c.model.baseline, c.model.window_scale) == (
+        "autoregressive",
+        "none",
+        "none",
+    )
+    assert (c.train.loss, c.train.loss_scale, c.train.min_delta) == ("mse", "none", 0.0)
+
+
 def test_the_replaced_variant_reproduces_the_replaced_system():
     t, g, m = (config_lib.load(p + ":replaced") for p in CONFIGS)
     assert (t.model.d_model, t.model.num_heads, t.model.ff_dim) == (128, 8, 512)
@@ -96,17 +111,7 @@ def test_the_replaced_variant_reproduces_the_replaced_system():
     assert (m.model.hidden, m.model.attention_heads, m.train.weight_decay) == (256, 4, 1e-5)
     assert (m.train.batch_size, m.train.epochs, m.train.patience) == (32, 200, 20)
     for c in (t, g, m):
-        assert len(c.data.symbols) == 20 and c.data.intervals == ("15m", "1h")
-        assert (c.data.lookback, c.data.horizon, c.data.months) == (30, 10, 12)
-        assert (c.data.max_candles, c.train.grad_clip, c.seed) == (5000, 1.0, 0)
-        assert c.data.features == ("open", "high", "low", "close")
-        assert (c.data.source, c.train.share, c.train.learning_rate) == ("binance", "series", 1e-3)
-        assert (c.model.decoding, c.model.baseline, c.model.window_scale) == (
-            "autoregressive",
-            "none",
-            "none",
-        )
-        assert (c.train.loss, c.train.loss_scale, c.train.min_delta) == ("mse", "none", 0.0)
+        _assert_the_replaced_systems_shared_settings(c)
     # The GRU's and the LSTM's architecture and schedule are also their defaults'.
     for path, replaced in zip(CONFIGS[1:], (g, m), strict=True):
         default = config_lib.load(path)

@@ -10,7 +10,7 @@ from cpbjax import models, sharding
 from cpbjax.config import schema as config_lib
 from cpbjax.training import early_stopping, epoch_spec
 from cpbjax.training.group import GroupTrainer, coin_keys
-from tests import helpers
+from tests import helpers, references
 
 Z = 1.0  # train.min_delta: the bar is best - Z standard errors of the gain
 EPOCHS = 5
@@ -86,11 +86,33 @@ def _window_losses(trainer, params, k, prep, scale_C):
     """Coin k's per-val-window scaled MAE under params [K, ...], numpy [N], one window at a
     time from numpy-sliced windows."""
     spec = trainer.spec
-    x, y = helpers.anchored_windows(prep, prep.ends["val"], spec.lookback, spec.horizon)
+    x, y = references.anchored_windows(prep, prep.ends["val"], spec.lookback, spec.horizon)
     coin = jax.tree.map(lambda p: p[k], params)
     apply = jax.jit(lambda p, x: trainer.module.apply({"params": p}, x, None, train=False))
     y_hat = np.concatenate([np.asarray(apply(coin, x[i : i + 1])) for i in range(len(x))])
     return np.mean(np.abs(y_hat - y) / scale_C, axis=(1, 2))
+
+
+def _reference_val_and_se(trainer, preps, scale_KC, before, after, share: str):
+    """Per coin, the plain reference of one epoch's val loss (after.params) and the standard
+    error of its paired gain over the best so far (before.best_params): per series, or one
+    pooled figure for all three coins (the gains paired by window position)."""
+    lag = trainer.spec.horizon - 1
+    new = [_window_losses(trainer, after.params, k, p, scale_KC[k]) for k, p in enumerate(preps)]
+    old = [
+        _window_losses(trainer, before.best_params, k, p, scale_KC[k]) for k, p in enumerate(preps)
+    ]
+    if share == "series":
+        se = [_loop_se([[v] for v in new[k] - old[k]], lag) for k in range(3)]
+        val = [float(np.mean(v)) for v in new]
+    else:
+        n = max(len(v) for v in new)
+        by_pos = [
+            [float(new[k][j] - old[k][j]) for k in range(3) if j < len(new[k])] for j in range(n)
+        ]
+        se = [_loop_se(by_pos, lag)] * 3
+        val = [float(np.mean(np.concatenate(new)))] * 3
+    return val, se
 
 
 @pytest.mark.parametrize("share", ["series", "pooled"])
@@ -100,31 +122,14 @@ def test_an_epoch_improves_only_by_more_than_z_standard_errors_of_its_paired_gai
     arrays = trainer.stack(preps)
     scale_KC = np.asarray(arrays.target_scale)
     state = trainer.init_state(coin_keys(0, range(3)), arrays)
-    lag, decisions = trainer.spec.horizon - 1, []
+    decisions = []
     for epoch in range(1, EPOCHS + 1):
         before = jax.device_get(state)
         state, metrics = trainer.run_epoch(state, arrays)
         after = jax.device_get(state)
         if not before.active.any():
             break
-        new = [
-            _window_losses(trainer, after.params, k, p, scale_KC[k]) for k, p in enumerate(preps)
-        ]
-        old = [
-            _window_losses(trainer, before.best_params, k, p, scale_KC[k])
-            for k, p in enumerate(preps)
-        ]
-        if share == "series":
-            se = [_loop_se([[v] for v in new[k] - old[k]], lag) for k in range(3)]
-            val = [float(np.mean(v)) for v in new]
-        else:
-            n = max(len(v) for v in new)
-            by_pos = [
-                [float(new[k][j] - old[k][j]) for k in range(3) if j < len(new[k])]
-                for j in range(n)
-            ]
-            se = [_loop_se(by_pos, lag)] * 3
-            val = [float(np.mean(np.concatenate(new)))] * 3
+        val, se = _reference_val_and_se(trainer, preps, scale_KC, before, after, share)
         for k in range(3):
             if not before.active[k]:
                 continue

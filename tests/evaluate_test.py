@@ -8,7 +8,7 @@ import numpy as np
 from cpbjax import band
 from cpbjax.data import stacking, synthetic, windows
 from cpbjax.score import evaluate, forecast, metrics
-from tests.helpers import H, L, Probe, make_prep, prep_config, probe_params
+from tests.fake_data import H, L, Probe, make_prep, prep_config, probe_params
 
 # ---------------------------------------------------------------------------
 # Forecasts of a module, evaluate_split and saved forecasts.

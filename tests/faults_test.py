@@ -26,7 +26,7 @@ from cpbjax.data import parsing, synthetic
 from cpbjax.score import forecast
 from cpbjax.training import checkpoint
 from tests import helpers
-from tests.helpers import damage_deflate
+from tests.fake_data import damage_deflate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (

@@ -18,7 +18,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax import writers
 from cpbjax.config import schema as config_lib
 from cpbjax.data import features, sources, synthetic
-from tests import helpers
+from tests import fake_data, helpers
 
 SYMBOLS = ("BTCUSDT", "ETHUSDT")
 MONTHS = ("2024-01", "2024-02")
@@ -162,7 +162,7 @@ def test_fit_names_a_bad_frame_as_model_predict_does(runs, damage, message, tmp_
 def test_fit_refuses_a_frame_without_volume_where_a_feature_reads_it(tmp_path):
     config = _config("unused")
     config.data.features = ("open", "high", "low", "close", "volume_norm")
-    frame = _frames_of(helpers.make_series(symbol="BTCUSDT")).drop(columns="volume")
+    frame = _frames_of(fake_data.make_series(symbol="BTCUSDT")).drop(columns="volume")
     message = "BTCUSDT-1h: candles lack the columns ['volume'] (need ['open', 'high', 'low', "
     message += "'close', 'volume']; data.features ['volume_norm'] read volume)"
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -191,7 +191,7 @@ def _frames_of(series) -> pd.DataFrame:
 def test_the_volume_features_are_the_features_that_read_the_volume():
     """features.VOLUME_FEATURES, which makes volume optional, against what compute does:
     the columns that change when only the volume changes."""
-    s = helpers.make_series(n=2000)
+    s = fake_data.make_series(n=2000)
     other = s.ohlcv.copy()
     other[:, 4] = np.random.default_rng(1).uniform(1.0, 9.0, len(other))
     got = [features.compute(x, features.NAMES, "1h", s.open_time_ms)[0] for x in (s.ohlcv, other)]

@@ -1,43 +1,33 @@
-"""Helpers shared by several test modules: tiny configs and their prepared series, plain
-references, fixture builders and the subprocess environment of driver runs.
+"""Helpers shared by several test modules: param-tree comparisons, the tiny configs and
+trainers of the training, levers and model tests, and the subprocess environment of driver
+runs. Plain references are in tests/references.py, fabricated inputs in tests/fake_data.py.
 
-A test module imports from here, never from another *_test module, so each module can be
+A test module imports from these, never from another *_test module, so each module can be
 read, run and changed alone. Caches (functools.cache) live once per test process, as
 they did in the modules they came from; module-scoped fixtures stay per module.
 """
 
-import datetime
 import functools
-import hashlib
-import io
-import math
 import os
 import signal
 import subprocess
 import sys
 import time
-import zipfile
-import zlib
 from unittest import mock
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpbjax import columns, models, sharding, writers
+from cpbjax import models, sharding, writers
 from cpbjax.config import schema as config_lib
-from cpbjax.data import binance, features, sources, synthetic, windows
-from cpbjax.data.series import INTERVAL_MS, Series
-from cpbjax.score import metrics
+from cpbjax.data import sources, windows
 from cpbjax.training import epoch_spec, step
 from cpbjax.training.group import GroupTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEP_MS = INTERVAL_MS["1h"]
-L, H = 8, 3  # lookback and horizon of the numpy-level tests (windows, metrics, evaluate)
 
 
 # ---------------------------------------------------------------------------------------
@@ -109,35 +99,6 @@ def make_trainer(num_coins, mesh=None, max_traces=None):
         return GroupTrainer(epoch_spec.make_spec(config, module), num_coins, mesh)
 
 
-def reference_early_stopping(
-    vals, patience, best=np.inf, min_delta=0.0, gain_se=None, improved_epochs=None
-):
-    """Plain per-coin early stopping: (best, best_epoch, active, diverged, diverged_epoch).
-
-    `best` is the val loss to beat before epoch 1: the untrained model's with a baseline;
-    an epoch improves on it only by more than `min_delta` times that epoch's standard error
-    of the gain, `gain_se[epoch - 1]` (0 without it), in float32 as the step computes it.
-    The epochs that improved are appended to the list `improved_epochs` if one is given.
-    """
-    best_epoch, bad, active, diverged, diverged_epoch = 0, 0, True, False, 0
-    for epoch, val in enumerate(vals, start=1):
-        if not active:
-            continue
-        if not np.isfinite(val):
-            active, diverged, diverged_epoch = False, True, epoch
-            continue
-        se = np.float32(0.0 if gain_se is None else gain_se[epoch - 1])
-        bar = best if np.isinf(best) else np.float32(best) - np.float32(min_delta) * se
-        if val < bar:
-            best, best_epoch, bad = val, epoch, 0
-            if improved_epochs is not None:
-                improved_epochs.append(epoch)
-        else:
-            bad += 1
-        active = bad < patience
-    return best, best_epoch, active, diverged, diverged_epoch
-
-
 # The pooled variant (train.share=pooled) of the tiny run.
 POOLED_NAMES = ("BTCUSDT-1h", "ETHUSDT-1h", "SOLUSDT-1h")
 
@@ -150,30 +111,19 @@ def pooled_config():
     return config_lib.validate(c)
 
 
-def anchored_windows(prep, ends, lookback, horizon):
-    """numpy x [N, L, F], y [N, H, C] of the windows ending at `ends` (last_close anchors)."""
-    x = np.stack(
-        [prep.inputs[e - lookback + 1 : e + 1] - prep.anchor[e] * prep.price_mask for e in ends]
-    )
-    y = np.stack([prep.targets[e + 1 : e + horizon + 1] - prep.anchor[e] for e in ends])
-    return x.astype(np.float32), y.astype(np.float32)
+# The sweep of the sweep tests: the tiny run's first 2 series x 2 learning rates x 2 decays.
+SWEEP_SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")
+SWEEP_RATES, SWEEP_DECAYS = (1e-3, 3e-3), (0.0, 0.05)  # x 2 series: 8 coins, one group of 8
 
 
-def plain_window_losses(module, params, prep, ends, data_cfg, loss, scale_C=None):
-    """Each window's loss of one model, by a plain loop independent of cpbjax's evaluation
-    and training code: per window ending at `ends`, the model's deterministic forward
-    pass on that window alone, then in float64 numpy the mean over steps and columns of
-    the squared (loss "mse") or absolute ("mae") error, divided per column by `scale_C`
-    [C] when given. Returns float64 [N]."""
-    forward = jax.jit(lambda p, x: module.apply({"params": p}, x, None, train=False))
-    out = []
-    for end in ends:
-        x_1LF, y_1HC = anchored_windows(prep, [end], data_cfg.lookback, data_cfg.horizon)
-        r_HC = np.asarray(forward(params, x_1LF), np.float64)[0] - y_1HC[0]
-        if scale_C is not None:
-            r_HC = r_HC / np.asarray(scale_C, np.float64)
-        out.append(np.mean(np.square(r_HC) if loss == "mse" else np.abs(r_HC)))
-    return np.array(out)
+def sweep_config():
+    """tiny_config's GRU (300 candles, 1 layer of 16), 2 series, 2 x 2 settings."""
+    c = tiny_config()
+    c.data.symbols = tuple(s.split("-")[0] for s in SWEEP_SERIES)
+    c.ckpt.every_epochs = 1
+    c.train.group_size = 8
+    c.sweep.learning_rate, c.sweep.weight_decay = SWEEP_RATES, SWEEP_DECAYS
+    return config_lib.validate(c)
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,99 +271,6 @@ def random_window(rng, cfg, batch=6):
 
 
 # ---------------------------------------------------------------------------------------
-# One synthetic series with L=8, H=3 (metrics, evaluate and intervals tests).
-
-
-def prep_config():
-    c = config_lib.base_config()
-    c.data.lookback, c.data.horizon = L, H
-    c.data.max_candles, c.data.min_candles = 300, 100
-    return c
-
-
-def make_prep(seed=0):
-    series = synthetic.generate("BTCUSDT", "1h", 320, seed=seed)
-    return windows.prepare_series(series, prep_config().data)
-
-
-class Probe(nn.Module):
-    """A linear map from the flattened window to [B, H, 4]."""
-
-    @nn.compact
-    def __call__(self, x_BLF, y_BHC=None, train=False):
-        del y_BHC, train
-        b = x_BLF.shape[0]
-        out = nn.Dense(H * 4, kernel_init=nn.initializers.normal(0.01))(x_BLF.reshape(b, -1))
-        return out.reshape(b, H, 4)  # [B, H*4] -> [B, H, 4]
-
-
-def probe_params(seed=0):
-    return Probe().init(jax.random.key(seed), jnp.zeros((1, L, 4)))["params"]
-
-
-# ---------------------------------------------------------------------------------------
-# Random 1h series and their windows written out plainly (windows tests).
-
-
-FIRST_OPEN_MS = 1_700_000_000_000 // STEP_MS * STEP_MS  # make_series' default first open
-
-
-def make_series(
-    n=420, seed=0, missing=(), symbol="TESTUSDT", interval="1h", first_open_ms=FIRST_OPEN_MS
-):
-    """A random series of n grid candles from first_open_ms, rows in `missing` left out."""
-    rng = np.random.default_rng(seed)
-    close = 50.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, n)))
-    open_ = np.concatenate([[50.0], close[:-1]])
-    high = np.maximum(open_, close) * (1.0 + rng.uniform(0.0, 0.01, n))
-    low = np.minimum(open_, close) * (1.0 - rng.uniform(0.0, 0.01, n))
-    ohlcv = np.stack([open_, high, low, close, rng.uniform(1.0, 9.0, n)], axis=1)
-    times = first_open_ms + INTERVAL_MS[interval] * np.arange(n, dtype=np.int64)
-    keep = np.setdiff1d(np.arange(n), np.asarray(missing, np.int64))
-    return Series(symbol, interval, times[keep], ohlcv[keep])
-
-
-def data_config(**overrides):
-    d = config_lib.base_config().data
-    d.lookback, d.horizon, d.max_candles, d.min_candles = L, H, 360, 200
-    for key, value in overrides.items():
-        d[key] = value
-    return d
-
-
-def reference_windows(series, prep, names, ends):
-    """Normalised windows of `ends` (last_close), from the raw candles, written out plainly
-    (float64)."""
-    feats, _ = features.compute(series.ohlcv, names)
-    offset = len(series.ohlcv) - len(prep.ohlc)  # kept rows are the newest ones
-    assert (series.open_time_ms[offset:] == prep.open_time_ms).all()
-    feats, ohlc = feats[offset:], series.ohlcv[offset:, :4]
-    n_train = prep.ends["train"][-1] + H + 1
-    mu, sd = feats[:n_train].mean(axis=0), feats[:n_train].std(axis=0)
-    xs, ys = [], []
-    for t in ends:
-        x = np.empty((L, len(names)))
-        for i, row in enumerate(range(t - L + 1, t + 1)):
-            for j, name in enumerate(names):
-                value = feats[row, j]
-                if name not in columns.PRICE_FEATURES:
-                    x[i, j] = (value - mu[j]) / sd[j]
-                else:
-                    x[i, j] = math.log(value / ohlc[t, 3])
-        xs.append(x)
-        ys.append(np.log(ohlc[t + 1 : t + H + 1] / ohlc[t, 3]))
-    return np.stack(xs), np.stack(ys)
-
-
-def perturbed(series, first_row, seed=1):
-    """A copy with every candle from `first_row` on rescaled (OHLC rules still hold)."""
-    rng = np.random.default_rng(seed)
-    ohlcv = series.ohlcv.copy()
-    ohlcv[first_row:] *= rng.uniform(0.5, 2.0, (len(ohlcv) - first_row, 1))
-    return Series(series.symbol, series.interval, series.open_time_ms, ohlcv)
-
-
-# ---------------------------------------------------------------------------------------
 # The model tests' networks, params and data.
 
 MODEL_B, MODEL_L, MODEL_H, MODEL_C = 3, 6, 4, 4  # batch, lookback, horizon, columns
@@ -494,119 +351,7 @@ def param_paths(tree):
 
 
 # ---------------------------------------------------------------------------------------
-# report.md inputs (report, report_html and plot_workers tests).
-
-
-def forecast_record(name, seed, n=12):
-    """A tiny forecasts record: a random walk, forecasts = actual plus noise."""
-    rng = np.random.default_rng(seed)
-    close = 100.0 * np.exp(np.cumsum(rng.normal(0, 0.01, n + H)))
-    ohlc = np.stack([close, close * 1.01, close * 0.99, close], axis=1)  # [T, 4]
-    idx = np.arange(n)[:, None] + np.arange(1, H + 1)[None, :]
-    actual = ohlc[idx]
-    return {
-        "series": np.array(name),
-        "symbol": np.array(name.split("-")[0]),
-        "interval": np.array("1h"),
-        "columns": np.array(columns.COLUMNS),
-        "last_open_time_ms": 1_700_000_000_000 + STEP_MS * np.arange(n, dtype=np.int64),
-        "last_candle": ohlc[:n],
-        "target_open_time_ms": 1_700_000_000_000 + STEP_MS * idx,
-        "actual": actual,
-        "predicted": actual * np.exp(rng.normal(0, 0.003, actual.shape)),
-    }
-
-
-def report_results(records):
-    """A results.json of the forecast records {name: record}, one skipped series."""
-    series = {}
-    for i, (name, rec) in enumerate(records.items()):
-        test = metrics.score_prices(rec["last_candle"], rec["actual"], rec["predicted"])
-        series[name] = {
-            "status": "stopped_early",
-            "best_val_loss": 0.5 + i,
-            "epochs_run": 3,
-            "train_seconds": 1.25,
-            "test": test,
-        }
-    return {
-        "run": {"versions": {"jax": "0.10.2"}, "devices": ["cpu:0"], "wall_seconds": 9.5},
-        "series": series,
-        "skipped": {"LUNAUSDT-1h": "only 10 usable candles"},
-    }
-
-
-def report_history(names):
-    """metrics.jsonl records of 3 epochs of one group of `names`."""
-    return [
-        {
-            "group": 0,
-            "epoch": e,
-            "series": list(names),
-            "train_loss": [1.0 / e, None],
-            "val_loss": [1.5 / e, 2.0],
-            "lr": 1e-3,
-            "active": [True, True],
-            "seconds": 0.1,
-        }
-        for e in (1, 2, 3)
-    ]
-
-
-def report_config(plots=True):
-    c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
-    c.eval.plots = plots
-    c.eval.plot_windows = 2
-    c.data.lookback = 4
-    return c
-
-
-# ---------------------------------------------------------------------------------------
-# Damaged Binance Vision zips (parsing, binance and faults tests).
-
-
-def damage_deflate(path: str) -> None:
-    """Breaks the deflate stream of a Vision zip at `path`, then rewrites its CHECKSUM to match.
-
-    Most damaged bytes only break the CRC-32, which zipfile reports as BadZipFile; this
-    flips bytes at the first position that the zlib decoder itself rejects.
-    """
-    with open(path, "rb") as f:
-        data = f.read()
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        info = z.infolist()[0]
-    start = info.header_offset + 30 + len(info.filename.encode())  # no extra field here
-    for offset in range(start, start + info.compress_size - 8):
-        broken = data[:offset] + bytes(b ^ 0xFF for b in data[offset : offset + 8])
-        broken += data[offset + 8 :]
-        try:
-            zlib.decompress(broken[start : start + info.compress_size], -15)
-        except zlib.error:
-            break
-    else:
-        raise AssertionError(f"no damage that zlib rejects in {path}")
-    with open(path, "wb") as f:
-        f.write(broken)
-    digest = hashlib.sha256(broken).hexdigest()
-    with open(path + ".CHECKSUM", "w") as f:
-        f.write(f"{digest}  {os.path.basename(path)}\n")
-
-
-def fast_backoff(monkeypatch) -> None:
-    """Retry waits of hundredths of a second (the module's own autouse fixture calls this)."""
-    monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
-
-
-def last_complete_months(n: int) -> list[str]:
-    """The n calendar months before this one, oldest first ("YYYY-MM")."""
-    first, months = datetime.date.today().replace(day=1), []
-    for _ in range(n):
-        first = (first - datetime.timedelta(days=1)).replace(day=1)
-        months.append(first.strftime("%Y-%m"))
-    return sorted(months)
-
+# Retired config fields (config and config_upgrade tests).
 
 # The config fields that cpbjax retired since commit 2c4dd27 (dotted, without "config.").
 RETIRED_SINCE_2C4DD27 = {

@@ -23,7 +23,7 @@ import cpbjax
 from cpbjax.config import schema as config_lib
 from cpbjax.data import klines_api, parsing, rest_http, sources, synthetic
 from cpbjax.data.series import SeriesSkipped
-from tests import helpers
+from tests import fake_data
 from tests.fake_exchange import STEP, T0, FakeExchange, candles, hourly_exchange, rows, running
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +34,7 @@ BUDGET_S = 3.0  # one fetch's wall clock in these tests
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
-    helpers.fast_backoff(monkeypatch)
+    fake_data.fast_backoff(monkeypatch)
 
 
 @pytest.fixture
@@ -232,7 +232,7 @@ def trained(tmp_path_factory):
     """(workdir, newest history open time, its close): a tiny GRU on a 2-month mirror."""
     root = tmp_path_factory.mktemp("hostile")
     mirror, workdir = str(root / "mirror"), str(root / "run")
-    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), helpers.last_complete_months(2))
+    synthetic.write_vision_mirror(mirror, ("BTCUSDT",), ("1h",), fake_data.last_complete_months(2))
     c = config_lib.load(os.path.join(ROOT, "configs/gru.py:tiny"))
     c.data.source, c.data.base_url, c.data.months = "binance", mirror, 2
     c.data.symbols, c.data.intervals = ("BTCUSDT",), ("1h",)

@@ -15,7 +15,7 @@ from cpbjax.columns import COLUMNS
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.score import evaluate, forecast, intervals, saved
-from tests.helpers import H, L, Probe, make_prep, probe_params
+from tests.fake_data import H, L, Probe, make_prep, probe_params
 
 LEVELS = (0.1, 0.9)
 

@@ -13,7 +13,7 @@ import pytest
 from cpbjax.config import schema as config_lib
 from cpbjax.data import klines_api, parsing, rest_http
 from cpbjax.data.series import SeriesSkipped
-from tests import helpers
+from tests import fake_data
 from tests.fake_exchange import STEP, T0, candles, hourly_exchange, rows, running
 
 HALF = STEP // 2
@@ -21,7 +21,7 @@ HALF = STEP // 2
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
-    helpers.fast_backoff(monkeypatch)
+    fake_data.fast_backoff(monkeypatch)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from scipy import stats
 
 from cpbjax import band, columns
 from cpbjax.score import baselines, metrics
-from tests.helpers import H, L, make_prep
+from tests.fake_data import H, L, make_prep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

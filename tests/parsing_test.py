@@ -11,7 +11,7 @@ import pytest
 
 from cpbjax.data import parsing, synthetic
 from cpbjax.data.series import SeriesSkipped
-from tests.helpers import damage_deflate
+from tests.fake_data import damage_deflate
 
 H = 3_600_000  # 1h in ms
 T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z

@@ -8,7 +8,7 @@ from rich.console import Console
 from cpbjax.report import run_report as report
 from cpbjax.report import spec as report_spec
 from cpbjax.report.plot_workers import PlotWorkers
-from tests.helpers import forecast_record, report_config, report_history, report_results
+from tests.fake_data import forecast_record, report_config, report_history, report_results
 
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
 

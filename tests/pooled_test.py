@@ -28,7 +28,7 @@ from cpbjax.modes import plan
 from cpbjax.score import saved
 from cpbjax.training import batching, checkpoint, epoch_spec, memory, optimizer, pooled
 from cpbjax.training.group import GroupTrainer, coin_keys
-from tests import helpers
+from tests import helpers, references
 from tests.helpers import POOLED_NAMES, pooled_config
 
 driver_env = helpers.driver_env  # the module's subprocess environment (a fixture)
@@ -79,7 +79,7 @@ def _reference_batches(config, ends_KB, mask_KB, step_keys_K, s):
     """Step s's (x, y, scale, dropout and teacher keys) of every coin, in numpy."""
     d, batches = config.data, []
     for k, prep in enumerate(helpers.tiny_preps()):
-        x, y = helpers.anchored_windows(prep, ends_KB[k][mask_KB[k]], d.lookback, d.horizon)
+        x, y = references.anchored_windows(prep, ends_KB[k][mask_KB[k]], d.lookback, d.horizon)
         keys = jax.random.split(jax.random.fold_in(step_keys_K[k], s))
         batches.append((x, y, _persistence_mae(prep, d.horizon), keys))
     return batches
@@ -326,7 +326,7 @@ def test_early_stopping_follows_the_pooled_val_loss(pooled_run):
     np.testing.assert_allclose(pooled, per_series @ n_val / n_val.sum(), rtol=1e-5)
     improved_epochs = []
     gain_se = [r["val_gain_se"][0] for r in records]  # one model: the same on every series
-    best, best_epoch, active, _, _ = helpers.reference_early_stopping(
+    best, best_epoch, active, _, _ = references.reference_early_stopping(
         pooled, PATIENCE, min_delta=MIN_DELTA, gain_se=gain_se, improved_epochs=improved_epochs
     )
     improved = np.array([r["improved"] for r in records])  # [epochs, series]
@@ -364,7 +364,7 @@ def test_saved_models_hold_the_kept_epoch_by_an_independent_val_loss(pooled_run)
         params = _without_band_refit(model.params, results[prep.name])
         scale_C = _persistence_mae(pooled_prep, data.horizon)
         losses.extend(
-            helpers.plain_window_losses(
+            references.plain_window_losses(
                 model.module, params, pooled_prep, pooled_prep.ends["val"], data, "mae", scale_C
             )
         )

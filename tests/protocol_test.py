@@ -31,7 +31,7 @@ from cpbjax.data import (
 )
 from cpbjax.data.series import INTERVAL_MS, Series, split_date_ms
 from tests import binance_test, launch_test
-from tests.helpers import make_series
+from tests.fake_data import make_series
 
 L, H = 8, 3
 HOUR = INTERVAL_MS["1h"]
@@ -347,6 +347,16 @@ def _write_csv(folder, symbol, last_open_ms, n):
     return Series(symbol, "1h", s.open_time_ms, s.ohlcv)
 
 
+def _reference_splits(series: tuple[Series, ...], dates) -> dict[str, list]:
+    """Per series name, the split (`_reference_split`) of the tiny config's window ending
+    at each of its newest max_candles candles (OHLC inputs have no warm-up)."""
+    c = config_lib.load("configs/gru.py:tiny")
+    n, window = c.data.max_candles, (c.data.lookback, c.data.horizon)
+    bounds = (split_date_ms(dates[0]), split_date_ms(dates[1]))
+    kept = (Series(s.symbol, s.interval, s.open_time_ms[-n:], s.ohlcv[-n:]) for s in series)
+    return {k.name: [_reference_split(k, t, bounds, *window) for t in range(n)] for k in kept}
+
+
 def test_a_pooled_run_trains_on_a_train_only_series_and_scores_the_others(tmp_path):
     """End to end through launch.py: one series ends before the val span; the pooled
     model trains on its windows, and results.json scores only the other one."""
@@ -369,13 +379,7 @@ def test_a_pooled_run_trains_on_a_train_only_series_and_scores_the_others(tmp_pa
     assert list(results["series"]) == ["AAAUSDT-1h"]
     assert results["skipped"]["BBBUSDT-1h"].startswith("training data only")
     assert not os.path.exists(os.path.join(workdir, "models", "BBBUSDT-1h"))
-    c = config_lib.load("configs/gru.py:tiny")
-    n, window = c.data.max_candles, (c.data.lookback, c.data.horizon)
-    bounds = (split_date_ms(dates[0]), split_date_ms(dates[1]))
-    found = {}
-    for s in (full, early):  # the newest max_candles candles (OHLC inputs have no warm-up)
-        kept = Series(s.symbol, "1h", s.open_time_ms[-n:], s.ohlcv[-n:])
-        found[s.name] = [_reference_split(kept, t, bounds, *window) for t in range(n)]
+    found = _reference_splits((full, early), dates)
     for split in ("val", "test"):
         assert results["series"]["AAAUSDT-1h"][split]["windows"] == found["AAAUSDT-1h"].count(split)
     with open(workdir_lib.ledger(workdir)) as f:  # the windows the pooled model trained on

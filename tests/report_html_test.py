@@ -19,7 +19,7 @@ from cpbjax.report import plots
 from cpbjax.report import run_report as report
 from cpbjax.report import spec as report_spec
 from cpbjax.report import tables as report_tables
-from tests.helpers import forecast_record, report_config, report_history, report_results
+from tests.fake_data import forecast_record, report_config, report_history, report_results
 
 NAMES = ("BTCUSDT-1h", "ETHUSDT-1h")
 CHROMIUM = os.environ.get("CPBJAX_CHROMIUM", "/usr/bin/chromium")

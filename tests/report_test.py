@@ -18,7 +18,7 @@ from cpbjax.report import run_report as report
 from cpbjax.report import spec as report_spec
 from cpbjax.report import tables as report_tables
 from tests import helpers
-from tests.helpers import forecast_record, report_config, report_history, report_results
+from tests.fake_data import forecast_record, report_config, report_history, report_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

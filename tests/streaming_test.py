@@ -21,7 +21,7 @@ from cpbjax.config import schema as config_lib
 from cpbjax.modes import driver
 from cpbjax.training import checkpoint, epoch_spec, ledger, memory, step, streaming
 from cpbjax.training.group import GroupTrainer, coin_keys
-from tests import helpers
+from tests import helpers, references
 
 BATCH, CHUNK = 12, 3
 
@@ -138,7 +138,7 @@ def test_the_device_holds_no_series_and_the_host_gathers_the_devices_windows():
     assert chunk.windows.x_BLF.shape == x_shape
     for k, prep in enumerate(helpers.tiny_preps()):
         ends = ends_JKB[:, k][mask_JKB[:, k]]
-        x, y = helpers.anchored_windows(prep, ends, spec.lookback, spec.horizon)
+        x, y = references.anchored_windows(prep, ends, spec.lookback, spec.horizon)
         np.testing.assert_array_equal(chunk.windows.x_BLF[:, k][mask_JKB[:, k]], x)
         np.testing.assert_array_equal(chunk.windows.y_BHC[:, k][mask_JKB[:, k]], y)
 

@@ -38,11 +38,10 @@ from tests.helpers import (
     finish,
     kill_once_checkpointed,
     make_trainer,
-    plain_window_losses,
-    reference_early_stopping,
     tiny_config,
     tiny_preps,
 )
+from tests.references import plain_window_losses, reference_early_stopping
 
 driver_env = helpers.driver_env  # the module's subprocess environment (a fixture)
 
@@ -191,30 +190,26 @@ def _baseline_trainer(min_delta: float) -> GroupTrainer:
     )
 
 
-@pytest.mark.parametrize("min_delta", [0.0, 0.15])
-def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
-    # With a baseline, the untrained model's val loss is the one to beat before epoch 1.
-    # Each epoch's gain has a standard error of its coin's untrained val loss, so with
-    # min_delta 0.15 coin 0's 10% gain at epoch 2 no longer counts as an improvement.
-    trainer = _baseline_trainer(min_delta)
-    arrays = trainer.stack(list(tiny_preps()))
-    patience = trainer.spec.patience
-    # In units of the untrained model's val loss (the baseline's, which is the best to beat).
-    relative = np.array(
-        [
-            [1.0, 0.9, 0.95, 0.97, 0.99, 0.5],  # stops after `patience` epochs without improving
-            [1.0, np.nan, 0.1, 0.1, 0.1, 0.1],  # diverges at epoch 2
-            [0.9, 0.8, 0.7, 0.5, 0.4, 0.3],  # improves every epoch
-            [9.0] * 6,  # a padded coin (inactive from the start)
-        ],
-        np.float32,
-    )
-    state = trainer.init_state(coin_keys(0, range(NUM_COINS)), arrays)
-    initial_best = np.asarray(state.best_val)
-    assert np.isfinite(initial_best[:3]).all()  # the baseline's, not inf
-    se_K = np.where(np.isfinite(initial_best), initial_best, 1.0).astype(np.float32)
-    vals = relative * se_K[:, None]
-    init_params = jax.device_get(state.params)
+# Per coin and epoch, the val losses the early-stopping bookkeeping test scripts, in units
+# of the untrained model's val loss (the baseline's, which is the best to beat).
+SCRIPTED_VAL_LOSSES = np.array(
+    [
+        [1.0, 0.9, 0.95, 0.97, 0.99, 0.5],  # stops after `patience` epochs without improving
+        [1.0, np.nan, 0.1, 0.1, 0.1, 0.1],  # diverges at epoch 2
+        [0.9, 0.8, 0.7, 0.5, 0.4, 0.3],  # improves every epoch
+        [9.0] * 6,  # a padded coin (inactive from the start)
+    ],
+    np.float32,
+)
+
+
+def _run_scripted_epochs(trainer, state, vals, se_K, init_params):
+    """Ends one epoch per column e of vals [K, E] with those val losses and gain standard
+    errors se_K; coins still training take init_params + e + 1 as their params.
+
+    Returns:
+      (the final state on the host, each epoch's `improved` flags [K]).
+    """
     improved_EK = []
     for e in range(vals.shape[1]):
         # The params "of epoch e+1" for coins still training; a frozen coin's stay put.
@@ -223,7 +218,24 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
         val_K = jnp.asarray(vals[:, e])
         state, metrics = _end_epoch(trainer, state, params, val_K, jnp.asarray(se_K))
         improved_EK.append(np.asarray(metrics["improved"]))
-    state = jax.device_get(state)
+    return jax.device_get(state), improved_EK
+
+
+@pytest.mark.parametrize("min_delta", [0.0, 0.15])
+def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
+    # With a baseline, the untrained model's val loss is the one to beat before epoch 1.
+    # Each epoch's gain has a standard error of its coin's untrained val loss, so with
+    # min_delta 0.15 coin 0's 10% gain at epoch 2 no longer counts as an improvement.
+    trainer = _baseline_trainer(min_delta)
+    arrays = trainer.stack(list(tiny_preps()))
+    patience = trainer.spec.patience
+    state = trainer.init_state(coin_keys(0, range(NUM_COINS)), arrays)
+    initial_best = np.asarray(state.best_val)
+    assert np.isfinite(initial_best[:3]).all()  # the baseline's, not inf
+    se_K = np.where(np.isfinite(initial_best), initial_best, 1.0).astype(np.float32)
+    vals = SCRIPTED_VAL_LOSSES * se_K[:, None]
+    init_params = jax.device_get(state.params)
+    state, improved_EK = _run_scripted_epochs(trainer, state, vals, se_K, init_params)
     assert not np.stack(improved_EK)[:, 3].any()  # the padded coin never trains
     for i in range(3):
         improved_epochs = []

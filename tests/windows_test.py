@@ -9,7 +9,8 @@ from cpbjax import columns, writers
 from cpbjax.data import features, stacking, windows
 from cpbjax.data.series import SeriesSkipped
 from cpbjax.score import metrics
-from tests.helpers import STEP_MS, H, L, data_config, make_series, perturbed, reference_windows
+from tests.fake_data import STEP_MS, H, L, data_config, make_series, perturbed
+from tests.references import reference_windows
 
 INDICATORS = (
     "open",

@@ -12,9 +12,9 @@ import base64
 import html
 import os
 
+from cpbjax.report import backtest_tables, tables
 from cpbjax.report import plots as plots_lib
 from cpbjax.report import sweep_section as report_sweep
-from cpbjax.report import tables
 from cpbjax.report.spec import ReportSpec
 
 CSS = """
@@ -312,11 +312,15 @@ def render_backtest_html(backtest: dict, spec: ReportSpec, chart: str | None) ->
         f'<section id="run"><h2>Run</h2><ul class="facts">{facts}</ul></section>'
         '<section id="folds"><h2>Skill per fold over time (test blocks, price units)</h2>'
         + (figure or "<p>Plots are off (eval.plots=False).</p>")
-        + table_html("folds-table", tables.FOLD_HEADERS, tables.fold_rows(backtest), False)
-        + f'<p class="legend">{_e(tables.FOLD_LEGEND)}</p></section>'
+        + table_html(
+            "folds-table", backtest_tables.FOLD_HEADERS, backtest_tables.fold_rows(backtest), False
+        )
+        + f'<p class="legend">{_e(backtest_tables.FOLD_LEGEND)}</p></section>'
         '<section id="pooled"><h2>Pooled over folds</h2>'
-        + table_html("pooled-table", tables.POOLED_HEADERS, tables.pooled_rows(backtest))
-        + f'<p class="legend">{_e(tables.POOLED_LEGEND)}</p></section>'
+        + table_html(
+            "pooled-table", backtest_tables.POOLED_HEADERS, backtest_tables.pooled_rows(backtest)
+        )
+        + f'<p class="legend">{_e(backtest_tables.POOLED_LEGEND)}</p></section>'
         + _skipped(backtest, "Skipped series and folds")
     )
     nav = (("run", "Run"), ("folds", "Folds"), ("pooled", "Pooled"))

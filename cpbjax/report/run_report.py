@@ -17,9 +17,9 @@ from rich.table import Table
 
 from cpbjax import workdir as workdir_lib
 from cpbjax import writers
+from cpbjax.report import backtest_tables, tables
 from cpbjax.report import html_page as report_html
 from cpbjax.report import sweep_section as report_sweep
-from cpbjax.report import tables
 from cpbjax.report.plots import (
     loss_curves,
     plot_fold_skill,
@@ -66,12 +66,12 @@ PRINTED_REFERENCES = ("naive", "vol_band", "har")
 
 def print_backtest(backtest: dict, paths: list[str], console: Console | None = None) -> None:
     """Prints a finished backtest's pooled skill of each column against the better naive,
-    the band and HAR with its panel DM p (`tables.pooled_rows`), its skipped series and
-    folds, and the paths it wrote."""
+    the band and HAR with its panel DM p (`backtest_tables.pooled_rows`), its skipped
+    series and folds, and the paths it wrote."""
     table = Table(title="cpbjax backtest, pooled over folds", box=box.SIMPLE_HEAD, show_edge=False)
-    for header in tables.POOLED_HEADERS:
+    for header in backtest_tables.POOLED_HEADERS:
         table.add_column(header, justify="left" if header in ("column", "against") else "right")
-    for row in tables.pooled_rows(backtest):
+    for row in backtest_tables.pooled_rows(backtest):
         if row[1] in PRINTED_REFERENCES:
             table.add_row(*row)
     console = console or terminal_console()
@@ -303,10 +303,10 @@ def render_backtest_markdown(backtest: dict, spec: ReportSpec) -> str:
     lines += tables.fact_lines("backtest.", b, skip=())
     lines += tables.fact_lines("", backtest.get("run") or {})
     lines += ["", "## Skill per fold over time (test blocks, price units)", ""]
-    lines += _md_table(tables.FOLD_HEADERS, tables.fold_rows(backtest))
-    lines += ["", tables.FOLD_LEGEND, "", "## Pooled over folds", ""]
-    lines += _md_table(tables.POOLED_HEADERS, tables.pooled_rows(backtest))
-    lines += ["", tables.POOLED_LEGEND, ""]
+    lines += _md_table(backtest_tables.FOLD_HEADERS, backtest_tables.fold_rows(backtest))
+    lines += ["", backtest_tables.FOLD_LEGEND, "", "## Pooled over folds", ""]
+    lines += _md_table(backtest_tables.POOLED_HEADERS, backtest_tables.pooled_rows(backtest))
+    lines += ["", backtest_tables.POOLED_LEGEND, ""]
     skipped = backtest.get("skipped") or {}
     if skipped:
         lines += ["## Skipped series and folds", ""]

@@ -12,7 +12,7 @@ from cpbjax.data import synthetic
 from cpbjax.score import forecast
 from experiments import ablation
 from experiments.ensemble_default import seed_ensemble
-from tests import helpers
+from tests import fake_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,7 +23,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ensemble")
     mirror = str(root / "mirror")
     synthetic.write_vision_mirror(
-        mirror, ("BTCUSDT", "ETHUSDT"), ("1h",), helpers.last_complete_months(2)
+        mirror, ("BTCUSDT", "ETHUSDT"), ("1h",), fake_data.last_complete_months(2)
     )
     workdirs = []
     for seed in (0, 1):
