@@ -31,6 +31,20 @@ def _one_error_line(proc) -> str:
 
 
 @pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["predict"], "error: unexpected argument 'predict' (did you mean --mode predict?)"),
+        (["foo", "bar"], "error: unexpected arguments 'foo', 'bar'"),
+    ],
+)
+def test_a_stray_argument_is_named_not_ignored(tmp_path, extra, says):
+    workdir = tmp_path / "run"
+    proc = _launch("--config", "configs/gru.py:tiny", *extra, "--workdir", str(workdir))
+    assert _one_error_line(proc) == says
+    assert not workdir.exists()  # nothing trained
+
+
+@pytest.mark.parametrize(
     "override, says",
     [
         ("--config.trian.epochs=3", "unknown config key trian in --config.trian.epochs"),

@@ -43,6 +43,19 @@ def _parse_failure(e: BaseException) -> str:
     return f"{where + ': ' if where else ''}{reason}"
 
 
+def refuse_extra_arguments(rest, modes=()) -> None:
+    """Exits 2 naming the positional arguments absl left in `rest` (its argv[1:]): a
+    program that takes none would otherwise drop them unread, so `launch.py --config C
+    predict` would train. One that names a mode in `modes` is shown its --mode spelling."""
+    extra = list(rest[1:])
+    if not extra:
+        return
+    named = ", ".join(repr(a) for a in extra)
+    mode = next((a for a in extra if a in modes), None)
+    hint = f" (did you mean --mode {mode}?)" if mode else ""
+    fail(f"unexpected argument{'s' if len(extra) > 1 else ''} {named}{hint}")
+
+
 def _overrides(argv) -> str:
     """The --config.<key> overrides that argv gives, without their values."""
     return ", ".join(a.split("=")[0] for a in argv[1:] if a.startswith("--config."))
