@@ -65,3 +65,9 @@ def test_a_mistyped_config_key_gets_the_suggestion():
         _launch("--mode=data", "--config", "configs/gru.py:tiny", "--config.train.epoch=3")
     )
     assert line.endswith("(did you mean epochs?)"), line
+
+
+@pytest.mark.parametrize("mode", ["evaluate", "predict", "export", "serve"])
+def test_a_mode_that_reads_a_run_asks_for_its_workdir_not_a_config(mode):
+    line = _one_error_line(_launch("--mode", mode))
+    assert line == f"error: --mode {mode} needs --workdir of a trained run"
