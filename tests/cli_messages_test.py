@@ -1,10 +1,12 @@
 """launch.py's and cpbjax.fit's messages of issue #55: each names the bad thing in one line
 (exit 2 where the run cannot go on)."""
 
+import datetime
 import os
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,12 +24,14 @@ def _launch(*args, timeout=120):
     )
 
 
-def _one_error_line(proc) -> str:
-    """The single `error: ...` line of a run that exited 2 (and nothing else on stderr)."""
+def _one_error_line(proc, alone: bool = True) -> str:
+    """The single `error: ...` line of a run that exited 2: its last line on stderr, and,
+    if `alone` (refused before the run logs anything), its only one."""
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
-    return lines[0]
+    assert [line for line in lines if line.startswith("error")] == lines[-1:], lines[-3:]
+    assert len(lines) == 1 or not alone, proc.stderr[-2000:]
+    return lines[-1]
 
 
 @pytest.mark.parametrize(
@@ -71,3 +75,80 @@ def test_a_mistyped_config_key_gets_the_suggestion():
 def test_a_mode_that_reads_a_run_asks_for_its_workdir_not_a_config(mode):
     line = _one_error_line(_launch("--mode", mode))
     assert line == f"error: --mode {mode} needs --workdir of a trained run"
+
+
+# ---------------------------------------------------------------------------
+# --mode predict without the exchange API, and stale forecasts.
+
+SYMBOLS = ("BTCUSDT", "ETHUSDT")
+
+
+def _last_months(n: int) -> list[str]:
+    """The n calendar months before this one, oldest first ("YYYY-MM")."""
+    first, months = datetime.date.today().replace(day=1), []
+    for _ in range(n):
+        first = (first - datetime.timedelta(days=1)).replace(day=1)
+        months.append(first.strftime("%Y-%m"))
+    return sorted(months)
+
+
+@pytest.fixture(scope="module")
+def mirror_run(tmp_path_factory):
+    """A workdir of untrained per-series models on a Binance Vision mirror whose newest
+    candle is last month's, and whose data.api_url nothing listens on."""
+    import jax
+    import numpy as np
+
+    from cpbjax import models, writers
+    from cpbjax.config import schema as config_lib
+    from cpbjax.data import synthetic
+    from cpbjax.training import checkpoint
+
+    root = tmp_path_factory.mktemp("mirror_run")
+    c = config_lib.load("configs/gru.py:tiny")
+    c.data.symbols, c.data.intervals, c.data.months = SYMBOLS, ("1h",), 2
+    c.data.source, c.data.base_url = "binance", str(root / "mirror")
+    c.data.cache_dir, c.data.api_url, c.data.retries = str(root / "cache"), UNREACHABLE, 0
+    synthetic.write_vision_mirror(c.data.base_url, SYMBOLS, ("1h",), _last_months(2))
+    module = models.build(models.make_config(c))
+    x = np.zeros((1, c.data.lookback, len(c.data.features)), np.float32)
+    params = jax.jit(module.init)(jax.random.key(0), x, None)["params"]
+    for symbol in SYMBOLS:
+        path = root / "run" / "models" / f"{symbol}-1h"
+        checkpoint.save_series_model(str(path), params, {"config": c.to_dict()})
+    writers.write_json(str(root / "run" / "config.json"), c)
+    return str(root / "run")
+
+
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: the connection is refused at once
+
+
+def test_predict_without_the_exchange_says_so_in_one_short_line_with_the_fix(mirror_run):
+    line = _one_error_line(_launch("--mode=predict", f"--workdir={mirror_run}"), alone=False)
+    assert len(line) < 300, line
+    assert "no fresh candles for 2 series" in line, line
+    assert f"{UNREACHABLE} did not connect" in line, line
+    assert "--config.predict.fresh=False" in line, line
+
+
+def test_forty_unreachable_series_are_one_short_line():
+    """The 7.3 KB message of #55: 40 reasons, the first with a kline request's URL."""
+    from cpbjax.modes import predict
+
+    url = f"{UNREACHABLE}/api/v3/klines?symbol=S0USDT&interval=1h&startTime=1&limit=1000"
+    skipped = {"S0USDT-1h": f"fresh candles: request failed for {url} (ConnectionError: {url})"}
+    skipped.update(
+        {
+            f"S{i}USDT-1h": f"fresh candles: not requested: {UNREACHABLE} did not connect for "
+            "S0USDT-1h"
+            for i in range(1, 40)
+        }
+    )
+    data = ml_collections.ConfigDict({"source": "binance_rest", "api_url": UNREACHABLE})
+    line = predict.nothing_forecast(skipped, data)
+    assert len(line) < 300 and "\n" not in line, line
+    assert "no fresh candles for 40 series" in line and "--config.predict.fresh=False" in line
+    del skipped["S1USDT-1h"], skipped["S2USDT-1h"]  # one series: its reason, clipped
+    line = predict.nothing_forecast({"S0USDT-1h": skipped["S0USDT-1h"]}, data)
+    assert len(line) < 300 and "S0USDT-1h: request failed" in line, line
+    assert "startTime" not in line, line

@@ -7,6 +7,7 @@ fields and training normalisation; the given config's data location).
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from absl import logging
@@ -20,7 +21,8 @@ from cpbjax.score import forecast, saved, zero_shot
 
 
 class NothingToForecast(RuntimeError):
-    """Every requested series was skipped; the message lists each reason."""
+    """Every requested series was skipped; the message sums the reasons up in one line
+    (`nothing_forecast`), each series' own reason is warned."""
 
 
 def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
@@ -120,6 +122,35 @@ def _summary(name: str, s: dict) -> str:
     return f"{name}: newest closed candle {s['last_open_time']} ({age}); forecast {first} .. {last}"
 
 
+# How klines_api.top_up words a series it skipped: every reason starts with FRESH, and the
+# series after the API was found down get FRESH + "not requested: <api_url> <why> for <name>".
+FRESH = "fresh candles: "
+_DOWN = re.compile(r"not requested: (\S+ .+) for \S+$")
+
+
+def _clipped(reason: str, keep: int = 60) -> str:
+    """`reason` without URL queries (a kline request's are long), and if still long its
+    first and last `keep` characters: what failed comes first, the count or wait last."""
+    reason = re.sub(r"(https?://[^\s?]+)\?[^\s:]*", r"\1", reason)
+    return reason if len(reason) <= 2 * keep + 5 else f"{reason[:keep]} ... {reason[-keep:]}"
+
+
+def nothing_forecast(skipped: dict, data_cfg) -> str:
+    """NothingToForecast's one short line (each series' reason is warned): the
+    fresh candles' failure and the way around it, or the first series' reason and a count."""
+    name, first = next(iter(skipped.items()))
+    reasons = list(skipped.values())
+    if data_cfg.source == "binance_rest" and all(r.startswith(FRESH) for r in reasons):
+        down = [m.group(1) for m in map(_DOWN.search, reasons) if m]
+        why = f"data.api_url {down[0]}" if down else f"{name}: {_clipped(first[len(FRESH) :])}"
+        return (
+            f"no series could be forecast: no fresh candles for {len(reasons)} series ({why}); "
+            "--config.predict.fresh=False forecasts from the files alone"
+        )
+    more = f" (and {len(reasons) - 1} more series)" if len(reasons) > 1 else ""
+    return f"no series could be forecast: {name}: {_clipped(first)}{more}"
+
+
 def run_predict(config, workdir: str) -> dict:
     """Forecasts the next H candles of the requested series (saved.requested_series:
     predict.symbols x intervals, or a changed data.symbols / data.intervals) from the
@@ -145,7 +176,10 @@ def run_predict(config, workdir: str) -> dict:
     skipped.update(unreadable)
     series = _forecast_all(loaded, preps, cfg, scored_series(workdir), skipped)
     if not series:
-        raise NothingToForecast(f"no series could be forecast: {skipped}")
+        for name, reason in skipped.items():
+            if not reason.startswith(FRESH):  # the top-up's failures were warned as it ran
+                logging.warning("%s: not forecast: %s", name, reason)
+        raise NothingToForecast(nothing_forecast(skipped, cfg.data))
     doc = {
         "run": run_facts("predict", cfg, started, **scored_workdir(cfg, workdir)),
         "model": cfg.model.name,
