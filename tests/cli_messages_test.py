@@ -2,6 +2,7 @@
 (exit 2 where the run cannot go on)."""
 
 import datetime
+import logging
 import os
 import subprocess
 import sys
@@ -131,6 +132,14 @@ def test_predict_without_the_exchange_says_so_in_one_short_line_with_the_fix(mir
     assert "--config.predict.fresh=False" in line, line
 
 
+def test_the_fix_forecasts_and_warns_of_the_stale_series_in_one_line(mirror_run):
+    proc = _launch("--mode=predict", f"--workdir={mirror_run}", "--config.predict.fresh=False")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stale = [line for line in proc.stderr.splitlines() if "STALE" in line]
+    assert len(stale) == 1, stale
+    assert "STALE: 2 of 2 series (BTCUSDT-1h, ETHUSDT-1h): the newest candle is" in stale[0]
+
+
 def test_forty_unreachable_series_are_one_short_line():
     """The 7.3 KB message of #55: 40 reasons, the first with a kline request's URL."""
     from cpbjax.modes import predict
@@ -152,3 +161,29 @@ def test_forty_unreachable_series_are_one_short_line():
     line = predict.nothing_forecast({"S0USDT-1h": skipped["S0USDT-1h"]}, data)
     assert len(line) < 300 and "S0USDT-1h: request failed" in line, line
     assert "startTime" not in line, line
+
+
+def test_forty_stale_series_are_one_warning(caplog):
+    from cpbjax.data.series import INTERVAL_MS
+    from cpbjax.modes import predict
+
+    step = INTERVAL_MS["1h"]
+    now = 1_750_000_000_000 // step * step
+    series = {
+        f"S{i}USDT-1h": {
+            "symbol": f"S{i}USDT",
+            "interval": "1h",
+            "last_open_time": f"t-{i}",
+            "last_open_time_ms": now - (2 + i) * step,
+            "forecast": [{}] * 10,
+        }
+        for i in range(40)
+    }
+    with caplog.at_level(logging.WARNING):
+        predict.warn_stale(series, "binance", now)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(
+        "STALE: 40 of 40 series (S0USDT-1h, S1USDT-1h, S2USDT-1h and 37 more): the newest "
+        "candle is 2 to 41 intervals old (the oldest t-39)"
+    ), warning
+    assert series["S5USDT-1h"]["age_intervals"] == 7

@@ -91,8 +91,9 @@ def stale_hint(source: str) -> str:
     return _STALE_HINTS.get(source, f"data.source={source!r} holds no newer candles")
 
 
-def freshness(entry: dict, now_ms: int, source: str) -> int:
-    """Sets entry["age_intervals"] (a next_candles entry) and returns it, warning when stale.
+def freshness(entry: dict, now_ms: int, source: str, warn: bool = True) -> int:
+    """Sets entry["age_intervals"] (a next_candles entry) and returns it, warning when stale
+    (unless not `warn`: predict warns once for all its series, `warn_stale`).
 
     1 means the forecast starts from the newest closed candle; more means newer closed
     candles exist that the data did not hold, so early forecast steps are already past.
@@ -101,7 +102,7 @@ def freshness(entry: dict, now_ms: int, source: str) -> int:
     step = INTERVAL_MS[entry["interval"]]
     age = klines_api.newest_closed_age([entry["last_open_time_ms"]], step, now_ms)
     entry["age_intervals"] = age
-    if age > 1:
+    if age > 1 and warn:
         logging.warning(
             "%s-%s: STALE: the newest candle (%s) is %d intervals old, so %d forecast steps "
             "are already past: %s",
@@ -113,6 +114,30 @@ def freshness(entry: dict, now_ms: int, source: str) -> int:
             stale_hint(source),
         )
     return age
+
+
+def warn_stale(series: dict, source: str, now_ms: int) -> None:
+    """Sets every entry's age (`freshness`) and warns of the stale ones in one line: their
+    count, the first few names and how old; one warning per series buried the log."""
+    ages = {name: freshness(e, now_ms, source, warn=False) for name, e in series.items()}
+    stale = [name for name, age in ages.items() if age > 1]
+    if len(stale) <= 1:
+        for name in stale:
+            freshness(series[name], now_ms, source)  # the one series' own line
+        return
+    low, high = min(ages[n] for n in stale), max(ages[n] for n in stale)
+    oldest = min((series[n] for n in stale), key=lambda e: e["last_open_time_ms"])
+    logging.warning(
+        "STALE: %d of %d series (%s%s): the newest candle is %s intervals old (the oldest "
+        "%s), so their first forecast steps are already past: %s",
+        len(stale),
+        len(series),
+        ", ".join(stale[:3]),
+        f" and {len(stale) - 3} more" if len(stale) > 3 else "",
+        str(low) if low == high else f"{low} to {high}",
+        oldest["last_open_time"],
+        stale_hint(source),
+    )
 
 
 def _summary(name: str, s: dict) -> str:
@@ -187,9 +212,7 @@ def run_predict(config, workdir: str) -> dict:
         "series": series,
         "skipped": skipped,
     }
-    now_ms = klines_api.clock_ms()
-    for entry in series.values():
-        freshness(entry, now_ms, cfg.data.source)
+    warn_stale(series, cfg.data.source, klines_api.clock_ms())
     _publish(workdir, doc)
     return doc
 
