@@ -153,10 +153,13 @@ FRESH = "fresh candles: "
 _DOWN = re.compile(r"not requested: (\S+ .+) for \S+$")
 
 
-def _clipped(reason: str, keep: int = 60) -> str:
-    """`reason` without URL queries (a kline request's are long), and if still long its
-    first and last `keep` characters: what failed comes first, the count or wait last."""
+def _clipped(name: str, reason: str, api_url: str | None, keep: int = 75) -> str:
+    """`name: reason` (`reason` alone where it names the series), with `api_url` called
+    data.api_url and without URL queries (a kline request's are long), and if still long,
+    its first and last `keep` characters: what failed comes first, the count or wait last."""
     reason = re.sub(r"(https?://[^\s?]+)\?[^\s:]*", r"\1", reason)
+    reason = reason.replace(api_url.rstrip("/"), "data.api_url") if api_url else reason
+    reason = reason if reason.startswith(name) else f"{name}: {reason}"
     return reason if len(reason) <= 2 * keep + 5 else f"{reason[:keep]} ... {reason[-keep:]}"
 
 
@@ -164,16 +167,16 @@ def nothing_forecast(skipped: dict, data_cfg) -> str:
     """NothingToForecast's one short line (each series' reason is warned): the
     fresh candles' failure and the way around it, or the first series' reason and a count."""
     name, first = next(iter(skipped.items()))
-    reasons = list(skipped.values())
+    reasons, api_url = list(skipped.values()), data_cfg.get("api_url")
     if data_cfg.source == "binance_rest" and all(r.startswith(FRESH) for r in reasons):
         down = [m.group(1) for m in map(_DOWN.search, reasons) if m]
-        why = f"data.api_url {down[0]}" if down else f"{name}: {_clipped(first[len(FRESH) :])}"
+        why = f"data.api_url {down[0]}" if down else _clipped(name, first[len(FRESH) :], api_url)
         return (
             f"no series could be forecast: no fresh candles for {len(reasons)} series ({why}); "
             "--config.predict.fresh=False forecasts from the files alone"
         )
     more = f" (and {len(reasons) - 1} more series)" if len(reasons) > 1 else ""
-    return f"no series could be forecast: {name}: {_clipped(first)}{more}"
+    return f"no series could be forecast: {_clipped(name, first, api_url)}{more}"
 
 
 def run_predict(config, workdir: str) -> dict:
