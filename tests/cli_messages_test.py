@@ -187,3 +187,37 @@ def test_forty_stale_series_are_one_warning(caplog):
         "candle is 2 to 41 intervals old (the oldest t-39)"
     ), warning
     assert series["S5USDT-1h"]["age_intervals"] == 7
+
+
+# ---------------------------------------------------------------------------
+# cpbjax.fit logs, never prints.
+
+
+def test_fit_logs_its_workdir_summary_and_the_candles_the_cap_leaves_out(tmp_path, capsys, caplog):
+    import pandas as pd
+
+    import cpbjax
+    from cpbjax.config import schema as config_lib
+    from cpbjax.data import synthetic, windows
+
+    c = config_lib.load("configs/gru.py:tiny")  # data.max_candles=1200
+    c.model.hidden, c.model.num_layers, c.train.epochs, c.eval.plots = 16, 1, 1, False
+    s = synthetic.generate("BTCUSDT", "1h", 1500)
+    frame = pd.DataFrame(s.ohlcv, columns=["open", "high", "low", "close", "volume"])
+    frame.index = pd.to_datetime(s.open_time_ms, unit="ms", utc=True)
+    _, first_valid = windows.series_features(s, c.data.features)
+    left_out = 1500 - 1200 - first_valid
+    workdir = str(tmp_path / "fit")
+    with caplog.at_level(logging.INFO, logger="absl"):
+        models = cpbjax.fit({"BTCUSDT-1h": frame}, c, workdir)
+    assert list(models) == ["BTCUSDT-1h"]
+    assert capsys.readouterr().out == ""  # the results table is launch.py's, not fit's
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cpbjax.fit")]
+    (cut,) = [m for m in said if "max_candles" in m]
+    assert cut == (
+        "cpbjax.fit: data.max_candles=1200 keeps the newest 1200 candles of each series past "
+        f"the indicator warm-up: {left_out} candles of 1 series left out (BTCUSDT-1h "
+        f"{left_out}); data.max_candles=0 keeps them all"
+    )
+    assert f"cpbjax.fit: trained 1 of 1 series in {workdir} (report {workdir}/report.md)" in said
+    assert any("Close skill against the better naive forecast" in m for m in said), said
