@@ -36,14 +36,11 @@ from cpbjax.config_rules import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
-_MODE = flags.DEFINE_enum(
-    "mode",
-    "train",
-    ["train", "backtest", "evaluate", "predict", "export", "serve", "data"],
-    "What to run.",
-)
+MODES = ("train", "backtest", "evaluate", "predict", "export", "serve", "data")
+_MODE = flags.DEFINE_enum("mode", "train", list(MODES), "What to run.")
 flags.mark_flags_as_required(["config"])
 TRAINING_MODES = ("train", "backtest")  # the modes that train, from a --config
+RUN_MODES = ("evaluate", "predict", "export", "serve")  # the modes that read a trained run
 RUN_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "workdir.py")
 
 
@@ -67,9 +64,16 @@ def _with_run_config(argv):
 
 
 def _parse_flags(argv):
-    """absl parsing (cli_errors: a bad config key or file is one line, exit 2), with the
-    run's own config where a mode that reads a trained run is given no --config."""
-    return cli_errors.parse_flags(_with_run_config(argv))
+    """absl parsing (cli_errors: a bad config key or file, or a stray argument, is one
+    line, exit 2), with the run's own config where a mode that reads a trained run is
+    given no --config."""
+    mode = _flag_value(argv, "mode")
+    if mode in RUN_MODES and not _flag_value(argv, "workdir") and not _flag_value(argv, "config"):
+        # Checked before absl, whose required --config would be the wrong thing to ask for.
+        cli_errors.fail(f"--mode {mode} needs --workdir of a trained run")
+    rest = cli_errors.parse_flags(_with_run_config(argv))
+    cli_errors.refuse_extra_arguments(rest, MODES)
+    return rest
 
 
 def _quiet_orbax() -> None:

@@ -18,6 +18,7 @@ see forecast.consistent_ohlc).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
@@ -36,6 +37,7 @@ from cpbjax.data import features, parsing, windows
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 from cpbjax.modes import driver, sweep
 from cpbjax.modes import export as export_mode
+from cpbjax.report import tables
 from cpbjax.score import forecast, saved, zero_shot
 from cpbjax.training import sharing
 
@@ -84,7 +86,7 @@ def fit(
       config: as `train` takes; None: the GRU's default run (configs/gru.py). The
         frames set its data source and series (data.symbols x data.intervals: a pair
         without a frame is skipped with its reason).
-      workdir: the run folder; None: a new temporary folder (logged).
+      workdir: the run folder; None: a new temporary folder (logged; nothing is printed).
 
     Returns:
       series name -> its trained Model, in the frames' order; a series the run skipped
@@ -103,8 +105,54 @@ def fit(
     config.data.local_dir = _write_frames(series, workdir)
     config.data.symbols = tuple(dict.fromkeys(s.symbol for s in series.values()))
     config.data.intervals = tuple(dict.fromkeys(s.interval for s in series.values()))
-    trained = train(config, workdir)["series"]
+    trained = _train_logged(config, workdir, series)
     return {n: load(workdir_lib.series_model(workdir, n)) for n in series if n in trained}
+
+
+def _train_logged(config, workdir: str, series: dict[str, Series]) -> dict:
+    """`train` on fit's `series`: its results' series. The candles data.max_candles cuts,
+    the workdir and the summary are logged, not printed: launch.py prints the results
+    table, but a library call leaves the caller's stdout alone."""
+    _log_cut(series, config.data)
+    with contextlib.redirect_stdout(io.StringIO()):
+        results = train(config, workdir)
+    logging.info(
+        "cpbjax.fit: trained %d of %d series in %s (report %s)",
+        len(results["series"]),
+        len(series),
+        workdir,
+        workdir_lib.report_md(workdir),
+    )
+    for line in tables.summary_lines(results):
+        logging.info("cpbjax.fit: %s", line)
+    return results["series"]
+
+
+def _log_cut(series: dict[str, Series], data_cfg) -> None:
+    """Warns in one line of the candles data.max_candles leaves out of training (the
+    newest max_candles past the indicator warm-up are kept; a variant such as :tiny sets
+    a low cap), which a caller who handed fit whole frames would not expect."""
+    if not data_cfg.max_candles:
+        return
+    cut = {}
+    for name, s in series.items():
+        _, first_valid = windows.series_features(s, data_cfg.features)
+        start = windows.newest_start(len(s.ohlcv), first_valid, data_cfg.max_candles)
+        if start > first_valid:
+            cut[name] = start - first_valid
+    if cut:
+        shown = ", ".join(f"{n} {c:,}" for n, c in list(cut.items())[:3])
+        logging.warning(
+            "cpbjax.fit: data.max_candles=%d keeps the newest %d candles of each series past "
+            "the indicator warm-up: %s candles of %d series left out (%s%s); "
+            "data.max_candles=0 keeps them all",
+            data_cfg.max_candles,
+            data_cfg.max_candles,
+            f"{sum(cut.values()):,}",
+            len(cut),
+            shown,
+            f" and {len(cut) - 3} more" if len(cut) > 3 else "",
+        )
 
 
 def _fit_config(config) -> ml_collections.ConfigDict:

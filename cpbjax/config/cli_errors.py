@@ -24,18 +24,66 @@ def parse_flags(argv):
     try:
         rest = flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:
-        # ml_collections reports only the last path component, e.g. "'lr_typo'".
-        key = re.findall(r"'([^']+)'", str(e))
-        given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-        fail(f"unknown config key {key[-1] if key else e!s} (given: {given})")
+        fail(unknown_key(e, argv))
     except (TypeError, ValueError, flags.Error) as e:
-        # A config file that fails to load puts its whole traceback in the message.
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        where = lines[0].split(": ")[0] if len(lines) > 1 else ""
-        reason = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else repr(e)
-        fail(f"{where + ': ' if where else ''}{reason}")
+        if isinstance(e, TypeError) and "indices must be integers" in str(e):
+            # ml_collections indexes a tuple value with the key after it (data.symbols.x).
+            fail(f"a config key goes inside a tuple value, which has no keys: {_overrides(argv)}")
+        fail(_parse_failure(e))
     _refuse_repeated_sequences(argv)
     return rest
+
+
+def _parse_failure(e: BaseException) -> str:
+    """One line from a flag absl refused or a config file that failed to load (its
+    message holds the file's whole traceback): where, and the last line's reason."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    where = lines[0].split(": ")[0] if len(lines) > 1 else ""
+    reason = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else repr(e)
+    return f"{where + ': ' if where else ''}{reason}"
+
+
+def refuse_extra_arguments(rest, modes=()) -> None:
+    """Exits 2 naming the positional arguments absl left in `rest` (its argv[1:]): a
+    program that takes none would otherwise drop them unread, so `launch.py --config C
+    predict` would train. One that names a mode in `modes` is shown its --mode spelling."""
+    extra = list(rest[1:])
+    if not extra:
+        return
+    named = ", ".join(repr(a) for a in extra)
+    mode = next((a for a in extra if a in modes), None)
+    hint = f" (did you mean --mode {mode}?)" if mode else ""
+    fail(f"unexpected argument{'s' if len(extra) > 1 else ''} {named}{hint}")
+
+
+def _overrides(argv) -> str:
+    """The --config.<key> overrides that argv gives, without their values."""
+    return ", ".join(a.split("=")[0] for a in argv[1:] if a.startswith("--config."))
+
+
+def unknown_key(e: BaseException, argv) -> str:
+    """One line for a --config.<key> that the config does not have: the bad name, the
+    override it is in and ml_collections' suggestion. Its KeyError names only the last
+    path component and puts the suggestion on a second line ("'trian'\\nDid you mean
+    "train" instead of "trian"?"), which str(KeyError) would print as a literal \\n."""
+    while e.args and isinstance(e.args[0], BaseException):  # AttributeError(KeyError(...))
+        e = e.args[0]
+    text = str(e.args[0]) if e.args else str(e)
+    lookup = re.search(r"Attempting to lookup: (\S+)", text)  # a key below a plain value
+    names = re.findall(r"'([^']+)'", text.splitlines()[0] if text else "")
+    bad = lookup.group(1).split(".")[-1] if lookup else (names[-1] if names else text)
+    given = [
+        a.split("=")[0]
+        for a in argv[1:]
+        if a.startswith("--config.") and bad in a.split("=")[0].split(".")
+    ]
+    where = f" in {given[0]}" if given else f" (given: {_overrides(argv)})"
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+    if hint:
+        return f"unknown config key {bad}{where} (did you mean {hint.group(1)}?)"
+    if lookup:
+        return f"unknown config key {bad}{where}: {lookup.group(1).rsplit('.', 1)[0]} has no keys"
+    return f"unknown config key {bad}{where}"
 
 
 def _repeated_config_keys(argv) -> list[str]:

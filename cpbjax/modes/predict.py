@@ -7,6 +7,7 @@ fields and training normalisation; the given config's data location).
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from absl import logging
@@ -20,7 +21,8 @@ from cpbjax.score import forecast, saved, zero_shot
 
 
 class NothingToForecast(RuntimeError):
-    """Every requested series was skipped; the message lists each reason."""
+    """Every requested series was skipped; the message sums the reasons up in one line
+    (`nothing_forecast`), each series' own reason is warned."""
 
 
 def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
@@ -89,8 +91,9 @@ def stale_hint(source: str) -> str:
     return _STALE_HINTS.get(source, f"data.source={source!r} holds no newer candles")
 
 
-def freshness(entry: dict, now_ms: int, source: str) -> int:
-    """Sets entry["age_intervals"] (a next_candles entry) and returns it, warning when stale.
+def freshness(entry: dict, now_ms: int, source: str, warn: bool = True) -> int:
+    """Sets entry["age_intervals"] (a next_candles entry) and returns it, warning when stale
+    (unless not `warn`: predict warns once for all its series, `warn_stale`).
 
     1 means the forecast starts from the newest closed candle; more means newer closed
     candles exist that the data did not hold, so early forecast steps are already past.
@@ -99,7 +102,7 @@ def freshness(entry: dict, now_ms: int, source: str) -> int:
     step = INTERVAL_MS[entry["interval"]]
     age = klines_api.newest_closed_age([entry["last_open_time_ms"]], step, now_ms)
     entry["age_intervals"] = age
-    if age > 1:
+    if age > 1 and warn:
         logging.warning(
             "%s-%s: STALE: the newest candle (%s) is %d intervals old, so %d forecast steps "
             "are already past: %s",
@@ -113,11 +116,67 @@ def freshness(entry: dict, now_ms: int, source: str) -> int:
     return age
 
 
+def warn_stale(series: dict, source: str, now_ms: int) -> None:
+    """Sets every entry's age (`freshness`) and warns of the stale ones in one line: their
+    count, the first few names and how old; one warning per series buried the log."""
+    ages = {name: freshness(e, now_ms, source, warn=False) for name, e in series.items()}
+    stale = [name for name, age in ages.items() if age > 1]
+    if len(stale) <= 1:
+        for name in stale:
+            freshness(series[name], now_ms, source)  # the one series' own line
+        return
+    low, high = min(ages[n] for n in stale), max(ages[n] for n in stale)
+    oldest = min((series[n] for n in stale), key=lambda e: e["last_open_time_ms"])
+    logging.warning(
+        "STALE: %d of %d series (%s%s): the newest candle is %s intervals old (the oldest "
+        "%s), so their first forecast steps are already past: %s",
+        len(stale),
+        len(series),
+        ", ".join(stale[:3]),
+        f" and {len(stale) - 3} more" if len(stale) > 3 else "",
+        str(low) if low == high else f"{low} to {high}",
+        oldest["last_open_time"],
+        stale_hint(source),
+    )
+
+
 def _summary(name: str, s: dict) -> str:
     """One printed line: the newest closed candle and the forecast span."""
     first, last = s["forecast"][0]["open_time"], s["forecast"][-1]["open_time"]
     age = "up to date" if s["age_intervals"] <= 1 else f"{s['age_intervals']} intervals old"
     return f"{name}: newest closed candle {s['last_open_time']} ({age}); forecast {first} .. {last}"
+
+
+# How klines_api.top_up words a series it skipped: every reason starts with FRESH, and the
+# series after the API was found down get FRESH + "not requested: <api_url> <why> for <name>".
+FRESH = "fresh candles: "
+_DOWN = re.compile(r"not requested: (\S+ .+) for \S+$")
+
+
+def _clipped(name: str, reason: str, api_url: str | None, keep: int = 75) -> str:
+    """`name: reason` (`reason` alone where it names the series), with `api_url` called
+    data.api_url and without URL queries (a kline request's are long), and if still long,
+    its first and last `keep` characters: what failed comes first, the count or wait last."""
+    reason = re.sub(r"(https?://[^\s?]+)\?[^\s:]*", r"\1", reason)
+    reason = reason.replace(api_url.rstrip("/"), "data.api_url") if api_url else reason
+    reason = reason if reason.startswith(name) else f"{name}: {reason}"
+    return reason if len(reason) <= 2 * keep + 5 else f"{reason[:keep]} ... {reason[-keep:]}"
+
+
+def nothing_forecast(skipped: dict, data_cfg) -> str:
+    """NothingToForecast's one short line (each series' reason is warned): the
+    fresh candles' failure and the way around it, or the first series' reason and a count."""
+    name, first = next(iter(skipped.items()))
+    reasons, api_url = list(skipped.values()), data_cfg.get("api_url")
+    if data_cfg.source == "binance_rest" and all(r.startswith(FRESH) for r in reasons):
+        down = [m.group(1) for m in map(_DOWN.search, reasons) if m]
+        why = f"data.api_url {down[0]}" if down else _clipped(name, first[len(FRESH) :], api_url)
+        return (
+            f"no series could be forecast: no fresh candles for {len(reasons)} series ({why}); "
+            "--config.predict.fresh=False forecasts from the files alone"
+        )
+    more = f" (and {len(reasons) - 1} more series)" if len(reasons) > 1 else ""
+    return f"no series could be forecast: {_clipped(name, first, api_url)}{more}"
 
 
 def run_predict(config, workdir: str) -> dict:
@@ -145,7 +204,10 @@ def run_predict(config, workdir: str) -> dict:
     skipped.update(unreadable)
     series = _forecast_all(loaded, preps, cfg, scored_series(workdir), skipped)
     if not series:
-        raise NothingToForecast(f"no series could be forecast: {skipped}")
+        for name, reason in skipped.items():
+            if not reason.startswith(FRESH):  # the top-up's failures were warned as it ran
+                logging.warning("%s: not forecast: %s", name, reason)
+        raise NothingToForecast(nothing_forecast(skipped, cfg.data))
     doc = {
         "run": run_facts("predict", cfg, started, **scored_workdir(cfg, workdir)),
         "model": cfg.model.name,
@@ -153,9 +215,7 @@ def run_predict(config, workdir: str) -> dict:
         "series": series,
         "skipped": skipped,
     }
-    now_ms = klines_api.clock_ms()
-    for entry in series.values():
-        freshness(entry, now_ms, cfg.data.source)
+    warn_stale(series, cfg.data.source, klines_api.clock_ms())
     _publish(workdir, doc)
     return doc
 
