@@ -18,7 +18,6 @@ see forecast.consistent_ohlc).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import tempfile
@@ -111,11 +110,11 @@ def fit(
 
 def _train_logged(config, workdir: str, series: dict[str, Series]) -> dict:
     """`train` on fit's `series`: its results' series. The candles data.max_candles cuts,
-    the workdir and the summary are logged, not printed: launch.py prints the results
-    table, but a library call leaves the caller's stdout alone."""
+    the workdir and the summary are logged; the results table is not printed
+    (eval.print_table=False): a library call leaves the caller's stdout alone."""
     _log_cut(series, config.data)
-    with contextlib.redirect_stdout(io.StringIO()):
-        results = train(config, workdir)
+    config.eval.print_table = False
+    results = train(config, workdir)
     logging.info(
         "cpbjax.fit: trained %d of %d series in %s (report %s)",
         len(results["series"]),

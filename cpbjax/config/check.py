@@ -213,6 +213,7 @@ def _validate_rest(c) -> None:
     _check_interval_levels(c.eval.interval_levels)
     _bool(c, "eval.refit_band")
     _bool(c, "eval.column_fallback")
+    _bool(c, "eval.print_table")
     _int_range(c, "eval.plot_windows", 0, 100)
     _int_range(c, "eval.plot_workers", 0, 64)
     _bool(c, "predict.fresh")

@@ -202,6 +202,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Processes drawing each finished group's plots while the next group trains (spawned
     # once per run); 0 draws every plot at the end in the run's own process.
     e.plot_workers = 2
+    # Print the per-series results table when the report is written; cpbjax.fit sets False
+    # (a library call logs its summary and leaves the caller's stdout alone).
+    e.print_table = True
 
     # --mode backtest: rolling-origin folds (cpbjax/data/folds.py, docs/design.md "Backtest").
     c.backtest = b = ml_collections.ConfigDict()

@@ -261,7 +261,7 @@ def write_reports(
     stem="report",
     console=None,
 ) -> str:
-    """Prints the results table and writes <workdir>/<stem>.md, <stem>.html and the plots.
+    """Prints the results table (eval.print_table) and writes <workdir>/<stem>.md, <stem>.html and the plots.
 
     Args:
       workdir: the run folder.
@@ -276,7 +276,8 @@ def write_reports(
     Returns:
       The path of the markdown report (the HTML one is workdir.report_html(workdir, stem)).
     """
-    print_table(results, console)
+    if spec.print_table:
+        print_table(results, console)
     plots = _report_plots(workdir, results, spec, inputs or PlotInputs(), stem)
     path = workdir_lib.report_md(workdir, stem)
     rel = [os.path.relpath(p, workdir) for p in plots]

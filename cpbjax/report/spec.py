@@ -26,10 +26,11 @@ class ReportSpec:
     plots: bool  # eval.plots: draw the PNGs at all
     plot_windows: int  # eval.plot_windows; 0 draws no forecast plot
     plot_workers: int  # eval.plot_workers; 0 draws every plot in the run's own process
+    print_table: bool  # eval.print_table: print the results table to stdout
 
 
 def make_spec(config) -> ReportSpec:
-    """The ReportSpec of a run config (model, data, train.loss*, train.share, eval.plot*)."""
+    """The ReportSpec of a run config (model, data, train.loss*, train.share, eval.plot*, eval.print_table)."""
     return ReportSpec(
         model=config.model.name,
         decoding=config.model.decoding,
@@ -39,4 +40,5 @@ def make_spec(config) -> ReportSpec:
         plots=config.eval.plots,
         plot_windows=config.eval.plot_windows,
         plot_workers=config.eval.plot_workers,
+        print_table=config.eval.print_table,
     )
