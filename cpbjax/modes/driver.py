@@ -71,6 +71,15 @@ class _Run:
         return checkpoint.GroupCheckpoints(path, c.every_epochs, c.keep)
 
 
+def _reload_forecasts(run: _Run, preps) -> dict:
+    """evaluate.reload_forecasts of a finished group's kept models, as the config asks."""
+    e = run.config.eval
+    plots = bool(e.plots and e.plot_windows)
+    return evaluate.reload_forecasts(
+        run.spec, run.workdir, run.module, preps, plots=plots, save=e.save_forecasts
+    )
+
+
 def _log_divergence(names: list[str], m: dict, before: np.ndarray) -> np.ndarray:
     """Warns for each series that diverged in the epoch just run; returns who has diverged.
 
@@ -316,7 +325,7 @@ def train_groups(config, workdir: str, plan: Plan, clock: StageClock, workers=No
                 logging.info("%s already finished in %s; skipping it", group, workdir)
                 with run.clock.stage("evaluate"):  # a backtest keeps no model to reload
                     kept = group_preps if plan.keep_models else ()
-                    group_records = evaluate.reload_forecasts(config, workdir, run.module, kept)
+                    group_records = _reload_forecasts(run, kept)
             entries.update(finished)
             records.update(group_records)
             plot_workers.submit_group(workers, workdir, group, finished, group_records)

@@ -214,15 +214,15 @@ def flag_worse_than_untrained(module, spec: EvalSpec, prep, entry: dict, last_pa
     logging.warning("%s: %s", prep.name, entry["warning"])
 
 
-def reload_forecasts(config, workdir: str, module, preps: list) -> dict:
+def reload_forecasts(
+    spec: EvalSpec, workdir: str, module, preps: list, *, plots: bool, save: bool
+) -> dict:
     """Test forecast records of the kept models of a group finished by an earlier process:
-    for the plots, and saved to forecasts/ when eval.save_forecasts asks for files that
-    are missing (process 0; {} when neither asks for them)."""
-    c = config
-    plots = c.eval.plots and c.eval.plot_windows
-    if not ((plots or c.eval.save_forecasts) and sharding.is_primary()):
+    for the plots (`plots`), and saved to forecasts/ (`save`: eval.save_forecasts) where
+    the files are missing (process 0; {} when neither asks for them)."""
+    if not ((plots or save) and sharding.is_primary()):
         return {}
-    records, spec = {}, make_spec(c)
+    records = {}
     for prep in (p for p in preps if not split_dates.is_train_only(p)):
         try:
             params, meta = checkpoint.load_series_model(
@@ -236,6 +236,6 @@ def reload_forecasts(config, workdir: str, module, preps: list) -> dict:
         fc = forecast.split_forecast(module, params, prep, "test", spec)
         calibration = meta.get("interval_calibration")
         records[prep.name] = forecast.forecast_record(prep, fc, spec, calibration)
-        if c.eval.save_forecasts:
+        if save:
             forecast.save_forecasts(workdir, records[prep.name])
     return records
