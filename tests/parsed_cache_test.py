@@ -6,12 +6,14 @@ the CSVs parsed by wrapping `parsing.read_kline_csv`, which every zip's parse ca
 
 import datetime
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from cpbjax.config import schema as config_lib
-from cpbjax.data import binance, parsed_cache, parsing, synthetic
+from cpbjax.data import binance, mirrors, parsed_cache, parsing, synthetic
+from cpbjax.data.progress import Progress
 
 MONTHS = ["2024-11", "2024-12", "2025-01"]
 TODAY = datetime.date(2025, 2, 3)
@@ -164,3 +166,21 @@ def test_the_setting_names_the_folder(tmp_path, monkeypatch):
     assert parsed_cache.resolve_root("") == str(tmp_path / "home" / ".cache/cpbjax/parsed")
     assert parsed_cache.resolve_root("~/pc") == str(tmp_path / "home" / "pc")
     assert parsed_cache.resolve_root("off") is None
+
+
+def test_an_http_mirrors_cached_zips_are_parsed_once(mirror, tmp_path, csv_parses):
+    # The zips sit in the HTTP mirror's download cache already: no request is made.
+    cache = parsed_cache.ParsedCache(str(tmp_path / "pc"))
+    http = mirrors.HttpMirror(
+        "https://vision.test", str(tmp_path / "dl"), None, 1.0, Progress("off"), cache
+    )
+    ref = mirrors.FileRef("BTCUSDT", "1h", "2025-01")
+    os.makedirs(os.path.dirname(os.path.join(http.cache_root, ref.relpath)))
+    for suffix in ("", ".CHECKSUM"):
+        shutil.copy(
+            _zip(mirror, "2025-01") + suffix, os.path.join(http.cache_root, ref.relpath) + suffix
+        )
+    first, second = http.fetch(ref), http.fetch(ref)
+    assert (first.status, second.status, csv_parses) == ("ok", "ok", ["BTCUSDT-1h-2025-01.zip"])
+    assert all((a == b).all() for a, b in zip(first.klines, second.klines, strict=True))
+    assert os.path.exists(cache.path(_sha256(mirror, "2025-01")))
