@@ -168,6 +168,7 @@ BAD_VALUES = [
     ("data.base_url", "", "URL"),
     ("data.months", -1, "integer >= 0"),
     ("data.end", "2024-13", "YYYY-MM"),
+    ("data.parsed_cache", "off ", "'off'"),
     ("data.lookback", 0, "integer >= 1"),
     ("data.horizon", 0, "integer >= 1"),
     ("data.max_candles", -1, "integer >= 0"),

@@ -103,6 +103,12 @@ def _validate_data(c) -> None:
         d.api_url,
         "an http(s):// URL",
     )
+    rules.check(
+        isinstance(d.parsed_cache, str) and d.parsed_cache.strip() == d.parsed_cache,
+        "data.parsed_cache",
+        d.parsed_cache,
+        "'auto' (or ''), 'off' or a folder path without surrounding spaces",
+    )
     _int_range(c, "data.months", 0, 120)
     rules.check(
         d.end == "" or re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", d.end) is not None,

@@ -35,6 +35,9 @@ ADDED: dict[str, Any] = {
     "eval.column_fallback": False,  # the kept model's correction on every column
     "eval.plot_workers": 0,  # plots drawn at the end of the run
     "sweep.max_settings": 64,  # the cap every earlier sweep ran under
+    # The cache changes no candle a run sees, only how fast a rerun reads them: an earlier
+    # config gets today's default.
+    "data.parsed_cache": "auto",
 }
 
 _MARGIN = (

@@ -82,6 +82,11 @@ def base_config() -> ml_collections.ConfigDict:
     d.api_url = "https://api.binance.com"
     d.local_dir = ""  # `local` source: folder of <SYMBOL>-<INTERVAL>.csv/.parquet files.
     d.cache_dir = "~/.cache/cpbjax"  # Where verified downloads are kept.
+    # Where each verified zip's parsed arrays are kept, keyed by its sha256, so a rerun
+    # reads arrays instead of CSV (cpbjax/data/parsed_cache.py): "auto" (or "") =
+    # $XDG_CACHE_HOME/cpbjax/parsed, ~/.cache/cpbjax/parsed without it; a path = that
+    # folder; "off" = no cache. Never changes the candles a run sees.
+    d.parsed_cache = "auto"
     d.months = 12  # Newest monthly files per series; 0 = every month the source has.
     d.end = ""  # Last month to use, YYYY-MM; "" = the last complete month.
     d.include_daily = False  # Also fetch the current month's daily files.

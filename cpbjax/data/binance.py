@@ -33,7 +33,7 @@ from absl import logging
 from requests.adapters import HTTPAdapter
 
 from cpbjax import config_rules as rules
-from cpbjax.data import parsing
+from cpbjax.data import parsed_cache, parsing
 from cpbjax.data.mirrors import DirMirror, FileRef, HttpMirror, months_back
 from cpbjax.data.progress import Progress
 from cpbjax.data.series import SeriesSkipped
@@ -110,6 +110,8 @@ def open_mirror(data_cfg):
     """
     url = data_cfg.base_url
     parsed = urllib.parse.urlparse(url)
+    root = parsed_cache.resolve_root(data_cfg.get("parsed_cache", parsed_cache.OFF))
+    cache = parsed_cache.ParsedCache(root) if root else None
     if parsed.scheme == "http":
         # The CHECKSUM comes over the same channel as the zip: both can be replaced.
         warn_plain_http(
@@ -121,7 +123,8 @@ def open_mirror(data_cfg):
     if parsed.scheme in ("http", "https"):
         session = make_session(data_cfg.download_workers, data_cfg.retries)
         progress = Progress("rich" if os.isatty(2) else "plain")
-        return HttpMirror(url, data_cfg.cache_dir, session, data_cfg.timeout_seconds, progress)
+        timeout = data_cfg.timeout_seconds
+        return HttpMirror(url, data_cfg.cache_dir, session, timeout, progress, cache)
     path = urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else url
     path = os.path.expanduser(path)
     if not os.path.isdir(path):
@@ -130,7 +133,7 @@ def open_mirror(data_cfg):
             url,
             f"an http(s):// URL, a file:// URL or an existing directory ({path} is not a directory)",
         )
-    return DirMirror(path)
+    return DirMirror(path, cache)
 
 
 def warn_plain_http(field: str, url: str, why: str) -> None:

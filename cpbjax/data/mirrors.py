@@ -11,8 +11,10 @@ beside it; it is never downloaded again. Over HTTP, months are probed newest fir
 at most data.months + PROBE_EXTRA_MONTHS of them (data.months=0: all back to
 FIRST_MONTH), and a 404 means the month does not exist. A verified zip whose CSV is damaged, unpacks to more than
 `parsing.csv_byte_cap` of its interval and period, or is not valid klines is
-"invalid": its series is skipped with the reason, naming the file. Both mirrors
-answer `monthly_candidates`, `daily_candidates` and `fetch`.
+"invalid": its series is skipped with the reason, naming the file. A verified zip's
+parsed arrays are kept in, and read back from, the `parsed_cache` folder under the
+sha256 its bytes matched. Both mirrors answer `monthly_candidates`, `daily_candidates`
+and `fetch`.
 """
 
 from __future__ import annotations
@@ -106,13 +108,21 @@ def _parse_checksum(text: str, name: str) -> str:
     return digest
 
 
-def _parsed(ref: FileRef, data: bytes) -> Fetched:
-    """Parses a verified zip; its CSV may unpack to at most the cap of its interval and period."""
+def _parsed(ref: FileRef, data: bytes, sha256: str, cache) -> Fetched:
+    """Parses a verified zip whose bytes hash to `sha256`; its CSV may unpack to at most
+    the cap of its interval and period. `cache` (a ParsedCache, or None) answers instead
+    when it holds an intact entry of that digest, and keeps what a parse returns."""
+    klines = cache.load(sha256) if cache else None
+    if klines is not None:
+        return Fetched(ref, "ok", klines=klines)
     cap = parsing.csv_byte_cap(ref.interval, ref.period)
     try:
-        return Fetched(ref, "ok", klines=parsing.read_kline_zip(data, ref.name, cap))
+        klines = parsing.read_kline_zip(data, ref.name, cap)
     except parsing.KlineError as e:
         return Fetched(ref, "invalid", reason=str(e))
+    if cache:
+        cache.store(sha256, klines)
+    return Fetched(ref, "ok", klines=klines)
 
 
 class DirMirror:
@@ -120,9 +130,10 @@ class DirMirror:
 
     missing_reason = "missing from the mirror"
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, parsed_cache=None):
         self.root = self.where = root
         self.progress = Progress("off")  # Reading local files needs no progress bar.
+        self.parsed_cache = parsed_cache  # A parsed_cache.ParsedCache, or None.
 
     def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
         """Every month present up to `end`, newest first (a listing costs nothing)."""
@@ -156,7 +167,7 @@ class DirMirror:
         problem = _checksum_problem(data, expected)
         if problem:
             return Fetched(ref, "failed", reason=f"{problem} in {path}")
-        return _parsed(ref, data)
+        return _parsed(ref, data, expected, self.parsed_cache)
 
 
 class HttpMirror:
@@ -164,7 +175,9 @@ class HttpMirror:
 
     missing_reason = "missing (HTTP 404)"
 
-    def __init__(self, base_url: str, cache_dir: str, session, timeout: float, progress):
+    def __init__(
+        self, base_url: str, cache_dir: str, session, timeout: float, progress, parsed_cache=None
+    ):
         self.base_url = self.where = base_url.rstrip("/")
         parsed = urllib.parse.urlparse(self.base_url)
         # One cache folder per mirror: different mirrors may publish different bytes.
@@ -174,6 +187,7 @@ class HttpMirror:
         host = host or "no-host"
         self.cache_root = os.path.join(os.path.expanduser(cache_dir), host)
         self.session, self.timeout, self.progress = session, timeout, progress
+        self.parsed_cache = parsed_cache  # A parsed_cache.ParsedCache, or None.
 
     def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
         """Months to probe, newest first: a bounded look back from `end` (count 0: every
@@ -196,7 +210,7 @@ class HttpMirror:
         path = os.path.join(self.cache_root, ref.relpath)
         cached = self._read_cache(path, ref.name)
         if cached is not None:
-            return _parsed(ref, cached)
+            return _parsed(ref, *cached, self.parsed_cache)
         url = f"{self.base_url}/{ref.relpath}"
         text, status, reason = self._get(url + ".CHECKSUM")
         if text is None:
@@ -210,23 +224,24 @@ class HttpMirror:
             data, status, reason = self._get(url)
             problem = reason if data is None else _checksum_problem(data, expected)
             if problem is None:
-                return self._store(ref, path, data, text)
+                return self._store(ref, path, data, text, expected)
             problems.append(problem)
             if status != 200:  # No body came: urllib3 has already retried the request.
                 break
         return Fetched(ref, "failed", reason=" / then ".join(problems))
 
-    def _store(self, ref: FileRef, path: str, data: bytes, checksum: bytes) -> Fetched:
+    def _store(self, ref: FileRef, path: str, data: bytes, checksum: bytes, sha256: str):
         """Caches a verified zip, then its CHECKSUM (which marks it verified); parses it."""
         try:
             writers.atomic_write(path, data)
             writers.atomic_write(path + ".CHECKSUM", checksum)
         except OSError as e:
             return Fetched(ref, "failed", reason=f"cannot write to the cache ({e})")
-        return _parsed(ref, data)
+        return _parsed(ref, data, sha256, self.parsed_cache)
 
-    def _read_cache(self, path: str, name: str) -> bytes | None:
-        """A cached zip whose cached CHECKSUM still matches; a corrupt pair is deleted."""
+    def _read_cache(self, path: str, name: str) -> tuple[bytes, str] | None:
+        """(bytes, sha256) of a cached zip whose cached CHECKSUM still matches; a corrupt
+        pair is deleted."""
         try:
             with open(path + ".CHECKSUM") as f:
                 expected = _parse_checksum(f.read(), name)
@@ -235,7 +250,7 @@ class HttpMirror:
         except (OSError, ValueError):
             return None
         if hashlib.sha256(data).hexdigest() == expected:
-            return data
+            return data, expected
         logging.warning("Cached %s fails its checksum; downloading it again.", path)
         for stale in (path + ".CHECKSUM", path):
             os.remove(stale)

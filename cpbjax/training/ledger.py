@@ -25,7 +25,14 @@ class RunMismatch(ValueError):
 
 
 # Data fields that change where or how candles are fetched, never which candles.
-FETCH_FIELDS = ("base_url", "cache_dir", "download_workers", "timeout_seconds", "retries")
+FETCH_FIELDS = (
+    "base_url",
+    "cache_dir",
+    "parsed_cache",
+    "download_workers",
+    "timeout_seconds",
+    "retries",
+)
 # Train fields that change how the coins are computed, never what they train (a streamed
 # epoch trains as the device-resident one, tests/streaming_test.py).
 EXECUTION_FIELDS = ("compact_groups", "stream_chunk_steps")
