@@ -227,7 +227,12 @@ def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) 
 
 def load(path: str) -> Model | RunModel:
     """A trained series model: <workdir>/models/<SERIES>/ or an --mode export folder; or a
-    whole trained run, <workdir> (a `RunModel`: any series of a pooled run)."""
+    whole trained run, <workdir> (a `RunModel`: any series of a pooled run).
+
+    Either folder is first verified against its manifest: one that does not match (a
+    flipped bit, an edited meta.json field, a folder named after another series) is a
+    ValueError naming the file; a saved model from before manifests loads with a warning.
+    """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a model folder")
     if os.path.isdir(workdir_lib.models_dir(path)):  # a run's folder, not one model's
@@ -348,7 +353,8 @@ class Model:
 
         Raises:
           ValueError, TypeError: bad input, naming the problem (too few candles, a gap
-            in the newest L candles, the wrong interval, NaN, ...).
+            in the newest L candles, the wrong interval, NaN, ...); or a forecast of NaN
+            or inf prices (forecast.NonFiniteForecast, naming the series), never returned.
         """
         model, d = self.loaded, self.config.data
         series = candles_to_series(candles, self.symbol, self.interval, volume_features(d))

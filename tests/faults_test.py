@@ -86,11 +86,10 @@ def _write(path: str, text: str) -> None:
 
 
 def _edit_meta(model_dir: str, **fields) -> None:
-    """Rewrites a saved model's meta.json with `fields` replaced."""
-    path = os.path.join(model_dir, "meta.json")
-    with open(path) as f:
-        meta = json.load(f)
-    _write(path, json.dumps({**meta, **fields}))
+    """Re-saves a saved model with meta.json's `fields` replaced, as a cpbjax that wrote
+    them would (its manifest matches: an edit by hand is refused before these checks)."""
+    params, meta = checkpoint.load_series_model(model_dir)
+    checkpoint.save_series_model(model_dir, params, {**meta, **fields})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,8 @@
   README.md             the model card: data period, metrics against naive and fitted
                         baselines, intended use and limits
   manifest.json         written last: the series name, the sha256 of every file above,
-                        and the config fields that shape the params (SHAPING_DATA_FIELDS
-                        and the whole model group)
+                        and the config fields that shape the params (written and
+                        checked by cpbjax/training/manifest.py, as a saved model's is)
 
 `load_export(folder)` reads it back into the same `saved.LoadedModel` a workdir model gives,
 so forecasts from an export are identical to the run's own. It first verifies the folder
@@ -21,12 +21,13 @@ against the config's model), so a flipped bit, an edited config field, an edited
 deleted interval.json, or a folder renamed to another series is one ValueError naming
 the file (and the field), never a model that silently forecasts other numbers. The series
 is the manifest's, not the folder's name. An export without a manifest (made before
-exports had one) is refused with a request to re-export it.
+exports had one) is refused with a request to re-export it. The saved model is itself
+verified against its own manifest before it is exported, so an export never certifies a
+damaged model.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import flax.serialization
@@ -34,15 +35,15 @@ import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from cpbjax import columns, models, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
-from cpbjax.data.series import INTERVAL_MS
 from cpbjax.models import heads
 from cpbjax.report import model_card
 from cpbjax.score import intervals, saved
-from cpbjax.training import checkpoint
+from cpbjax.training import checkpoint, manifest
 
 PARAMS_FILE = "params.msgpack"
 CONFIG_FILE = "config.json"
@@ -51,10 +52,7 @@ INTERVAL_FILE = "interval.json"
 METRICS_FILE = "metrics.json"
 FORWARD_FILE = "forward.jax_export"
 CARD_FILE = "README.md"
-MANIFEST_FILE = "manifest.json"
-MANIFEST_FORMAT = 1
-# data fields that shape the params or what they mean; with them, every model.* field.
-SHAPING_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
+MANIFEST_FILE = manifest.MANIFEST_FILE  # written as a saved series model's (manifest.py)
 # The files of an export; only those its manifest lists may be present.
 EXPORT_FILES = (
     PARAMS_FILE,
@@ -68,23 +66,15 @@ EXPORT_FILES = (
 
 
 def is_export(path: str) -> bool:
-    """Whether `path` is an exported model folder (not a workdir's models/<SERIES>/)."""
+    """Whether `path` is an exported model folder (not a workdir's models/<SERIES>/, which
+    has a manifest too, but its meta.json)."""
+    if os.path.exists(os.path.join(path, checkpoint.META_FILE)):
+        return False
     return any(os.path.exists(os.path.join(path, f)) for f in (MANIFEST_FILE, *EXPORT_FILES[:2]))
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def shaping_fields(config: dict) -> dict:
-    """{"data.lookback": 64, "model.hidden": 32, ...}: the fields that shape the params."""
-    fields = {f"data.{k}": config["data"][k] for k in SHAPING_DATA_FIELDS if k in config["data"]}
-    fields.update({f"model.{k}": v for k, v in config["model"].items()})
-    return writers.to_jsonable(fields)
+_sha256 = manifest.sha256_file
+shaping_fields = manifest.shaping_fields
 
 
 def serialized_forward(module, params, lookback: int, num_features: int) -> bytes:
@@ -127,13 +117,8 @@ def export_series(model_dir: str, entry: dict, out_dir: str) -> str:
     stale = os.path.join(out_dir, INTERVAL_FILE)
     if INTERVAL_FILE not in jsons and os.path.exists(stale):  # from an earlier export
         os.remove(stale)
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "series": os.path.basename(os.path.normpath(model_dir)),
-        "files": {name: _sha256(os.path.join(out_dir, name)) for name in [*files, *jsons]},
-        "fields": shaping_fields(meta["config"]),
-    }
-    writers.write_json(os.path.join(out_dir, MANIFEST_FILE), manifest)
+    series = os.path.basename(os.path.normpath(model_dir))
+    manifest.write(out_dir, series, [*files, *jsons], shaping_fields(meta["config"]))
     return out_dir
 
 
@@ -144,9 +129,9 @@ def load_export(path: str) -> saved.LoadedModel:
       ValueError: one line naming the file (and the field) that does not match the
         manifest, or the manifest is missing (an export made before manifests).
     """
-    manifest = _read_manifest(path)
+    found = _read_manifest(path)
     trained = config_lib.upgrade(writers.read_json(os.path.join(path, CONFIG_FILE)))
-    _verify_files(path, manifest, trained)
+    _verify_files(path, found, trained)
     params_path = os.path.join(path, PARAMS_FILE)
     with open(params_path, "rb") as f:
         try:
@@ -170,56 +155,46 @@ def exported_series(path: str) -> str:
 
 def _read_manifest(path: str) -> dict:
     """The manifest of export `path`, checked against the folder's name."""
-    manifest_path = os.path.join(path, MANIFEST_FILE)
-    if not os.path.exists(manifest_path):
+    found = manifest.read(path, "export")
+    if found is None:
         raise ValueError(
-            f"{manifest_path} is missing: the export was made before exports carried a "
-            "manifest (or it was deleted), so it cannot be verified; export the run again "
-            "with --mode export"
+            f"{os.path.join(path, MANIFEST_FILE)} is missing: the export was made before "
+            "exports carried a manifest (or it was deleted), so it cannot be verified; "
+            "export the run again with --mode export"
         )
-    manifest = writers.read_json(manifest_path)
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"{manifest_path} is not a format-{MANIFEST_FORMAT} export manifest")
-    folder = os.path.basename(os.path.normpath(path))
-    symbol, interval = saved.parse_series(folder)
-    if interval in INTERVAL_MS and folder != manifest["series"]:
-        raise ValueError(
-            f"{manifest_path}: the model is of {manifest['series']}, but its folder is named "
-            f"{folder}; name the folder back (or anything that is not a series name)"
-        )
-    return manifest
+    return found
 
 
-def _verify_files(path: str, manifest: dict, trained) -> None:
+def _verify_files(path: str, found: dict, trained) -> None:
     """Every manifest file present with its sha256, no other export file present."""
-    listed = manifest["files"]
-    for name in EXPORT_FILES:
-        file_path = os.path.join(path, name)
-        if name not in listed:
-            if os.path.exists(file_path):
-                raise ValueError(f"{file_path} is not in {MANIFEST_FILE}: added after the export")
-            continue
-        if not os.path.exists(file_path):
-            raise ValueError(f"{file_path} is missing (listed in {MANIFEST_FILE})")
-        if _sha256(file_path) == listed[name]:
-            continue
-        if name == CONFIG_FILE:
-            _name_edited_field(file_path, manifest, trained)
-        raise ValueError(
-            f"{file_path} does not match its sha256 in {MANIFEST_FILE}: changed or damaged "
-            "since the export; export the run again"
-        )
+    wrong = manifest.first_mismatch(path, found, EXPORT_FILES)
+    if wrong is None:
+        return
+    name, why = wrong
+    file_path = os.path.join(path, name)
+    if why == manifest.ADDED:
+        raise ValueError(f"{file_path} is not in {MANIFEST_FILE}: added after the export")
+    if why == manifest.MISSING:
+        raise ValueError(f"{file_path} is missing (listed in {MANIFEST_FILE})")
+    if name == CONFIG_FILE:
+        _name_edited_field(file_path, found, trained)
+    raise ValueError(
+        f"{file_path} does not match its sha256 in {MANIFEST_FILE}: changed or damaged "
+        "since the export; export the run again"
+    )
 
 
-def _name_edited_field(config_path: str, manifest: dict, trained) -> None:
+def _name_edited_field(config_path: str, found: dict, trained) -> None:
     """Raises ValueError naming the first shaping field config.json changed, if any."""
-    now = shaping_fields(trained.to_dict())
-    for field, was in manifest["fields"].items():
-        if now.get(field) != was:
-            raise ValueError(
-                f"{config_path}: {field} is {now.get(field)!r}, but the model was exported "
-                f"with {was!r} ({MANIFEST_FILE}); the params fit only the exported config"
-            )
+    # Only the manifest's fields: upgrading an older config may add fields it never had.
+    now = {k: v for k, v in shaping_fields(trained.to_dict()).items() if k in found["fields"]}
+    edit = manifest.edited_field(found, now)
+    if edit is not None:
+        field, now, was = edit
+        raise ValueError(
+            f"{config_path}: {field} is {now!r}, but the model was exported "
+            f"with {was!r} ({MANIFEST_FILE}); the params fit only the exported config"
+        )
 
 
 def _check_shapes(params_path: str, module, params, trained) -> None:
@@ -254,25 +229,36 @@ class NothingToExport(RuntimeError):
 def run_export(config, workdir: str) -> dict:
     """--mode export: writes <workdir>/export/<SERIES>/ for every saved model of the run.
 
-    Series are restricted to config.predict.symbols x intervals when given.
+    Series are restricted to config.predict.symbols x intervals when given. A saved model
+    that fails its manifest (checkpoint.DamagedModel) is not exported: its export would
+    certify the damage. It is warned of, and the others are exported.
 
     Returns:
       series name -> export folder.
 
     Raises:
       saved.ModelNotFound: no saved model (or none of the requested series).
-      NothingToExport: the run's results.json has no entry for any saved model.
+      NothingToExport: the run's results.json has no entry for any saved model, or every
+        one of them is damaged (the first one named).
     """
     available = saved.available_models(workdir)
     names, _ = saved.select_series(available, config.predict.symbols, config.predict.intervals)
     results_path = workdir_lib.results_json(workdir)
     entries = writers.read_json(results_path)["series"] if os.path.exists(results_path) else {}
-    done = {}
-    for name in names:
-        if name in entries:
-            out_dir = workdir_lib.export_dir(workdir, name)
+    done, refused = {}, {}
+    for name in (n for n in names if n in entries):
+        out_dir = workdir_lib.export_dir(workdir, name)
+        try:
             done[name] = export_series(available[name], entries[name], out_dir)
-            print(f"exported {name} -> {out_dir}")
+        except checkpoint.DamagedModel as e:
+            refused[name] = str(e)
+            logging.warning("%s: not exported: %s", name, e)
+            continue
+        print(f"exported {name} -> {out_dir}")
+    if refused and not done:
+        first = next(iter(refused.values()))
+        more = f" (and {len(refused) - 1} more series)" if len(refused) > 1 else ""
+        raise NothingToExport(f"no saved model could be exported: {first}{more}")
     if not done:
         raise NothingToExport(f"{results_path} records none of the saved models {names}")
     return done

@@ -60,9 +60,19 @@ def _checked_source(config) -> tuple[dict, sharing.Sharing]:
             f"{FIELD}={config.train.init_from!r} trained a model per series "
             "(train.share='series'): a pooled run starts from a pooled workdir"
         )
-    model = saved.load_model(next(iter(available.values())))
+    model = _load(config, next(iter(available.values())))
     check_shape(config, model.trained, heads.without_keep(model.params))
     return available, source
+
+
+def _load(config, path: str) -> saved.LoadedModel:
+    """saved.load_model of a source model; one that cannot be read or fails its manifest
+    (checkpoint.DamagedModel, naming the file) is a one-line ConfigError: a run never
+    starts from a damaged model."""
+    try:
+        return saved.load_model(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{FIELD}={config.train.init_from!r}: {e}") from None
 
 
 def _differing_field(config, trained) -> tuple[str, object, object] | None:
@@ -115,7 +125,7 @@ def check_shape(config, trained, params) -> None:
 def _pooled_start(config, available: dict):
     """One model from a pooled source: its shared params, the band the median of its
     series' saved band factors (see the module docstring)."""
-    loaded = [saved.load_model(path) for path in available.values()]
+    loaded = [_load(config, path) for path in available.values()]
     params = heads.without_keep(loaded[0].params)  # a run decides its own column fallback
     if config.model.baseline == "vol_band":
         bands = np.stack([np.asarray(heads.band_factors(m.params)) for m in loaded])
@@ -142,7 +152,7 @@ def starting_params(config, names: list[str], num_coins: int):
                 f"{FIELD}={source!r} has no model of {', '.join(missing)}: a per-series "
                 "workdir starts only the series it trained"
             )
-        loaded = [saved.load_model(available[n]).params for n in names]
+        loaded = [_load(config, available[n]).params for n in names]
         per_coin = [jax.tree.map(np.asarray, heads.without_keep(p)) for p in loaded]
     per_coin += [per_coin[0]] * (num_coins - len(per_coin))
     return jax.tree.map(lambda *leaves: np.stack(leaves), *per_coin)

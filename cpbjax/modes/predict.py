@@ -27,7 +27,8 @@ class NothingToForecast(RuntimeError):
 
 def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
     """forecast.json's series of every prepared series, its prices rounded and with its
-    test skill (`scored`: results.json's series); the others go to `skipped`. A series a
+    test skill (`scored`: results.json's series); the others, and a forecast of NaN or inf
+    prices (forecast.NonFiniteForecast), go to `skipped`. A series a
     pooled run never trained on first gets its own fits (zero_shot.fit_series) and its
     entry's `zero_shot`: {"fitted_on_windows": N}."""
     series = {}
@@ -45,7 +46,7 @@ def _forecast_all(loaded, preps, cfg, scored: dict, skipped: dict) -> dict:
                 cfg.data.horizon,
                 model.calibration,
             )
-        except SeriesSkipped as e:
+        except (SeriesSkipped, forecast.NonFiniteForecast) as e:
             skipped[name] = str(e)
             continue
         series[name] = described(entry, scored.get(name), model.trained.model.baseline)

@@ -10,7 +10,9 @@ The models are loaded once at start (cpbjax/score/saved.py, as --mode predict lo
 forecast loads the newest data of its series from the config's data location and runs
 the same `forecast.next_candles` as --mode predict. Only the names of loaded models are
 accepted: anything else is a 404 (a well-formed name) or a 400 (a malformed one), always
-with a JSON message, never a traceback (a name is echoed back cut to NAME_ECHO_CHARS).
+with a JSON message, never a traceback (a name is echoed back cut to NAME_ECHO_CHARS). A
+series whose saved model was unreadable at start (damaged: it fails its manifest) is a 503
+naming the file, and a forecast of NaN or inf prices a 500 naming the series.
 It binds to serve.host (127.0.0.1 by default) and stops cleanly on SIGTERM or Ctrl-C.
 
 Forecasts never hold up the cheap endpoints or shutdown: each runs in its own daemon
@@ -177,6 +179,8 @@ class _Handlers:
         name, models = request.path_params["series"], self.forecaster.models
         if not _SERIES_RE.match(name):
             return _error(400, f"malformed series name {_echo(name)}: expected e.g. BTCUSDT-1h")
+        if name in self.forecaster.unreadable:  # damaged: refused at load, with its reason
+            return _error(503, f"{name}: {self.forecaster.unreadable[name]}")
         if name not in models:
             return _error(404, f"unknown series {_echo(name)}", series=sorted(models))
         if not self.slots.acquire(blocking=False):
@@ -186,6 +190,9 @@ class _Handlers:
             return JSONResponse(await _in_daemon_thread(fn, name, slots, stopping))
         except SeriesSkipped as e:
             return _error(422, f"{name}: cannot forecast: {e}")
+        except forecast.NonFiniteForecast as e:  # the model's fault, not the request's
+            logging.warning("%s", e)
+            return _error(500, str(e))
         except (OSError, ConfigError) as e:  # the data location is unreachable or unusable
             return _error(503, f"{name}: cannot load its data: {e}")
         except _ShuttingDown:

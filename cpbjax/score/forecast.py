@@ -158,6 +158,7 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
 
     Raises:
       SeriesSkipped: the newest L candles are too few or span a gap.
+      NonFiniteForecast: a forecast or interval price is NaN or inf (`check_finite`).
     """
     try:
         windows.latest_window(prep, lookback)
@@ -183,7 +184,25 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
                 "upper": _candle(bounds[0, h, :, 1]),
             }
         entry["interval_levels"] = list(calibration["levels"])
+    check_finite(prep.name, fc.prices_NHC, bounds if calibration is not None else None)
     return entry
+
+
+class NonFiniteForecast(ValueError):
+    """A forecast with NaN or inf prices (e.g. params that are not finite): refused, never
+    returned; the message names the series."""
+
+
+def check_finite(name: str, prices, bounds=None) -> None:
+    """Raises NonFiniteForecast naming series `name` unless every forecast price (and
+    interval bound) is finite: JSON would write them as null, and a caller would trade
+    on a forecast of nothing."""
+    for what, values in (("prices", prices), ("interval bounds", bounds)):
+        if values is not None and not np.isfinite(values).all():
+            raise NonFiniteForecast(
+                f"{name}: the forecast's {what} are NaN or inf, so it is refused: the saved "
+                "model's params or normalisation are not finite; retrain or restore it"
+            )
 
 
 def _next_candles(prep, pred_HC) -> list[dict]:

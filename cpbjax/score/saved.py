@@ -198,8 +198,9 @@ def run_config(config, trained, names) -> ml_collections.ConfigDict:
 def load_models(available, names):
     """Loads the models of `names`; all must share the window fields (one run).
 
-    A model whose folder cannot be read (damaged meta.json, missing params/) is skipped
-    with its reason; the others are used.
+    A model whose folder cannot be read (damaged meta.json, missing params/) or does not
+    match its manifest (checkpoint.DamagedModel: a flipped bit, an edited field, a folder
+    copied under another series' name) is skipped with its reason; the others are used.
 
     Returns:
       (name -> LoadedModel, the first model's training config, name -> skip reason).
@@ -212,9 +213,12 @@ def load_models(available, names):
         try:
             loaded[name] = load_model(available[name])
         except (OSError, ValueError, KeyError, TypeError) as e:
-            skipped[name] = f"saved model unreadable: {str(e).splitlines()[0][:200]}"
+            # long enough for a damaged file's absolute path and what to do about it
+            skipped[name] = f"saved model unreadable: {str(e).splitlines()[0][:400]}"
     if not loaded:
-        raise ModelNotFound(f"no requested model could be read: {skipped}")
+        (first, reason), more = next(iter(skipped.items())), len(skipped) - 1
+        also = f" (and {more} more series)" if more else ""
+        raise ModelNotFound(f"no requested model could be read: {first}: {reason}{also}")
     first_name = next(iter(loaded))
     first = loaded[first_name].trained
     for name, model in loaded.items():

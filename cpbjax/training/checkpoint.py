@@ -3,14 +3,20 @@
 Layout under a workdir:
   checkpoints/group-000/<epoch>/     the full train state of one group (Orbax CheckpointManager)
   checkpoints/group-000/digests.json epoch -> digest of every array of that checkpoint
-  models/<SYMBOL>-<INTERVAL>/        params/ (Orbax) + meta.json: one series' best model,
-                                     loadable alone with `load_series_model`.
+  models/<SYMBOL>-<INTERVAL>/        params/ (Orbax) + meta.json + manifest.json: one
+                                     series' best model, loadable alone with `load_series_model`.
 
 Orbax verifies structure and metadata, not the bytes of the arrays: a checkpoint whose
 array data was damaged in place restores "successfully". So each save records a digest
 of every array (computed on the devices, per coin row, so it does not depend on how the
 coins are spread over devices), and a restore that does not reproduce it is treated as
 unreadable: the step is deleted and the previous one is tried.
+
+A series model is verified the same way, by its files: its manifest.json (manifest.py,
+written last) holds the sha256 of every file and the fields that shape the params, and
+`load_series_model` refuses a folder that does not match it (`DamagedModel`, naming the
+file, or the meta.json field). A folder without one was saved before manifests: it is
+loaded unverified, with one warning per folder.
 """
 
 from __future__ import annotations
@@ -26,12 +32,18 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from cpbjax import sharding, writers
+from cpbjax.training import manifest
 
 DIGESTS_FILE = "digests.json"
 
 
 class DamagedCheckpoint(ValueError):
     """A restored checkpoint whose arrays do not match the digest recorded when it was saved."""
+
+
+class DamagedModel(ValueError):
+    """A saved series model whose folder does not match its manifest; the message names
+    the file (and the meta.json field), whose path names the series."""
 
 
 def _as_uint32_rows(leaf: jax.Array) -> jax.Array:
@@ -218,6 +230,9 @@ def save_series_model(path: str, params, meta: dict) -> None:
     with _process_local_checkpointer() as checkpointer:
         checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
     writers.write_json(os.path.join(tmp, META_FILE), meta)
+    # Last: a folder without a manifest was saved before manifests (or never finished).
+    files = manifest.folder_files(tmp)
+    manifest.write(tmp, os.path.basename(path), files, model_fields(meta))
     # Replace the whole folder so params and meta always come from the same save.
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
@@ -231,12 +246,97 @@ def load_series_model(path: str):
 
     Raises:
       FileNotFoundError: if `path` has no saved model, naming the path.
+      DamagedModel: the folder does not match its manifest (`verify_series_model`).
     """
     path = os.path.abspath(path)
     meta_path = os.path.join(path, META_FILE)
     if not os.path.exists(meta_path):
         raise FileNotFoundError(f"no saved model in {path} (missing {META_FILE})")
+    verify_series_model(path)
     meta = writers.read_json(meta_path)
     with _process_local_checkpointer() as checkpointer:
         params = checkpointer.restore(os.path.join(path, PARAMS_DIR))
     return params, meta
+
+
+def model_fields(meta: dict) -> dict:
+    """A series model's manifest fields: the config fields that shape its params (with
+    model.baseline), and the sha256 of the rest of meta.json that decides its forecasts
+    (normalisation, price mask, fallback columns, each interval_calibration entry: k, ...)."""
+    config = meta.get("config")
+    fields = manifest.shaping_fields(config if isinstance(config, dict) else {})
+    for key in ("norm", "price_mask", "baseline_columns"):
+        if key in meta:
+            fields[key] = manifest.sha256_json(meta[key])
+    calibration = meta.get("interval_calibration")
+    for key, value in (calibration if isinstance(calibration, dict) else {}).items():
+        fields[f"interval_calibration.{key}"] = manifest.sha256_json(value)
+    return fields
+
+
+# What a series model's file is found to be, by manifest.first_mismatch.
+_WRONG = {
+    manifest.CHANGED: "sha256 does not match its manifest",
+    manifest.MISSING: "is missing (listed in its manifest)",
+    manifest.ADDED: "is not in its manifest (added after the save)",
+}
+DAMAGED_HINT = "the saved model is damaged; retrain or restore it"
+# Folders warned of as saved before manifests: once per process, as predict, serve and
+# init_from load a model more than once.
+_UNVERIFIED_WARNED: set[str] = set()
+
+
+def verify_series_model(path: str) -> None:
+    """Raises DamagedModel (one line naming the file) unless every file of model folder
+    `path` matches its manifest, none is missing or added, and the folder bears the
+    manifest's series name. A folder without a manifest is warned of once."""
+    try:
+        found = manifest.read(path, "saved model")
+    except ValueError as e:  # not a manifest, or a folder named after another series
+        raise DamagedModel(str(e)) from None
+    if found is None:
+        _warn_unverified(path)
+        return
+    names = sorted(set(found["files"]) | set(manifest.folder_files(path)))
+    wrong = manifest.first_mismatch(path, found, names)
+    if wrong is None:
+        return
+    name, why = wrong
+    if name == META_FILE and why == manifest.CHANGED:
+        _name_edited_field(os.path.join(path, META_FILE), found)
+    raise DamagedModel(f"{os.path.join(path, name)}: {_WRONG[why]} ({DAMAGED_HINT})")
+
+
+def _name_edited_field(meta_path: str, found: dict) -> None:
+    """Raises DamagedModel naming the first manifest field that meta.json changed, if any
+    (a meta.json that no longer parses names none)."""
+    try:
+        meta = writers.read_json(meta_path)
+    except ValueError:
+        return
+    edit = manifest.edited_field(found, model_fields(meta)) if isinstance(meta, dict) else None
+    if edit is None:
+        return
+    field, now, was = edit
+    if field.startswith(("data.", "model.")):
+        raise DamagedModel(
+            f"{meta_path}: {field} is {now!r}, but the model was saved with {was!r} (its "
+            "manifest); its params fit only that: restore meta.json or retrain"
+        )
+    raise DamagedModel(
+        f"{meta_path}: {field} is not the one the model was saved with (its manifest); "
+        "restore meta.json or retrain"
+    )
+
+
+def _warn_unverified(path: str) -> None:
+    """One warning per folder that it has no manifest, and how to have one."""
+    if path in _UNVERIFIED_WARNED:
+        return
+    _UNVERIFIED_WARNED.add(path)
+    logging.warning(
+        "%s has no %s (saved before cpbjax verified saved models), so it is used "
+        "unverified; training the run again into a new --workdir saves it with one",
+        path,
+        manifest.MANIFEST_FILE,
+    )
