@@ -4,25 +4,17 @@
 import datetime
 import logging
 import os
-import subprocess
-import sys
 
 import ml_collections
 import pytest
+
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _launch(*args, timeout=120):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.run(
-        [sys.executable, "launch.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    return helpers.run_launch(*args, jax_platforms="cpu", timeout=timeout)
 
 
 def _one_error_line(proc, alone: bool = True) -> str:

@@ -2,24 +2,16 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _launch(*args, timeout=120):
-    env = dict(os.environ, JAX_PLATFORMS="")
-    return subprocess.run(
-        [sys.executable, "launch.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    return helpers.run_launch(*args, jax_platforms="", timeout=timeout)
 
 
 def test_out_of_range_value_exits_2_and_names_the_field():
