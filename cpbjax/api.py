@@ -34,7 +34,7 @@ from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
 from cpbjax.data import features, parsing, windows
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
-from cpbjax.modes import driver, sweep
+from cpbjax.modes import driver, sweep, trained_run
 from cpbjax.modes import export as export_mode
 from cpbjax.report import tables
 from cpbjax.score import forecast, saved, zero_shot
@@ -393,7 +393,7 @@ class RunModel:
     def __init__(self, workdir: str):
         self.workdir = workdir
         self.available = saved.available_models(workdir)
-        self.pooled = sharing.from_config(saved.run_config_of(workdir).train).one_model
+        self.pooled = sharing.from_config(trained_run.run_config_of(workdir).train).one_model
 
     def model_for(self, symbol: str | None, interval: str) -> Model:
         """The Model that forecasts symbol-interval (see the class docstring)."""
@@ -403,10 +403,10 @@ class RunModel:
         if not self.pooled:
             raise ValueError(
                 f"{name}: no model in {self.workdir}, which trained a model per series "
-                f"(train.share='series'){saved.UNSEEN_HINT}"
+                f"(train.share='series'){trained_run.UNSEEN_HINT}"
             )
         base = saved.load_model(next(iter(self.available.values())))
-        return Model(saved.shared_model(base), symbol or UNNAMED, interval)
+        return Model(trained_run.shared_model(base), symbol or UNNAMED, interval)
 
     def predict(self, candles: pd.DataFrame, symbol: str | None = None) -> pd.DataFrame:
         """`Model.predict` of the candles' series: `symbol` (None: one the run never saw)

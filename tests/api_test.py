@@ -21,7 +21,8 @@ from cpbjax.columns import COLUMNS
 from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS
-from cpbjax.score import evaluate, saved
+from cpbjax.modes import trained_run
+from cpbjax.score import evaluate
 from cpbjax.training import checkpoint, memory
 from tests import fake_data
 from tests.fake_exchange import FakeExchange, running
@@ -241,11 +242,11 @@ def test_load_names_a_missing_folder(tmp_path):
 
 def test_forecast_config_tops_up_binance_history_only():
     trained = _config("unused")
-    c = saved.forecast_config(_config("unused"), trained, ["BTCUSDT-1h"])
+    c = trained_run.forecast_config(_config("unused"), trained, ["BTCUSDT-1h"])
     assert c.data.source == "binance_rest" and c.data.min_candles == c.data.lookback
     stale = _config("unused")
     stale.predict.fresh = False
-    assert saved.forecast_config(stale, trained, ["BTCUSDT-1h"]).data.source == "binance"
+    assert trained_run.forecast_config(stale, trained, ["BTCUSDT-1h"]).data.source == "binance"
     offline = _config("unused")
     offline.data.source = "synthetic"
-    assert saved.forecast_config(offline, trained, ["BTCUSDT-1h"]).data.source == "synthetic"
+    assert trained_run.forecast_config(offline, trained, ["BTCUSDT-1h"]).data.source == "synthetic"

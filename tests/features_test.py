@@ -12,8 +12,7 @@ import cpbjax
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import context, features
-from cpbjax.modes import predict
-from cpbjax.score import saved
+from cpbjax.modes import predict, trained_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -304,12 +303,12 @@ def test_forecast_config_loads_the_months_the_warm_up_needs():
     for interval, months in (("15m", 2), ("1h", 2), ("4h", 2), ("1d", 3)):
         c.data.intervals = (interval,)
         # (2879 + 30) 15m candles are 30.3 days: 2 months of at least 28 days.
-        got = saved.forecast_config(c, c, [f"BTCUSDT-{interval}"]).data
-        assert got.months == months == saved.history_months(got)
+        got = trained_run.forecast_config(c, c, [f"BTCUSDT-{interval}"]).data
+        assert got.months == months == trained_run.history_months(got)
     c.data.months = 12
-    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 12
+    assert trained_run.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 12
     c.data.features, c.data.months = ("open", "high", "low", "close"), 1
-    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 1  # 30 candles fit
+    assert trained_run.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 1  # 30 candles fit
 
 
 def test_tiny_run_reports_har_beside_vol_band(long_history_run):

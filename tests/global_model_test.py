@@ -20,7 +20,7 @@ from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import sources, synthetic, windows
 from cpbjax.models import heads
-from cpbjax.modes import predict
+from cpbjax.modes import predict, trained_run
 from cpbjax.score import band_refit, forecast, saved, zero_shot
 from cpbjax.training import checkpoint
 from tests import helpers
@@ -70,7 +70,7 @@ def test_a_pooled_run_forecasts_a_pair_it_never_saw_with_its_own_fits(pooled_run
     assert isinstance(run, api.RunModel)
     candles = _new_pair()
     out = run.predict(candles, symbol="NEWUSDT")
-    trained = saved.run_config_of(pooled_run)
+    trained = trained_run.run_config_of(pooled_run)
     assert list(out["step"]) == list(range(1, trained.data.horizon + 1))
     assert {"high_lower", "high_upper"} <= set(out.columns)
     assert np.isfinite(out.to_numpy(float)).all()
@@ -78,14 +78,14 @@ def test_a_pooled_run_forecasts_a_pair_it_never_saw_with_its_own_fits(pooled_run
     # Every trained series' folder holds the same network: whichever is the base, the
     # forecast is the same (no series' own band, interval or normalisation enters).
     for path in saved.available_models(pooled_run).values():
-        base = saved.shared_model(saved.load_model(path))
+        base = trained_run.shared_model(saved.load_model(path))
         again = api.Model(base, "NEWUSDT", "1h").predict(candles)
         np.testing.assert_allclose(again.to_numpy(float), out.to_numpy(float), rtol=2e-6)
     # The band is the new pair's own least-absolute-deviation fit: refit again on the
     # fitted model's windows, nothing is left to move.
     series = api.candles_to_series(candles, "NEWUSDT", "1h", ())
     prep = windows.prepare_latest(series, trained.data, None)
-    base = saved.shared_model(
+    base = trained_run.shared_model(
         saved.load_model(next(iter(saved.available_models(pooled_run).values())))
     )
     fitted, n = zero_shot.fit_series(base, prep)
@@ -120,7 +120,7 @@ def test_predict_mode_forecasts_a_new_symbol_from_a_pooled_workdir(pooled_run):
     entry = doc["series"]["NEWUSDT-1h"]
     assert entry["zero_shot"]["fitted_on_windows"] >= zero_shot.MIN_FIT_WINDOWS
     # The same forecast as the Python API's on the same candles.
-    c = saved.run_config_of(pooled_run)
+    c = trained_run.run_config_of(pooled_run)
     c.data.symbols = ("NEWUSDT",)
     (series,), _ = sources.load_all(c.data)
     want = cpbjax.load(pooled_run).predict(_frame(series), symbol="NEWUSDT")
@@ -131,7 +131,7 @@ def test_predict_mode_forecasts_a_new_symbol_from_a_pooled_workdir(pooled_run):
 def test_a_per_series_run_refuses_a_symbol_it_never_saw(series_run):
     with pytest.raises(ValueError, match="NEWUSDT-1h.*pooled workdir"):
         cpbjax.load(series_run).predict(_new_pair(), symbol="NEWUSDT")
-    c = saved.run_config_of(series_run)
+    c = trained_run.run_config_of(series_run)
     c.data.symbols = ("NEWUSDT",)
     with pytest.raises(saved.ModelNotFound, match="symbol NEWUSDT.*pooled workdir"):
         predict.run_predict(c, series_run)

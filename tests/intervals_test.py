@@ -14,7 +14,8 @@ from cpbjax import band
 from cpbjax.columns import COLUMNS
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
-from cpbjax.score import evaluate, forecast, intervals, saved
+from cpbjax.modes import trained_run
+from cpbjax.score import evaluate, forecast, intervals
 from tests.fake_data import H, L, Probe, make_prep, probe_params
 
 LEVELS = (0.1, 0.9)
@@ -285,14 +286,14 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
 def test_predict_loads_the_days_the_interval_scale_averages():
     c = config_lib.load("configs/gru.py:tiny")
     c.data.intervals = ("1h",)
-    assert saved.history_months(c.data) == 1
-    assert saved.history_months(c.data, 60.0) == 3  # 60 days of 28-day files
+    assert trained_run.history_months(c.data) == 1
+    assert trained_run.history_months(c.data, 60.0) == 3  # 60 days of 28-day files
     c.data.source, c.data.months = "binance", 1
     c.data.lookback = 24 * 40  # 40 days of 1h candles: more than VOL_DAYS
-    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 2
+    assert trained_run.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == 2
     c.data.lookback = 24
-    months = saved.history_months(c.data, intervals.VOL_DAYS)
-    assert saved.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == months == 1
+    months = trained_run.history_months(c.data, intervals.VOL_DAYS)
+    assert trained_run.forecast_config(c, c, ["BTCUSDT-1h"]).data.months == months == 1
 
 
 def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():

@@ -17,7 +17,7 @@ from cpbjax.config import schema as config_lib
 from cpbjax.data import sources, windows
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.modes import evaluate as evaluate_mode
-from cpbjax.modes import facts, predict
+from cpbjax.modes import facts, predict, trained_run
 from cpbjax.score import forecast, saved
 from cpbjax.training import checkpoint
 
@@ -233,8 +233,8 @@ def test_a_damaged_results_json_leaves_the_forecast_without_its_skill(workdir, t
 
 def _raw_forecasts(workdir, config) -> dict:
     """forecast.next_candles of every saved model: the prices before rounding."""
-    loaded, cfg, _ = saved.load_for_forecast(config, workdir)
-    preps, _ = saved.prepare(cfg, loaded, latest=True)
+    loaded, cfg, _ = trained_run.load_for_forecast(config, workdir)
+    preps, _ = trained_run.prepare(cfg, loaded, latest=True)
     d = cfg.data
     return {
         n: forecast.next_candles(m.module, m.params, preps[n], d.lookback, d.horizon)
@@ -271,7 +271,7 @@ def test_models_saved_with_their_norm_are_scaled_with_it(workdir):
         "feature_std": [2.0, 2.0, 2.0, 2.0, 4.0],
     }
     loaded = {name: saved.LoadedModel(module, params, trained, fitted)}
-    preps, skipped = saved.prepare(config, loaded)
+    preps, skipped = trained_run.prepare(config, loaded)
     assert not skipped
     prep = preps[name]
     raw = {s.name: s for s in sources.load_all(config.data)[0]}[name].ohlcv

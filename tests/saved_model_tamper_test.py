@@ -25,8 +25,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import synthetic
-from cpbjax.modes import init_from, serve
-from cpbjax.score import saved
+from cpbjax.modes import init_from, serve, trained_run
 from cpbjax.training import checkpoint
 from tests.serve_test import _get, _in_process
 
@@ -173,7 +172,7 @@ def test_predict_and_export_refuse_a_flipped_model_in_one_line(workdir):
 def test_serve_answers_a_damaged_or_nan_model_in_json(workdir):
     _flip_bytes(workdir_lib.series_model(workdir, OTHER))
     _nan_params(workdir_lib.series_model(workdir, SERIES))
-    forecaster = serve.Forecaster(saved.run_config_of(workdir), workdir)
+    forecaster = serve.Forecaster(trained_run.run_config_of(workdir), workdir)
     assert list(forecaster.models) == [SERIES]
     with _in_process(serve.build_app(forecaster)) as port:
         status, body, _ = _get(port, f"/forecast/{OTHER}")
@@ -186,7 +185,7 @@ def test_serve_answers_a_damaged_or_nan_model_in_json(workdir):
 
 def test_init_from_refuses_a_damaged_source_in_one_line(workdir, tmp_path):
     _flip_bytes(workdir_lib.series_model(workdir, SERIES))
-    c = saved.run_config_of(workdir)
+    c = trained_run.run_config_of(workdir)
     c.train.init_from = workdir
     with pytest.raises(ConfigError, match=rf"^train\.init_from='{workdir}': .*{DAMAGED}"):
         init_from.check_source(c, str(tmp_path / "next"))

@@ -10,7 +10,7 @@ import time
 
 from cpbjax import workdir as workdir_lib
 from cpbjax import writers
-from cpbjax.modes import facts
+from cpbjax.modes import facts, trained_run
 from cpbjax.report import run_report as report
 from cpbjax.report import spec as report_spec
 from cpbjax.score import saved
@@ -68,8 +68,8 @@ def run_evaluate(config, workdir: str) -> dict:
         excused=trained_results.get("skipped", {}),
     )
     loaded, trained, unreadable = saved.load_models(available, names)
-    cfg = saved.run_config(config, trained, list(loaded))
-    preps, data_skipped = saved.prepare(cfg, loaded)
+    cfg = trained_run.run_config(config, trained, list(loaded))
+    preps, data_skipped = trained_run.prepare(cfg, loaded)
     skipped.update(unreadable, **data_skipped)
     forecasts_dir = os.path.join(workdir, stem) if cfg.eval.save_forecasts else None
     series, records = _score_all(loaded, preps, trained_results, cfg, forecasts_dir)

@@ -22,6 +22,7 @@ import numpy as np
 from cpbjax import models
 from cpbjax.config_rules import ConfigError
 from cpbjax.models import heads
+from cpbjax.modes import trained_run
 from cpbjax.score import saved
 from cpbjax.training import sharing
 
@@ -34,7 +35,7 @@ def _source_models(config) -> tuple[dict, sharing.Sharing]:
     source = config.train.init_from
     try:
         available = saved.available_models(source)
-        run = saved.run_config_of(source)
+        run = trained_run.run_config_of(source)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{FIELD}={source!r} is not a trained workdir: {e}") from None
     return available, sharing.from_config(run.train)

@@ -16,8 +16,9 @@ from cpbjax import workdir as workdir_lib
 from cpbjax import writers
 from cpbjax.data import klines_api
 from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
+from cpbjax.modes import trained_run
 from cpbjax.modes.facts import run_facts, scored_workdir
-from cpbjax.score import forecast, saved, zero_shot
+from cpbjax.score import forecast, zero_shot
 
 
 class NothingToForecast(RuntimeError):
@@ -75,7 +76,7 @@ def scored_series(workdir: str) -> dict:
 
 
 # Why a forecast's newest candle can be old, and what would make it newer, per data.source
-# (after saved.forecast_config: binance with predict.fresh reads binance_rest).
+# (after trained_run.forecast_config: binance with predict.fresh reads binance_rest).
 _STALE_HINTS = {
     "synthetic": "the data is generated (data.source='synthetic') and ends there; there is "
     "nothing fresher to load",
@@ -181,7 +182,7 @@ def nothing_forecast(skipped: dict, data_cfg) -> str:
 
 
 def run_predict(config, workdir: str) -> dict:
-    """Forecasts the next H candles of the requested series (saved.requested_series:
+    """Forecasts the next H candles of the requested series (trained_run.requested_series:
     predict.symbols x intervals, or a changed data.symbols / data.intervals) from the
     newest data. A pooled run also forecasts series it never trained on (zero_shot.py).
 
@@ -200,8 +201,8 @@ def run_predict(config, workdir: str) -> dict:
       NothingToForecast: no requested series could be forecast (the reasons are listed).
     """
     started = time.time()
-    loaded, cfg, unreadable = saved.load_for_forecast(config, workdir, zero_shot.FIT_DAYS)
-    preps, skipped = saved.prepare(cfg, loaded, latest=True)
+    loaded, cfg, unreadable = trained_run.load_for_forecast(config, workdir, zero_shot.FIT_DAYS)
+    preps, skipped = trained_run.prepare(cfg, loaded, latest=True)
     skipped.update(unreadable)
     series = _forecast_all(loaded, preps, cfg, scored_series(workdir), skipped)
     if not series:

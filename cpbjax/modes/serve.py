@@ -49,7 +49,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import klines_api, parsing
 from cpbjax.data.series import SeriesSkipped
-from cpbjax.modes import predict
+from cpbjax.modes import predict, trained_run
 from cpbjax.score import forecast, saved
 
 # SYMBOL-INTERVAL, as models/<SERIES>/ names them (e.g. BTCUSDT-1h).
@@ -86,7 +86,7 @@ class Forecaster:
     """
 
     def __init__(self, config, workdir: str):
-        self.models, self.config, self.unreadable = saved.load_for_forecast(config, workdir)
+        self.models, self.config, self.unreadable = trained_run.load_for_forecast(config, workdir)
         self.workdir = workdir
         self._lock = threading.Lock()  # one forecast at a time: each one uses every core
 
@@ -116,9 +116,9 @@ class Forecaster:
         Raises:
           SeriesSkipped: its data cannot be loaded or is too short for one window.
         """
-        cfg = saved.forecast_config(self.config, self.models[name].trained, [name])
+        cfg = trained_run.forecast_config(self.config, self.models[name].trained, [name])
         with self._lock:
-            preps, skipped = saved.prepare(cfg, {name: self.models[name]}, latest=True)
+            preps, skipped = trained_run.prepare(cfg, {name: self.models[name]}, latest=True)
             if name not in preps:
                 raise SeriesSkipped(skipped.get(name, "no usable data"))
             model = self.models[name]

@@ -11,6 +11,7 @@ import sys
 from cpbjax import writers
 from cpbjax.config import schema as config_lib
 from cpbjax.models import heads
+from cpbjax.modes import trained_run
 from cpbjax.score import evaluate, metrics, saved
 
 
@@ -28,7 +29,7 @@ def main(workdir: str) -> None:
     cfg = config_lib.upgrade(writers.read_json(f"{workdir}/config.json"))
     available = saved.available_models(workdir)
     loaded, trained, _ = saved.load_models(available, list(available))
-    preps, _ = saved.prepare(saved.run_config(cfg, trained, list(loaded)), loaded)
+    preps, _ = trained_run.prepare(trained_run.run_config(cfg, trained, list(loaded)), loaded)
     run_spec = evaluate.make_spec(cfg)
     specs = {
         "mask removed": dataclasses.replace(run_spec, column_fallback=False),

@@ -30,6 +30,7 @@ from benchmarks import common  # noqa: E402
 from configs import workdir as workdir_config  # noqa: E402
 from cpbjax import workdir as workdir_lib  # noqa: E402
 from cpbjax import writers
+from cpbjax.modes import trained_run
 from cpbjax.score import (
     band_refit,
     evaluate,
@@ -51,8 +52,8 @@ def member_forecasts(workdir: str, base_url: str, series: list[str] | None):
     available = saved.available_models(workdir)
     names = [n for n in available if series is None or n in series]
     loaded, trained, _ = saved.load_models(available, names)
-    cfg = saved.run_config(config, trained, list(loaded))
-    preps, _ = saved.prepare(cfg, loaded)
+    cfg = trained_run.run_config(config, trained, list(loaded))
+    preps, _ = trained_run.prepare(cfg, loaded)
     L, H = cfg.data.lookback, cfg.data.horizon
     out = {}
     for name, prep in preps.items():

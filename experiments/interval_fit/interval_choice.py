@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
 from cpbjax.config import schema as config_lib  # noqa: E402
+from cpbjax.modes import trained_run  # noqa: E402
 from cpbjax.score import (  # noqa: E402
     evaluate,
     forecast,
@@ -111,8 +112,8 @@ def main() -> None:
     available = saved.available_models(args.workdir)
     names, _ = saved.select_series(available, config.data.symbols, config.data.intervals)
     loaded, trained, _ = saved.load_models(available, names)
-    cfg = saved.run_config(config, trained, list(loaded))
-    preps, _ = saved.prepare(cfg, loaded)
+    cfg = trained_run.run_config(config, trained, list(loaded))
+    preps, _ = trained_run.prepare(cfg, loaded)
     L, H = cfg.data.lookback, cfg.data.horizon
     per_series = [_scores(loaded[n], p, L, H) for n, p in preps.items()]
     rows = []
