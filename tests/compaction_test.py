@@ -2,12 +2,14 @@
 stopped, the live ones move to a smaller program, and must train exactly as before.
 
 The runs force the move whenever at most half the coins train (the cost rule would never
-pay for these tiny models) and are compared with the same run computed whole. They run in
+pay with patience 2) and are compared with the same run computed whole. They run in
 subprocesses that share a persistent compilation cache at XLA optimisation level 0 (as
 train_test's driver runs), since compiling the four program sizes dominates their time.
 """
 
 import contextlib
+import itertools
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +37,11 @@ driver.train_and_evaluate(t.compaction_config(False), os.path.join(sys.argv[1], 
 compaction.compaction_pays = lambda *args: True
 driver.train_and_evaluate(t.compaction_config(True), os.path.join(sys.argv[1], "compacted"))
 """
+
+# A config the cost rule itself compacts (patience 8: coins stop at epochs 9-29, and at
+# epoch 18 three live coins with patience to spare move 8 -> 3).
+RULE_EPOCHS, RULE_PATIENCE, RULE_SHRINKS = 30, 8, [8, 3]
+_CLOCK_RUNS = "import sys; from tests import compaction_test as t; t.run_clocks(sys.argv[1])"
 
 
 def compaction_config(compact: bool):
@@ -84,6 +91,46 @@ def run_all(root: str) -> None:
     }
     writers.write_json(os.path.join(root, "killed.json"), killed)
     driver.train_and_evaluate(compaction_config(True), resumed)
+
+
+class _FakeClock:
+    """Stands in for compaction's `time`: each epoch (two monotonic() calls) lasts the next
+    of `durations` seconds."""
+
+    def __init__(self, durations):
+        self.durations, self.now, self.calls = iter(durations), 0.0, 0
+
+    def monotonic(self) -> float:
+        self.calls += 1
+        if self.calls % 2 == 0:  # an epoch's end
+            self.now += next(self.durations)
+        return self.now
+
+
+def run_clocks(root: str) -> None:
+    """<root>/whole, and two compacted runs of one seed whose epochs seem to take other
+    times: <root>/cheap (every epoch 10 s, compiles free) and <root>/dear (the first epoch
+    1000 s, the others 1 s: a compile worth 999 epochs)."""
+
+    def config(compact):
+        c = compaction_config(compact)
+        c.train.epochs, c.train.patience = RULE_EPOCHS, RULE_PATIENCE
+        return c
+
+    driver.train_and_evaluate(config(False), os.path.join(root, "whole"))
+    cheap, dear = itertools.repeat(10.0), itertools.chain([1000.0], itertools.repeat(1.0))
+    for name, durations in (("cheap", cheap), ("dear", dear)):
+        compaction.time = _FakeClock(durations)
+        driver.train_and_evaluate(config(True), os.path.join(root, name))
+
+
+def _metrics_without_times(workdir) -> list[dict]:
+    """metrics.jsonl's records less `seconds`, its only wall-clock field."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    for r in records:
+        del r["seconds"]
+    return records
 
 
 @pytest.fixture(scope="module")
@@ -155,12 +202,11 @@ def _assert_same_training(a, b):
 
 def test_cost_rule_weighs_the_compile_against_the_epochs_saved():
     pays = compaction.compaction_pays
-    assert not pays([30.0], 8, 2, 100)  # no steady epoch measured yet
-    # CPU-like: a 10 s epoch of 8 coins, 5 s compile; 2 live coins save 7.5 s an epoch.
-    assert pays([15.0, 10.0, 10.0], 8, 2, 1)
-    assert not pays([25.0, 10.0, 10.0], 8, 2, 1) and pays([25.0, 10.0, 10.0], 8, 2, 3)
+    # CPU: a compile costs 3 epochs; 2 live coins of 8 save 3/4 of an epoch per epoch.
+    assert not pays(8, 2, 4, "cpu") and pays(8, 2, 5, "cpu")
+    assert not pays(8, 4, 6, "cpu") and pays(8, 4, 7, "cpu")
     # GPU transformer-like: 1 s epochs, 32 s compile, half the coins live, 10 epochs left.
-    assert not pays([33.0, 1.0, 1.0], 40, 20, 10)
+    assert not pays(40, 20, 10, "gpu") and pays(40, 20, 65, "gpu")
 
 
 def test_compaction_is_not_part_of_the_run_fingerprint():
@@ -197,3 +243,18 @@ def test_two_devices_round_the_program_up_and_train_the_same(two_devices):
     results = writers.read_json(os.path.join(root, "compacted", "results.json"))
     assert results["run"]["device_count"] == 2
     _assert_same_training(root / "compacted", root / "whole")
+
+
+def test_same_seed_compacts_alike_whatever_its_epochs_take(tmp_path):
+    """Compaction decides from coins and epochs, never wall time: runs whose epochs seem
+    to take different times write the same metrics.jsonl, and train as the whole group."""
+    env = helpers.cached_env(tmp_path / "jax-cache")
+    cmd = [sys.executable, "-c", _CLOCK_RUNS, str(tmp_path)]
+    proc = subprocess.run(
+        cmd, env=env, cwd=helpers.ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _metrics_without_times(tmp_path / "cheap") == _metrics_without_times(tmp_path / "dear")
+    shrinks = _coins_computed(tmp_path / "cheap")
+    assert sorted(set(shrinks), reverse=True) == RULE_SHRINKS
+    _assert_same_training(tmp_path / "cheap", tmp_path / "whole")

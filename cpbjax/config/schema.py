@@ -166,8 +166,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Z·B windows' activations instead of (K / devices)·B (docs/performance.md "Memory of one epoch"); the same gradient up to float
     # summation order. 0 = every coin in one chunk.
     t.pooled_chunk = 0
-    # Once at most half of a program's coins still train, move them into a program of their
-    # own size (the stopped ones cost as much as live ones in a vmapped step). Same results
+    # Once at most half of a program's coins still train, and the epochs ahead repay a
+    # compile (decided from coins and epochs, not wall time), move them into a program of
+    # their own size (the stopped ones cost as much as live ones in a vmapped step). Same results
     # up to float rounding, which the MAE loss's sign gradient can grow (docs/design.md).
     t.compact_groups = True
     # Steps per chunk of windows streamed from host memory, for series that do not fit in

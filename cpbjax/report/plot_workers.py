@@ -9,7 +9,9 @@ draws the skill chart. The plots are the same files `report.write_plots` writes,
 the same `report.series_plots`.
 
 Workers are spawned, never forked: the run's process holds JAX's threads, and a fork of
-a multithreaded process can deadlock.
+a multithreaded process can deadlock. Each worker ends itself once the run's process is
+gone (`_watch_parent`): a run killed by SIGKILL runs no shutdown, and its idle workers
+(360 MB each) would otherwise wait on their queue for as long as the machine runs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import threading
+import time
 
 from absl import logging
 
@@ -38,7 +42,10 @@ class PlotWorkers:
         self.spec = report.series_plot_spec(folder, spec)
         os.makedirs(folder, exist_ok=True)
         self._pool = concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn")
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_watch_parent,
+            initargs=(os.getpid(),),
         )
         self._futures: dict[str, concurrent.futures.Future] = {}
 
@@ -73,6 +80,29 @@ class PlotWorkers:
     def close(self) -> None:
         """Stops the pool without waiting (a run that failed before its report)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# How often a worker checks that the run's process is still its parent.
+PARENT_POLL_S = 0.5
+
+
+def _watch_parent(parent: int) -> None:
+    """Worker initializer: a daemon thread ends the worker once `parent` (the run's
+    process) is gone, between tasks, while waiting for one, or in the middle of one.
+
+    An orphan is adopted by another process, so os.getppid() stops being `parent`. This
+    works on every POSIX system and, unlike Linux's PR_SET_PDEATHSIG, does not fire when
+    merely the thread that happened to spawn the worker ends while the run goes on.
+    """
+    watch = threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True)
+    watch.start()
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """Sleeps while `parent` is this process's parent, then ends the process at once."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)  # nothing of the worker's is worth finishing: its results have no reader
 
 
 def start(spec: ReportSpec, workdir: str) -> PlotWorkers | None:

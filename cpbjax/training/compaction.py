@@ -2,12 +2,14 @@
 
 A vmapped epoch computes every coin of its program, the stopped ones too (their results
 are thrown away), so a group whose coins have mostly stopped pays for all of them. Once
-at most half of the program's coins still train, and the time saved should outweigh
+at most half of the program's coins still train, and the epochs saved should outweigh
 compiling a new program, they move to a program of their own size (rounded up to a
-multiple of the devices). Each coin keeps its key, and the schedule follows the shared
-epoch count, so every coin trains as before; only the batch of coins computed together
-changes. The stopped coins' state no longer changes: it waits on the host, and the
-group's full state is put back together only for a checkpoint and at the end.
+multiple of the devices). The decision counts coins and epochs, not wall time, so a
+seed's run compacts alike every time (`compaction_pays`). Each coin keeps its key, and
+the schedule follows the shared epoch count, so every coin trains as before; only the
+batch of coins computed together changes. The stopped coins' state no longer changes:
+it waits on the host, and the group's full state is put back together only for a
+checkpoint and at the end.
 """
 
 from __future__ import annotations
@@ -23,23 +25,36 @@ from cpbjax import sharding
 from cpbjax.training import epoch_spec
 from cpbjax.training.group import GroupTrainer
 
+# A program's compile, counted in epochs of that program (compile seconds / steady epoch
+# seconds), as the wall-time rule this replaced measured it: on a 2-core CPU at K=8, a
+# GRU compiled in 4.5-6.5 s and ran 1.8-2.8 s epochs, an LSTM compiled in 5-8 s and ran
+# 11-21 s epochs (benchmarks/records/train_bench-20261124T0303Z.md), so 3 covers the
+# worst. On an accelerator epochs take 0.05-1 s and compiles 16-43 s (docs/performance.md),
+# so compaction there pays only with far more epochs ahead.
+COMPILE_EPOCHS = {"cpu": 3.0}
+ACCELERATOR_COMPILE_EPOCHS = 32.0
 
-def compaction_pays(epoch_seconds: list[float], k: int, k_live: int, epochs_left: int) -> bool:
+
+def compaction_pays(k: int, k_live: int, epochs_left: int, platform: str) -> bool:
     """Whether moving the live coins of a k-coin program to a k_live-coin one saves time.
 
+    Decided from coins and epochs only, never from measured wall time, so that a seed's
+    run compacts at the same epochs on every run and on a resume: metrics.jsonl records
+    the coins computed, programs of other sizes may round differently in the last bits
+    (tests allow 1e-5), and an early-stopping decision on such a tie could otherwise
+    flip (docs/design.md, "Reliability").
+
     Args:
-      epoch_seconds: wall times of the current program's epochs; the first includes its
-        compile. The new program is assumed to compile as long, and its epoch to take
-        k_live / k of this one's (true on a CPU; on an accelerator with room to spare
-        the epoch shrinks less, so this over-estimates the saving there).
+      k, k_live: the current and the new program's coins. The new epoch is assumed to
+        take k_live / k of this one's (true on a CPU; on an accelerator with room to
+        spare the epoch shrinks less, so this over-estimates the saving there).
       epochs_left: a lower bound on the epochs still to run (the most patience any live
         coin has left, at most the epochs left in the run).
+      platform: the devices' platform ("cpu", "gpu", "tpu"): what a compile costs in
+        epochs (COMPILE_EPOCHS).
     """
-    if len(epoch_seconds) < 2:
-        return False
-    epoch_s = float(np.median(epoch_seconds[1:]))
-    compile_s = max(epoch_seconds[0] - epoch_s, 0.0)
-    return epochs_left * epoch_s * (1 - k_live / k) > compile_s
+    compile_epochs = COMPILE_EPOCHS.get(platform, ACCELERATOR_COMPILE_EPOCHS)
+    return epochs_left * (1 - k_live / k) > compile_epochs
 
 
 class LiveCoins:
@@ -84,7 +99,9 @@ class LiveCoins:
         # Only now is the patience left worth a transfer (metrics do not carry it).
         bad = sharding.to_host(self.state.bad_epochs)[live]
         epochs_left = min(patience - bad.min(), max_epochs - int(m["epoch"]))
-        if sharding.agree(compaction_pays(self.epoch_seconds, k, k_live, int(epochs_left))):
+        # Every process holds the same metrics and patience, so all decide alike.
+        platform = self.trainer.mesh.devices.flat[0].platform
+        if compaction_pays(k, k_live, int(epochs_left), platform):
             self._move(self.slots[live], k_live)
 
     def _move(self, slots: np.ndarray, k_live: int) -> None:
