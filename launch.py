@@ -77,10 +77,21 @@ def _parse_flags(argv):
 
 
 def _quiet_orbax() -> None:
-    """Orbax logs every checkpoint step at INFO; keep only its warnings and errors."""
-    logging.get_absl_handler().addFilter(
-        lambda record: record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
-    )
+    """Orbax logs every checkpoint step at INFO; keep only its warnings and errors, less
+    its threads' tracebacks of a full disk (the error line names the file instead)."""
+    logging.get_absl_handler().addFilter(_shown)
+
+
+def _shown(record) -> bool:
+    orbax, loop = "orbax" in record.pathname, "asyncio" in record.pathname
+    if orbax and record.levelno < std_logging.WARNING:
+        return False
+    if not (orbax or loop):
+        return True
+    # Orbax's threads, and asyncio for each write future they leave, log a full disk with
+    # a traceback before it reaches run_mode, which says it in one line naming the file.
+    errors = [Exception(record.getMessage()), record.exc_info[1] if record.exc_info else None]
+    return all(cli_errors.disk_full(e, "") is None for e in errors)
 
 
 def _workdir_problem(workdir: str) -> str | None:
@@ -138,7 +149,7 @@ def main(argv):
         "cpbjax %s: workdir %s, devices %s", _MODE.value, workdir, runtime.describe_devices()
     )
     try:
-        _run_mode(config, workdir)
+        run_mode(_MODE.value, config, workdir)
     except BaseException:
         # A run that fails before writing anything (a bad data.base_url, no series)
         # leaves no empty folder behind; a folder that existed before is never removed.
@@ -156,19 +167,24 @@ def _data_table(config) -> None:
         cli_errors.fail(str(e))
 
 
-def _run_mode(config, workdir: str) -> None:
-    """Runs --mode in `workdir`; its known failures exit 2 with one line."""
-    run, known_errors = _mode_entry(config)
+def run_mode(mode: str, config, workdir: str) -> None:
+    """Runs `mode` in `workdir`; its known failures, and a write that finds the disk full
+    (whose file is named, where the error holds it), exit 2 with one line."""
+    run, known_errors = _mode_entry(mode, config)
     try:
         run(config, workdir)
     except (ConfigError, *known_errors) as e:
         cli_errors.fail(str(e))
+    except Exception as e:
+        full = cli_errors.disk_full(e, workdir)
+        if full is None:
+            raise
+        cli_errors.fail(full)
 
 
-def _mode_entry(config):
-    """(run(config, workdir), the errors it ends with one line) of --mode; each mode's
+def _mode_entry(mode: str, config):
+    """(run(config, workdir), the errors it ends with one line) of `mode`; each mode's
     modules are imported only when it runs."""
-    mode = _MODE.value
     if mode in TRAINING_MODES:
         from cpbjax.training import ledger
 

@@ -8,6 +8,7 @@ line by line with an fsync, and a reader ignores a final line without its newlin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -68,14 +69,33 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
+@contextlib.contextmanager
+def naming(path: str):
+    """Re-raises an OSError that names no file as the same error naming `path`: a failed
+    write, flush or fsync carries no file name, and "no space left on device" should say
+    which file it hit."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:  # named already, or not from the OS
+            raise
+        raise OSError(e.errno, e.strerror, path) from e
+
+
 def atomic_write(path: str, data: bytes | str) -> None:
     """Writes `data` to `path` so that no reader or crash ever sees a torn file.
 
     The bytes go to a temporary sibling, are fsynced, get the mode a plain open() would
     give, and replace `path` with os.replace; the directory entry is then fsynced. If
     anything fails before the replace, the previous file at `path` is untouched and the
-    temporary file is removed. Every file cpbjax writes whole goes through here.
+    temporary file is removed; an OSError naming no file is made to name `path`
+    (`naming`). Every file cpbjax writes whole goes through here.
     """
+    with naming(path):
+        _replace_atomically(path, data)
+
+
+def _replace_atomically(path: str, data: bytes | str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
@@ -154,7 +174,7 @@ class MetricsLog:
     def append(self, record: dict) -> None:
         """Appends one record as a line and fsyncs it."""
         line = json.dumps(to_jsonable(record), allow_nan=False) + "\n"
-        with open(self.path, "a") as f:
+        with naming(self.path), open(self.path, "a") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())

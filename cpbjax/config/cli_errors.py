@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 
@@ -126,3 +127,27 @@ def load_error(e: BaseException) -> str:
     """One line from a config file that failed to load: the last line of its message."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return "cannot load --config: " + (lines[-1] if lines else type(e).__name__)
+
+
+# How TensorStore (under Orbax) says a write hit a full disk: the text of a ValueError
+# (RESOURCE_EXHAUSTED), the file in the "Failed writing" clause before it.
+_TENSORSTORE_ENOSPC = f"[os_error_code='{errno.ENOSPC}']"
+_TENSORSTORE_FILE = re.compile(r'Failed writing: "([^"]+)"')
+
+
+def disk_full(error: BaseException, workdir: str) -> str | None:
+    """One line for a write that failed with "no space left on device" (errno ENOSPC,
+    also when Orbax wraps it or it is the cause of another error), naming the file being
+    written (else the workdir), or None for any other error."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return f"cannot write {error.filename or f'to {workdir}'}: no space left on device"
+        text = str(error)
+        if _TENSORSTORE_ENOSPC in text:
+            found = _TENSORSTORE_FILE.search(text)
+            where = found.group(1) if found else f"to {workdir}"
+            return f"cannot write {where}: no space left on device"
+        error = error.__cause__ or error.__context__
+    return None

@@ -7,7 +7,8 @@ exist up to `data.end` are used (data.months=0: every one):
   - a directory: "exist" means present; files are read and verified in place;
   - HTTP: months are probed newest first, at most data.months +
     mirrors.PROBE_EXTRA_MONTHS of them, and a 404 means the month does not exist.
-A file that fails verification twice leaves its month in the series' failed_months.
+A file that fails verification twice, or holds candles outside its month, leaves its
+month in the series' failed_months.
 A plain http:// base_url works but logs one warning per run: its CHECKSUM files
 travel over the same unencrypted channel as the zips they verify.
 

@@ -11,7 +11,9 @@ beside it; it is never downloaded again. Over HTTP, months are probed newest fir
 at most data.months + PROBE_EXTRA_MONTHS of them (data.months=0: all back to
 FIRST_MONTH), and a 404 means the month does not exist. A verified zip whose CSV is damaged, unpacks to more than
 `parsing.csv_byte_cap` of its interval and period, or is not valid klines is
-"invalid": its series is skipped with the reason, naming the file. A verified zip's
+"invalid": its series is skipped with the reason, naming the file. A verified zip holding
+a candle outside its month (or day) has that period failed, naming the file and the
+span it holds (checked on the arrays whether parsed or cached). A verified zip's
 parsed arrays are kept in, and read back from, the `parsed_cache` folder under the
 sha256 its bytes matched. Both mirrors answer `monthly_candidates`, `daily_candidates`
 and `fetch`.
@@ -27,6 +29,7 @@ import re
 import urllib.parse
 import zipfile
 
+import numpy as np
 import requests
 from absl import logging
 
@@ -113,16 +116,33 @@ def _parsed(ref: FileRef, data: bytes, sha256: str, cache) -> Fetched:
     the cap of its interval and period. `cache` (a ParsedCache, or None) answers instead
     when it holds an intact entry of that digest, and keeps what a parse returns."""
     klines = cache.load(sha256) if cache else None
-    if klines is not None:
-        return Fetched(ref, "ok", klines=klines)
-    cap = parsing.csv_byte_cap(ref.interval, ref.period)
-    try:
-        klines = parsing.read_kline_zip(data, ref.name, cap)
-    except parsing.KlineError as e:
-        return Fetched(ref, "invalid", reason=str(e))
-    if cache:
-        cache.store(sha256, klines)
+    if klines is None:
+        cap = parsing.csv_byte_cap(ref.interval, ref.period)
+        try:
+            klines = parsing.read_kline_zip(data, ref.name, cap)
+        except parsing.KlineError as e:
+            return Fetched(ref, "invalid", reason=str(e))
+        if cache:
+            cache.store(sha256, klines)
+    # Checked after either source: a cache entry holds what the zip holds, whatever
+    # period the zip is filed under.
+    outside = _outside_period(ref, klines[0])
+    if outside:
+        return Fetched(ref, "failed", reason=outside)
     return Fetched(ref, "ok", klines=klines)
+
+
+def _outside_period(ref: FileRef, times) -> str | None:
+    """Why the file's candles are not its period's (one opens before the month, or day,
+    starts or once the next has begun), or None. Such a file is a mirror's mistake (e.g.
+    an old month published under a new name): trained on, it would be data from
+    elsewhere in time, so its period is skipped like one that fails verification."""
+    start = np.datetime64(ref.period)  # month or day precision, from the period's form
+    lo, hi = (t.astype("datetime64[ms]").astype(np.int64) for t in (start, start + 1))
+    if times.size == 0 or (times.min() >= lo and times.max() < hi):
+        return None
+    first, last = (parsing.iso(int(t))[:10] for t in (times.min(), times.max()))
+    return f"{ref.name} holds candles from {first} to {last}, outside {ref.period}: skipped"
 
 
 class DirMirror:

@@ -311,26 +311,40 @@ def train_groups(config, workdir: str, plan: Plan, clock: StageClock, workers=No
     Raises:
       RunMismatch: the workdir's ledger belongs to another run.
     """
+    rerun = os.path.exists(workdir_lib.ledger(workdir))  # before _make_run writes a new one
     run = _make_run(config, workdir, plan, clock)
-    if sharding.is_primary():
+    if sharding.is_primary() and not rerun:  # a killed first run's folder names its config
         writers.write_config(workdir, config)
-    entries, records = {}, {}
     try:
-        for g, group_preps in enumerate(plan.groups):
-            group = f"group-{g:03d}"
-            finished = run.ledger.finished(group)
-            if finished is None:
-                finished, group_records = _train_group(run, group, list(group_preps))
-            else:
-                logging.info("%s already finished in %s; skipping it", group, workdir)
-                with run.clock.stage("evaluate"):  # a backtest keeps no model to reload
-                    kept = group_preps if plan.keep_models else ()
-                    group_records = _reload_forecasts(run, kept)
-            entries.update(finished)
-            records.update(group_records)
-            plot_workers.submit_group(workers, workdir, group, finished, group_records)
+        entries, records = _walk_groups(run, workers)
     finally:
         run.log.close()
+    # A rerun's config (it may differ from the finished run's in settings outside the
+    # ledger's fingerprint, e.g. eval.*) is written once every group is done: a rerun
+    # that fails before then leaves config.json as it was.
+    if sharding.is_primary() and rerun:
+        writers.write_config(workdir, config)
+    return entries, records
+
+
+def _walk_groups(run: _Run, workers) -> tuple[dict, dict]:
+    """Trains each group of the run's plan that has not finished and reloads the forecasts
+    of each that has; (entries, records) as `train_groups` returns them."""
+    plan, workdir = run.plan, run.workdir
+    entries, records = {}, {}
+    for g, group_preps in enumerate(plan.groups):
+        group = f"group-{g:03d}"
+        finished = run.ledger.finished(group)
+        if finished is None:
+            finished, group_records = _train_group(run, group, list(group_preps))
+        else:
+            logging.info("%s already finished in %s; skipping it", group, workdir)
+            with run.clock.stage("evaluate"):  # a backtest keeps no model to reload
+                kept = group_preps if plan.keep_models else ()
+                group_records = _reload_forecasts(run, kept)
+        entries.update(finished)
+        records.update(group_records)
+        plot_workers.submit_group(workers, workdir, group, finished, group_records)
     return entries, records
 
 

@@ -120,7 +120,10 @@ class GroupCheckpoints:
         if not self.due(epoch, force):
             return False
         digest = state_digest(state)
-        self._manager.save(epoch, args=ocp.args.StandardSave(state))
+        # Orbax's metadata writes fail naming no file (and an async save's failure may
+        # surface at the next save): the error names the checkpoint folder instead.
+        with writers.naming(self.directory):
+            self._manager.save(epoch, args=ocp.args.StandardSave(state))
         self._record_digest(epoch, digest)
         return True
 
@@ -185,7 +188,8 @@ class GroupCheckpoints:
 
     def close(self) -> None:
         """Waits for a pending save to finish and releases the manager."""
-        self._manager.wait_until_finished()
+        with writers.naming(self.directory):
+            self._manager.wait_until_finished()
         self._manager.close()
 
 
@@ -227,7 +231,7 @@ def save_series_model(path: str, params, meta: dict) -> None:
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    with _process_local_checkpointer() as checkpointer:
+    with _process_local_checkpointer() as checkpointer, writers.naming(path):
         checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
     writers.write_json(os.path.join(tmp, META_FILE), meta)
     # Last: a folder without a manifest was saved before manifests (or never finished).
