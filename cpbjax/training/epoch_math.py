@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # annotations only: step.py and pooled.py import nothing from
     import jax
 
     from cpbjax.data import stacking
-    from cpbjax.training import batching, epoch_spec, step, validation
+    from cpbjax.training import batching, epoch_spec, validation
 
 
 class EpochMath(Protocol):
@@ -27,44 +27,44 @@ class EpochMath(Protocol):
 
     def fresh_state(
         self, spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
-    ) -> step.GroupState:
+    ) -> epoch_spec.GroupState:
         """The fresh state before any val pass (best_val inf)."""
 
     def init_state(
         self, spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
-    ) -> step.GroupState:
+    ) -> epoch_spec.GroupState:
         """`fresh_state` with a baseline's val loss as the bar."""
 
-    def with_bar(self, state: step.GroupState, val_sum_K, val_n_K) -> step.GroupState:
+    def with_bar(self, state: epoch_spec.GroupState, val_sum_K, val_n_K) -> epoch_spec.GroupState:
         """`state` whose bar is the val loss summed per coin (val_sum_K over val_n_K)."""
 
-    def restart(self, spec: epoch_spec.EpochSpec, state: step.GroupState, params):
+    def restart(self, spec: epoch_spec.EpochSpec, state: epoch_spec.GroupState, params):
         """A fresh `state` starting from trained `params` [K, ...] (train.init_from)."""
 
     def start_from(
-        self, spec: epoch_spec.EpochSpec, state: step.GroupState, params, arrays
-    ) -> step.GroupState:
+        self, spec: epoch_spec.EpochSpec, state: epoch_spec.GroupState, params, arrays
+    ) -> epoch_spec.GroupState:
         """`restart` from `params`, their val loss the bar."""
 
     def train_steps(
         self,
         spec: epoch_spec.EpochSpec,
-        state: step.GroupState,
+        state: epoch_spec.GroupState,
         arrays: stacking.GroupArrays,
-        trained: step.TrainPass,
+        trained: epoch_spec.TrainPass,
         xs,
         windows_of: Callable[[jax.Array], batching.StepWindows],
-    ) -> step.TrainPass:
+    ) -> epoch_spec.TrainPass:
         """`trained` after the train steps `xs` (all of an epoch's, or a streamed chunk's)."""
 
-    def run_epoch(self, spec: epoch_spec.EpochSpec, state: step.GroupState, arrays):
+    def run_epoch(self, spec: epoch_spec.EpochSpec, state: epoch_spec.GroupState, arrays):
         """One epoch on device-resident data: (new state, metrics of step.EPOCH_METRICS)."""
 
     def finish_epoch(
         self,
         spec: epoch_spec.EpochSpec,
-        state: step.GroupState,
-        trained: step.TrainPass,
+        state: epoch_spec.GroupState,
+        trained: epoch_spec.TrainPass,
         val: validation.ValPass,
         best: validation.ValPass,
     ):

@@ -8,8 +8,8 @@ question by name, never the string: the plan, the group programs, compaction, th
 memory check's advice, the run log, the report's plots, train.init_from, and a kept
 model's forecasts of series it never saw. Only the config's value check
 (cpbjax/config/check.py) and its rules on train.pooled_chunk and train.compact_groups
-(cpbjax/config_rules.py, a leaf) name the values; tests/epoch_math_test.py checks them against `chunked_gradient`
-and `compactable`.
+(cpbjax/config_rules.py, a leaf) name the values; tests/epoch_math_test.py checks them
+against `chunked_gradient` and `compactable`.
 """
 
 from __future__ import annotations
