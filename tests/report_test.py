@@ -58,7 +58,11 @@ def test_summary_counts_skill_and_significance():
     assert "median +0.10%" in lines[0] and "positive on 2 of 3" in lines[0]
     assert "p < 0.05: 1 of 3" in lines[1]
     assert lines[2].startswith("2 of 3 series have |skill| < 1%")
-    assert len(lines) == 3  # no series has a calibrated interval: no line for it
+    assert len(lines) == 4  # no series has a calibrated interval: no line for it
+    assert lines[3] == (
+        "Verdict (median test skill over 3 series, in points): close: 0.1 points above naive "
+        "(level with it)."
+    )
 
 
 def test_summary_gives_the_interval_coverage_median_over_series():
@@ -69,7 +73,7 @@ def test_summary_gives_the_interval_coverage_median_over_series():
         return {"test": test}
 
     results = {"series": {"A": entry(0.7, -0.01), "B": entry(0.8, 0.02), "C": entry(0.9, 0.0)}}
-    line = report_tables.summary_lines(results)[-1]
+    line = report_tables.summary_lines(results)[-2]  # [-1]: the verdict
     assert line.startswith("Calibrated 80% interval (q10-q90, fitted on train+val)")
     assert "median over 3 series: test coverage close 80.0%, high 80.0%, low 80.0%" in line
     assert "band's quantiles close +0.00%" in line
@@ -81,7 +85,7 @@ def test_summary_gives_the_interval_coverage_median_over_series():
             block["columns"][c]["skill_vs_scaled_band"] = {"A": -0.004, "B": 0.003, "C": 0.001}[
                 name
             ]
-    line = report_tables.summary_lines(results)[-1]
+    line = report_tables.summary_lines(results)[-2]
     assert "band's quantiles close +0.00%, high +0.00%, low +0.00%, and against the band " in line
     assert "with the interval's own scale close +0.10%, high +0.10%, low +0.10%." in line
     assert line.endswith("with the mean range of the last 168-672 candles, at weight 0.25.")
@@ -98,20 +102,19 @@ def test_summary_says_plainly_whether_high_and_low_beat_the_band():
 
     # MAE against the band's 2.0 (high) and 4.0 (low): medians of 1 - model / band.
     ahead = {"A": entry(1.9, 4.0), "B": entry(2.0, 3.8), "C": entry(2.2, 3.9)}
-    lines = report_tables.summary_lines({"series": ahead})
-    line = next(x for x in lines if x.startswith("High and low against the volatility band"))
-    assert (
-        line
-        == "High and low against the volatility band (test MAE): median +0.00% and +2.50% over 3 series."
+    line = report_tables.summary_lines({"series": ahead})[-1]
+    assert line == (
+        "Verdict (median test skill over 3 series, in points): high: level with the volatility "
+        "band; low: 2.5 points above the volatility band; close: level with naive."
     )
     behind = {"A": entry(2.0, 4.0), "B": entry(2.1, 4.4)}
-    lines = report_tables.summary_lines({"series": behind})
-    line = next(x for x in lines if x.startswith("High and low against the volatility band"))
+    line = report_tables.summary_lines({"series": behind})[-1]
+    assert line.startswith("Verdict (median test skill over 2 series, in points): high: 2.5 ")
     assert line.endswith(
-        "median -2.50% and -5.00% over 2 series. The model does not beat the band here: its high and low are worth no more."
+        "The model does not beat the band here: its high and low are worth no more."
     )
     assert not any(
-        "volatility band (test" in x
+        "volatility band" in x
         for x in report_tables.summary_lines(
             {"series": {"A": {"test": {"columns": {"close": {"skill": 0.0}}}}}}
         )
@@ -128,7 +131,7 @@ def test_summary_counts_the_models_that_kept_their_refit_band():
     results = {
         "series": {"A": entry(None), "B": entry(3), "C": entry(None), "D": entry(None, False)}
     }
-    line = report_tables.summary_lines(results)[-1]
+    line = report_tables.summary_lines(results)[-2]  # [-1]: the verdict
     assert line.startswith("The volatility band was refit on train+val after training for 3 series")
     assert "2 of them kept the untrained band" in line
     results = {"series": {"D": entry(None, False)}}
@@ -137,11 +140,11 @@ def test_summary_counts_the_models_that_kept_their_refit_band():
     # Without a refit: the series that kept their baseline, and what they give.
     results["series"]["D"]["best_val_loss"] = 0.5
     results["series"]["E"] = {**entry(2, False), "best_val_loss": 0.4}
-    line = report_tables.summary_lines(results)[-1]
+    line = report_tables.summary_lines(results)[-2]
     assert line.startswith("1 of 2 series kept the untrained band (no epoch beat it")
     # A fine-tuned run's bar was its starting model: that is what a series kept.
     tuned = {n: {**e, "started_from": "runs/base"} for n, e in results["series"].items()}
-    assert report_tables.summary_lines({"series": tuned})[-1] == (
+    assert report_tables.summary_lines({"series": tuned})[-2] == (
         "2 series started from runs/base (train.init_from); 1 of them kept that starting "
         "model (no epoch beat it on validation by train.min_delta)."
     )

@@ -7,8 +7,9 @@ import math
 import statistics
 
 from cpbjax import columns
+from cpbjax.report import verdict
 from cpbjax.report.plots import NOISE_BAND
-from cpbjax.score import intervals, metrics
+from cpbjax.score import intervals
 
 HEADERS = (
     "series",
@@ -121,13 +122,6 @@ def kept_epoch(entry: dict) -> str:
     return "0" if untrained is not None and math.isfinite(untrained) else "-"
 
 
-def _vs_band(test: dict, column: str) -> float | None:
-    """The model's skill on `column` (high or low) against the volatility band's MAE."""
-    model = ((test.get("columns") or {}).get(column) or {}).get("mae")
-    band = (((test.get("vol_band") or {}).get("columns") or {}).get(column) or {}).get("mae")
-    return metrics.skill(model, band)
-
-
 def console_rows(results: dict) -> list[list[str]]:
     """One row of CONSOLE_HEADERS cells per series in results["series"]."""
     rows = []
@@ -140,8 +134,8 @@ def console_rows(results: dict) -> list[list[str]]:
                 name,
                 kept_epoch(entry),
                 *(fmt((cols.get(c) or {}).get("skill"), "+.2f", 100) for c in SCORED_COLUMNS),
-                fmt(_vs_band(test, "high"), "+.2f", 100),
-                fmt(_vs_band(test, "low"), "+.2f", 100),
+                fmt(verdict.vs_band(test, "high"), "+.2f", 100),
+                fmt(verdict.vs_band(test, "low"), "+.2f", 100),
                 fmt((interval or {}).get("coverage"), ".1f", 100),
             ]
         )
@@ -167,29 +161,11 @@ def summary_lines(results: dict) -> list[str]:
         f"{len(skills)} series (expect about {SIGNIFICANCE * len(skills):.1f} by chance).",
         f"{noise} of {len(skills)} series have |skill| < {100 * NOISE_BAND:.0f}%, "
         "which on a single series is noise.",
-        *versus_band_lines(results),
         *band_lines(results),
         *fallback_lines(results),
         *interval_lines(results),
+        *verdict.verdict_lines(results),  # last: the line a reader looks for after a run
     ]
-
-
-def versus_band_lines(results: dict) -> list[str]:
-    """High and low against the fitted volatility band on test (`_vs_band`, the table's
-    "vs band%"), median over series, with a plain sentence when the model beats it on
-    neither; [] without band scores."""
-    tests = [e.get("test") or {} for e in results.get("series", {}).values()]
-    gains = {c: [g for t in tests if (g := _vs_band(t, c)) is not None] for c in ("high", "low")}
-    if not gains["high"] or not gains["low"]:
-        return []
-    medians = {c: 100 * statistics.median(v) for c, v in gains.items()}
-    line = (
-        f"High and low against the volatility band (test MAE): median {medians['high']:+.2f}% "
-        f"and {medians['low']:+.2f}% over {len(gains['high'])} series."
-    )
-    if max(medians.values()) <= 0:
-        line += " The model does not beat the band here: its high and low are worth no more."
-    return [line]
 
 
 # What a series that kept its untrained band gives, and what usually changes that.
