@@ -170,7 +170,10 @@ def test_write_reports_files(tmp_path):
     )
     assert path == os.path.join(workdir, "report.md")
     printed = out.getvalue()
-    assert "BTCUSDT-1h" in printed and "skipped LUNAUSDT-1h: only 10 usable candles" in printed
+    assert (
+        "BTCUSDT-1h" in printed
+        and "skipped 1 series: only 10 usable candles (LUNAUSDT-1h)" in printed
+    )
     with open(path) as f:
         md = f.read()
     assert "| BTCUSDT-1h | gru | stopped_early | 3 |" in md

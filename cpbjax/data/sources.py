@@ -15,7 +15,7 @@ from collections.abc import Callable
 from absl import logging
 
 from cpbjax import config_rules as rules
-from cpbjax.data import binance, klines_api, parsing, synthetic
+from cpbjax.data import binance, klines_api, parsing, skip_groups, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 
 Pairs = list[tuple[str, str]]
@@ -134,6 +134,20 @@ def summary_lines(series: list[Series], skipped: dict[str, str]) -> list[str]:
     return lines
 
 
+def grouped_lines(series: list[Series], skipped: dict[str, str]) -> list[str]:
+    """`summary_lines` summed up, one line per reason (skip_groups): a run over hundreds
+    of series warns in a few lines; a series partly loaded for two reasons is in both."""
+    partly = [
+        (s.name, f"some months {reason}")
+        for s in series
+        for reason in sorted(set(s.notes.get("failed_months", {}).values()))
+    ]
+    partly += [(s.name, "invalid candles dropped") for s in series if s.notes.get("dropped_rows")]
+    return skip_groups.lines("skipped", skipped.items()) + skip_groups.lines(
+        "partly loaded", partly
+    )
+
+
 def load_all(data_cfg) -> tuple[list[Series], dict[str, str]]:
     """Loads every (symbol, interval) of data.symbols x data.intervals from data.source.
 
@@ -150,7 +164,9 @@ def load_all(data_cfg) -> tuple[list[Series], dict[str, str]]:
     names = [f"{s}-{i}" for s, i in pairs]
     series = [loaded[n] for n in names if n in loaded]
     skipped = {n: skipped.get(n, "the source returned nothing") for n in names if n not in loaded}
-    for line in summary_lines(series, skipped):
+    for line in grouped_lines(series, skipped):
         logging.warning("%s", line)
+    for line in summary_lines(series, skipped):  # each series' reason: --verbosity=1
+        logging.debug("%s", line)
     logging.info("Loaded %d of %d series from %s.", len(series), len(names), data_cfg.source)
     return series, skipped

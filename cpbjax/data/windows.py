@@ -37,7 +37,7 @@ from absl import logging
 from cpbjax import band, columns
 from cpbjax.columns import NUM_TARGETS
 from cpbjax.data import features as features_lib
-from cpbjax.data import normalize, split_dates
+from cpbjax.data import normalize, skip_groups, split_dates
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 from cpbjax.data.split_dates import SPLITS, TrainOnly
 
@@ -377,8 +377,10 @@ def prepare_all(
             series_windows.append(preps[-1].ends)
         except SeriesSkipped as e:
             skipped[series.name] = str(e)
-            logging.warning("%s: skipped: %s", series.name, e)
+            logging.debug("%s: skipped: %s", series.name, e)  # each series: --verbosity=1
             series_windows.append(getattr(e, "ends", {}))  # split -> ends, where they exist
+    for line in skip_groups.lines("skipped", skipped.items()):  # one warning per reason
+        logging.warning("%s", line)
     if split_dates.bounds_ms(data_cfg) is not None:
         split_dates.check_windows(series_windows, data_cfg)
     return preps, skipped

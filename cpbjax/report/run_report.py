@@ -17,6 +17,7 @@ from rich.table import Table
 
 from cpbjax import workdir as workdir_lib
 from cpbjax import writers
+from cpbjax.data import skip_groups
 from cpbjax.report import backtest_tables, tables
 from cpbjax.report import html_page as report_html
 from cpbjax.report import sweep_section as report_sweep
@@ -56,8 +57,20 @@ def print_table(results: dict, console: Console | None = None) -> None:
         console.print(line)
     for line in report_sweep.choice_lines(results):
         console.print(line)
-    for name, reason in sorted(results.get("skipped", {}).items()):
-        console.print(f"skipped {name}: {reason}")
+    for line in skipped_lines(results.get("skipped") or {}):
+        console.print(line)
+
+
+def skipped_lines(skipped: dict) -> list[str]:
+    """The skipped series summed up, one line per reason (skip_groups), then where each
+    series' own reason is: a long list here would scroll the verdict away."""
+    if not skipped:
+        return []
+    return [
+        *skip_groups.lines("skipped", sorted(skipped.items())),
+        'every series and its reason: results.json "skipped"; the data: '
+        "python launch.py --mode data --config <this run's config>",
+    ]
 
 
 # The references a backtest's printed table keeps (ridge is in backtest.md).
