@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 
@@ -48,14 +47,7 @@ driver_env = helpers.driver_env
 
 
 def _launch(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "launch.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return helpers.run_launch(*args, env=env, timeout=300)
 
 
 def _snapshot(workdir: str) -> dict[str, str]:

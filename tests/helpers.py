@@ -132,16 +132,16 @@ def sweep_config():
 TIMING = {"train_seconds", "group_train_seconds", "peak_memory_bytes"}
 
 
-def run_launch(*args: str, jax_platforms: str = "", timeout: float = 120):
-    """`python launch.py *args` from the repository root, its output captured; JAX_PLATFORMS
-    as given ("" lets JAX choose, as a user's shell does)."""
+def run_launch(*args: str, jax_platforms: str = "", timeout: float = 120, env=None):
+    """`python launch.py *args` from the repository root, its output captured; in `env`, or
+    os.environ with JAX_PLATFORMS as given ("" lets JAX choose, as a user's shell does)."""
     return subprocess.run(
         [sys.executable, "launch.py", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=dict(os.environ, JAX_PLATFORMS=jax_platforms),
+        env=env if env is not None else dict(os.environ, JAX_PLATFORMS=jax_platforms),
     )
 
 
