@@ -71,6 +71,11 @@ def _parse_flags(argv):
     if mode in RUN_MODES and not _flag_value(argv, "workdir") and not _flag_value(argv, "config"):
         # Checked before absl, whose required --config would be the wrong thing to ask for.
         cli_errors.fail(f"--mode {mode} needs --workdir of a trained run")
+    if mode not in RUN_MODES and not _flag_value(argv, "config"):
+        cli_errors.fail(
+            f"--mode {mode or 'train'} needs --config, e.g. --config configs/mlp.py:demo "
+            "(configs/ holds one file per model)"
+        )
     rest = cli_errors.parse_flags(_with_run_config(argv))
     cli_errors.refuse_extra_arguments(rest, MODES)
     return rest

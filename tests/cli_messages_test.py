@@ -70,6 +70,13 @@ def test_a_mode_that_reads_a_run_asks_for_its_workdir_not_a_config(mode):
     assert line == f"error: --mode {mode} needs --workdir of a trained run"
 
 
+@pytest.mark.parametrize("args", [(), ("--mode", "data"), ("--mode=backtest",)])
+def test_a_mode_that_reads_a_config_asks_for_it_with_an_example(args):
+    mode = args[-1].rpartition("=")[2] if args else "train"
+    line = _one_error_line(_launch(*args))
+    assert line.startswith(f"error: --mode {mode} needs --config, e.g. --config configs/"), line
+
+
 # ---------------------------------------------------------------------------
 # --mode predict without the exchange API, and stale forecasts.
 

@@ -26,6 +26,7 @@ LAYERS = (
         "cpbjax.runtime",
         "cpbjax.band",
         "cpbjax.config_rules",
+        "cpbjax.progress",
     ),
     ("cpbjax.models",),  # architectures: windows in, forecasts out; they know no data source
     ("cpbjax.data",),  # sources, parsing, features, windows, groups of series

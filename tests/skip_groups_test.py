@@ -58,3 +58,13 @@ def test_printed_summary_sums_up_the_skipped():
     assert 'every series and its reason: results.json "skipped"' in text
     assert "skipped S4-1h" not in text
     assert run_report.skipped_lines({}) == []
+
+
+def test_backtest_printout_sums_up_the_skipped():
+    skipped = {f"S{i}-1h": "too few windows for 3 folds" for i in range(6)}
+    console = run_report.Console(record=True, width=300)
+    run_report.print_backtest({"pooled": {}, "skipped": skipped}, ["backtest.json"], console)
+    text = console.export_text()
+    assert "skipped 6 series: too few windows for 3 folds (S0-1h, S1-1h, S2-1h and 3 more)" in text
+    assert 'every series and its reason: backtest.json "skipped"' in text
+    assert "skipped S5-1h" not in text

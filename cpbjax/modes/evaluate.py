@@ -14,7 +14,7 @@ from cpbjax.modes import facts, trained_run
 from cpbjax.report import run_report as report
 from cpbjax.report import spec as report_spec
 from cpbjax.score import saved
-from cpbjax.score.evaluate import evaluate_model, make_spec
+from cpbjax.score.evaluate import evaluate_model, make_spec, map_series
 
 
 class NothingEvaluated(RuntimeError):
@@ -31,9 +31,14 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
     series, records = {}, {}
     # The saved mask stands: it was decided on the training run's own val split.
     spec = dataclasses.replace(make_spec(cfg), column_fallback=False)
-    for name, prep in preps.items():
+
+    def score(name):
         model = loaded[name]
-        entry, record, _, _ = evaluate_model(model.module, model.params, prep, spec, forecasts_dir)
+        return evaluate_model(model.module, model.params, preps[name], spec, forecasts_dir)
+
+    # Series scored side by side (map_series), with their count and ETA in the log.
+    for name, (entry, record, _, _) in zip(preps, map_series(score, list(preps)), strict=True):
+        prep = preps[name]
         trained = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in trained.items() if k not in ("val", "test")}
         series[name].update(entry, data=prep.notes)  # the evaluated data

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from cpbjax import columns, models, writers
+from cpbjax import columns, models, progress, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.models import heads
@@ -246,7 +246,9 @@ def run_export(config, workdir: str) -> dict:
     results_path = workdir_lib.results_json(workdir)
     entries = writers.read_json(results_path)["series"] if os.path.exists(results_path) else {}
     done, refused = {}, {}
-    for name in (n for n in names if n in entries):
+    todo = [n for n in names if n in entries]
+    counted = progress.Counted("export", len(todo))
+    for name in todo:
         out_dir = workdir_lib.export_dir(workdir, name)
         try:
             done[name] = export_series(available[name], entries[name], out_dir)
@@ -254,7 +256,10 @@ def run_export(config, workdir: str) -> dict:
             refused[name] = str(e)
             logging.warning("%s: not exported: %s", name, e)
             continue
+        finally:
+            counted.advance()
         print(f"exported {name} -> {out_dir}")
+    counted.finish()
     if refused and not done:
         first = next(iter(refused.values()))
         more = f" (and {len(refused) - 1} more series)" if len(refused) > 1 else ""

@@ -24,7 +24,7 @@ import time
 
 from absl import logging
 
-from cpbjax import sharding, writers
+from cpbjax import progress, sharding, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.report import run_report as report
 from cpbjax.report.spec import ReportSpec
@@ -68,12 +68,14 @@ class PlotWorkers:
         draws it in the run's own process and a plotting failure there is raised as it
         would be without workers.
         """
-        drawn = {}
+        drawn, counted = {}, progress.Counted("plots", len(self._futures))
         for name, future in self._futures.items():
             try:
                 drawn[name] = future.result()
             except Exception as e:  # noqa: BLE001 (any failure: redrawn in-process)
                 logging.warning("plot worker failed on %s (%s); drawing it again", name, e)
+            counted.advance()
+        counted.finish()
         self._pool.shutdown()
         return drawn
 

@@ -15,8 +15,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from cpbjax import progress, writers
 from cpbjax import workdir as workdir_lib
-from cpbjax import writers
 from cpbjax.data import skip_groups
 from cpbjax.report import backtest_tables, tables
 from cpbjax.report import html_page as report_html
@@ -61,14 +61,14 @@ def print_table(results: dict, console: Console | None = None) -> None:
         console.print(line)
 
 
-def skipped_lines(skipped: dict) -> list[str]:
+def skipped_lines(skipped: dict, file: str = "results.json") -> list[str]:
     """The skipped series summed up, one line per reason (skip_groups), then where each
-    series' own reason is: a long list here would scroll the verdict away."""
+    series' own reason is (`file`'s "skipped"): a long list here would scroll the verdict away."""
     if not skipped:
         return []
     return [
         *skip_groups.lines("skipped", sorted(skipped.items())),
-        'every series and its reason: results.json "skipped"; the data: '
+        f'every series and its reason: {file} "skipped"; the data: '
         "python launch.py --mode data --config <this run's config>",
     ]
 
@@ -93,8 +93,8 @@ def print_backtest(backtest: dict, paths: list[str], console: Console | None = N
         "skill% = 1 - MAE / MAE of the reference; panel DM p: one-sided Diebold-Mariano "
         "p-value of 'model better', per interval (backtest.md explains it)."
     )
-    for name, reason in sorted((backtest.get("skipped") or {}).items()):
-        console.print(f"skipped {name}: {reason}")
+    for line in skipped_lines(backtest.get("skipped") or {}, "backtest.json"):
+        console.print(line)
     console.print("wrote " + ", ".join(paths), soft_wrap=True)
 
 
@@ -243,11 +243,14 @@ def write_plots(folder, results, spec: ReportSpec, history, forecasts, drawn=Non
     paths = [skill] if skill else []
     curves = loss_curves(history)
     series_spec = series_plot_spec(folder, spec)
+    counted = progress.Counted("plots", len(set(results.get("series", {})) - set(drawn)))
     for name, entry in sorted(results.get("series", {}).items()):
         if name in drawn:
             paths += drawn[name]
             continue
         paths += series_plots(series_spec, name, entry, curves.get(name), forecasts.get(name))
+        counted.advance()
+    counted.finish()
     return paths
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 from absl import logging
 
-from cpbjax import sharding
+from cpbjax import progress, sharding
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing, split_dates
 from cpbjax.models import heads
@@ -123,12 +123,23 @@ def evaluate_split(
 SCORING_THREADS = min(8, os.cpu_count() or 1)
 
 
-def map_series(score, jobs: list) -> list:
-    """[score(job) for job in jobs], SCORING_THREADS at a time; the first error raises."""
+def map_series(score, jobs: list, label: str = "evaluate") -> list:
+    """[score(job) for job in jobs], SCORING_THREADS at a time; the first error raises.
+    Logs the count done and the ETA under `label` (cpbjax/progress.py)."""
+    counted = progress.Counted(label, len(jobs))
+
+    def score_counted(job):
+        result = score(job)
+        counted.advance()
+        return result
+
     if SCORING_THREADS <= 1 or len(jobs) <= 1:
-        return [score(job) for job in jobs]
-    with concurrent.futures.ThreadPoolExecutor(SCORING_THREADS) as pool:
-        return list(pool.map(score, jobs))
+        scored = [score_counted(job) for job in jobs]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(SCORING_THREADS) as pool:
+            scored = list(pool.map(score_counted, jobs))
+    counted.finish()
+    return scored
 
 
 def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> Scored:
