@@ -1,5 +1,8 @@
 """The benchmarks' shared config helpers (benchmarks/common.py)."""
 
+import json
+import os
+
 import pytest
 
 from benchmarks import common
@@ -40,3 +43,23 @@ def test_bench_config_mirror_keeps_the_configs_series():
     assert (mirror.data.source, mirror.data.base_url) == ("binance", "/some/mirror")
     assert len(mirror.data.symbols) == 20 and mirror.data.intervals == ("15m", "1h")
     assert default.data.symbols != mirror.data.symbols
+
+
+def test_write_record_with_data_writes_a_json_twin(tmp_path):
+    facts = {"date": "2026-01-02 03:04 UTC", "cpu": "Test CPU"}
+    args = (str(tmp_path), "x_bench", "Title", "python x.py", "| a |\n", facts)
+    md = common.write_record(*args, data={"runs": [{"wall": 1.5}]})
+    twin = json.loads((tmp_path / "x_bench-20260102T0304Z.json").read_text())
+    assert twin == {
+        "title": "Title",
+        "command": "python x.py",
+        "machine": facts,
+        "runs": [{"wall": 1.5}],
+    }
+    second = common.write_record(*args)  # without data: the markdown alone, its own name
+    assert (md, second) == (str(tmp_path / "x_bench-20260102T0304Z.md"), md[:-3] + "-2.md")
+    assert sorted(os.listdir(tmp_path)) == [
+        "x_bench-20260102T0304Z-2.md",
+        "x_bench-20260102T0304Z.json",
+        "x_bench-20260102T0304Z.md",
+    ]

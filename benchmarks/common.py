@@ -139,6 +139,7 @@ def write_record(
     command: str,
     table_md: str,
     facts: dict | None = None,
+    data: dict | None = None,
 ) -> str:
     """Writes one run's record (title, date, machine, versions, command, tables) to a new file.
 
@@ -146,6 +147,8 @@ def write_record(
     of `facts["date"]`; a second record of the same script in the same minute gets
     `-2`, `-3`, ... An existing record is never touched. The file is written with
     `cpbjax.writers.atomic_write`, so it appears whole; a missing folder is created.
+    With `data`, a JSON twin of the same name (`.json`) holds the title, command,
+    machine facts and `data`'s keys, for figures that a script reads back.
 
     Args:
       records_dir: the folder of records, usually `RECORDS_DIR` (benchmarks/records).
@@ -154,9 +157,10 @@ def write_record(
       command: the exact command line that produced the tables.
       table_md: the tables, e.g. from `markdown_table`.
       facts: machine facts; None measures them now with `machine_facts()`.
+      data: the figures of the JSON twin, or None for none.
 
     Returns:
-      The path of the record written.
+      The path of the record written (the markdown).
     """
     facts = machine_facts() if facts is None else facts
     text = (
@@ -170,6 +174,9 @@ def write_record(
     while os.path.exists(path):
         n += 1
         path = os.path.join(records_dir, f"{stem}-{n}.md")
+    if data is not None:  # first, so that the markdown's name stays the free one until now
+        twin = {"title": title, "command": command, "machine": facts, **data}
+        writers.write_json(path[: -len(".md")] + ".json", twin)
     writers.atomic_write(path, text)
     return path
 
@@ -187,13 +194,16 @@ def print_and_record(
     table_md: str,
     argv: Sequence[str] | None = None,
     facts: dict | None = None,
+    data: dict | None = None,
 ) -> str | None:
     """Prints a benchmark's tables and, unless records_dir is '', writes them as a record
-    (`write_record`, with `command_line(script, argv)`); returns the record's path."""
+    (`write_record`, with `command_line(script, argv)` and `data`'s JSON twin); returns
+    the record's path."""
     print(table_md, flush=True)
     if not records_dir:
         return None
-    path = write_record(records_dir, script, title, command_line(script, argv), table_md, facts)
+    command = command_line(script, argv)
+    path = write_record(records_dir, script, title, command, table_md, facts, data)
     print(f"Record: {path}")
     return path
 

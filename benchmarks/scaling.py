@@ -5,7 +5,7 @@
 Each size N is one `launch.py` run of N synthetic series (N/2 made-up symbols x 15m, 1h)
 into a new workdir, all sizes sharing one compile cache that a first, smallest run warms
 (so the figures are what a repeated run pays; the compile is its own column). Per size:
-run_bench's stage seconds, wall time, XLA programs and peak resident memory, and the
+whole_run's stage seconds, wall time, XLA programs and peak resident memory, and the
 seconds per series. Plots are off (`eval.plots=False`): they are per-series work that a
 user with 1,000 series turns off.
 Writes one record to benchmarks/records/.
@@ -24,7 +24,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common, run_bench  # noqa: E402
+from benchmarks import common, whole_run  # noqa: E402
 
 INTERVALS = ("15m", "1h")
 
@@ -36,9 +36,10 @@ def symbols_flag(num_series: int) -> str:
 
 
 def run_size(n: int, args, flags: list[str], cache: str, workdir: str) -> dict:
-    """One run of n series: run_bench's stage seconds and peak memory, and per-series cost."""
+    """One run of n series: whole_run's stage seconds and peak memory, and per-series cost."""
     flags = [*flags, symbols_flag(n), f"--config.data.intervals={INTERVALS!r}"]
-    got = run_bench.run_once(run_bench.config_path(args.model, args.variant), flags, cache, workdir)
+    config = whole_run.config_path(args.model, args.variant)
+    got = whole_run.run_once(config, flags, cache, workdir)
     series = len(json.loads((Path(workdir) / "results.json").read_text())["series"])
     return {
         "series": series,

@@ -30,16 +30,16 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common, run_bench  # noqa: E402
+from benchmarks import common, whole_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_STAGES = ("setup", "compile", "train", "host")
 
 
 def run_once(config: str, flags: list[str], tmp: str, name: str) -> dict:
-    """One `launch.py` run (run_bench's) in a new workdir with a new compile cache."""
-    workdir, cache = os.path.join(tmp, name), os.path.join(tmp, f"cache-{name}")
-    got = run_bench.run_once(config, flags, cache, workdir)
+    """One `launch.py` run (whole_run's) in a new workdir with new (cold) caches."""
+    workdir, caches = os.path.join(tmp, name), os.path.join(tmp, f"caches-{name}")
+    got = whole_run.run_once(config, flags, caches, workdir)
     return {
         "wall": got["wall"],
         "training": sum(got[s] for s in TRAIN_STAGES),

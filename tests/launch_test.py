@@ -2,9 +2,11 @@
 
 import json
 import os
+import time
 
 import pytest
 
+from cpbjax import writers
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,8 +78,17 @@ def test_train_then_predict_through_launch(tmp_path):
     """The README's commands end to end: train (tiny, 2 series), then --mode predict."""
     workdir = str(tmp_path / "run")
     small = ["--config.data.symbols=('BTCUSDT',)", "--config.train.epochs=1"]
+    began = time.monotonic()
     proc = _launch("--config", "configs/gru.py:tiny", "--workdir", workdir, *small, timeout=600)
+    wall = time.monotonic() - began
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # The stages partition the process's wall from launch.py's first line (startup: the
+    # imports, device start, config) to timings.json.
+    timings = writers.read_json(os.path.join(workdir, "timings.json"))
+    assert sum(timings["stages"].values()) == pytest.approx(timings["wall_seconds"], abs=0.005)
+    assert 0 < timings["stages"]["startup"] < timings["wall_seconds"] < wall
+    after_startup = timings["wall_seconds"] - timings["stages"]["startup"]
+    assert timings["driver_seconds"] == pytest.approx(after_startup, abs=0.1)  # its own clock
     # JAX's INFO lines are shown (JAX_PLATFORMS unset, so it probes every backend), but not
     # its TPU probe on a machine where no TPU was asked for.
     assert "platform=auto chose backend" in proc.stderr

@@ -83,16 +83,64 @@ def test_run_log_drops_the_epochs_a_resumed_group_runs_again(tmp_path):
     assert kept == [("group-000", 1), ("group-000", 2), ("group-001", 5)]
 
 
-def test_stage_clock_splits_the_epoch_loop_into_compile_train_and_host():
-    clock = runlog.StageClock()
-    # Two programs (the second after a compaction): first epochs 10 s and 3 s, steady 2 s.
-    clock.add_epochs([10.0, 3.0], [2.0, 2.0, 2.0], loop_s=20.0)
-    with clock.stage("report"):
+class _ScriptedTime:
+    """A monotonic clock that stands still until the test moves it (`.t`)."""
+
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_stage_clock_counts_the_memory_check_compile_once():
+    """The epoch loop runs in "host"; its memory check compiles in a nested "compile"
+    stage and its epochs move to compile and train: each second counts once."""
+    now = _ScriptedTime(0.0)
+    clock = runlog.StageClock(now)
+    with clock.stage("host"):
+        now.t = 1.0  # checkpoints etc. before the check: 1 s of host
+        with clock.stage("compile"):  # the memory check compiles the epoch program: 5 s
+            now.t = 6.0
+        # Epochs: the first 4 s (2 s of it compiling), three steady ones of 2 s, and 3 s
+        # of host work between them.
+        now.t = 6.0 + 4.0 + 3 * 2.0 + 3.0
+        clock.add_epochs([4.0], [2.0, 2.0, 2.0])
+    now.t = 20.0  # 1 s outside every stage
+    timings = clock.timings(started=0.0)
+    assert timings["stages"] == {
+        "host": 1.0 + 3.0,
+        "compile": 5.0 + 2.0,
+        "train": 8.0,
+        "other": 1.0,
+    }
+    assert timings["wall_seconds"] == 20.0 == sum(timings["stages"].values())
+
+
+def test_stage_clock_partitions_the_wall_from_the_process_start():
+    """A nested stage counts only for itself, time outside every stage is "other", and
+    the first clock after mark_process_start starts its wall there (startup)."""
+    now = _ScriptedTime(10.0)
+    runlog.mark_process_start(7.5)
+    clock = runlog.StageClock(now)
+    with clock.stage("load"):
+        now.t = 11.0
+        with clock.stage("prepare"):
+            now.t = 11.5
+        now.t = 12.0
+    try:
+        with clock.stage("evaluate"):
+            now.t = 12.25
+            raise ValueError("a failing stage still counts")
+    except ValueError:
         pass
-    assert clock.seconds["compile"] == (10.0 - 2.0) + (3.0 - 2.0)
-    assert clock.seconds["train"] == 19.0 - 9.0
-    assert clock.seconds["host"] == 20.0 - 19.0
-    assert 0.0 <= clock.seconds["report"] < 1.0
+    now.t = 13.0
+    timings = clock.timings(started=0.0)
+    expected = {"startup": 2.5, "load": 1.5, "prepare": 0.5, "evaluate": 0.25, "other": 0.75}
+    assert timings["stages"] == expected
+    assert timings["wall_seconds"] == 13.0 - 7.5 == sum(expected.values())
+    later = runlog.StageClock(now)  # the mark is the first clock's only
+    assert later.timings(started=0.0)["wall_seconds"] == 0.0
 
 
 def test_stage_clock_lists_the_programs_compiled_since_it_started():

@@ -133,7 +133,7 @@ def _run_epochs(run: _Run, group: str, preps: list, state, arrays, start: int):
     ckpts.close()
     run.log.end_group()
     seconds = time.monotonic() - began
-    run.clock.add_epochs(first_s, steady_s, seconds)
+    run.clock.add_epochs(first_s, steady_s)
     return live.full_state(), seconds, sharding.memory_bytes()[1]
 
 
@@ -191,7 +191,8 @@ def _train_group(run: _Run, group: str, preps: list) -> tuple[dict, dict]:
         training = run.plan.training_view(preps)
         arrays = run.trainer_for(run.plan.group_coins).stack(training)
         state, start = _start_state(run, group, preps, arrays)
-    state, seconds, peak = _run_epochs(run, group, training, state, arrays, start)
+    with run.clock.stage("host"):  # the epoch loop; its epochs are counted as compile and train
+        state, seconds, peak = _run_epochs(run, group, training, state, arrays, start)
     return _finish_group(run, group, preps, state, seconds, peak)
 
 
@@ -389,8 +390,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
     plan = plan_lib.for_train(config, clock)
     if all(split_dates.is_train_only(p) for p in plan.coins):  # none to score
         raise _nothing_trained(config, workdir, plan, started)
-    shown = report_spec.make_spec(config)  # what the report and its plot workers read
-    workers = plot_workers.start(shown, workdir)
+    with clock.stage("report"):
+        shown = report_spec.make_spec(config)  # what the report and its plot workers read
+        workers = plot_workers.start(shown, workdir)
     try:
         entries, records = train_groups(config, workdir, plan, clock, workers)
     except BaseException:
@@ -399,8 +401,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
         raise
     results = _results(config, entries, plan, started)
     if sharding.is_primary():
-        writers.write_results(workdir, results)
         with clock.stage("report"):
+            writers.write_results(workdir, results)
             drawn = workers.finish() if workers is not None else None
             report.write_reports(workdir, results, shown, report.PlotInputs(None, records, drawn))
         writers.write_json(workdir_lib.timings_json(workdir), clock.timings(started))

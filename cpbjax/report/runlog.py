@@ -26,6 +26,7 @@ from cpbjax.training import sharing
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _COMPILES: list[dict] = []  # every compilation of this process: program name, seconds
 _LISTENING: list = []  # the listener, once registered (jax keeps it for the process)
+_PROCESS_START: list[float] = []  # launch.py's first monotonic second, until a clock takes it
 
 
 def _on_duration(event: str, seconds: float, **kwargs) -> None:
@@ -60,20 +61,39 @@ def epoch_record(group: str, names: list[str], m: dict, seconds: float, coins: i
     return record
 
 
-class StageClock:
-    """Wall seconds of a run's stages, for <workdir>/timings.json and benchmarks/run_bench.py.
+def mark_process_start(monotonic_s: float) -> None:
+    """launch.py's time.monotonic() at its first line: the next StageClock starts there, so
+    its "startup" stage holds the imports, device start and config before the mode runs."""
+    _PROCESS_START[:] = [monotonic_s]
 
-    Stages: load, prepare (features, windows, normalisation), setup (stacking, restoring or
-    initialising a group), compile (the run's first epoch program, compiled ahead of its
-    first epoch for the memory check, and each later program's first epoch beyond its
-    steady epoch time), train (the epochs' steady time), host (the epoch loop's own work between
-    epochs: metrics, checkpoints, compaction), evaluate (saving and scoring the models),
-    report. `compiles()` lists the XLA programs built since the clock started (timings.json
-    "compiles"), so a run shows how many programs it compiled and how long each took.
+
+class StageClock:
+    """Wall seconds of a run's stages, for <workdir>/timings.json and benchmarks/whole_run.py.
+
+    The stages partition the run's wall time: every second since the clock started is in
+    exactly one stage, so they sum to timings.json's "wall_seconds". A `stage` block
+    inside another counts only for the inner one; time outside every block is "other".
+    Stages: startup (from launch.py's first line to the clock's start, `mark_process_start`;
+    absent when the run was not launched by launch.py), load, prepare (features, windows,
+    normalisation), setup (stacking, restoring or initialising a group), compile (the run's
+    first epoch program, compiled ahead of its first epoch for the memory check, and each
+    later program's first epoch beyond its steady epoch time), train (the epochs' steady
+    time), host (the epoch loop's own work between epochs: metrics, checkpoints,
+    compaction), evaluate (saving and scoring the models), report, other. `compiles()` lists
+    the XLA programs built since the clock started (timings.json "compiles"), so a run shows
+    how many programs it compiled and how long each took.
     """
 
-    def __init__(self):
+    def __init__(self, now=time.monotonic):
+        """`now`: the monotonic seconds the clock reads (a test gives a scripted one)."""
+        self._now = now
+        self._since = now()  # when the running interval began; it counts for self._current
+        self._current = "other"
+        # The first clock of a launched process starts at launch.py's first line.
+        self.began = _PROCESS_START.pop() if _PROCESS_START else self._since
         self.seconds: dict[str, float] = {}
+        if self.began < self._since:
+            self.seconds["startup"] = self._since - self.began
         # K -> memory.Need of the K-coin epoch program, measured before its first epoch
         self.epoch_needs: dict = {}
         if not _LISTENING:
@@ -86,12 +106,15 @@ class StageClock:
         return _COMPILES[self._first_compile :]
 
     def timings(self, started: float) -> dict:
-        """timings.json: stage seconds, the driver's wall seconds since `started` (epoch
-        seconds), each XLA program built (compiled or read from the cache), and the memory
-        each epoch program needs beyond its data (cpbjax/training/memory.py; None where the backend
+        """timings.json: stage seconds and their sum, the wall seconds since the clock's
+        start (`wall_seconds`), the driver's wall seconds since `started` (epoch seconds),
+        each XLA program built (compiled or read from the cache), and the memory each epoch
+        program needs beyond its data (cpbjax/training/memory.py; None where the backend
         does not say)."""
+        self._charge()
         return {
-            "stages": self.seconds,
+            "stages": dict(self.seconds),
+            "wall_seconds": self._since - self.began,
             "driver_seconds": time.time() - started,
             "compiles": self.compiles(),
             "epoch_memory": [
@@ -100,26 +123,38 @@ class StageClock:
             ],
         }
 
-    def add(self, stage: str, seconds: float) -> None:
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+    def _charge(self) -> None:
+        """Counts the running interval for the current stage and starts the next one."""
+        now = self._now()
+        self.seconds[self._current] = self.seconds.get(self._current, 0.0) + now - self._since
+        self._since = now
+
+    def _move(self, source: str, target: str, seconds: float) -> None:
+        """Recounts up to `seconds` of `source` as `target` (their sum stays)."""
+        moved = min(max(seconds, 0.0), self.seconds.get(source, 0.0))
+        self.seconds[source] = self.seconds.get(source, 0.0) - moved
+        self.seconds[target] = self.seconds.get(target, 0.0) + moved
 
     @contextlib.contextmanager
     def stage(self, stage: str):
-        began = time.monotonic()
+        self._charge()
+        outer, self._current = self._current, stage
         try:
             yield
         finally:
-            self.add(stage, time.monotonic() - began)
+            self._charge()
+            self._current = outer
 
-    def add_epochs(self, first_s: list[float], steady_s: list[float], loop_s: float) -> None:
-        """Splits a group's epoch loop: `first_s` are each program's first epoch (with its
-        compile), `steady_s` the other epochs, `loop_s` the loop's whole wall time."""
+    def add_epochs(self, first_s: list[float], steady_s: list[float]) -> None:
+        """Splits the epochs of a group's epoch loop, run inside stage("host"), out of host:
+        `first_s` are each program's first epoch (with its compile), `steady_s` the other
+        epochs. What stays in host is the loop's work between epochs."""
         steady = statistics.median(steady_s) if steady_s else 0.0
         compile_s = sum(max(f - steady, 0.0) for f in first_s)
         epochs_s = sum(first_s) + sum(steady_s)
-        self.add("compile", compile_s)
-        self.add("train", epochs_s - compile_s)
-        self.add("host", max(loop_s - epochs_s, 0.0))
+        self._charge()
+        self._move("host", "compile", compile_s)
+        self._move("host", "train", epochs_s - compile_s)
 
 
 class RunLog:
