@@ -21,7 +21,7 @@ import pytest
 
 import cpbjax
 from cpbjax.config import schema as config_lib
-from cpbjax.data import klines_api, parsing, http_client, sources, synthetic
+from cpbjax.data import http_client, klines_api, parsing, sources, synthetic
 from cpbjax.data.series import SeriesSkipped
 from tests import fake_data
 from tests.fake_exchange import STEP, T0, FakeExchange, candles, hourly_exchange, rows, running

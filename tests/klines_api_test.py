@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cpbjax.config import schema as config_lib
-from cpbjax.data import klines_api, parsing, http_client
+from cpbjax.data import http_client, klines_api, parsing
 from cpbjax.data.series import SeriesSkipped
 from tests import fake_data
 from tests.fake_exchange import STEP, T0, candles, hourly_exchange, rows, running
