@@ -257,13 +257,10 @@ class HttpMirror:
             return _parsed(ref, *cached, self.parsed_cache)
         url = f"{self.base_url}/{ref.relpath}"
         budget = self.client.budget(REQUESTS_PER_FILE * (self.client.retries + 1))
-        try:
-            text = self._get(url + ".CHECKSUM", budget, CHECKSUM_MAX_BYTES)
-            expected = _parse_checksum(text.decode(errors="replace"), ref.name)
-        except http_client.BadStatus as e:
-            return Fetched(ref, "missing" if e.status == 404 else "failed", reason=str(e))
-        except (SeriesSkipped, ValueError) as e:
-            return Fetched(ref, "failed", reason=str(e))
+        checksum = self._get_checksum(ref, url, budget)
+        if isinstance(checksum, Fetched):
+            return checksum
+        text, expected = checksum
         problems = []
         for _ in range(2):  # A bad or cut body is fetched once more, then the month fails.
             try:
@@ -279,6 +276,20 @@ class HttpMirror:
                 return self._store(ref, path, data, text, expected)
             problems.append(problem)
         return Fetched(ref, "failed", reason=" / then ".join(problems))
+
+    def _get_checksum(self, ref: FileRef, url: str, budget) -> tuple[bytes, str] | Fetched:
+        """(the .CHECKSUM's bytes, its sha256 digest) of the zip at `url`, or the file's
+        outcome without them: missing (404) or failed."""
+        try:
+            text = self._get(url + ".CHECKSUM", budget, CHECKSUM_MAX_BYTES)
+        except http_client.BadStatus as e:
+            return Fetched(ref, "missing" if e.status == 404 else "failed", reason=str(e))
+        except SeriesSkipped as e:
+            return Fetched(ref, "failed", reason=str(e))
+        try:
+            return text, _parse_checksum(text.decode(errors="replace"), ref.name)
+        except ValueError as e:
+            return Fetched(ref, "failed", reason=str(e))
 
     def _get(self, url: str, budget, cap: int) -> bytes:
         """The body of `url`, at most `cap` bytes (see `Client.get`).
