@@ -5,6 +5,7 @@ A module fixture trains one tiny series once (launch.py, 1 epoch) and starts
 it with urllib and the last one stops it with SIGTERM. Every wait is bounded.
 """
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -276,27 +277,17 @@ def test_forecasts_from_a_dripping_mirror_free_their_slots_at_the_deadline(train
     vision = FakeVision(root, mode="drip")
     port, log_path = _free_port(), str(tmp_path / "serve.log")
     with running(vision) as base_url, open(log_path, "wb") as log:
-        hostile = [
-            "--config.data.source=binance",
-            f"--config.data.base_url={base_url}",
-            f"--config.data.cache_dir={tmp_path / 'cache'}",
-            "--config.data.timeout_seconds=1",
-            "--config.data.download_deadline_s=3",
-        ]
+        hostile = ["--config.data.source=binance", f"--config.data.base_url={base_url}"]
+        hostile += [f"--config.data.cache_dir={tmp_path / 'cache'}"]
+        hostile += ["--config.data.timeout_seconds=1", "--config.data.download_deadline_s=3"]
         proc = _serve(trained, port, log, hostile)
         try:
             _wait_healthy(proc, port, log_path)
-            answers = []
-            askers = [
-                threading.Thread(target=lambda: answers.append(_get(port, f"/forecast/{SERIES}")))
-                for _ in range(serve.MAX_FORECASTS)
-            ]
             started = time.monotonic()
-            for t in askers:
-                t.start()
-            for t in askers:
-                t.join(REQUEST_TIMEOUT_S)
-            assert len(answers) == serve.MAX_FORECASTS and time.monotonic() - started < 30
+            with concurrent.futures.ThreadPoolExecutor(serve.MAX_FORECASTS) as pool:
+                asked = [f"/forecast/{SERIES}"] * serve.MAX_FORECASTS
+                answers = list(pool.map(lambda path: _get(port, path), asked))
+            assert time.monotonic() - started < 30
             for status, body, _ in answers:  # skipped at the deadline, or gave up waiting
                 waited = status == 503 and "another forecast has loaded data" in body["error"]
                 assert waited or (status == 422 and DRIPPED.search(body["error"])), body
