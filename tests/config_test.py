@@ -179,6 +179,8 @@ BAD_VALUES = [
     ("data.splits", (1.0, 0.0, 0.0), "three positive"),
     ("data.download_workers", 0, "integer >= 1"),
     ("data.timeout_seconds", 0.0, "> 0"),
+    ("data.download_deadline_s", 0.0, "> 0"),
+    ("data.download_deadline_s", 7200.0, "<= 3600"),
     ("data.retries", -1, "integer >= 0"),
     ("data.synthetic_candles", 0, "integer >= 1"),
     ("model.name", "mamba", "one of transformer"),

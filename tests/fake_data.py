@@ -14,7 +14,7 @@ import numpy as np
 
 from cpbjax import columns
 from cpbjax.config import schema as config_lib
-from cpbjax.data import binance, synthetic, windows
+from cpbjax.data import http_client, synthetic, windows
 from cpbjax.data.series import INTERVAL_MS, Series
 from cpbjax.score import metrics
 from tests.helpers import ROOT
@@ -193,9 +193,9 @@ def damage_deflate(path: str) -> None:
 
 def fast_backoff(monkeypatch) -> None:
     """Retry waits of hundredths of a second (the module's own autouse fixture calls this)."""
-    monkeypatch.setattr(binance, "BACKOFF_FACTOR", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_JITTER_S", 0.01)
-    monkeypatch.setattr(binance, "BACKOFF_MAX_S", 0.05)
+    monkeypatch.setattr(http_client, "BACKOFF_FACTOR", 0.01)
+    monkeypatch.setattr(http_client, "BACKOFF_JITTER_S", 0.01)
+    monkeypatch.setattr(http_client, "BACKOFF_MAX_S", 0.05)
 
 
 def last_complete_months(n: int) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 
 import cpbjax
 from cpbjax.config import schema as config_lib
-from cpbjax.data import klines_api, parsing, rest_http, sources, synthetic
+from cpbjax.data import http_client, klines_api, parsing, sources, synthetic
 from cpbjax.data.series import SeriesSkipped
 from tests import fake_data
 from tests.fake_exchange import STEP, T0, FakeExchange, candles, hourly_exchange, rows, running
@@ -46,7 +46,7 @@ def exchange():
 
 def _client(api_url, **kw):
     kw = dict(dict(budget_s=BUDGET_S), **kw)
-    return rest_http.Client(api_url, rest_http.make_session(), DEADLINE_S, 2, **kw)
+    return http_client.Client(api_url, http_client.make_session(), DEADLINE_S, 2, **kw)
 
 
 def _fetch(api_url, start=T0, now=NOW, **kw):
@@ -73,7 +73,7 @@ def test_a_slow_body_or_a_tarpit_ends_at_the_request_deadline(exchange, mode, go
     api_url, ex = exchange
     ex.mode = mode
     error, seconds = _timed_failure(api_url, f"no complete answer from {api_url}.*{got}")
-    assert isinstance(error, rest_http.Unreachable) and error.why == "did not answer within 0.6 s"
+    assert isinstance(error, http_client.Unreachable) and error.why == "did not answer within 0.6 s"
     assert seconds < DEADLINE_S + 1.0 and len(ex.requests) == 1  # not retried
 
 

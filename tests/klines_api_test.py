@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cpbjax.config import schema as config_lib
-from cpbjax.data import klines_api, parsing, rest_http
+from cpbjax.data import http_client, klines_api, parsing
 from cpbjax.data.series import SeriesSkipped
 from tests import fake_data
 from tests.fake_exchange import STEP, T0, candles, hourly_exchange, rows, running
@@ -37,7 +37,7 @@ NOW = T0 + 2500 * STEP + HALF  # Half way through the candle that opened at T0 +
 
 def _fetch(api_url, start=T0, now=NOW, max_requests=None):
     """(times, ohlcv) of fetch_recent through a client with a 2 s deadline and 2 retries."""
-    client = rest_http.Client(api_url, rest_http.make_session(), 2.0, 2)
+    client = http_client.Client(api_url, http_client.make_session(), 2.0, 2)
     times, ohlcv, _ = klines_api.fetch_recent(
         "BTCUSDT", "1h", start, client, now, max_requests=max_requests
     )

@@ -172,7 +172,7 @@ def test_an_http_mirrors_cached_zips_are_parsed_once(mirror, tmp_path, csv_parse
     # The zips sit in the HTTP mirror's download cache already: no request is made.
     cache = parsed_cache.ParsedCache(str(tmp_path / "pc"))
     http = mirrors.HttpMirror(
-        "https://vision.test", str(tmp_path / "dl"), None, 1.0, Progress("off"), cache
+        "https://vision.test", str(tmp_path / "dl"), None, Progress("off"), cache
     )
     ref = mirrors.FileRef("BTCUSDT", "1h", "2025-01")
     os.makedirs(os.path.dirname(os.path.join(http.cache_root, ref.relpath)))

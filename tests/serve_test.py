@@ -5,9 +5,11 @@ A module fixture trains one tiny series once (launch.py, 1 epoch) and starts
 it with urllib and the last one stops it with SIGTERM. Every wait is bounded.
 """
 
+import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -24,7 +26,10 @@ import uvicorn
 
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
+from cpbjax.data import synthetic
 from cpbjax.modes import serve
+from tests import fake_data
+from tests.fake_vision import FakeVision, running
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES = "BTCUSDT-1h"
@@ -36,6 +41,8 @@ TINY = [
 ]
 START_TIMEOUT_S = 180  # imports, model loading and a loaded 2-core machine
 REQUEST_TIMEOUT_S = 60  # the first forecast compiles the model
+# A forecast's reason when its mirror's zips trickle in past a 1 s request deadline.
+DRIPPED = re.compile(r"within its deadline of 1 s|did not answer within 1 s")
 
 
 def _free_port() -> int:
@@ -259,6 +266,37 @@ def test_a_forecast_hung_on_the_network_blocks_neither_health_nor_sigterm(traine
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
+
+
+def test_forecasts_from_a_dripping_mirror_free_their_slots_at_the_deadline(trained, tmp_path):
+    """A mirror whose zips trickle in a byte at a time: every forecast in flight is
+    answered by its download deadline (1 s a request, 3 s a file), so the slots are
+    free again for the next forecast instead of held until a restart."""
+    root = str(tmp_path / "mirror")
+    synthetic.write_vision_mirror(root, ("BTCUSDT",), ("1h",), fake_data.last_complete_months(2))
+    vision = FakeVision(root, mode="drip")
+    port, log_path = _free_port(), str(tmp_path / "serve.log")
+    with running(vision) as base_url, open(log_path, "wb") as log:
+        hostile = ["--config.data.source=binance", f"--config.data.base_url={base_url}"]
+        hostile += [f"--config.data.cache_dir={tmp_path / 'cache'}"]
+        hostile += ["--config.data.timeout_seconds=1", "--config.data.download_deadline_s=3"]
+        proc = _serve(trained, port, log, hostile)
+        try:
+            _wait_healthy(proc, port, log_path)
+            started = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(serve.MAX_FORECASTS) as pool:
+                asked = [f"/forecast/{SERIES}"] * serve.MAX_FORECASTS
+                answers = list(pool.map(lambda path: _get(port, path), asked))
+            assert time.monotonic() - started < 30
+            for status, body, _ in answers:  # skipped at the deadline, or gave up waiting
+                waited = status == 503 and "another forecast has loaded data" in body["error"]
+                assert waited or (status == 422 and DRIPPED.search(body["error"])), body
+            status, body, _ = _get(port, f"/forecast/{SERIES}")  # a slot is free again
+            assert status == 422 and DRIPPED.search(body["error"]), body
+            assert "Traceback" not in _read(log_path)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def test_port_in_use_exits_2(trained, tmp_path):

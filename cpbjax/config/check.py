@@ -119,6 +119,7 @@ def _validate_data(c) -> None:
     _validate_windows(c)
     _int_range(c, "data.download_workers", 1, 64)
     _num_range(c, "data.timeout_seconds", 0, 600, lo_open=True)
+    _num_range(c, "data.download_deadline_s", 0, 3600, lo_open=True)
     _int_range(c, "data.retries", 0, 20)
     _int_range(c, "data.synthetic_candles", 1, 10_000_000)
     rules.check(

@@ -99,8 +99,10 @@ def base_config() -> ml_collections.ConfigDict:
     d.splits = (0.70, 0.15, 0.15)  # Chronological train / val / test fractions.
     d.normalization = "last_close"  # Log ratios to each window's last close (the only one).
     d.download_workers = 8  # Parallel downloads.
-    d.timeout_seconds = 30.0  # Per-request timeout.
-    d.retries = 5  # Retries per request (connection errors, 429, 5xx).
+    d.timeout_seconds = 30.0  # One request's deadline: connect, headers and whole body.
+    # One Vision file's wall clock: its CHECKSUM and zip requests, retries and waits.
+    d.download_deadline_s = 120.0
+    d.retries = 5  # Retries per request (broken connections, 5xx); 429 waits are bounded.
     d.synthetic_candles = 6000  # `synthetic` source: candles generated per series.
     # Calendar splits, (VAL_START, TEST_START) as YYYY-MM or YYYY-MM-DD (UTC): train windows
     # end before the first date, val targets lie between, test targets after the second,

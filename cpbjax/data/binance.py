@@ -12,10 +12,11 @@ month in the series' failed_months.
 A plain http:// base_url works but logs one warning per run: its CHECKSUM files
 travel over the same unencrypted channel as the zips they verify.
 
-Retries of connection errors, timeouts, 429 and 5xx are urllib3's `Retry`: at
-most data.retries per request, exponential backoff with jitter capped at
-BACKOFF_MAX_S, so one request takes at most about
-(retries + 1) * timeout_seconds + retries * BACKOFF_MAX_S.
+Over HTTP every request goes through `http_client.Client`, the REST source's policy:
+one request's total deadline is data.timeout_seconds (connect, headers and body), one
+file's (its CHECKSUM and zip, retries and Retry-After waits included)
+data.download_deadline_s. A host that does not connect ends the run (ConfigError) at
+its first failure; one that does not answer in time has the remaining files skipped.
 """
 
 from __future__ import annotations
@@ -28,22 +29,14 @@ import os
 import urllib.parse
 import urllib.request
 
-import requests
-import urllib3
 from absl import logging
-from requests.adapters import HTTPAdapter
 
 from cpbjax import config_rules as rules
-from cpbjax.data import parsed_cache, parsing
+from cpbjax.data import http_client, parsed_cache, parsing
 from cpbjax.data.mirrors import DirMirror, FileRef, HttpMirror, months_back
 from cpbjax.data.progress import Progress
 from cpbjax.data.series import SeriesSkipped
-from cpbjax.version import __version__
 
-BACKOFF_FACTOR = 0.5  # urllib3 sleeps BACKOFF_FACTOR * 2**(n - 1) s before retry n...
-BACKOFF_JITTER_S = 0.5  # ...plus uniform(0, BACKOFF_JITTER_S) s...
-BACKOFF_MAX_S = 30.0  # ...but never longer than this (Retry-After included).
-RETRY_STATUSES = (429, 500, 502, 503, 504)
 # (field, URL) of plain http:// URLs warned about in this process: one warning per run,
 # however many times the run loads data.
 _WARNED_PLAIN_HTTP: set[tuple[str, str]] = set()
@@ -79,30 +72,6 @@ def _periods_between(first: str, last: str) -> list[str]:
     return [(lo + datetime.timedelta(days=i)).isoformat() for i in range((hi - lo).days + 1)]
 
 
-def make_session(workers: int, retries: int) -> requests.Session:
-    """A requests Session whose adapter retries with urllib3 `Retry` (module constants)."""
-    retry = urllib3.Retry(
-        total=retries,
-        connect=retries,
-        read=retries,
-        status=retries,
-        other=0,
-        backoff_factor=BACKOFF_FACTOR,
-        backoff_jitter=BACKOFF_JITTER_S,
-        backoff_max=BACKOFF_MAX_S,
-        retry_after_max=max(1, int(BACKOFF_MAX_S)),
-        status_forcelist=RETRY_STATUSES,
-        allowed_methods=frozenset({"GET"}),
-        raise_on_status=False,
-    )
-    session = requests.Session()
-    adapter = HTTPAdapter(max_retries=retry, pool_connections=1, pool_maxsize=workers)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    session.headers["User-Agent"] = f"cpbjax/{__version__}"
-    return session
-
-
 def open_mirror(data_cfg):
     """The DirMirror or HttpMirror that data.base_url names.
 
@@ -122,10 +91,16 @@ def open_mirror(data_cfg):
             "anyone on the path can alter. Use https:// or a local mirror.",
         )
     if parsed.scheme in ("http", "https"):
-        session = make_session(data_cfg.download_workers, data_cfg.retries)
+        session = http_client.make_session(data_cfg.download_workers)
+        client = http_client.Client(
+            url.rstrip("/"),
+            session,
+            data_cfg.timeout_seconds,
+            data_cfg.retries,
+            budget_s=data_cfg.download_deadline_s,
+        )
         progress = Progress("rich" if os.isatty(2) else "plain")
-        timeout = data_cfg.timeout_seconds
-        return HttpMirror(url, data_cfg.cache_dir, session, timeout, progress, cache)
+        return HttpMirror(url, data_cfg.cache_dir, client, progress, cache)
     path = urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else url
     path = os.path.expanduser(path)
     if not os.path.isdir(path):
@@ -219,7 +194,8 @@ def load(data_cfg, pairs, today: datetime.date | None = None):
     Returns:
       (name -> Series, name -> skip reason); names like "BTCUSDT-1h".
     Raises:
-      ConfigError: data.base_url is neither http(s) nor an existing directory.
+      ConfigError: data.base_url is neither http(s) nor an existing directory, or its
+        host did not connect.
     """
     today = today or datetime.datetime.now(datetime.timezone.utc).date()
     end = resolve_end(data_cfg.end, today)

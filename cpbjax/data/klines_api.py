@@ -11,14 +11,15 @@ newest candle is then stale. The candle still open at `now_ms` is never returned
 Every candle is checked before use (`_check_page`): close time = open time + the
 interval - 1 ms, opening no later than now, on the interval's grid, prices positive
 and low <= open, close <= high. A page with more rows than its limit, or a body over
-rest_http.MAX_BODY_BYTES, is refused. One bad page skips the series with a message
+http_client.MAX_BODY_BYTES, is refused. One bad page skips the series with a message
 naming the URL or the candle (`SeriesSkipped`); the run goes on. So does a series whose
 fresh candles open more than CONTINUITY_RATIO times away from its history's last close
 (`_check_continues`): they are another symbol's or another scale's, not its newest.
 
-Requests go through `rest_http.Client`: each has a total deadline (data.timeout_seconds,
-body included), each series' fetch a wall-clock budget (rest_http.SERIES_BUDGET_S),
-retries and Retry-After waits are bounded by it and reported as waited.
+Requests go through `http_client.Client`, as the Vision downloads do: each has a total
+deadline (data.timeout_seconds, body included), each series' fetch a wall-clock budget
+(http_client.SERIES_BUDGET_S), retries and Retry-After waits are bounded by it and
+reported as waited.
 
 Consider ccxt (the exchange library freqtrade uses) as the backend? We decided
 against it. ccxt 4.5.90 is a 6.8 MB wheel (726 files, 40 MB unpacked) that
@@ -44,7 +45,7 @@ import urllib.parse
 import numpy as np
 from absl import logging
 
-from cpbjax.data import binance, parsing, rest_http
+from cpbjax.data import binance, http_client, parsing
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 
 KLINES_PATH = "/api/v3/klines"
@@ -251,7 +252,7 @@ def fetch_recent(symbol, interval, start_ms, client, now_ms=None, *, max_request
     Args:
       symbol, interval: e.g. "BTCUSDT", "1h" (a key of series.INTERVAL_MS).
       start_ms: the first open time wanted (epoch ms), e.g. history's last + step.
-      client: a `rest_http.Client` of the API (data.api_url; the path /api/v3/klines is
+      client: an `http_client.Client` of the API (data.api_url; the path /api/v3/klines is
         appended), with its per-request deadline, retries and this fetch's budget.
       now_ms: the clock (epoch ms); None = the real one. Candles whose
         close_time_ms >= now_ms are still open and dropped.
@@ -264,15 +265,15 @@ def fetch_recent(symbol, interval, start_ms, client, now_ms=None, *, max_request
     Raises:
       SeriesSkipped: the API failed, sent something that is not valid klines, or the
         request, wait or time budget ran out; the message names the URL or the candle.
-      rest_http.Unreachable: (a SeriesSkipped) no connection, or no answer in time.
+      http_client.Unreachable: (a SeriesSkipped) no connection, or no answer in time.
     """
     step = INTERVAL_MS[interval]
     now = clock_ms() if now_ms is None else int(now_ms)
     budget = client.budget(max_requests or _request_limit(start_ms, now, step))
-    name = f"{symbol}-{interval} from {client.api_url}"
+    name = f"{symbol}-{interval} from {client.base_url}"
 
     def get_page(cursor: int):
-        url = _page_url(client.api_url, symbol, interval, cursor, now)
+        url = _page_url(client.base_url, symbol, interval, cursor, now)
         page = _parse_page(client.get(url, budget), url)
         _check_page(page, name, step, now, url)
         return (*page, url)
@@ -393,7 +394,7 @@ def _top_up_one(s: Series, data_cfg, client, now: int | None) -> Series:
             parsing.iso(seam.fresh_first_ms),
         )
     _why_stale(s.name, times, report, step, now)
-    notes = dict(s.notes, fresh_source=client.api_url, fresh_candles=len(fresh[0]))
+    notes = dict(s.notes, fresh_source=client.base_url, fresh_candles=len(fresh[0]))
     notes.update(seam_missing=seam.missing, seam_differing=seam.differing)
     notes.update(fresh_gaps=len(report["gaps"]), fresh_nothing_after_ms=report["nothing_after_ms"])
     return parsing.build_series(s.symbol, s.interval, [(times, ohlcv)], data_cfg, notes)
@@ -410,7 +411,7 @@ def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
     Returns:
       (name -> extended Series, name -> reason). A series whose fetch fails is
       skipped with the reason: stale candles are never passed off as fresh. Each
-      series' fetch has rest_http.SERIES_BUDGET_S of wall clock. Once the API does not
+      series' fetch has http_client.SERIES_BUDGET_S of wall clock. Once the API does not
       connect or does not answer in time, the series after it are skipped unasked:
       each would wait out the same deadline.
     """
@@ -419,8 +420,8 @@ def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
         binance.warn_plain_http(
             "data.api_url", api_url, "anyone on the path can change the fresh candles; use https://"
         )
-    session = rest_http.make_session()
-    client = rest_http.Client(api_url, session, data_cfg.timeout_seconds, data_cfg.retries)
+    session = http_client.make_session()
+    client = http_client.Client(api_url, session, data_cfg.timeout_seconds, data_cfg.retries)
     extended, skipped = {}, dict(skipped)
     unreachable = ""  # why the API is taken to be down, once it failed that way
     for name, s in loaded.items():
@@ -431,6 +432,6 @@ def top_up(loaded: dict, skipped: dict, data_cfg, now_ms: int | None = None):
             extended[name] = _top_up_one(s, data_cfg, client, now_ms)
         except (SeriesSkipped, parsing.KlineError) as e:
             skipped[name] = f"fresh candles: {e}"
-            if isinstance(e, rest_http.Unreachable):
+            if isinstance(e, http_client.Unreachable):
                 unreachable = f"{api_url} {e.why} for {name}"
     return extended, skipped

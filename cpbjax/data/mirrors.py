@@ -17,6 +17,13 @@ span it holds (checked on the arrays whether parsed or cached). A verified zip's
 parsed arrays are kept in, and read back from, the `parsed_cache` folder under the
 sha256 its bytes matched. Both mirrors answer `monthly_candidates`, `daily_candidates`
 and `fetch`.
+
+Downloads follow http_client's policy: each request has a total deadline and a body
+cap (a zip over MAX_ZIP_BYTES is refused unread), each file a wall-clock budget, and
+Retry-After is waited out only within it. A host that does not connect ends the run
+with one line naming the URL and the fix (a local mirror); one that does not answer in
+time (a tarpit, a body trickling in) is one warning, and the remaining downloads are
+skipped unasked, each file recorded as failed.
 """
 
 from __future__ import annotations
@@ -30,18 +37,27 @@ import urllib.parse
 import zipfile
 
 import numpy as np
-import requests
 from absl import logging
 
+from cpbjax import config_rules as rules
 from cpbjax import writers
-from cpbjax.data import parsing
+from cpbjax.data import http_client, parsing
 from cpbjax.data.progress import Progress
+from cpbjax.data.series import SeriesSkipped
 
 PROBE_EXTRA_MONTHS = 24  # Over HTTP, months probed beyond data.months before giving up.
 # data.months=0 over HTTP probes every month back to this one (Binance Vision's spot
 # klines begin in 2017-08).
 FIRST_MONTH = "2017-01"
-_CHUNK_BYTES = 1 << 16
+# The largest real monthly zip (1m candles) is a few MB and its CSV at most
+# parsing.DEFAULT_MAX_CSV_BYTES (about 22 MB): a zip far beyond is refused unread.
+MAX_ZIP_BYTES = 64 << 20
+CHECKSUM_MAX_BYTES = 4 << 10  # "<sha256>  <zipname>" is about 100 bytes.
+REQUESTS_PER_FILE = 3  # Its CHECKSUM and its zip twice, each with data.retries retries.
+OFFLINE_FIX = (
+    "without network, point --config.data.base_url at a local mirror (a folder laid out "
+    "like data.binance.vision); months already in data.cache_dir need no network"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,13 +207,16 @@ class DirMirror:
 
 
 class HttpMirror:
-    """An http(s) host in the Binance Vision layout, downloaded into a verified cache."""
+    """An http(s) host in the Binance Vision layout, downloaded into a verified cache.
+
+    Every request goes through one `http_client.Client` (its per-request deadline, body
+    cap, bounded waits and breaker); each file's requests share one Budget (the client's
+    budget_s: data.download_deadline_s). A cached verified file needs no network.
+    """
 
     missing_reason = "missing (HTTP 404)"
 
-    def __init__(
-        self, base_url: str, cache_dir: str, session, timeout: float, progress, parsed_cache=None
-    ):
+    def __init__(self, base_url: str, cache_dir: str, client, progress, parsed_cache=None):
         self.base_url = self.where = base_url.rstrip("/")
         parsed = urllib.parse.urlparse(self.base_url)
         # One cache folder per mirror: different mirrors may publish different bytes.
@@ -206,7 +225,7 @@ class HttpMirror:
         host = re.sub(r"[^A-Za-z0-9._-]+", "_", parsed.netloc + parsed.path).strip("._")
         host = host or "no-host"
         self.cache_root = os.path.join(os.path.expanduser(cache_dir), host)
-        self.session, self.timeout, self.progress = session, timeout, progress
+        self.client, self.progress = client, progress  # client: an http_client.Client
         self.parsed_cache = parsed_cache  # A parsed_cache.ParsedCache, or None.
 
     def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
@@ -220,7 +239,12 @@ class HttpMirror:
         return days
 
     def fetch(self, ref: FileRef) -> Fetched:
-        """The cached verified zip, or a verified download of it; parsed."""
+        """The cached verified zip, or a verified download of it; parsed.
+
+        Raises:
+          ConfigError: the host did not connect (no network, a wrong host name); the
+            message names the URL and the fix.
+        """
         try:
             return self._fetch(ref)
         finally:
@@ -232,23 +256,70 @@ class HttpMirror:
         if cached is not None:
             return _parsed(ref, *cached, self.parsed_cache)
         url = f"{self.base_url}/{ref.relpath}"
-        text, status, reason = self._get(url + ".CHECKSUM")
-        if text is None:
-            return Fetched(ref, "missing" if status == 404 else "failed", reason=reason)
-        try:
-            expected = _parse_checksum(text.decode(errors="replace"), ref.name)
-        except ValueError as e:
-            return Fetched(ref, "failed", reason=str(e))
+        budget = self.client.budget(REQUESTS_PER_FILE * (self.client.retries + 1))
+        checksum = self._get_checksum(ref, url, budget)
+        if isinstance(checksum, Fetched):
+            return checksum
+        text, expected = checksum
         problems = []
         for _ in range(2):  # A bad or cut body is fetched once more, then the month fails.
-            data, status, reason = self._get(url)
-            problem = reason if data is None else _checksum_problem(data, expected)
+            try:
+                data = self._get(url, budget, MAX_ZIP_BYTES)
+            except http_client.CutShort as e:
+                problems.append(f"download failed ({e})")
+                continue
+            except SeriesSkipped as e:  # a status, the cap, the deadline: not asked again
+                problems.append(str(e))
+                break
+            problem = _checksum_problem(data, expected)
             if problem is None:
                 return self._store(ref, path, data, text, expected)
             problems.append(problem)
-            if status != 200:  # No body came: urllib3 has already retried the request.
-                break
         return Fetched(ref, "failed", reason=" / then ".join(problems))
+
+    def _get_checksum(self, ref: FileRef, url: str, budget) -> tuple[bytes, str] | Fetched:
+        """(the .CHECKSUM's bytes, its sha256 digest) of the zip at `url`, or the file's
+        outcome without them: missing (404) or failed."""
+        try:
+            text = self._get(url + ".CHECKSUM", budget, CHECKSUM_MAX_BYTES)
+        except http_client.BadStatus as e:
+            return Fetched(ref, "missing" if e.status == 404 else "failed", reason=str(e))
+        except SeriesSkipped as e:
+            return Fetched(ref, "failed", reason=str(e))
+        try:
+            return text, _parse_checksum(text.decode(errors="replace"), ref.name)
+        except ValueError as e:
+            return Fetched(ref, "failed", reason=str(e))
+
+    def _get(self, url: str, budget, cap: int) -> bytes:
+        """The body of `url`, at most `cap` bytes (see `Client.get`).
+
+        Raises:
+          SeriesSkipped: from `Client.get`. ConfigError: `url` did not connect.
+        """
+        try:
+            data = self.client.get(url, budget, cap)
+        except http_client.Unreachable as e:
+            if self.client.down is e:  # this request opened the breaker
+                self._say_down(e)
+            raise
+        self.progress.add_bytes(len(data))
+        return data
+
+    def _say_down(self, error) -> None:
+        """Says once for the whole download that the host is down: a host that did not
+        connect ends the run (its other files would need it too); one that did not answer
+        in time is one warning, and the files after it are skipped unasked."""
+        if error.why == http_client.DID_NOT_CONNECT:
+            allowed = f"a host to connect to ({error}); {OFFLINE_FIX}"
+            rules.fail("data.base_url", self.base_url, allowed)
+        logging.warning(
+            "data.base_url %s %s: the remaining downloads are skipped (%s); a slow host may "
+            "need a larger --config.data.timeout_seconds",
+            self.base_url,
+            error.why,
+            error,
+        )
 
     def _store(self, ref: FileRef, path: str, data: bytes, checksum: bytes, sha256: str):
         """Caches a verified zip, then its CHECKSUM (which marks it verified); parses it."""
@@ -275,19 +346,3 @@ class HttpMirror:
         for stale in (path + ".CHECKSUM", path):
             os.remove(stale)
         return None
-
-    def _get(self, url: str) -> tuple[bytes | None, int | None, str]:
-        """(body, status, reason): body is None on failure; urllib3 retries in `get`."""
-        status = None
-        try:
-            with self.session.get(url, timeout=self.timeout, stream=True) as resp:
-                status = resp.status_code
-                if status != 200:
-                    return None, status, f"HTTP {status} for {url}"
-                chunks = []
-                for chunk in resp.iter_content(_CHUNK_BYTES):
-                    chunks.append(chunk)
-                    self.progress.add_bytes(len(chunk))
-                return b"".join(chunks), status, ""
-        except requests.RequestException as e:
-            return None, status, f"download failed ({type(e).__name__}: {str(e)[:200]})"

@@ -17,8 +17,11 @@ It binds to serve.host (127.0.0.1 by default) and stops cleanly on SIGTERM or Ct
 
 Forecasts never hold up the cheap endpoints or shutdown: each runs in its own daemon
 thread, at most MAX_FORECASTS at a time (more get 503 at once), apart from the thread
-pool of /series and the event loop of /health; the data load under the forecast lock
-is bounded by the data sources' own deadlines. On SIGTERM every forecast still waiting
+pool of /series and the event loop of /health. Their slots are freed at the deadline:
+the data load under the forecast lock ends at the data sources' own deadlines (over
+HTTP, data.timeout_seconds a request and data.download_deadline_s a file, and a host
+that does not answer in time has the rest skipped), and a forecast waits for that lock
+at most data.download_deadline_s, then is answered 503. On SIGTERM every forecast still waiting
 is answered 503 within POLL_S and the server exits (uvicorn's graceful shutdown is
 capped at SHUTDOWN_GRACE_S); the abandoned daemon threads do not keep the process alive.
 A connection that has not sent a whole request head within HEADER_TIMEOUT_S is closed.
@@ -74,6 +77,10 @@ class ServeError(RuntimeError):
     """The server cannot start (e.g. the port is taken); the message says why."""
 
 
+class Busy(RuntimeError):
+    """Another forecast held the forecast lock for longer than a forecast waits for it."""
+
+
 class Forecaster:
     """The loaded models of a workdir, and fresh forecasts of their series.
 
@@ -115,9 +122,13 @@ class Forecaster:
 
         Raises:
           SeriesSkipped: its data cannot be loaded or is too short for one window.
+          Busy: the forecast lock stayed held for data.download_deadline_s.
         """
         cfg = trained_run.forecast_config(self.config, self.models[name].trained, [name])
-        with self._lock:
+        wait_s = cfg.data.download_deadline_s
+        if not self._lock.acquire(timeout=wait_s):
+            raise Busy(f"another forecast has loaded data for over {wait_s:g} s; retry later")
+        try:
             preps, skipped = trained_run.prepare(cfg, {name: self.models[name]}, latest=True)
             if name not in preps:
                 raise SeriesSkipped(skipped.get(name, "no usable data"))
@@ -130,6 +141,8 @@ class Forecaster:
                 cfg.data.horizon,
                 model.calibration,
             )
+        finally:
+            self._lock.release()
         predict.freshness(entry, klines_api.clock_ms(), cfg.data.source)  # > 1 is stale
         baseline = model.trained.model.baseline
         entry = predict.described(entry, predict.scored_series(self.workdir).get(name), baseline)
@@ -195,6 +208,8 @@ class _Handlers:
             return _error(500, str(e))
         except (OSError, ConfigError) as e:  # the data location is unreachable or unusable
             return _error(503, f"{name}: cannot load its data: {e}")
+        except Busy as e:
+            return _error(503, f"{name}: {e}")
         except _ShuttingDown:
             return _error(503, f"{name}: the server is shutting down; the forecast was dropped")
 

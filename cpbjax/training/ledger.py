@@ -31,6 +31,7 @@ FETCH_FIELDS = (
     "parsed_cache",
     "download_workers",
     "timeout_seconds",
+    "download_deadline_s",
     "retries",
 )
 # Train fields that change how the coins are computed, never what they train (a streamed

@@ -1,20 +1,25 @@
-"""GET with one wall-clock deadline, a body cap and truthful waits, for the REST klines source.
+"""The one HTTP policy of every network path: GET with one wall-clock deadline, a body cap,
+bounded waits and a circuit breaker, for the Binance Vision downloader (mirrors.HttpMirror)
+and the REST klines source (klines_api).
 
-A `Client` makes every request of one operation (the top-up of one series) against
-one `Budget`: a deadline on the monotonic clock, a number of requests and a number
-of seconds of waiting. Each request has its own total deadline as well (the client's
-`timeout`, or what is left of the budget if less): connect, headers and the whole
-body. A watchdog shuts the connection down if the reply's head is not in by then, and
-the body is streamed with the socket's timeout set to the time left, so a server
-sending one byte a second cannot stretch either. A body over `max_body_bytes`
-(announced or streamed) is refused at the cap, so memory stays bounded.
+A `Client` makes every request of one operation (a Vision file: its CHECKSUM and its zip;
+the top-up of one series) against one `Budget`: a deadline on the monotonic clock, a
+number of requests and a number of seconds of waiting. Each request has its own total
+deadline as well (the client's `timeout`, or what is left of the budget if less):
+connect (at most CONNECT_TIMEOUT_S), headers and the whole body. A watchdog shuts the
+connection down if the reply's head is not in by then, and the body is streamed with
+the socket's timeout set to the time left, so a server sending one byte a second cannot
+stretch either. A body over its cap (announced or streamed) is refused at the cap, so
+memory stays bounded.
 
 Retries are made here, not by urllib3 (whose waits this module could not see or
-bound): connection errors and 5xx are retried at most `retries` times with the
-downloader's capped backoff (binance.BACKOFF_*); 418 and 429 are waited out for their
-Retry-After, within the budget. A request that gets no complete answer within its
-deadline is not retried: the server is taken to be unreachable (`Unreachable`), so
-the caller can skip the other series instead of waiting again for each.
+bound): a connection that breaks after connecting, and 5xx, are retried at most
+`retries` times with capped backoff (BACKOFF_*); 418 and 429 are waited out for their
+Retry-After, within the budget's seconds of waiting. A host whose name does not resolve,
+that refuses or does not accept the connection, or that sends no complete answer within
+the deadline is not retried: it is `Unreachable`, and the client's breaker opens (`down`):
+every later request of the client fails at once with the first one's reason, so the
+caller skips the rest instead of waiting again for each.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from cpbjax.data import binance
 from cpbjax.data.series import SeriesSkipped
 from cpbjax.version import __version__
 
@@ -42,6 +46,13 @@ ERROR_BODY_BYTES = 64 << 10  # Read of an error reply, for Binance's {"code", "m
 CHUNK_BYTES = 64 << 10
 SERIES_BUDGET_S = 45.0  # Wall clock for one operation (the top-up of one series).
 MAX_WAIT_S = 30.0  # Retry-After and backoff waiting within it.
+# A host that has not accepted the connection by then is taken to be unreachable: with
+# no network a run ends this soon after its first request, whatever `timeout` is.
+CONNECT_TIMEOUT_S = 10.0
+BACKOFF_FACTOR = 0.5  # The backoff before retry n is BACKOFF_FACTOR * 2**(n - 1) s...
+BACKOFF_JITTER_S = 0.5  # ...plus uniform(0, BACKOFF_JITTER_S) s...
+BACKOFF_MAX_S = 30.0  # ...but never longer than this (nor a Retry-After that gives none).
+DID_NOT_CONNECT = "did not connect"  # Unreachable.why of a host not connected to
 
 
 class Unreachable(SeriesSkipped):
@@ -54,6 +65,22 @@ class Unreachable(SeriesSkipped):
     def __init__(self, message: str, why: str):
         super().__init__(message)
         self.why = why
+
+
+class BadStatus(SeriesSkipped):
+    """A reply whose status is neither 200 nor waited out or retried into a 200.
+
+    Attributes:
+      status: the HTTP status, e.g. 404.
+    """
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class CutShort(SeriesSkipped):
+    """The reply's body broke off before its end (a caller may ask again)."""
 
 
 @dataclasses.dataclass
@@ -166,10 +193,12 @@ def _head_deadline(seconds: float):
         _READING.sockets = None
 
 
-def make_session() -> requests.Session:
-    """A Session without urllib3 retries (`Client` retries itself, within its budget)."""
+def make_session(workers: int = 1) -> requests.Session:
+    """A Session without urllib3 retries (`Client` retries itself, within its budget),
+    keeping a connection for each of `workers` threads."""
     session = requests.Session()
-    adapter = _Adapter(max_retries=urllib3.Retry(0, read=False, redirect=3))
+    retry = urllib3.Retry(0, read=False, redirect=3)
+    adapter = _Adapter(max_retries=retry, pool_connections=1, pool_maxsize=max(workers, 1))
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = f"cpbjax/{__version__}"
@@ -178,32 +207,45 @@ def make_session() -> requests.Session:
 
 @dataclasses.dataclass
 class Client:
-    """GETs of one REST API: a session, a per-request deadline, retries, a body cap."""
+    """GETs of one host: a session, a per-request deadline, retries, a body cap, a breaker.
 
-    api_url: str
+    `down` is the breaker: the Unreachable that opened it (None while closed). Every
+    `get` after it raises at once; a caller tells the request that opened it by
+    `client.down is error`. Safe to share between threads.
+    """
+
+    base_url: str
     session: requests.Session
     timeout: float  # seconds for one request, body included
-    retries: int  # of connection errors and 5xx
+    retries: int  # of broken connections and 5xx
     budget_s: float = SERIES_BUDGET_S  # wall clock of one operation (see `budget`)
     max_wait_s: float = MAX_WAIT_S
     max_body_bytes: int = MAX_BODY_BYTES
+    down: Unreachable | None = dataclasses.field(default=None, init=False)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
 
     def budget(self, max_requests: int) -> Budget:
         """A fresh Budget for one operation, its deadline starting now."""
         return Budget(max_requests, self.max_wait_s, self.budget_s)
 
-    def get(self, url: str, budget: Budget) -> bytes:
-        """The body of a 200 reply to GET url.
+    def get(self, url: str, budget: Budget, cap: int | None = None) -> bytes:
+        """The body of a 200 reply to GET url, at most `cap` bytes (None: max_body_bytes).
 
         Raises:
-          Unreachable: no connection after the retries, or no complete answer in time.
-          SeriesSkipped: another status, a body over the cap, or a spent budget.
+          Unreachable: no connection, no complete answer in time, or the breaker open.
+          BadStatus: another status (5xx after the retries).
+          CutShort: the body broke off.
+          SeriesSkipped: a body over the cap, or a spent budget.
         """
         failures = 0
         while True:
+            self._refuse_if_down()
             budget.spend_request(url)
             try:
-                return self._once(url, budget)
+                return self._once(url, budget, self.max_body_bytes if cap is None else cap)
+            except Unreachable as e:
+                self._open(e)
+                raise
             except _Retry as e:
                 failures += e.wait_s is None
                 if e.wait_s is None and failures > self.retries:
@@ -211,16 +253,28 @@ class Client:
                 wait = e.wait_s if e.wait_s is not None else _backoff_s(failures)
                 budget.wait(wait, e.reason(wait))
 
-    def _once(self, url: str, budget: Budget) -> bytes:
+    def _refuse_if_down(self) -> None:
+        down = self.down
+        if down is not None:
+            raise Unreachable(f"not requested: {self.base_url} {down.why}", down.why)
+
+    def _open(self, error: Unreachable) -> None:
+        with self._lock:
+            self.down = self.down or error
+
+    def _once(self, url: str, budget: Budget, cap: int) -> bytes:
         deadline = min(time.monotonic() + self.timeout, budget.deadline)
         left = max(deadline - time.monotonic(), 0.001)
         with _head_deadline(left) as cut_off:
             try:
-                resp = self.session.get(url, timeout=(left, left), stream=True)
+                timeout = (min(left, CONNECT_TIMEOUT_S), left)
+                resp = self.session.get(url, timeout=timeout, stream=True)
             except requests.ConnectionError as e:  # ConnectTimeout included
                 if cut_off:  # the head was still coming in at the deadline
                     raise self._too_slow(url, "headers", 0) from e
-                message = f"request failed for {url} ({type(e).__name__}: {str(e)[:200]})"
+                message = f"request failed for {url} ({type(e).__name__}: {_short(e)})"
+                if _not_connected(e):
+                    raise Unreachable(message, DID_NOT_CONNECT) from e
                 raise _Retry(message) from e
             except requests.Timeout as e:
                 raise self._too_slow(url, "headers", 0) from e
@@ -229,13 +283,13 @@ class Client:
         with resp:
             status = resp.status_code
             if status == 200:
-                return self._body(resp, url, deadline, self.max_body_bytes)
+                return self._body(resp, url, deadline, cap)
             detail = _error_detail(self._body(resp, url, deadline, ERROR_BODY_BYTES, cut=True))
             if status in WAIT_STATUSES:
                 raise _Retry(f"HTTP {status} for {url}{detail}", _retry_after_s(resp))
             if status in RETRY_STATUSES:
-                raise _Retry(f"HTTP {status} for {url}{detail}")
-            raise SeriesSkipped(f"HTTP {status} for {url}{detail}")
+                raise _Retry(f"HTTP {status} for {url}{detail}", status=status)
+            raise BadStatus(f"HTTP {status} for {url}{detail}", status)
 
     def _body(self, resp, url: str, deadline: float, cap: int, cut: bool = False) -> bytes:
         """The body, streamed until EOF, the deadline or `cap` bytes (`cut`: keep those)."""
@@ -255,7 +309,7 @@ class Client:
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 if isinstance(e, urllib3.exceptions.ReadTimeoutError | TimeoutError):
                     raise self._too_slow(url, "body", size) from e
-                raise SeriesSkipped(f"the reply from {url} broke off ({type(e).__name__})") from e
+                raise CutShort(f"the reply from {url} broke off ({type(e).__name__})") from e
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
@@ -274,11 +328,11 @@ class Client:
 
 
 class _Retry(Exception):
-    """A failure worth another request: a connection error, a 5xx, or a 418/429 wait."""
+    """A failure worth another request: a broken connection, a 5xx, or a 418/429 wait."""
 
-    def __init__(self, message: str, wait_s: float | None = None):
+    def __init__(self, message: str, wait_s: float | None = None, status: int | None = None):
         super().__init__(message)
-        self.message, self.wait_s = message, wait_s
+        self.message, self.wait_s, self.status = message, wait_s, status
 
     def reason(self, wait: float) -> str:
         return (
@@ -288,21 +342,40 @@ class _Retry(Exception):
         )
 
     def final(self, retries: int) -> SeriesSkipped:
-        if isinstance(self.__cause__, requests.ConnectionError):
-            return Unreachable(f"{self.message} (after {retries} retries)", "did not connect")
-        return SeriesSkipped(f"{self.message} (after {retries} retries)")
+        message = f"{self.message} (after {retries} retries)"
+        if self.status is not None:
+            return BadStatus(message, self.status)
+        return Unreachable(message, "dropped every connection")
+
+
+def _not_connected(e: requests.ConnectionError) -> bool:
+    """Whether `e` stopped the request before a connection existed: the name did not
+    resolve, the connection was refused or unroutable, or not accepted in time."""
+    reason = getattr(e.args[0], "reason", None) if e.args else None
+    return isinstance(e, requests.ConnectTimeout) or isinstance(
+        reason,
+        urllib3.exceptions.NewConnectionError,  # NameResolutionError included
+    )
+
+
+def _short(e: requests.ConnectionError) -> str:
+    """The cause of a connection error without urllib3's wrapping (pool, retry count):
+    e.g. "Failed to resolve 'x.invalid' ([Errno -2] Name or service not known)"."""
+    reason = getattr(e.args[0], "reason", None) if e.args else None
+    text = str(reason if reason is not None else e)
+    return text.split("): ", 1)[-1][:200]
 
 
 def _backoff_s(failures: int) -> float:
-    """The downloader's backoff before retry n: capped exponential plus jitter."""
-    delay = binance.BACKOFF_FACTOR * 2 ** (failures - 1)
-    return min(delay + random.uniform(0, binance.BACKOFF_JITTER_S), binance.BACKOFF_MAX_S)
+    """The backoff before retry n: capped exponential plus jitter."""
+    delay = BACKOFF_FACTOR * 2 ** (failures - 1)
+    return min(delay + random.uniform(0, BACKOFF_JITTER_S), BACKOFF_MAX_S)
 
 
 def _retry_after_s(resp: requests.Response) -> float:
     """Retry-After in seconds; a missing or date-form value waits the backoff cap."""
     value = resp.headers.get("Retry-After", "").strip()
-    return float(value) if value.isdigit() else binance.BACKOFF_MAX_S
+    return float(value) if value.isdigit() else BACKOFF_MAX_S
 
 
 def _error_detail(body: bytes) -> str:
