@@ -30,6 +30,7 @@ import urllib.parse
 SLOW_BYTE_S = 0.05
 HUGE_BODY_BYTES = 1 << 30
 HOSTILE_LIMIT_S = 30.0  # the longest any hostile reply lasts
+STALL = ("stall", {})  # a fault that answers nothing, as the tarpit mode, once
 
 
 @dataclasses.dataclass
@@ -38,7 +39,7 @@ class FakeVision:
 
     root: str
     mode: str = "normal"
-    faults: list = dataclasses.field(default_factory=list)  # (status, headers) for zips
+    faults: list = dataclasses.field(default_factory=list)  # (status, headers) or STALL, for zips
     requests: list = dataclasses.field(default_factory=list)  # URL paths, in order
     sent: list = dataclasses.field(default_factory=list)  # body bytes written per zip reply
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -68,7 +69,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path = urllib.parse.urlparse(self.path).path
         fault, v = self.vision.next_fault(path), self.vision
         file = os.path.join(v.root, path.lstrip("/"))
-        if fault is not None:
+        if fault == STALL:
+            v.stopping.wait(HOSTILE_LIMIT_S)
+        elif fault is not None:
             self._reply(fault[0], fault[1], b"")
         elif not os.path.isfile(file):
             self._reply(404, {}, b"")

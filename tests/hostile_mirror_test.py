@@ -19,8 +19,8 @@ import pytest
 
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
-from cpbjax.data import binance, mirrors, synthetic
-from tests import fake_data, helpers
+from cpbjax.data import binance, http_client, mirrors, synthetic
+from tests import fake_data, fake_vision, helpers
 from tests.fake_vision import HUGE_BODY_BYTES, FakeVision, running
 
 DEADLINE_S = 0.5  # one request's total deadline (data.timeout_seconds) in these tests
@@ -101,16 +101,29 @@ def test_a_host_that_does_not_answer_in_time_is_one_warning_and_the_rest_unasked
     base_url, v = vision
     v.mode = mode
     with caplog.at_level(logging.WARNING):
-        loaded, skipped, seconds = _load(_cfg(base_url, tmp_path))
+        loaded, skipped, seconds = _load(_cfg(base_url, tmp_path, download_workers=2))
     assert loaded == {} and sorted(skipped) == [f"{s}-1h" for s in sorted(SYMBOLS)]
-    assert seconds < DEADLINE_S + 2.0  # the files in flight end at once, the rest unasked
+    assert seconds < 2 * DEADLINE_S + 2.0  # two rounds of stalls open the breaker
     said = [r.getMessage() for r in caplog.records if SKIPPED_LINE in r.getMessage()]
     assert len(said) == 1, said
     assert said[0].startswith(f"data.base_url {base_url} did not answer within {DEADLINE_S:g} s")
-    assert len(v.zip_requests()) <= WORKERS < 2 * len(SYMBOLS)
+    # Each worker's stall before the breaker opened may start one more request; no more.
+    assert len(v.zip_requests()) <= 2 + http_client.SLOW_STRIKES - 1 < 2 * len(SYMBOLS)
     reasons = " | ".join(skipped.values())
     assert re.search(rf"no complete answer from {base_url}/\S+\.zip .*{got}", reasons), reasons
     assert f"not requested: {base_url} did not answer within {DEADLINE_S:g} s" in reasons
+
+
+def test_one_stall_fails_its_own_file_and_the_download_goes_on(vision, tmp_path, caplog):
+    base_url, v = vision
+    v.faults = [fake_vision.STALL]  # the first zip asked for gets no answer
+    with caplog.at_level(logging.WARNING):
+        loaded, skipped, _ = _load(_cfg(base_url, tmp_path))
+    assert skipped == {} and sorted(loaded) == [f"{s}-1h" for s in sorted(SYMBOLS)]
+    assert not [r for r in caplog.records if SKIPPED_LINE in r.getMessage()]
+    assert len(v.zip_requests()) == 2 * len(SYMBOLS)  # every file asked for, the stalled once
+    failed = [n for n, s in loaded.items() if s.notes.get("failed_months")]
+    assert len(failed) == 1, {n: s.notes for n, s in loaded.items()}
 
 
 @pytest.mark.parametrize("where", ["refused", "no DNS"])

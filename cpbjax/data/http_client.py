@@ -17,9 +17,11 @@ bound): a connection that breaks after connecting, and 5xx, are retried at most
 `retries` times with capped backoff (BACKOFF_*); 418 and 429 are waited out for their
 Retry-After, within the budget's seconds of waiting. A host whose name does not resolve,
 that refuses or does not accept the connection, or that sends no complete answer within
-the deadline is not retried: it is `Unreachable`, and the client's breaker opens (`down`):
-every later request of the client fails at once with the first one's reason, so the
-caller skips the rest instead of waiting again for each.
+the deadline is not retried: it is `Unreachable`. The client's breaker (`down`) opens
+at once on a host that does not connect, and on the SLOW_STRIKES-th answer that misses
+its deadline (a stall or two on a sound link fail only their own files): every later request
+of the client then fails at once with the opening one's reason, so the caller skips the
+rest instead of waiting again for each.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ BACKOFF_FACTOR = 0.5  # The backoff before retry n is BACKOFF_FACTOR * 2**(n - 1
 BACKOFF_JITTER_S = 0.5  # ...plus uniform(0, BACKOFF_JITTER_S) s...
 BACKOFF_MAX_S = 30.0  # ...but never longer than this (nor a Retry-After that gives none).
 DID_NOT_CONNECT = "did not connect"  # Unreachable.why of a host not connected to
+# Answers of one client that miss their deadline before the breaker takes the host for a
+# tarpit: counted over the whole download, not in a row, since a host may answer the small
+# CHECKSUM files and drip every zip. Parallel downloads reach it together on a host that
+# stalls every request, so it costs about one deadline there.
+SLOW_STRIKES = 3
 
 
 class Unreachable(SeriesSkipped):
@@ -222,6 +229,7 @@ class Client:
     max_wait_s: float = MAX_WAIT_S
     max_body_bytes: int = MAX_BODY_BYTES
     down: Unreachable | None = dataclasses.field(default=None, init=False)
+    _slow_answers: int = dataclasses.field(default=0, init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
 
     def budget(self, max_requests: int) -> Budget:
@@ -244,7 +252,7 @@ class Client:
             try:
                 return self._once(url, budget, self.max_body_bytes if cap is None else cap)
             except Unreachable as e:
-                self._open(e)
+                self._strike(e)
                 raise
             except _Retry as e:
                 failures += e.wait_s is None
@@ -258,9 +266,13 @@ class Client:
         if down is not None:
             raise Unreachable(f"not requested: {self.base_url} {down.why}", down.why)
 
-    def _open(self, error: Unreachable) -> None:
+    def _strike(self, error: Unreachable) -> None:
+        """Opens the breaker on `error` if its host did not connect, or if it is the
+        SLOW_STRIKES-th answer to miss its deadline."""
         with self._lock:
-            self.down = self.down or error
+            self._slow_answers += error.why != DID_NOT_CONNECT
+            if error.why == DID_NOT_CONNECT or self._slow_answers >= SLOW_STRIKES:
+                self.down = self.down or error
 
     def _once(self, url: str, budget: Budget, cap: int) -> bytes:
         deadline = min(time.monotonic() + self.timeout, budget.deadline)
