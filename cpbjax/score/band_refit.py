@@ -55,7 +55,7 @@ def fit_shift(prep, fcs: dict, fit_splits, lookback: int, horizon: int, arrays=N
         return np.zeros((horizon, 2))
     s_N = sigma_N[ok]
     score_NV = (err_NH2[ok] / s_N[:, None, None]).reshape(len(s_N), -1)
-    shift_H2 = band.weighted_quantiles(score_NV, s_N[:, None], [0.5]).reshape(horizon, 2)
+    shift_H2 = band.weighted_quantiles(score_NV, s_N, [0.5]).reshape(horizon, 2)
     return shift_H2 * [1.0, -1.0]  # the low factor moves the low down
 
 

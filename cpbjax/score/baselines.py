@@ -131,42 +131,43 @@ HAR_COND_LIMIT = 1e6
 def har_least_squares(vols_NX, hours_NH, y_NH, ok_NH) -> np.ndarray:
     """The least-squares coef [X] of y on `har_design` over the (window, step) pairs ok_NH.
 
-    The design is the log volatilities plus one level per hour, so the volatilities'
-    coefficients are those of the regression on them less their mean in each hour
-    (Frisch-Waugh-Lovell), from 6 x 6 normal equations; each hour's level is then its
-    mean of y less its mean volatilities times them (0 for an hour without a pair, as
-    the minimum-norm solution of the whole design has it). Where the demeaned volatilities
-    are (nearly) collinear, the whole design goes to np.linalg.lstsq instead.
+    The design is the window's log volatilities plus one level per hour, so the
+    volatilities' coefficients are those of the regression on them less their mean in
+    each hour (Frisch-Waugh-Lovell): 6 x 6 normal equations, summed per window (its
+    volatilities are the same at every step) and per hour, never per pair. Each hour's
+    level is then its mean y less its mean volatilities times them (0 for an hour without
+    a pair, as the minimum-norm solution of the whole design has it). Where the demeaned
+    volatilities are (nearly) collinear, the whole design goes to np.linalg.lstsq.
     """
-    n_A, h_A = np.nonzero(ok_NH)
-    hour_A, y_A, vols_AX = hours_NH[n_A, h_A], y_NH[n_A, h_A], vols_NX[n_A]
-    count_24 = np.bincount(hour_A, minlength=24)
-    seen_24 = count_24 > 0
-    mean_vols_24X, mean_y_24 = (
-        _hour_mean(hour_A, count_24, vols_AX),
-        _hour_mean(hour_A, count_24, y_A),
-    )
-    d_AX, e_A = vols_AX - mean_vols_24X[hour_A], y_A - mean_y_24[hour_A]
-    gram_XX = d_AX.T @ d_AX
-    scale_X = np.sqrt(np.diag(gram_XX))
+    n = len(vols_NX)
+    steps_N = np.count_nonzero(ok_NH, axis=1).astype(np.float64)
+    if not steps_N.any():  # no pair: lstsq's zeros
+        return np.zeros(vols_NX.shape[1] + 24)
+    # pairs per window and hour [N, 24], and per hour [24]
+    pairs_N24 = np.bincount(
+        (np.arange(n)[:, None] * 24 + hours_NH)[ok_NH], minlength=n * 24
+    ).reshape(n, 24)
+    count_24 = pairs_N24.sum(axis=0)
+    seen_24, per_pair_24 = count_24 > 0, 1.0 / np.maximum(count_24, 1)
+    # centred first, so that no sum below cancels most of its digits
+    center_X, y_center = steps_N @ vols_NX / steps_N.sum(), y_NH[ok_NH].mean()
+    c_NX = vols_NX - center_X
+    yc_NH = np.where(ok_NH, y_NH - y_center, 0.0)
+    sums_24X = pairs_N24.T.astype(np.float64) @ c_NX
+    y_sums_24 = np.bincount(hours_NH[ok_NH], yc_NH[ok_NH], minlength=24)
+    gram_XX = c_NX.T @ (steps_N[:, None] * c_NX) - sums_24X.T @ (sums_24X * per_pair_24[:, None])
+    rhs_X = c_NX.T @ yc_NH.sum(axis=1) - sums_24X.T @ (y_sums_24 * per_pair_24)
+    scale_X = np.sqrt(np.maximum(np.diag(gram_XX), 0.0))
     if (
         not (scale_X > 0).all()
         or np.linalg.cond(gram_XX / np.outer(scale_X, scale_X)) > HAR_COND_LIMIT
     ):
         design_AX = har_design(vols_NX, hours_NH)[ok_NH]
         return np.linalg.lstsq(design_AX, y_NH[ok_NH], rcond=None)[0]
-    beta_X = np.linalg.solve(gram_XX, d_AX.T @ e_A)
-    level_24 = np.where(seen_24, mean_y_24 - mean_vols_24X @ beta_X, 0.0)
-    return np.concatenate([beta_X, level_24])
-
-
-def _hour_mean(hour_A, count_24, values_A):
-    """Each hour's mean of values_A ([A] or [A, X]) over its rows, [24] or [24, X] (0
-    for an hour without one)."""
-    columns = values_A.reshape(len(hour_A), -1).T
-    sums = np.stack([np.bincount(hour_A, col, minlength=24) for col in columns], axis=-1)
-    means = sums / np.maximum(count_24, 1)[:, None]
-    return means.reshape((24, *values_A.shape[1:]))
+    beta_X = np.linalg.solve(gram_XX, rhs_X)
+    mean_vols_24X = sums_24X * per_pair_24[:, None] + center_X
+    level_24 = y_sums_24 * per_pair_24 + y_center - mean_vols_24X @ beta_X
+    return np.concatenate([beta_X, np.where(seen_24, level_24, 0.0)])
 
 
 def fit_har(ohlc_TC, open_time_ms_T, interval, fit_ends_N, horizon, arrays=None) -> dict:
@@ -188,12 +189,14 @@ def fit_har(ohlc_TC, open_time_ms_T, interval, fit_ends_N, horizon, arrays=None)
         coef_X = har_least_squares(vols_NX, hours_NH, np.log(range_NH), ok_NH)
     sigma_NH = har_sigma(coef_X, vols_NX, hours_NH)
     ratios_NHC = arrays.log_ratios(fit_ends_N, horizon)
-    # [N, H, 2]: how far high rose and low fell, in sigma_hats, each weighted by its sigma_hat
+    # [N, H, 2]: how far high rose and low fell, in sigma_hats, weighted by step h's sigma_hat
     moves_NH2 = np.stack([ratios_NHC[..., HIGH], -ratios_NHC[..., LOW]], -1) / sigma_NH[..., None]
-    weights_NH2 = np.repeat(sigma_NH[..., None], 2, axis=-1)
-    n = len(fit_ends_N)
-    k_V1 = band.weighted_quantiles(moves_NH2.reshape(n, -1), weights_NH2.reshape(n, -1), [0.5])
-    k_H2 = k_V1.reshape(horizon, 2)
+    k_H2 = np.stack(
+        [
+            band.weighted_quantiles(moves_NH2[:, h], sigma_NH[:, h], [0.5])[:, 0]
+            for h in range(horizon)
+        ]
+    )
     return {"coef": coef_X, "k_high_h": k_H2[:, 0], "k_low_h": k_H2[:, 1]}
 
 

@@ -121,8 +121,8 @@ def _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting: str) -> np
     score_NV, ok_NV = score_NHC.reshape(n, -1)[:, fitted_V], ok_NV[:, fitted_V]
     k_VJ = np.zeros((horizon * columns, len(levels_J)))
     if weighting == "sigma":
-        weights_NV = np.where(ok_NV, sigma_N[:, None], 0.0)
-        k_VJ[fitted_V] = band.weighted_quantiles(score_NV, weights_NV, levels_J)
+        valid_NV = np.where(ok_NV, score_NV, np.nan)
+        k_VJ[fitted_V] = band.weighted_quantiles(valid_NV, sigma_N, levels_J)
     else:
         k_VJ[fitted_V] = _conformal_quantiles(score_NV, ok_NV, levels_J)
     return k_VJ.reshape(horizon, columns, len(levels_J))
