@@ -143,7 +143,7 @@ def _bracketed_quantiles(keys_NV, weights_N, total_V, levels_J):
     away from the cumulative weights on both sides of the pick: those of the whole sort
     differ by rounding alone, far less, so it picks the same entry.
     """
-    n, stride = len(keys_NV), len(keys_NV) // BRACKET_SAMPLE
+    n, stride = len(keys_NV), max(1, len(keys_NV) // BRACKET_SAMPLE)
     shape_VJ = (keys_NV.shape[1], len(levels_J))
     out_VJ, exact_VJ = np.full(shape_VJ, np.nan), np.zeros(shape_VJ, bool)
     margin_V = PICK_MARGIN * n * np.finfo(np.float64).eps * total_V
