@@ -116,15 +116,14 @@ def _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting: str) -> np
     sigma-weighted (the pinball-loss minimiser in log price) or split-conformal ("none");
     0 where no score is valid. One sort per column serves every level."""
     n, horizon, columns = score_NHC.shape
-    ok_NV = ok_NHC.reshape(n, -1)
-    fitted_V = ok_NV.any(axis=0)  # columns with a valid score
-    score_NV, ok_NV = score_NHC.reshape(n, -1)[:, fitted_V], ok_NV[:, fitted_V]
+    fitted_V = ok_NHC.reshape(n, -1).any(axis=0)  # the columns with a valid score
+    valid_NV = np.where(ok_NHC, score_NHC, np.nan).reshape(n, -1)  # NaN: left out
+    valid_NV = valid_NV if fitted_V.all() else valid_NV[:, fitted_V]
     k_VJ = np.zeros((horizon * columns, len(levels_J)))
     if weighting == "sigma":
-        valid_NV = np.where(ok_NV, score_NV, np.nan)
         k_VJ[fitted_V] = band.weighted_quantiles(valid_NV, sigma_N, levels_J)
     else:
-        k_VJ[fitted_V] = _conformal_quantiles(score_NV, ok_NV, levels_J)
+        k_VJ[fitted_V] = _conformal_quantiles(valid_NV, levels_J)
     return k_VJ.reshape(horizon, columns, len(levels_J))
 
 
@@ -190,13 +189,14 @@ def score_intervals(prep, split, ends_N, spec, pred_NHCJ, scale=WINDOW_ONLY, arr
     }
 
 
-def _conformal_quantiles(score_NV, ok_NV, levels_J) -> np.ndarray:
-    """The split-conformal bounds [V, J] of each column's n valid (ok_NV) scores, n >= 1,
+def _conformal_quantiles(valid_NV, levels_J) -> np.ndarray:
+    """The split-conformal bounds [V, J] of each column's n valid scores (not NaN), n >= 1,
     assumed exchangeable: the ceil((n+1)q)-th smallest for an upper level q, the
     floor((n+1)q)-th for a lower one, so that a new score falls beyond it with probability
-    at most min(q, 1 - q). One sort per column: its invalid scores sorted last, as +inf."""
-    sorted_VN = np.sort(np.where(ok_NV, score_NV, np.inf).T, axis=1)
-    n_V1 = np.count_nonzero(ok_NV, axis=0)[:, None]
+    at most min(q, 1 - q). One sort per column: its left-out scores sorted last, as +inf."""
+    left_out_NV = np.isnan(valid_NV)
+    sorted_VN = np.sort(np.where(left_out_NV, np.inf, valid_NV).T, axis=1)
+    n_V1 = (len(valid_NV) - left_out_NV.sum(axis=0))[:, None]
     q_1J = np.asarray(levels_J, np.float64)[None, :]
     rank_VJ = np.where(q_1J >= 0.5, np.ceil((n_V1 + 1) * q_1J), np.floor((n_V1 + 1) * q_1J))
     rank_VJ = np.clip(rank_VJ.astype(np.int64), 1, n_V1)
