@@ -99,11 +99,16 @@ def weighted_quantiles(values_NV, weights_N, levels_J) -> np.ndarray:
     """
     values_NV, weights_N = np.asarray(values_NV, np.float64), np.asarray(weights_N, np.float64)
     left_out_NV = np.isnan(values_NV)
-    total_V, count_V = weights_N @ ~left_out_NV, len(values_NV) - left_out_NV.sum(axis=0)
+    any_left_out = left_out_NV.any()
+    if any_left_out:
+        total_V, count_V = weights_N @ ~left_out_NV, len(values_NV) - left_out_NV.sum(axis=0)
+        keys_NV = np.where(left_out_NV, np.inf, values_NV)
+    else:  # every column's total weight is the same
+        total_V = np.full(values_NV.shape[1], weights_N.sum())
+        count_V, keys_NV = np.full(values_NV.shape[1], len(values_NV)), values_NV
     if not (total_V > 0).all():
         raise NoRange(f"no window with a positive weight among {len(weights_N)} to fit on")
-    keys_NV = np.where(left_out_NV, np.inf, values_NV)
-    if left_out_NV.any() and np.isposinf(values_NV).any():  # +inf ties the left-out
+    if any_left_out and np.isposinf(values_NV).any():  # +inf ties the left-out
         ones = [(values_NV[~out, v, None], ~out) for v, out in enumerate(left_out_NV.T)]
         return np.concatenate(
             [_sorted_quantiles(x, [len(x)], weights_N[ok], levels_J) for x, ok in ones]

@@ -91,8 +91,9 @@ def test_a_missed_bracket_or_a_pick_too_close_to_call_falls_back_to_the_sort(mon
     np.testing.assert_array_equal(got, _reference_columns(values, weights, LEVELS))
 
 
-def test_a_valid_infinite_value_is_not_taken_for_a_left_out_one(search):
-    values, weights = _columns(300, seed=2)
+@pytest.mark.parametrize("left_out", [0.05, 0.0])
+def test_a_valid_infinite_value_is_not_taken_for_a_left_out_one(search, left_out):
+    values, weights = _columns(300, seed=2, left_out=left_out)
     values[::7, 0] = np.inf
     got = band.weighted_quantiles(values, weights, (0.5, 1.0))
     np.testing.assert_array_equal(got, _reference_columns(values, weights, (0.5, 1.0)))
