@@ -8,7 +8,11 @@ with one decay: from prices in numpy float64 (`ewma_range`) and from a window's 
 inputs in JAX float32 (`window_range`). numpy only: the caller passes its array module
 to `window_range`, so the numpy baselines never import jax.
 
-Shapes (docs/design.md): T candles, N windows, L lookback, H steps, C OHLC columns, B batch.
+It also owns the weighted quantile every scoring fit takes (`weighted_quantiles`: the band's
+k_h, HAR's, the band refit's shifts and the calibrated interval's k), batched over columns.
+
+Shapes (docs/design.md): T candles, N windows, L lookback, H steps, C OHLC columns, B batch,
+V the columns of one weighted_quantiles call, J its levels.
 """
 
 from __future__ import annotations

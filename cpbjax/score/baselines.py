@@ -185,8 +185,9 @@ def fit_har(ohlc_TC, open_time_ms_T, interval, fit_ends_N, horizon, arrays=None)
     next_NHC = arrays.next_candles(fit_ends_N, horizon)
     range_NH = np.log(next_NHC[..., HIGH] / next_NHC[..., LOW])
     ok_NH = range_NH > 0
-    with np.errstate(divide="ignore"):
-        coef_X = har_least_squares(vols_NX, hours_NH, np.log(range_NH), ok_NH)
+    with np.errstate(divide="ignore"):  # a flat target candle's: -inf, left out (ok_NH)
+        log_range_NH = np.log(range_NH)
+    coef_X = har_least_squares(vols_NX, hours_NH, log_range_NH, ok_NH)
     sigma_NH = har_sigma(coef_X, vols_NX, hours_NH)
     ratios_NHC = arrays.log_ratios(fit_ends_N, horizon)
     # [N, H, 2]: how far high rose and low fell, in sigma_hats, weighted by step h's sigma_hat

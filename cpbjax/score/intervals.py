@@ -15,7 +15,8 @@ own quantiles: level q of column c at step h is close * exp(k_{h,c,q} * sigma), 
 window's EWMA log range (band.ewma_range), with k the pinball-loss minimiser on the
 windows of the splits before the scored one (baselines.fit_ends); and, for an interval
 with a blended scale, next to the band with that scale (`scaled_band`).
-Shape letters (docs/design.md): N windows, H steps, C OHLC columns, J quantile levels.
+Shape letters (docs/design.md): N windows, H steps, C OHLC columns, J quantile levels, V the
+fitted columns (steps x columns, flattened).
 """
 
 from __future__ import annotations
@@ -319,7 +320,8 @@ def scaled_band(prep, fit_ends_N, ends_N, spec, scale, arrays=None) -> np.ndarra
     """The band's quantiles at spec.interval_levels with the scale `scale`, in prices
     [N, H, C, J]: the s-weighted calibrated interval of the last close, fitted on the
     windows ending at fit_ends_N. With WINDOW_ONLY they are the band's own
-    (`fit_band_quantiles`)."""
+    (`fit_band_quantiles`). arrays: the series' SeriesArrays where it is scored (a fresh
+    one by default)."""
 
     def close(e):  # [N, H, C]: every column at the window's last close
         return np.repeat(prep.ohlc[e, 3][:, None, None], len(COLUMNS), 2).repeat(spec.horizon, 1)
