@@ -7,6 +7,7 @@ import numpy as np
 
 from cpbjax import columns
 from cpbjax.data import features
+from cpbjax.data.series import INTERVAL_MS
 from tests.fake_data import H, L
 
 
@@ -87,3 +88,137 @@ def reference_windows(series, prep, names, ends):
         xs.append(x)
         ys.append(np.log(ohlc[t + 1 : t + H + 1] / ohlc[t, 3]))
     return np.stack(xs), np.stack(ys)
+
+
+# ---------------------------------------------------------------------------------------
+# The scoring fits as they were before they were batched (issue #53): one sort per
+# column and level, HAR by np.linalg.lstsq of its whole design. The oracles of
+# tests/batched_fits_test.py.
+
+
+def reference_weighted_quantile(values, weights, level):
+    """The first value, in ascending order, whose cumulative weight reaches level of the total."""
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    if not len(cum) or not cum[-1] > 0:
+        raise ValueError("no positive weight")
+    return float(values[order][np.searchsorted(cum, level * cum[-1])])
+
+
+def reference_ewma_range(ohlc, ends, lookback, decay=0.9):
+    log_range = np.log(ohlc[:, 1]) - np.log(ohlc[:, 2])
+    weights = decay ** np.arange(lookback - 1, -1, -1, dtype=np.float64)
+    idx = np.asarray(ends)[:, None] + np.arange(-lookback + 1, 1, dtype=np.int32)
+    return log_range[idx] @ weights / weights.sum()
+
+
+def reference_log_ratios(ohlc, ends, horizon):
+    idx = np.asarray(ends)[:, None] + np.arange(1, horizon + 1)[None, :]
+    return np.log(ohlc[idx]) - np.log(ohlc[ends, 3])[:, None, None]
+
+
+def reference_fit_vol_band(ohlc, fit_ends, lookback, horizon):
+    """(k_high [H], k_low [H]): a sigma-weighted median of each step's ratios / sigma."""
+    sigma = reference_ewma_range(ohlc, fit_ends, lookback)
+    ratios = reference_log_ratios(ohlc, fit_ends, horizon)
+    ok = sigma > 0
+    s = sigma[ok]
+    k_high = [reference_weighted_quantile(ratios[ok, j, 1] / s, s, 0.5) for j in range(horizon)]
+    k_low = [reference_weighted_quantile(-ratios[ok, j, 2] / s, s, 0.5) for j in range(horizon)]
+    return np.array(k_high), np.array(k_low)
+
+
+def reference_score_quantiles(score_NHC, ok_NHC, sigma_N, levels, weighting):
+    """k [H, C, J] of intervals.py: per step, column and level, a sort of the valid scores."""
+    _, horizon, cols = score_NHC.shape
+    k = np.zeros((horizon, cols, len(levels)))
+    for h, c in np.ndindex(horizon, cols):
+        ok = ok_NHC[:, h, c]
+        if not ok.any():
+            continue
+        scores = score_NHC[ok, h, c]
+        for j, q in enumerate(levels):
+            if weighting == "sigma":
+                k[h, c, j] = reference_weighted_quantile(scores, sigma_N[ok], q)
+            else:
+                s, n = np.sort(scores), len(scores)
+                rank = math.ceil((n + 1) * q) if q >= 0.5 else math.floor((n + 1) * q)
+                k[h, c, j] = s[min(max(rank, 1), n) - 1]
+    return k
+
+
+def reference_fit_shift(ohlc, ends, pred_NHC, lookback, horizon):
+    """band_refit's shift [H, 2]: sigma-weighted medians of the log errors / sigma."""
+    close = ohlc[ends, 3][:, None, None]
+    err = reference_log_ratios(ohlc, ends, horizon) - np.log(pred_NHC / close)
+    sigma = reference_ewma_range(ohlc, ends, lookback)
+    ok = sigma > 0
+    shift = np.zeros((horizon, 2))
+    score, s = err[ok] / sigma[ok, None, None], sigma[ok]
+    for h in range(horizon):
+        shift[h, 0] = reference_weighted_quantile(score[:, h, 1], s, 0.5)
+        shift[h, 1] = -reference_weighted_quantile(score[:, h, 2], s, 0.5)
+    return shift
+
+
+def reference_har_design(ohlc, times, interval, ends, horizon):
+    """HAR's [N, H, 6 + 24] design: 6 log vols at t (recomputed here), one-hot hour of t+h."""
+    o, h, lo, c = np.asarray(ohlc, np.float64).T
+    per_candle = {
+        "parkinson": features.parkinson_var(h, lo),
+        "garman_klass": features.garman_klass_var(o, h, lo, c),
+    }
+    spans, vols = features.window_candles(interval), []
+    for est in features.VOL_ESTIMATORS:
+        for span in features.SPANS_MS:
+            vols.append(features.log_volatility(per_candle[est], spans[span], 1)[ends])
+    vols_NX = np.stack(vols, axis=1)
+    steps = np.arange(1, horizon + 1, dtype=np.int64) * INTERVAL_MS[interval]
+    target = np.asarray(times, np.int64)[ends][:, None] + steps
+    hours = (target % 86_400_000) // 3_600_000
+    one_hot = (hours[..., None] == np.arange(24)).astype(np.float64)
+    vols_NHX = np.broadcast_to(vols_NX[:, None, :], (len(ends), horizon, 6))
+    return np.concatenate([vols_NHX, one_hot], axis=-1)
+
+
+def reference_fit_har(ohlc, times, interval, fit_ends, scored_ends, horizon):
+    """(coef [30], k_high [H], k_low [H], high [N, H], low [N, H]): lstsq of the whole
+    design, per-step weighted medians, and the band of the scored windows."""
+    z = reference_har_design(ohlc, times, interval, fit_ends, horizon)
+    idx = fit_ends[:, None] + np.arange(1, horizon + 1)[None, :]
+    log_range = np.log(ohlc[idx, 1] / ohlc[idx, 2])
+    ok = log_range > 0
+    coef = np.linalg.lstsq(z[ok], np.log(log_range[ok]), rcond=None)[0]
+    sigma = np.exp(z @ coef)
+    ratios = reference_log_ratios(ohlc, fit_ends, horizon)
+    k_high = np.array(
+        [
+            reference_weighted_quantile(ratios[:, j, 1] / sigma[:, j], sigma[:, j], 0.5)
+            for j in range(horizon)
+        ]
+    )
+    k_low = np.array(
+        [
+            reference_weighted_quantile(-ratios[:, j, 2] / sigma[:, j], sigma[:, j], 0.5)
+            for j in range(horizon)
+        ]
+    )
+    sigma_scored = np.exp(reference_har_design(ohlc, times, interval, scored_ends, horizon) @ coef)
+    close = ohlc[scored_ends, 3][:, None]
+    return (
+        coef,
+        k_high,
+        k_low,
+        close * np.exp(k_high * sigma_scored),
+        close * np.exp(-k_low * sigma_scored),
+    )
+
+
+def reference_ridge_features(ohlc, ends, lookback):
+    """Ridge's [N, X] features from each window's gathered log prices."""
+    idx = np.asarray(ends)[:, None] + np.arange(-lookback + 1, 1, dtype=np.int32)
+    logp = np.log(ohlc)[idx]
+    returns = np.diff(logp[..., 3], axis=1)
+    ranges = logp[..., 1] - logp[..., 2]
+    shape = logp[:, -1, :3] - logp[:, -1, 3:]
+    return np.concatenate([returns, ranges, shape], axis=1)

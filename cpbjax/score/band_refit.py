@@ -28,6 +28,9 @@ from cpbjax import band, columns
 from cpbjax.columns import CLOSE
 from cpbjax.models import heads
 from cpbjax.score import baselines, forecast
+from cpbjax.score.series_arrays import SeriesArrays
+
+HIGH_LOW = np.array([columns.HIGH, columns.LOW])  # the columns the band moves
 
 
 def applies(module) -> bool:
@@ -35,24 +38,25 @@ def applies(module) -> bool:
     return getattr(getattr(module, "cfg", None), "baseline", None) == "vol_band"
 
 
-def fit_shift(prep, fcs: dict, fit_splits, lookback: int, horizon: int) -> np.ndarray:
+def fit_shift(prep, fcs: dict, fit_splits, lookback: int, horizon: int, arrays=None) -> np.ndarray:
     """d [H, 2] (high, low): the factor shifts fitted on the model's forecasts `fcs`
     (split -> forecast.SplitForecast) of the splits `fit_splits`; 0 where no window
-    has a range."""
+    has a range. arrays: the series' SeriesArrays where it is scored (a fresh one by
+    default)."""
+    arrays = arrays or SeriesArrays(prep.ohlc)
     ends_N = np.concatenate([fcs[s].ends_N for s in fit_splits]).astype(np.int64)
-    pred_NHC = np.concatenate([fcs[s].prices_NHC for s in fit_splits])
+    pred_NH2 = np.concatenate([fcs[s].prices_NHC[..., HIGH_LOW] for s in fit_splits])
     close_N11 = prep.ohlc[ends_N, CLOSE][:, None, None]
-    err_NHC = band.future_log_ratios(prep.ohlc, ends_N, horizon) - np.log(pred_NHC / close_N11)
-    sigma_N = band.ewma_range(prep.ohlc, ends_N, lookback)
+    ratios_NH2 = arrays.log_ratios(ends_N, horizon)[..., HIGH_LOW]
+    err_NH2 = ratios_NH2 - np.log(pred_NH2 / close_N11)
+    sigma_N = arrays.sigma(ends_N, lookback)
     ok = sigma_N > 0
-    shift = np.zeros((horizon, 2))
     if not ok.any():
-        return shift
-    score_NHC, s = err_NHC[ok] / sigma_N[ok, None, None], sigma_N[ok]
-    for h in range(horizon):
-        shift[h, 0] = band.weighted_median(score_NHC[:, h, columns.HIGH], s)
-        shift[h, 1] = -band.weighted_median(score_NHC[:, h, columns.LOW], s)
-    return shift
+        return np.zeros((horizon, 2))
+    s_N = sigma_N[ok]
+    score_NV = (err_NH2[ok] / s_N[:, None, None]).reshape(len(s_N), -1)
+    shift_H2 = band.weighted_quantiles(score_NV, s_N, [0.5]).reshape(horizon, 2)
+    return shift_H2 * [1.0, -1.0]  # the low factor moves the low down
 
 
 def shifted(params, shift_H2) -> dict:
@@ -62,7 +66,7 @@ def shifted(params, shift_H2) -> dict:
     return heads.with_band(params, (k_H2 + shift_H2).astype(np.float32))
 
 
-def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int):
+def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int, arrays=None):
     """fc as the model with its band factors moved by shift_H2 [H, 2] forecasts it.
 
     The band enters each forecast additively in the log space (ForecastOutput: high +
@@ -71,7 +75,7 @@ def shifted_forecast(prep, fc: forecast.SplitForecast, shift_H2, lookback: int):
     pass of the trained model thus serves every refit. It equals a forward pass of
     `shifted(params, shift_H2)` to float32 rounding (sigma here is float64 from prices).
     """
-    sigma_N = band.ewma_range(prep.ohlc, fc.ends_N, lookback)
+    sigma_N = (arrays or SeriesArrays(prep.ohlc)).sigma(fc.ends_N, lookback)
     log_move_NHC = np.zeros(fc.norm_NHC.shape)
     log_move_NHC[:, :, columns.HIGH] = shift_H2[None, :, 0] * sigma_N[:, None]
     log_move_NHC[:, :, columns.LOW] = -shift_H2[None, :, 1] * sigma_N[:, None]
@@ -88,10 +92,12 @@ def shift_json(shift_H2) -> dict:
     return {"high": shift_H2[:, 0].tolist(), "low": shift_H2[:, 1].tolist()}
 
 
-def refit_for(split: str, prep, fcs: dict, spec):
+def refit_for(split: str, prep, fcs: dict, spec, arrays=None):
     """(split -> the forecasts of `fcs` refit for scoring `split`, shift [H, 2]): the
     shift is fitted on the splits before `split` (train for val, train+val for test);
-    spec: the run's evaluate.EvalSpec (its window sizes)."""
-    L = spec.lookback
-    shift_H2 = fit_shift(prep, fcs, baselines.SPLITS_BEFORE[split], L, spec.horizon)
-    return {s: shifted_forecast(prep, fc, shift_H2, L) for s, fc in fcs.items()}, shift_H2
+    spec: the run's evaluate.EvalSpec (its window sizes); arrays: the series'
+    SeriesArrays where it is scored (a fresh one by default)."""
+    L, arrays = spec.lookback, arrays or SeriesArrays(prep.ohlc)
+    shift_H2 = fit_shift(prep, fcs, baselines.SPLITS_BEFORE[split], L, spec.horizon, arrays)
+    refit = {s: shifted_forecast(prep, fc, shift_H2, L, arrays) for s, fc in fcs.items()}
+    return refit, shift_H2

@@ -20,6 +20,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing, split_dates
 from cpbjax.models import heads
 from cpbjax.score import band_refit, baselines, column_fallback, forecast, intervals, metrics
+from cpbjax.score.series_arrays import SeriesArrays
 from cpbjax.training import checkpoint
 
 
@@ -92,7 +93,7 @@ def _window_scores(prep, fc: forecast.SplitForecast, horizon: int) -> dict:
 
 
 def evaluate_split(
-    prep, fc: forecast.SplitForecast, split, spec: EvalSpec, calibration=None
+    prep, fc: forecast.SplitForecast, split, spec: EvalSpec, calibration=None, arrays=None
 ) -> dict:
     """All metrics of one series on one split: the results.json series[name][split].
 
@@ -100,19 +101,22 @@ def evaluate_split(
       prep: windows.PreparedSeries. fc: `forecast.split_forecast` of that split.
       split: "val" or "test". spec: the run's EvalSpec (its window sizes).
       calibration: an interval calibration fitted on the splits before, or None.
+      arrays: the series' SeriesArrays, shared by its splits' scores (a fresh one by
+        default).
 
     Returns:
       The JSON-ready metrics dict (schema: README, "results.json"): windows,
       normalized_mse, columns, direction, dm, ridge and vol_band; a calibration adds
       calibrated_interval.
     """
+    arrays = arrays or SeriesArrays(prep.ohlc)
     ends, out = fc.ends_N, _window_scores(prep, fc, spec.horizon)
-    actual = metrics.next_candles(prep.ohlc, ends, spec.horizon)
+    actual = arrays.next_candles(ends, spec.horizon)
     out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
-    out.update(baselines.fitted_baselines(prep, split, ends, spec, out["columns"]))
+    out.update(baselines.fitted_baselines(prep, split, ends, spec, out["columns"], arrays))
     if calibration is not None:
         out["calibrated_interval"] = intervals.score_calibrated(
-            prep, split, ends, spec, fc.prices_NHC, calibration
+            prep, split, ends, spec, fc.prices_NHC, calibration, arrays
         )
     return out
 
@@ -159,6 +163,7 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
     params' saved mask where no decision is made, e.g. --mode evaluate).
     """
     entry, calibration = {}, None
+    arrays = SeriesArrays(prep.ohlc)  # what the splits' scores share, computed once
     params = _decide_columns(module, params, prep, spec, entry)
     refit = spec.refit_band and band_refit.applies(module)
     # One forward pass per split serves every refit (band_refit.shifted_forecast); train
@@ -170,12 +175,12 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
     for split in ("val", "test"):
         fcs = trained
         if refit:
-            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, spec)
+            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, spec, arrays)
             scored_params = band_refit.shifted(params, shift_H2)
         if spec.interval_levels:
             point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
-            calibration = intervals.fit_before(prep, split, point, spec)
-        entry[split] = evaluate_split(prep, fcs[split], split, spec, calibration)
+            calibration = intervals.fit_before(prep, split, point, spec, arrays)
+        entry[split] = evaluate_split(prep, fcs[split], split, spec, calibration, arrays)
         if refit:
             entry[split]["band_refit"] = band_refit.shift_json(shift_H2)
     record = forecast.forecast_record(prep, fcs["test"], spec, calibration)

@@ -15,12 +15,11 @@ own quantiles: level q of column c at step h is close * exp(k_{h,c,q} * sigma), 
 window's EWMA log range (band.ewma_range), with k the pinball-loss minimiser on the
 windows of the splits before the scored one (baselines.fit_ends); and, for an interval
 with a blended scale, next to the band with that scale (`scaled_band`).
-Shape letters (docs/design.md): N windows, H steps, C OHLC columns, J quantile levels.
+Shape letters (docs/design.md): N windows, H steps, C OHLC columns, J quantile levels, V the
+fitted columns (steps x columns, flattened).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -30,7 +29,8 @@ from cpbjax.columns import COLUMNS
 from cpbjax.data import parsing
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.score import baselines
-from cpbjax.score.metrics import json_float, json_floats, next_candles
+from cpbjax.score.metrics import json_float, json_floats
+from cpbjax.score.series_arrays import SeriesArrays
 
 # The scale of a calibration saved before the long-run blend: the band's sigma alone.
 WINDOW_ONLY = {"long_candles": 1, "long_weight": 0.0}
@@ -53,22 +53,28 @@ def scale_settings(interval: str, days: float, weight: float) -> dict:
     return {"long_candles": candles, "long_weight": weight}
 
 
-def interval_scale(ohlc_TC, ends_N, lookback, scale: dict) -> np.ndarray:
+def interval_scale(ohlc_TC, ends_N, lookback, scale: dict, arrays=None) -> np.ndarray:
     """The calibrated interval's volatility scale of each window, [N]:
     sigma^(1 - w) * m^w, sigma the window's EWMA log range (the band's scale) and m the
     mean log(high/low) of the n candles up to and including the window's last one (all of
     them where the series has fewer); n, w = scale["long_candles"], scale["long_weight"].
-    It reads no candle after the window's end."""
-    sigma_N = band.ewma_range(ohlc_TC, np.asarray(ends_N), lookback)
-    weight = scale["long_weight"]
-    if weight == 0:
-        return sigma_N
-    ends_N = np.asarray(ends_N, np.int64)
-    ohlc_TC = np.asarray(ohlc_TC, np.float64)
-    cum = np.concatenate([[0.0], np.cumsum(np.log(ohlc_TC[:, 1] / ohlc_TC[:, 2]))])
-    start_N = np.maximum(ends_N + 1 - scale["long_candles"], 0)
-    long_N = (cum[ends_N + 1] - cum[start_N]) / (ends_N + 1 - start_N)
-    return sigma_N ** (1.0 - weight) * long_N**weight
+    It reads no candle after the window's end. arrays: the series' SeriesArrays where it
+    is scored (a fresh one by default).
+    """
+    arrays = arrays or SeriesArrays(ohlc_TC)
+    n, weight = scale["long_candles"], scale["long_weight"]
+
+    def blended(ends_N):
+        sigma_N = arrays.sigma(ends_N, lookback)
+        if weight == 0:
+            return sigma_N
+        ohlc = np.asarray(ohlc_TC, np.float64)
+        cum = np.concatenate([[0.0], np.cumsum(np.log(ohlc[:, 1] / ohlc[:, 2]))])
+        start_N = np.maximum(ends_N + 1 - n, 0)
+        long_N = (cum[ends_N + 1] - cum[start_N]) / (ends_N + 1 - start_N)
+        return sigma_N ** (1.0 - weight) * long_N**weight
+
+    return arrays.per_window("interval_scale", ends_N, (lookback, n, weight), blended)
 
 
 def pinball(actual, pred_J, levels_J) -> np.ndarray:
@@ -79,23 +85,25 @@ def pinball(actual, pred_J, levels_J) -> np.ndarray:
     return np.maximum(-r * q_J, r * (1.0 - q_J))
 
 
-def fit_band_quantiles(ohlc_TC, fit_ends_N, lookback, horizon, levels_J) -> np.ndarray:
+def fit_band_quantiles(ohlc_TC, fit_ends_N, lookback, horizon, levels_J, arrays=None) -> np.ndarray:
     """k [H, C, J] of the band's quantiles, fitted by pinball loss in log space.
 
     sum_i pinball_q(r_i - k * sigma_i) = sum_i sigma_i * pinball_q(r_i / sigma_i - k), so
     each k is a sigma-weighted quantile of r / sigma (r = log(price[t+h] / close[t])).
+    arrays: the series' SeriesArrays where it is scored (a fresh one by default).
     """
-    sigma_N = band.ewma_range(ohlc_TC, fit_ends_N, lookback)
-    ratios_NHC = band.future_log_ratios(ohlc_TC, fit_ends_N, horizon)
+    arrays = arrays or SeriesArrays(ohlc_TC)
+    sigma_N = arrays.sigma(fit_ends_N, lookback)
+    ratios_NHC = arrays.log_ratios(fit_ends_N, horizon)
     with np.errstate(divide="ignore", invalid="ignore"):
         score_NHC = ratios_NHC / sigma_N[:, None, None]
     ok_NHC = np.broadcast_to((sigma_N > 0)[:, None, None], score_NHC.shape)
     return _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, "sigma")
 
 
-def band_quantiles(k_HCJ, ohlc_TC, ends_N, lookback) -> np.ndarray:
+def band_quantiles(k_HCJ, ohlc_TC, ends_N, lookback, arrays=None) -> np.ndarray:
     """The band's quantile forecasts in prices, [N, H, C, J]."""
-    sigma_N = band.ewma_range(ohlc_TC, ends_N, lookback)
+    sigma_N = (arrays or SeriesArrays(ohlc_TC)).sigma(ends_N, lookback)
     return _scaled(k_HCJ, ohlc_TC[ends_N, 3][:, None, None], sigma_N)
 
 
@@ -107,19 +115,17 @@ def _scaled(k_HCJ, base_NHC, scale_N) -> np.ndarray:
 def _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting: str) -> np.ndarray:
     """k [H, C, J]: per step and column, the level-q quantiles of the valid scores (ok_NHC),
     sigma-weighted (the pinball-loss minimiser in log price) or split-conformal ("none");
-    0 where no score is valid."""
-    _, horizon, columns = score_NHC.shape
-    k = np.zeros((horizon, columns, len(levels_J)))
-    for h, c in np.ndindex(horizon, columns):
-        ok = ok_NHC[:, h, c]
-        if not ok.any():
-            continue
-        if weighting == "sigma":
-            s, w = score_NHC[ok, h, c], sigma_N[ok]
-            k[h, c] = [band.weighted_quantile(s, w, q) for q in levels_J]
-        else:
-            k[h, c] = [_conformal_quantile(score_NHC[ok, h, c], q) for q in levels_J]
-    return k
+    0 where no score is valid. One sort per column serves every level."""
+    n, horizon, columns = score_NHC.shape
+    fitted_V = ok_NHC.reshape(n, -1).any(axis=0)  # the columns with a valid score
+    valid_NV = np.where(ok_NHC, score_NHC, np.nan).reshape(n, -1)  # NaN: left out
+    valid_NV = valid_NV if fitted_V.all() else valid_NV[:, fitted_V]
+    k_VJ = np.zeros((horizon * columns, len(levels_J)))
+    if weighting == "sigma":
+        k_VJ[fitted_V] = band.weighted_quantiles(valid_NV, sigma_N, levels_J)
+    else:
+        k_VJ[fitted_V] = _conformal_quantiles(valid_NV, levels_J)
+    return k_VJ.reshape(horizon, columns, len(levels_J))
 
 
 def _column(actual_NH, pred_NHJ, bands: dict, levels_J) -> dict:
@@ -147,7 +153,7 @@ def _column(actual_NH, pred_NHJ, bands: dict, levels_J) -> dict:
     return out
 
 
-def score_intervals(prep, split, ends_N, spec, pred_NHCJ, scale=WINDOW_ONLY) -> dict:
+def score_intervals(prep, split, ends_N, spec, pred_NHCJ, scale=WINDOW_ONLY, arrays=None) -> dict:
     """results.json's `intervals` block of one split: per column and step, model and band.
 
     Args:
@@ -159,14 +165,16 @@ def score_intervals(prep, split, ends_N, spec, pred_NHCJ, scale=WINDOW_ONLY) -> 
       scale: the interval's `interval_scale`; with a blend it is also scored against the
         band with that scale (`scaled_band`), the strongest simple competitor: how much
         the network adds beyond its scale.
+      arrays: the series' SeriesArrays where it is scored (a fresh one by default).
     """
     lookback, horizon, levels_J = spec.lookback, spec.horizon, spec.interval_levels
-    actual_NHC = next_candles(prep.ohlc, ends_N, horizon)
+    arrays = arrays or SeriesArrays(prep.ohlc)
+    actual_NHC = arrays.next_candles(ends_N, horizon)
     fit_on = baselines.fit_ends(prep, split)
-    k_HCJ = fit_band_quantiles(prep.ohlc, fit_on, lookback, horizon, levels_J)
-    bands = {"band": band_quantiles(k_HCJ, prep.ohlc, ends_N, lookback)}
+    k_HCJ = fit_band_quantiles(prep.ohlc, fit_on, lookback, horizon, levels_J, arrays)
+    bands = {"band": band_quantiles(k_HCJ, prep.ohlc, ends_N, lookback, arrays)}
     if scale["long_weight"] > 0:
-        bands["scaled_band"] = scaled_band(prep, fit_on, ends_N, spec, scale)
+        bands["scaled_band"] = scaled_band(prep, fit_on, ends_N, spec, scale, arrays)
     return {
         "levels": [float(q) for q in levels_J],
         "central": [float(levels_J[0]), float(levels_J[-1])],
@@ -182,16 +190,23 @@ def score_intervals(prep, split, ends_N, spec, pred_NHCJ, scale=WINDOW_ONLY) -> 
     }
 
 
-def _conformal_quantile(scores, level: float) -> float:
-    """The split-conformal bound of `level` from n exchangeable scores: the ceil((n+1)q)-th
-    smallest for an upper level, the floor((n+1)q)-th for a lower one, so that a new score
-    falls beyond it with probability at most min(q, 1 - q)."""
-    s, n = np.sort(scores), len(scores)
-    rank = math.ceil((n + 1) * level) if level >= 0.5 else math.floor((n + 1) * level)
-    return float(s[min(max(rank, 1), n) - 1])
+def _conformal_quantiles(valid_NV, levels_J) -> np.ndarray:
+    """The split-conformal bounds [V, J] of each column's n valid scores (not NaN), n >= 1,
+    assumed exchangeable: the ceil((n+1)q)-th smallest for an upper level q, the
+    floor((n+1)q)-th for a lower one, so that a new score falls beyond it with probability
+    at most min(q, 1 - q). One sort per column: its left-out scores sorted last, as +inf."""
+    left_out_NV = np.isnan(valid_NV)
+    sorted_VN = np.sort(np.where(left_out_NV, np.inf, valid_NV).T, axis=1)
+    n_V1 = (len(valid_NV) - left_out_NV.sum(axis=0))[:, None]
+    q_1J = np.asarray(levels_J, np.float64)[None, :]
+    rank_VJ = np.where(q_1J >= 0.5, np.ceil((n_V1 + 1) * q_1J), np.floor((n_V1 + 1) * q_1J))
+    rank_VJ = np.clip(rank_VJ.astype(np.int64), 1, n_V1)
+    return np.take_along_axis(sorted_VN, rank_VJ - 1, axis=1)
 
 
-def fit_calibration(prep, ends_N, point_NHC, spec, weighting="none", scale=WINDOW_ONLY):
+def fit_calibration(
+    prep, ends_N, point_NHC, spec, weighting="none", scale=WINDOW_ONLY, arrays=None
+):
     """The calibrated interval of a point forecast, fitted on the windows ending at ends_N,
     at the levels spec.interval_levels (spec: an evaluate.EvalSpec).
 
@@ -208,8 +223,9 @@ def fit_calibration(prep, ends_N, point_NHC, spec, weighting="none", scale=WINDO
       meta.json's `interval_calibration`: levels, k [H][C][J], scale, the windows fitted on.
     """
     lookback, levels_J = spec.lookback, spec.interval_levels
-    actual_NHC = next_candles(prep.ohlc, ends_N, spec.horizon)
-    s_N = interval_scale(prep.ohlc, ends_N, lookback, scale)
+    arrays = arrays or SeriesArrays(prep.ohlc)
+    actual_NHC = arrays.next_candles(ends_N, spec.horizon)
+    s_N = interval_scale(prep.ohlc, ends_N, lookback, scale, arrays)
     point_NHC = np.asarray(point_NHC, np.float64)
     ok_NHC = (s_N[:, None, None] > 0) & (point_NHC > 0) & (actual_NHC > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -226,7 +242,7 @@ def fit_calibration(prep, ends_N, point_NHC, spec, weighting="none", scale=WINDO
     }
 
 
-def fit_before(prep, split, point_by_split, spec) -> dict:
+def fit_before(prep, split, point_by_split, spec, arrays=None) -> dict:
     """`fit_calibration` (s-weighted) on the splits before `split`, as every fitted
     baseline is fitted (baselines.fit_ends): train for val, train+val for test.
 
@@ -234,11 +250,12 @@ def fit_before(prep, split, point_by_split, spec) -> dict:
       point_by_split: split -> the model's point forecasts of its windows, [N, H, C].
       spec: the run's evaluate.EvalSpec: its window sizes, interval_levels, and
         interval_vol, the (days, weight) of the scale's long-run blend (VOL_BLEND in a run).
+      arrays: the series' SeriesArrays where it is scored (a fresh one by default).
     """
     point_NHC = np.concatenate([point_by_split[s] for s in baselines.SPLITS_BEFORE[split]])
     ends_N = baselines.fit_ends(prep, split)
     scale = scale_settings(prep.interval, *spec.interval_vol)
-    return fit_calibration(prep, ends_N, point_NHC, spec, "sigma", scale)
+    return fit_calibration(prep, ends_N, point_NHC, spec, "sigma", scale, arrays)
 
 
 def check_calibration(calibration, horizon: int, where: str) -> dict | None:
@@ -273,20 +290,25 @@ def _check_scale(scale, where: str) -> None:
         )
 
 
-def calibrated_bounds(calibration: dict, ohlc_TC, ends_N, point_NHC, lookback) -> np.ndarray:
+def calibrated_bounds(
+    calibration: dict, ohlc_TC, ends_N, point_NHC, lookback, arrays=None
+) -> np.ndarray:
     """The interval bounds of the windows ending at ends_N in prices, [N, H, C, J]."""
     k_HCJ = np.asarray(calibration["k"], np.float64)
-    s_N = interval_scale(ohlc_TC, ends_N, lookback, calibration.get("scale", WINDOW_ONLY))
+    scale = calibration.get("scale", WINDOW_ONLY)
+    s_N = interval_scale(ohlc_TC, ends_N, lookback, scale, arrays)
     return _scaled(k_HCJ, np.asarray(point_NHC, np.float64), s_N)
 
 
-def score_calibrated(prep, split, ends_N, spec, point_NHC, calibration) -> dict:
+def score_calibrated(prep, split, ends_N, spec, point_NHC, calibration, arrays=None) -> dict:
     """results.json's `calibrated_interval` of one split: `score_intervals` of the bounds,
-    with where the calibration was fitted and its scale (spec: the run's evaluate.EvalSpec)."""
-    bounds = calibrated_bounds(calibration, prep.ohlc, ends_N, point_NHC, spec.lookback)
+    with where the calibration was fitted and its scale (spec: the run's evaluate.EvalSpec;
+    arrays: the series' SeriesArrays where it is scored, a fresh one by default)."""
+    arrays = arrays or SeriesArrays(prep.ohlc)
+    bounds = calibrated_bounds(calibration, prep.ohlc, ends_N, point_NHC, spec.lookback, arrays)
     scale = calibration.get("scale", WINDOW_ONLY)
     at_levels = spec.at_levels(calibration["levels"])
-    out = score_intervals(prep, split, ends_N, at_levels, bounds, scale)
+    out = score_intervals(prep, split, ends_N, at_levels, bounds, scale, arrays)
     out["fitted_on"] = {
         k: calibration[k] for k in ("fitted_on_windows", "first_window_end", "last_window_end")
     }
@@ -294,14 +316,16 @@ def score_calibrated(prep, split, ends_N, spec, point_NHC, calibration) -> dict:
     return out
 
 
-def scaled_band(prep, fit_ends_N, ends_N, spec, scale) -> np.ndarray:
+def scaled_band(prep, fit_ends_N, ends_N, spec, scale, arrays=None) -> np.ndarray:
     """The band's quantiles at spec.interval_levels with the scale `scale`, in prices
     [N, H, C, J]: the s-weighted calibrated interval of the last close, fitted on the
     windows ending at fit_ends_N. With WINDOW_ONLY they are the band's own
-    (`fit_band_quantiles`)."""
+    (`fit_band_quantiles`). arrays: the series' SeriesArrays where it is scored (a fresh
+    one by default)."""
 
     def close(e):  # [N, H, C]: every column at the window's last close
         return np.repeat(prep.ohlc[e, 3][:, None, None], len(COLUMNS), 2).repeat(spec.horizon, 1)
 
-    cal = fit_calibration(prep, fit_ends_N, close(fit_ends_N), spec, "sigma", scale)
-    return calibrated_bounds(cal, prep.ohlc, ends_N, close(ends_N), spec.lookback)
+    arrays = arrays or SeriesArrays(prep.ohlc)
+    cal = fit_calibration(prep, fit_ends_N, close(fit_ends_N), spec, "sigma", scale, arrays)
+    return calibrated_bounds(cal, prep.ohlc, ends_N, close(ends_N), spec.lookback, arrays)

@@ -33,6 +33,7 @@ from cpbjax.score import (  # noqa: E402
     evaluate,
     forecast,
     intervals,
+    metrics,
     saved,  # noqa: E402
 )
 
@@ -84,7 +85,7 @@ def _scores(model, prep, lookback, horizon) -> dict:
 def _score_against_band(prep, band_ends, scored, bounds, lookback, horizon) -> dict:
     """Coverage and pinball skill against the band's quantiles fitted on band_ends (every
     window before the scored ones, as results.json's band is)."""
-    actual = intervals.next_candles(prep.ohlc, scored, horizon)
+    actual = metrics.next_candles(prep.ohlc, scored, horizon)
     k = intervals.fit_band_quantiles(prep.ohlc, band_ends, lookback, horizon, LEVELS)
     band = intervals.band_quantiles(k, prep.ohlc, scored, lookback)
     out = {}

@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 from benchmarks import common  # noqa: E402
 from cpbjax.config import schema as config_lib  # noqa: E402
 from cpbjax.modes import plan  # noqa: E402
-from cpbjax.score import evaluate, intervals  # noqa: E402
+from cpbjax.score import evaluate, intervals, metrics  # noqa: E402
 
 LEVELS = (0.1, 0.9)
 BLOCKS = 6
@@ -46,7 +46,7 @@ def _pinball_by_column(prep, fit_ends, scored, lookback, horizon, vol) -> np.nda
     bounds = intervals.scaled_band(
         prep, fit_ends, scored, evaluate.EvalSpec(lookback, horizon, LEVELS), scale
     )
-    actual = intervals.next_candles(prep.ohlc, scored, horizon)
+    actual = metrics.next_candles(prep.ohlc, scored, horizon)
     inside = (actual >= bounds[..., 0]) & (actual <= bounds[..., 1])
     return intervals.pinball(actual, bounds, LEVELS).mean((0, 1, 3)), inside.mean((0, 1))
 

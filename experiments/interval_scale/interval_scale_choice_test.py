@@ -4,7 +4,7 @@ origins never score a window before, or whose targets were, fitted."""
 
 import numpy as np
 
-from cpbjax.score import intervals
+from cpbjax.score import intervals, metrics
 from experiments.interval_scale import interval_scale_choice as choice
 from tests.helpers import levers_preps
 
@@ -17,7 +17,7 @@ def test_weight_zero_is_the_band_and_skills_are_against_it():
     loss, _ = choice._pinball_by_column(prep, fit_on, scored, L, H, (1.0, 0.0))
     k = intervals.fit_band_quantiles(prep.ohlc, fit_on, L, H, choice.LEVELS)
     band = intervals.band_quantiles(k, prep.ohlc, scored, L)
-    actual = intervals.next_candles(prep.ohlc, scored, H)
+    actual = metrics.next_candles(prep.ohlc, scored, H)
     want = intervals.pinball(actual, band, choice.LEVELS).mean((0, 1, 3))
     np.testing.assert_allclose(loss, want, rtol=1e-12)
     skills = choice._skills(prep, [(fit_on, scored)], L, H)
