@@ -126,10 +126,10 @@ def _full_disk_fsync(monkeypatch, under: str = "") -> None:
     failed write, the error names no file."""
     real_write = writers._replace_atomically
 
-    def write(path, data):
+    def write(path, data, durable):
         if under in path:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(path, data)
+        return real_write(path, data, durable)
 
     monkeypatch.setattr(writers, "_replace_atomically", write)
 

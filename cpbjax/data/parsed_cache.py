@@ -7,10 +7,11 @@ is the zip's sha256 that the zip's CHECKSUM gave and its bytes matched, so a cha
 zip simply misses; and the entry carries the sha256 of its own arrays (with the zip's
 digest and FORMAT mixed in), so a flipped byte, a cut file or an entry copied under
 another name is detected, named in one warning, and re-parsed and rewritten by the
-caller. Entries are written with `writers.atomic_write`: a killed run leaves no half
-entry. Only parsed klines are cached; an invalid zip is parsed again on every run
-(its series is skipped anyway). The .npz holds plain arrays, read with
-allow_pickle=False.
+caller. Entries are written with `writers.atomic_write`, without fsync (the digest is
+the check): a killed run leaves no half entry. Only parsed klines are cached; an invalid
+zip is parsed again on every run (its series is skipped anyway). The .npz holds plain
+arrays, read with allow_pickle=False. A load with many zips to parse parses and writes
+them in worker processes (parse_pool.py).
 """
 
 from __future__ import annotations
@@ -87,17 +88,30 @@ class ParsedCache:
         return klines
 
     def store(self, zip_sha256: str, klines: tuple[np.ndarray, np.ndarray]) -> None:
-        """Writes the entry atomically; a failure is warned about once and never stops the run."""
+        """Writes the entry (`write`); a failure is warned about once and never stops the run."""
+        try:
+            self.write(zip_sha256, klines)
+        except OSError as e:
+            self.warn_unwritable(str(e))
+
+    def write(self, zip_sha256: str, klines: tuple[np.ndarray, np.ndarray]) -> None:
+        """Writes the entry atomically, without fsync: its digest catches what a power cut
+        may leave (`writers.atomic_write`, durable=False).
+
+        Raises:
+          OSError: the folder or the entry cannot be written.
+        """
         times, ohlcv = klines
         buffer = io.BytesIO()
         np.savez(buffer, open_time=times, ohlcv=ohlcv, digest=_digest(zip_sha256, times, ohlcv))
-        try:
-            writers.atomic_write(self.path(zip_sha256), buffer.getvalue())
-        except OSError as e:
-            with self._lock:
-                first, self._store_failed = not self._store_failed, True
-            if first:
-                logging.warning("Cannot write to the parsed cache %s (%s).", self.root, e)
+        writers.atomic_write(self.path(zip_sha256), buffer.getvalue(), durable=False)
+
+    def warn_unwritable(self, error: str) -> None:
+        """Warns that an entry could not be written (`error`), once per ParsedCache."""
+        with self._lock:
+            first, self._store_failed = not self._store_failed, True
+        if first:
+            logging.warning("Cannot write to the parsed cache %s (%s).", self.root, error)
 
 
 def _decode(data: bytes, zip_sha256: str):
