@@ -1,0 +1,118 @@
+"""A verified zip's parsed candles: from the parsed cache, or parsed, in worker processes
+once a load has many zips to parse.
+
+Parsing a month (inflating the zip, pandas' CSV reader, the kline checks, encoding the
+cache entry) is Python that holds the GIL, so binance._fetch_rounds' threads parse one
+zip at a time whatever the cores; a cold load of the default run's 3,881 months spent
+most of its time there. `Parser` reads the cache in the calling thread (a hit costs a
+file read and a sha256), and parses a miss in that thread for the first MIN_PARSES of a
+load, then in a pool of spawned processes, one per core (cpbjax/process_pool.py), while
+the threads go on reading and verifying. The worker writes the cache entry too, so its
+encoding and write leave the main process as well. A load whose zips are all cached, or
+that has few to parse (a test's mirror, a few days of top-up), never starts the pool: a
+spawned worker costs about a second to start. Worker and thread call the same
+`parsing.read_kline_zip` on the same bytes, so the arrays are the same either way.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from cpbjax import process_pool
+from cpbjax.data import parsing
+from cpbjax.data.parsed_cache import ParsedCache
+
+# Misses parsed in the calling thread before a load starts its pool: a load of fewer
+# never pays the workers' start (about 1 s each), and one of many parses ~97% of its
+# zips on every core.
+MIN_PARSES = 96
+
+Klines = tuple[np.ndarray, np.ndarray]  # (open_time_ms int64 [N], ohlcv float64 [N, 5])
+
+
+class Parser:
+    """The parsed candles of verified zips for one load; safe from many threads. Use it as
+    a context manager (or `close` it): the end stops its workers."""
+
+    def __init__(self, cache: ParsedCache | None, workers: int | None = None):
+        """cache: the parsed cache, or None (data.parsed_cache="off"); workers: processes
+        of the pool, default one per core (a single core never starts one)."""
+        self.cache = cache
+        self.workers = workers or process_pool.cores()
+        self._lock = threading.Lock()
+        self._misses = 0
+        self._pool = None
+        self._started = []  # one future per worker, done once it can parse
+
+    def klines(self, name: str, data: bytes, sha256: str, max_bytes: int) -> Klines:
+        """The candles of the verified zip `data` (file `name`, bytes hashing to `sha256`)
+        whose CSV may unpack to `max_bytes`: the cache's intact entry, else parsed and stored.
+
+        Raises:
+          parsing.KlineError: the zip or its CSV is not valid klines (nothing is stored).
+        """
+        cached = self.cache.load(sha256) if self.cache else None
+        if cached is not None:
+            return cached
+        args = (data, name, max_bytes, sha256, self.cache.root if self.cache else None)
+        pool = self._pool_for_a_miss()
+        klines, unwritten = pool.submit(parse, *args).result() if pool else parse(*args)
+        if unwritten:
+            self.cache.warn_unwritable(unwritten)
+        return klines
+
+    def _pool_for_a_miss(self):
+        """Counts a miss; the pool to parse it in, or None: before the MIN_PARSES-th miss
+        (which starts the pool), and while its workers start (they parse nothing until
+        each has imported the parsing modules, so the threads go on parsing meanwhile)."""
+        with self._lock:
+            self._misses += 1
+            if self._pool is None and self.workers > 1 and self._misses > MIN_PARSES:
+                self._pool = process_pool.spawn(self.workers)
+                self._started = [self._pool.submit(_imported) for _ in range(self.workers)]
+            if self._pool is None or not all(f.done() for f in self._started):
+                return None
+            return self._pool
+
+    @property
+    def started(self) -> bool:
+        """Whether this load's parses went to worker processes."""
+        return self._pool is not None
+
+    def close(self) -> None:
+        """Waits for the parses under way and stops the workers (a later miss parses in its
+        thread: the pool is not restarted)."""
+        with self._lock:
+            pool, self._pool, self.workers = self._pool, None, 1
+        if pool:
+            pool.shutdown()
+
+    def __enter__(self) -> Parser:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def parse(data: bytes, name: str, max_bytes: int, sha256: str, root: str | None):
+    """The zip's candles and, when `root` names a parsed cache, their entry written there:
+    (klines, None), or (klines, why the entry could not be written). Runs in a worker
+    process or in the caller's thread.
+
+    Raises:
+      parsing.KlineError: the zip is not valid klines.
+    """
+    klines = parsing.read_kline_zip(data, name, max_bytes)
+    if root is None:
+        return klines, None
+    try:
+        ParsedCache(root).write(sha256, klines)
+    except OSError as e:
+        return klines, str(e)
+    return klines, None
+
+
+def _imported() -> None:
+    """A worker's first task: unpickling it imports this module and the parsing modules."""
