@@ -87,3 +87,13 @@ def reference_windows(series, prep, names, ends):
         xs.append(x)
         ys.append(np.log(ohlc[t + 1 : t + H + 1] / ohlc[t, 3]))
     return np.stack(xs), np.stack(ys)
+
+
+def reference_persistence_scale(prep, horizon):
+    """stacking.persistence_scale as first written: the float32 errors of every train window
+    and step gathered, cast to float64, their absolute mean per column (float32 [C])."""
+    ends_N = prep.ends["train"]
+    idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
+    err_NHC = prep.targets[idx_NH] - prep.targets[ends_N, 3][:, None, None]
+    scale_C = np.abs(err_NHC.astype(np.float64)).mean(axis=(0, 1))
+    return np.where(scale_C > 0, scale_C, 1.0).astype(np.float32)

@@ -75,7 +75,7 @@ class ParsedCache:
         try:
             with open(path, "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no entry, or no folder to hold one
             return None
         except OSError as e:
             logging.warning("Parsed cache entry %s cannot be read (%s); parsing the zip.", path, e)
