@@ -7,6 +7,8 @@ import datetime
 import glob
 import logging
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -71,7 +73,7 @@ def test_workers_parse_and_store_what_the_thread_would(mirror, tmp_path, monkeyp
     cache = parsed_cache.ParsedCache(str(tmp_path / "pc"))
     with parse_pool.Parser(cache, workers=2) as parser:
         first = parser.klines(*zips[0], CAP)  # starts the pool, parsed here meanwhile
-        assert parser.started
+        assert parser._pool is not None
         _ready(parser)
         before = len(csv_parses)
         pooled = {name: parser.klines(name, data, sha, CAP) for name, data, sha in zips[1:]}
@@ -161,3 +163,38 @@ def test_a_small_load_parses_in_its_threads(mirror, monkeypatch, csv_parses):
     monkeypatch.setattr(process_pool, "cores", lambda: 2)
     _load(mirror, parsed_cache="off")
     assert len(csv_parses) == len(_zips(mirror)) < parse_pool.MIN_PARSES and pools == []
+
+
+def test_a_pool_that_cannot_start_leaves_the_parses_to_the_threads(mirror, monkeypatch, caplog):
+    serial = _load(mirror, parsed_cache="off")
+    monkeypatch.setattr(parse_pool, "MIN_PARSES", 0)
+    monkeypatch.setattr(process_pool, "cores", lambda: 2)
+
+    def no_semaphores(workers):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(process_pool, "spawn", no_semaphores)
+    with caplog.at_level(logging.WARNING):
+        loaded = _load(mirror, parsed_cache="off")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "Cannot start parse workers" in warnings[0], warnings
+    for name, s in serial.items():
+        _same((loaded[name].open_time_ms, loaded[name].ohlcv), (s.open_time_ms, s.ohlcv))
+
+
+def test_a_dead_worker_leaves_the_rest_to_the_threads(mirror, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(parse_pool, "MIN_PARSES", 0)
+    zips = _zips(mirror)
+    with parse_pool.Parser(None, workers=2) as parser, caplog.at_level(logging.WARNING):
+        parser.klines(*zips[0], CAP)
+        _ready(parser)
+        pool = parser._pool
+        os.kill(next(iter(pool._processes)), signal.SIGKILL)  # as the OOM killer would
+        deadline = time.monotonic() + 60
+        while not pool._broken and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = {name: parser.klines(name, data, sha, CAP) for name, data, sha in zips}
+    for name, data, _ in zips:
+        _same(got[name], parsing.read_kline_zip(data, name, CAP))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "A parse worker died" in warnings[0], warnings

@@ -16,31 +16,40 @@ spawned worker costs about a second to start. Worker and thread call the same
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 
 import numpy as np
+from absl import logging
 
 from cpbjax import process_pool
 from cpbjax.data import parsing
 from cpbjax.data.parsed_cache import ParsedCache
 
 # Misses parsed in the calling thread before a load starts its pool: a load of fewer
-# never pays the workers' start (about 1 s each), and one of many parses ~97% of its
-# zips on every core.
+# never pays the workers' start (about 1 s of CPU each); the default run's cold load
+# parses all but these of its 3,881 months in the pool.
 MIN_PARSES = 96
+# At most this many workers: a parse waits in a fetch thread (data.download_workers,
+# default 8), so more workers than that would be spawned to idle.
+MAX_WORKERS = 8
 
 Klines = tuple[np.ndarray, np.ndarray]  # (open_time_ms int64 [N], ohlcv float64 [N, 5])
 
 
 class Parser:
     """The parsed candles of verified zips for one load; safe from many threads. Use it as
-    a context manager (or `close` it): the end stops its workers."""
+    a context manager (or `close` it): the end stops its workers.
+
+    A pool that cannot start, or whose worker dies (killed, out of memory), is named in
+    one warning and the load goes on parsing in its threads: nothing is lost.
+    """
 
     def __init__(self, cache: ParsedCache | None, workers: int | None = None):
         """cache: the parsed cache, or None (data.parsed_cache="off"); workers: processes
-        of the pool, default one per core (a single core never starts one)."""
+        of the pool, default one per core up to MAX_WORKERS (one core starts none)."""
         self.cache = cache
-        self.workers = workers or process_pool.cores()
+        self.workers = workers or min(process_pool.cores(), MAX_WORKERS)
         self._lock = threading.Lock()
         self._misses = 0
         self._pool = None
@@ -57,11 +66,21 @@ class Parser:
         if cached is not None:
             return cached
         args = (data, name, max_bytes, sha256, self.cache.root if self.cache else None)
-        pool = self._pool_for_a_miss()
-        klines, unwritten = pool.submit(parse, *args).result() if pool else parse(*args)
+        klines, unwritten = self._parse(args)
         if unwritten:
             self.cache.warn_unwritable(unwritten)
         return klines
+
+    def _parse(self, args: tuple):
+        """`parse(*args)` in a worker when the pool is up, else in this thread."""
+        pool = self._pool_for_a_miss()
+        if pool is None:
+            return parse(*args)
+        try:
+            return pool.submit(parse, *args).result()
+        except concurrent.futures.BrokenExecutor as e:
+            self._stop_broken(e)
+            return parse(*args)
 
     def _pool_for_a_miss(self):
         """Counts a miss; the pool to parse it in, or None: before the MIN_PARSES-th miss
@@ -70,16 +89,32 @@ class Parser:
         with self._lock:
             self._misses += 1
             if self._pool is None and self.workers > 1 and self._misses > MIN_PARSES:
-                self._pool = process_pool.spawn(self.workers)
-                self._started = [self._pool.submit(_imported) for _ in range(self.workers)]
+                self._start_pool()
             if self._pool is None or not all(f.done() for f in self._started):
                 return None
             return self._pool
 
-    @property
-    def started(self) -> bool:
-        """Whether this load's parses went to worker processes."""
-        return self._pool is not None
+    def _start_pool(self) -> None:
+        """Spawns the workers (under the lock); a system that cannot is warned about."""
+        try:
+            self._pool = process_pool.spawn(self.workers)
+            self._started = [self._pool.submit(_imported) for _ in range(self.workers)]
+        except (OSError, ImportError, NotImplementedError) as e:  # no processes, no semaphores
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool, self.workers = None, 1
+            logging.warning("Cannot start parse workers (%s); parsing in this process.", e)
+
+    def _stop_broken(self, error: Exception) -> None:
+        """Stops a pool whose worker died, once: the load's later misses parse in their
+        threads."""
+        with self._lock:
+            pool, self._pool, self.workers = self._pool, None, 1
+        if pool is not None:
+            logging.warning(
+                "A parse worker died (%s); parsing the remaining zips in this process.", error
+            )
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Waits for the parses under way and stops the workers (a later miss parses in its
