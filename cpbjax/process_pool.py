@@ -36,6 +36,15 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def idle_cores() -> float:
+    """Cores that the 1-minute load average leaves idle (every core where it cannot be
+    read): on a machine other programs keep busy, workers would only add their start."""
+    try:
+        return cores() - os.getloadavg()[0]
+    except OSError:
+        return cores()
+
+
 def _watch_parent(parent: int) -> None:
     """Worker initializer: a daemon thread ends the worker once `parent` (the run's
     process) is gone, between tasks, while waiting for one, or in the middle of one.

@@ -25,6 +25,12 @@ CAP = parsing.DEFAULT_MAX_CSV_BYTES
 BAD_CSV = synthetic.kline_csv(np.array([5, 5]), np.ones((2, 5)) * [[1], [2]], "1h", False)
 
 
+@pytest.fixture(autouse=True)
+def idle_machine(monkeypatch):
+    """Every core idle, whatever else the test machine runs (a busy one starts no pool)."""
+    monkeypatch.setattr(process_pool, "idle_cores", lambda: 8.0)
+
+
 @pytest.fixture
 def mirror(tmp_path):
     root = tmp_path / "mirror"
@@ -198,3 +204,15 @@ def test_a_dead_worker_leaves_the_rest_to_the_threads(mirror, tmp_path, monkeypa
         _same(got[name], parsing.read_kline_zip(data, name, CAP))
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "A parse worker died" in warnings[0], warnings
+
+
+def test_a_busy_machine_parses_in_the_threads(mirror, monkeypatch, csv_parses):
+    serial = _load(mirror, parsed_cache="off")
+    monkeypatch.setattr(parse_pool, "MIN_PARSES", 0)
+    monkeypatch.setattr(process_pool, "cores", lambda: 2)
+    monkeypatch.setattr(process_pool, "idle_cores", lambda: 0.4)
+    pools = _started_pools(monkeypatch)
+    loaded = _load(mirror, parsed_cache="off")
+    assert pools == [] and len(csv_parses) == 2 * len(_zips(mirror))
+    for name, s in serial.items():
+        _same((loaded[name].open_time_ms, loaded[name].ohlcv), (s.open_time_ms, s.ohlcv))

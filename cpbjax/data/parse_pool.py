@@ -26,10 +26,14 @@ from cpbjax import process_pool
 from cpbjax.data import parsing
 from cpbjax.data.parsed_cache import ParsedCache
 
-# Misses parsed in the calling thread before a load starts its pool: a load of fewer
-# never pays the workers' start (about 1 s of CPU each); the default run's cold load
-# parses all but these of its 3,881 months in the pool.
-MIN_PARSES = 96
+# Misses parsed in the calling thread before a load starts its pool (about 0.3 s of
+# parsing): a load of fewer never pays the workers' start (about 1 s of CPU each, while
+# the threads parse on); the default run's cold load has 3,881 months to parse.
+MIN_PARSES = 256
+# Workers start only while the load average leaves this many cores idle: where other
+# programs use every core, workers add their start and their pickling and parse no faster
+# (measured on the shared 2-core machine: a cold load of the default run took longer).
+MIN_IDLE_CORES = 1.0
 # At most this many workers: a parse waits in a fetch thread (data.download_workers,
 # default 8), so more workers than that would be spawned to idle.
 MAX_WORKERS = 8
@@ -95,7 +99,13 @@ class Parser:
             return self._pool
 
     def _start_pool(self) -> None:
-        """Spawns the workers (under the lock); a system that cannot is warned about."""
+        """Spawns the workers (under the lock), unless other programs keep every core busy
+        (the load parses on in its threads); a system that cannot spawn is warned about."""
+        idle = process_pool.idle_cores()
+        if idle < MIN_IDLE_CORES:
+            logging.info("Zips parsed in this process: %.1f cores idle.", max(idle, 0.0))
+            self.workers = 1
+            return
         try:
             self._pool = process_pool.spawn(self.workers)
             self._started = [self._pool.submit(_imported) for _ in range(self.workers)]
