@@ -1,17 +1,21 @@
 """A verified zip's parsed candles: from the parsed cache, or parsed, in worker processes
-once a load has many zips to parse.
+once a load has many zips to parse and the machine has a core to spare.
 
 Parsing a month (inflating the zip, pandas' CSV reader, the kline checks, encoding the
-cache entry) is Python that holds the GIL, so binance._fetch_rounds' threads parse one
-zip at a time whatever the cores; a cold load of the default run's 3,881 months spent
-most of its time there. `Parser` reads the cache in the calling thread (a hit costs a
-file read and a sha256), and parses a miss in that thread for the first MIN_PARSES of a
-load, then in a pool of spawned processes, one per core (cpbjax/process_pool.py), while
-the threads go on reading and verifying. The worker writes the cache entry too, so its
-encoding and write leave the main process as well. A load whose zips are all cached, or
-that has few to parse (a test's mirror, a few days of top-up), never starts the pool: a
-spawned worker costs about a second to start. Worker and thread call the same
+cache entry) is Python that mostly holds the GIL, so binance._fetch_rounds' threads
+parse about one zip at a time whatever the cores: most of a cold load. `Parser` reads the
+cache in the calling thread (a hit costs a file read and a sha256) and parses a miss in
+that thread for the first MIN_PARSES of a load; then, if the load average leaves a core
+idle, in a pool of spawned processes, one per core (cpbjax/process_pool.py), while the
+threads go on reading and verifying, and parsing themselves until the workers are up.
+The worker writes the cache entry too. Worker and thread call the same
 `parsing.read_kline_zip` on the same bytes, so the arrays are the same either way.
+
+The pool costs: a spawned worker imports the run's main module (about 1 s of CPU), and
+each zip and its arrays are pickled through a pipe (a cold load of the default run's
+3,881 months took about 4 s more CPU in all). So a small load (a test's mirror, a few
+days of top-up) never starts it, nor does a busy machine: with every core taken by other
+programs the pool made the cold load slower, not faster.
 """
 
 from __future__ import annotations
