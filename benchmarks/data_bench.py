@@ -1,14 +1,16 @@
-"""Data-layer speed: load (read, verify, parse, validate) and prepare all series of a mirror.
+"""Data-layer speed: cold and warm loads, window preparation and one group's host arrays.
 
-Times `sources.load_all` on a Binance Vision directory mirror (sha256 checks,
-zip + CSV parsing, validation; no download, no processed-series cache, so every
-run is a cold run of the data layer, with the OS page cache warm after the
-first) and then `windows.prepare_series` (features, windows, normalisation) for
-every loaded series, with the default OHLC features and with every feature.
-Also times the synthetic source for the same series.
+Times on a Binance Vision directory mirror (no download): `sources.load_all` cold (a
+fresh, empty data.parsed_cache folder: sha256 checks, zip + CSV parsing in worker
+processes once there are many, cache writes, validation) and warm (the same folder:
+the parsed arrays read back instead of the CSVs); then `windows.prepare_all` (features,
+windows, normalisation) and `stacking.stack_group` of every prepared series as one group
+(the padded host arrays, persistence scales and band fits of the setup stage), with the
+config's features and with every feature. Also times the synthetic source for the same
+series (no parsed cache: its cold and warm loads are alike).
 
 Usage:
-  python benchmarks/data_bench.py --mirror $MIRROR --repeats 5
+  python benchmarks/data_bench.py --mirror $MIRROR --config configs/mlp.py --repeats 3
   Each run also writes its table to a new file benchmarks/records/data_bench-<UTC time>.md
   (--records-dir DIR elsewhere, --records-dir "" none).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,40 +28,43 @@ if __package__ in (None, ""):  # Run as a script: make the repo root importable.
 
 from benchmarks import common  # noqa: E402
 from cpbjax.config import schema as config_lib  # noqa: E402
-from cpbjax.data import sources, windows  # noqa: E402
-from cpbjax.data.series import SeriesSkipped  # noqa: E402
+from cpbjax.data import sources, stacking, windows  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+STAGES = ("cold_load_s", "warm_load_s", "prepare_s", "stack_s")
 
 
-def _run(data_cfg) -> dict:
-    """One full pass; returns seconds per stage and counts."""
+def _timed(fn):
+    """(fn(), seconds it took)."""
     start = time.perf_counter()
-    series, skipped = sources.load_all(data_cfg)
-    loaded = time.perf_counter()
-    prepared = 0
-    for s in series:
-        try:
-            windows.prepare_series(s, data_cfg)
-            prepared += 1
-        except SeriesSkipped:
-            continue
-    done = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def _run(data_cfg, cache_folder: str) -> dict:
+    """One full pass with an empty parsed cache in `cache_folder`; seconds per stage and counts."""
+    data_cfg.parsed_cache = tempfile.mkdtemp(dir=cache_folder)
+    (series, skipped), cold = _timed(lambda: sources.load_all(data_cfg))
+    _, warm = _timed(lambda: sources.load_all(data_cfg))
+    (preps, _), prepare = _timed(
+        lambda: windows.prepare_all(series, data_cfg, keep_train_only=True)
+    )
+    t_max = stacking.padded_length(preps, data_cfg) if preps else 0
+    _, stack = _timed(lambda: preps and stacking.stack_group(preps, len(preps), data_cfg, t_max))
     return {
-        "load_s": loaded - start,
-        "prepare_s": done - loaded,
-        "total_s": done - start,
+        **dict(zip(STAGES, (cold, warm, prepare, stack), strict=True)),
         "series": len(series),
         "skipped": len(skipped),
-        "prepared": prepared,
+        "prepared": len(preps),
         "candles": sum(s.notes["candles"] for s in series),
     }
 
 
 def _median_row(name: str, data_cfg, repeats: int) -> dict:
-    runs = [_run(data_cfg) for _ in range(repeats)]
-    row = {"source": name, "first_total_s": runs[0]["total_s"]}
-    for key in ("load_s", "prepare_s", "total_s"):
+    with tempfile.TemporaryDirectory(prefix="data_bench-") as cache_folder:
+        runs = [_run(data_cfg, cache_folder) for _ in range(repeats)]
+    row = {"source": name}
+    for key in STAGES:
         row[f"median_{key}"] = sorted(r[key] for r in runs)[len(runs) // 2]
     row.update({k: runs[0][k] for k in ("series", "skipped", "prepared", "candles")})
     return row
@@ -71,8 +77,8 @@ def _args(argv):
         default=str(REPO.parent / "shared/data/binance-vision"),
         help="Binance Vision directory mirror (data.base_url)",
     )
-    p.add_argument("--config", default=str(REPO / "configs/transformer.py"))
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--config", default=str(REPO / "configs/mlp.py"))
+    p.add_argument("--repeats", type=int, default=3)
     common.add_records_dir_flag(p)
     return p.parse_args(argv)
 
@@ -86,17 +92,8 @@ def main(argv=None) -> list[dict]:
     rows.append(_median_row("binance, all features", config.data, args.repeats))
     config.data.source = "synthetic"
     rows.append(_median_row("synthetic, all features", config.data, args.repeats))
-    columns = [
-        "source",
-        "series",
-        "skipped",
-        "prepared",
-        "candles",
-        "first_total_s",
-        "median_load_s",
-        "median_prepare_s",
-        "median_total_s",
-    ]
+    columns = ["source", "series", "skipped", "prepared", "candles"]
+    columns += [f"median_{key}" for key in STAGES]
     table = common.markdown_table(rows, columns)
     common.print_and_record(args.records_dir, "data_bench", "Data layer, all series", table, argv)
     return rows

@@ -82,7 +82,7 @@ def naming(path: str):
         raise OSError(e.errno, e.strerror, path) from e
 
 
-def atomic_write(path: str, data: bytes | str) -> None:
+def atomic_write(path: str, data: bytes | str, durable: bool = True) -> None:
     """Writes `data` to `path` so that no reader or crash ever sees a torn file.
 
     The bytes go to a temporary sibling, are fsynced, get the mode a plain open() would
@@ -90,12 +90,17 @@ def atomic_write(path: str, data: bytes | str) -> None:
     anything fails before the replace, the previous file at `path` is untouched and the
     temporary file is removed; an OSError naming no file is made to name `path`
     (`naming`). Every file cpbjax writes whole goes through here.
+
+    durable=False skips both fsyncs (about 4 ms each on a plain disk): for a cache whose
+    entries carry their own checksum, which the reader checks. A killed run still leaves
+    no torn file (the rename is atomic); a power cut may leave a missing or damaged entry,
+    which the checksum turns into a miss.
     """
     with naming(path):
-        _replace_atomically(path, data)
+        _replace_atomically(path, data, durable)
 
 
-def _replace_atomically(path: str, data: bytes | str) -> None:
+def _replace_atomically(path: str, data: bytes | str, durable: bool) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
@@ -104,14 +109,16 @@ def _replace_atomically(path: str, data: bytes | str) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def write_json(path: str, obj) -> None:

@@ -36,7 +36,7 @@ def loop_sigma(ohlcv, t):
 
 
 def column(name, ohlcv, times, interval="1h"):
-    return context.column(name, ohlcv, interval, times)
+    return context.SeriesContext(ohlcv, interval, times).column(name)
 
 
 @pytest.mark.parametrize("name,days", [("return_1d", 1), ("return_1w", 7)])

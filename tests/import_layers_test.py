@@ -24,6 +24,7 @@ LAYERS = (
         "cpbjax.writers",
         "cpbjax.sharding",
         "cpbjax.runtime",
+        "cpbjax.process_pool",
         "cpbjax.band",
         "cpbjax.config_rules",
         "cpbjax.progress",

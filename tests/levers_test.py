@@ -16,6 +16,7 @@ from cpbjax.data import stacking
 from cpbjax.score import intervals
 from cpbjax.training import epoch_spec, losses
 from cpbjax.training.group import GroupTrainer, coin_keys
+from tests import references
 from tests.helpers import levers_config, levers_init_params, levers_preps, random_window
 
 LEVELS = (0.1, 0.5, 0.9)
@@ -67,6 +68,13 @@ def test_persistence_scale_is_the_persistence_mae_of_each_column():
             for c in range(4):
                 errs[c].append(abs(prep.targets[t + h, c] - prep.targets[t, 3]))
     np.testing.assert_allclose(got, [np.mean(e) for e in errs], rtol=1e-5)
+
+
+def test_persistence_scale_keeps_the_bits_of_the_plain_expression():
+    horizon = levers_config().data.horizon
+    for prep in levers_preps():
+        got = stacking.persistence_scale(prep, horizon)
+        assert got.tobytes() == references.reference_persistence_scale(prep, horizon).tobytes()
 
 
 # -- the baseline inside the model --------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from cpbjax import writers
 from cpbjax.config import cli_errors
 from cpbjax.config import schema as config_lib
-from cpbjax.data import binance, parsing, sources, synthetic
+from cpbjax.data import binance, parsed_cache, parsing, sources, synthetic
 from tests import helpers
 
 MONTHS = ["2024-12", "2025-01", "2025-02"]
@@ -78,7 +78,8 @@ def test_the_month_check_also_runs_on_cached_arrays(tmp_path, monkeypatch):
     _mirror_with_2019_in_january(tmp_path / "mirror")
     d = _data_cfg(tmp_path / "mirror", parsed_cache=tmp_path / "parsed")
     _assert_month_skipped(*_load(d))  # parses, and caches what each zip holds
-    assert len(os.listdir(tmp_path / "parsed" / "v1")) == 6  # the bad month's arrays too
+    entries = tmp_path / "parsed" / f"v{parsed_cache.FORMAT}"
+    assert len(os.listdir(entries)) == 6  # the bad month's arrays too
 
     def no_parse(*args, **kwargs):
         raise AssertionError("a cached zip was parsed again")
@@ -126,10 +127,10 @@ def _full_disk_fsync(monkeypatch, under: str = "") -> None:
     failed write, the error names no file."""
     real_write = writers._replace_atomically
 
-    def write(path, data):
+    def write(path, data, durable):
         if under in path:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(path, data)
+        return real_write(path, data, durable)
 
     monkeypatch.setattr(writers, "_replace_atomically", write)
 

@@ -92,13 +92,13 @@ def test_a_second_load_reads_arrays_not_csv(mirror, tmp_path, monkeypatch, csv_p
     first = _load(_cfg(mirror))  # data.parsed_cache "auto": $XDG_CACHE_HOME/cpbjax/parsed
     assert len(csv_parses) == 3 and first.notes["dropped_rows"] == 1
     entries = _entries(tmp_path / "xdg" / "cpbjax" / "parsed")
-    assert len(entries) == 3 and all(e.endswith(".npz") for e in entries)
+    assert len(entries) == 3 and all(e.endswith(".klines") for e in entries)
     second = _load(_cfg(mirror))
     assert len(csv_parses) == 3  # no CSV read the second time
     _assert_same(first, second)  # dropped_rows, gaps, months... alike
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "another_month"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "padded", "another_month"])
 def test_a_damaged_entry_is_named_reparsed_and_rewritten(
     mirror, tmp_path, csv_parses, caplog, damage
 ):
@@ -108,6 +108,8 @@ def test_a_damaged_entry_is_named_reparsed_and_rewritten(
     with open(entry, "rb") as f:
         good = bytearray(f.read())
     bad = good[: len(good) // 2] if damage == "truncate" else good.copy()
+    if damage == "padded":
+        bad += b"\0" * 8
     if damage == "flip":
         bad[len(bad) // 2] ^= 0x01  # inside the ohlcv array's bytes
     if damage == "another_month":  # an intact entry, of another zip: its digest tells

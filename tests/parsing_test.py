@@ -11,6 +11,7 @@ import pytest
 
 from cpbjax.data import parsing, synthetic
 from cpbjax.data.series import SeriesSkipped
+from tests import references
 from tests.fake_data import damage_deflate
 
 H = 3_600_000  # 1h in ms
@@ -138,6 +139,38 @@ RULES = {
     "volume": "negative or non-finite volume",
     "jump": "implausible price jump",
 }
+
+
+def _walks(seed: int, n: int = 600):
+    """OHLC prices [N, 4]: a random walk whose total range the seed sets, some far
+    beyond JUMP_FACTOR (a long trend with no jump), some broken by spikes and holes."""
+    rng = np.random.default_rng(seed)
+    drift = rng.choice([0.0, 0.01, 0.05])  # 0.05 over 600 candles: a factor of 1e13
+    close = np.exp(np.cumsum(rng.normal(drift, 0.02, n)))
+    prices = close[:, None] * np.exp(rng.normal(0, 0.01, (n, 4)))
+    if seed % 3 == 1:  # a spike of a few candles, and one just under the factor
+        prices[200:203] *= 10.0 ** rng.uniform(6.5, 300)
+        prices[400, 1] = prices[400, 3] * parsing.JUMP_FACTOR * 0.999
+    if seed % 4 == 2:  # prices other rules reject take no part
+        prices[rng.integers(0, n, 20), rng.integers(0, 4, 20)] = [np.nan, 0.0, -1.0, np.inf] * 5
+    return prices
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_price_jumps_are_those_of_the_rolling_median_everywhere(seed):
+    prices = _walks(seed)
+    got = parsing._price_jumps(prices)
+    np.testing.assert_array_equal(got, references.reference_price_jumps(prices))
+    if seed % 3 == 1:
+        assert got[200:203].all()
+
+
+def test_a_range_at_the_factor_is_no_jump():
+    prices = np.full((60, 4), 1.0)
+    prices[30, 1] = parsing.JUMP_FACTOR  # exactly the factor away: not beyond it
+    assert not parsing._price_jumps(prices).any()
+    prices[30, 1] = np.nextafter(parsing.JUMP_FACTOR, np.inf) * 1.0000001
+    assert parsing._price_jumps(prices)[30] and references.reference_price_jumps(prices)[30]
 
 
 @pytest.mark.parametrize("rule", list(RULES))

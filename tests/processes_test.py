@@ -1,5 +1,6 @@
 """Tests that a run's helper processes do not outlive it: plot workers
-(cpbjax/report/plot_workers.py) end once the run's process is killed outright."""
+(cpbjax/report/plot_workers.py) and parse workers (cpbjax/data/parse_pool.py) end once the
+run's process is killed outright."""
 
 import os
 import signal
@@ -30,6 +31,22 @@ print(*sorted(workers._pool._processes), flush=True)
 time.sleep(600)
 """
 
+# Starts a load's 2 parse workers, waits until both can parse, prints their pids, then
+# waits as a load does on its next file.
+_PARSERS = """
+import sys, time
+from cpbjax import process_pool
+from cpbjax.data import parse_pool
+parse_pool.MIN_PARSES = 0
+process_pool.idle_cores = lambda: 2.0  # however busy the test machine is
+parser = parse_pool.Parser(None, workers=2)
+parser._pool_for_a_miss()
+for started in parser._started:
+    started.result()
+print(*sorted(parser._pool._processes), flush=True)
+time.sleep(600)
+"""
+
 
 def _alive(pid: int) -> bool:
     """Whether pid runs (a zombie waiting for its new parent to reap it does not)."""
@@ -41,10 +58,11 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
-def test_plot_workers_end_when_their_run_is_killed(tmp_path):
+@pytest.mark.parametrize("script", [_POOL, _PARSERS], ids=["plot_workers", "parse_workers"])
+def test_workers_end_when_their_run_is_killed(tmp_path, script):
     log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
-        [sys.executable, "-c", _POOL, str(tmp_path / "plots")],
+        [sys.executable, "-c", script, str(tmp_path / "plots")],
         env=helpers.subprocess_env(),
         cwd=helpers.ROOT,
         stdout=subprocess.PIPE,
@@ -61,7 +79,7 @@ def test_plot_workers_end_when_their_run_is_killed(tmp_path):
         deadline = time.monotonic() + 5
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [p for p in pids if _alive(p)], "plot workers outlived their run"
+        assert not [p for p in pids if _alive(p)], "workers outlived their run"
     finally:
         proc.kill()
         proc.wait()

@@ -90,6 +90,31 @@ def reference_windows(series, prep, names, ends):
     return np.stack(xs), np.stack(ys)
 
 
+def reference_persistence_scale(prep, horizon):
+    """stacking.persistence_scale as first written: the float32 errors of every train window
+    and step gathered, cast to float64, their absolute mean per column (float32 [C])."""
+    ends_N = prep.ends["train"]
+    idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
+    err_NHC = prep.targets[idx_NH] - prep.targets[ends_N, 3][:, None, None]
+    scale_C = np.abs(err_NHC.astype(np.float64)).mean(axis=(0, 1))
+    return np.where(scale_C > 0, scale_C, 1.0).astype(np.float32)
+
+
+def reference_price_jumps(prices):
+    """parsing._price_jumps as first written: every price against the rolling median of
+    JUMP_WINDOW centred log closes, computed for every series (bool [N])."""
+    import pandas as pd  # noqa: PLC0415 (only this reference reads pandas)
+
+    from cpbjax.data import parsing  # noqa: PLC0415
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usable = np.isfinite(prices) & (prices > 0)
+        log_p = np.log(np.where(usable, prices, np.nan))
+    reference = pd.Series(log_p[:, 3]).rolling(parsing.JUMP_WINDOW, center=True, min_periods=1)
+    distance = np.abs(log_p - reference.median().to_numpy()[:, None])
+    return (distance > np.log(parsing.JUMP_FACTOR)).any(axis=1)
+
+
 # ---------------------------------------------------------------------------------------
 # The scoring fits as they were before they were batched (issue #53): one sort per
 # column and level, HAR by np.linalg.lstsq of its whole design. The oracles of

@@ -122,6 +122,20 @@ def test_atomic_write_gives_the_umask_mode_and_keeps_the_old_file_on_failure(tmp
     assert path.read_bytes() == b"second"
 
 
+@pytest.mark.parametrize("durable, fsyncs", [(True, 2), (False, 0)])
+def test_atomic_write_fsyncs_file_and_folder_unless_told_not_to(
+    tmp_path, monkeypatch, durable, fsyncs
+):
+    synced, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), fsync(fd)))
+    path = tmp_path / "entry.npz"
+    writers.atomic_write(str(path), b"old")
+    synced.clear()
+    writers.atomic_write(str(path), b"new", durable=durable)
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["entry.npz"]
+    assert len(synced) == fsyncs
+
+
 def test_torn_middle_line_of_metrics_is_skipped_with_a_warning(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"epoch": 1}\n{"epo\n{"epoch": 3}\n')

@@ -200,7 +200,8 @@ def load(data_cfg, pairs, today: datetime.date | None = None):
     today = today or datetime.datetime.now(datetime.timezone.utc).date()
     end = resolve_end(data_cfg.end, today)
     mirror = open_mirror(data_cfg)
-    with mirror.progress, concurrent.futures.ThreadPoolExecutor(data_cfg.download_workers) as pool:
+    threads = concurrent.futures.ThreadPoolExecutor(data_cfg.download_workers)
+    with mirror.progress, mirror.parser, threads as pool:
         fetched = _fetch_all(mirror, pairs, data_cfg, end, today, pool)
     loaded, skipped = {}, {}
     for symbol, interval in pairs:

@@ -27,6 +27,8 @@ a plain loop).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from cpbjax.band import ewma_range
@@ -68,20 +70,6 @@ def warmup(name: str, interval: str) -> int:
     return 0
 
 
-def column(name: str, ohlcv_T5: np.ndarray, interval: str, open_time_ms) -> np.ndarray:
-    """The context feature `name` of a series, float64 [T], NaN in its warm-up rows."""
-    if name.startswith("return_"):
-        return _scaled_return(ohlcv_T5, candles(SPAN_DAYS[name[-2:]], interval))
-    if name.startswith("range_tod_"):
-        steps_ahead = int(name.rpartition("_")[2])
-        return _time_of_day_range(ohlcv_T5, interval, open_time_ms, steps_ahead)
-    if name in VOLUME:
-        return _volume_ratio(ohlcv_T5[:, 4], interval, name)
-    if name == "interval":
-        return np.full(len(ohlcv_T5), np.log2(INTERVAL_MS[interval] / HOUR_MS))
-    raise ValueError(f"unknown context feature {name!r}: expected one of {', '.join(NAMES)}")
-
-
 def trailing_mean(x_T: np.ndarray, n: int, min_count: int | None = None) -> np.ndarray:
     """Mean of the last min(n, t + 1) values at each row t; NaN where fewer than
     min_count (default n: a strict rolling mean; min_count < n expands over the first
@@ -103,40 +91,91 @@ def window_range(ohlcv_T5: np.ndarray) -> np.ndarray:
     return out_T
 
 
-def _scaled_return(ohlcv_T5: np.ndarray, n: int) -> np.ndarray:
-    log_close_T = np.log(ohlcv_T5[:, 3])
-    move_T = np.full(len(log_close_T), np.nan)
-    move_T[n:] = log_close_T[n:] - log_close_T[:-n]
-    # A range of 0 (a whole window of flat candles) leaves the move undefined: NaN would
-    # stop the series at its warm-up check, so such rows read 0.
-    scale_T = window_range(ohlcv_T5) * np.sqrt(n)
-    out_T = np.divide(move_T, scale_T, out=np.zeros_like(move_T), where=scale_T > 0)
-    return np.where(np.isnan(move_T) | np.isnan(scale_T), np.nan, out_T)
+class SeriesContext:
+    """The context columns of one series, each float64 [T] with NaN in its warm-up rows.
 
+    What several columns read is computed once per series: sigma_t (both returns), the
+    day's mean volume (both volume ratios), and the time-of-day grid with its 30-day mean
+    range (the three range_tod). Each column is the same arithmetic on the same arrays as
+    when computed alone.
+    """
 
-def _time_of_day_range(ohlcv_T5, interval: str, open_time_ms, steps_ahead: int) -> np.ndarray:
-    """range_tod_<steps_ahead> (module docstring), on a grid of every open time so that a
-    gap leaves holes rather than shifting the candles' time of day."""
-    step = INTERVAL_MS[interval]
-    if step >= DAY_MS or DAY_MS % step:
-        return np.zeros(len(ohlcv_T5))
-    per_day = DAY_MS // step
-    times_T = np.asarray(open_time_ms, np.int64)
-    slot_T = (times_T - times_T[0]) // step  # each candle's place on the grid G
-    range_G = np.zeros(int(slot_T[-1]) + 1)
-    seen_G = np.zeros(len(range_G))
-    range_G[slot_T], seen_G[slot_T] = np.log(ohlcv_T5[:, 1] / ohlcv_T5[:, 2]), 1.0
-    # The same time of day as t+h, k whole days earlier, k >= first so that it is <= t.
-    first = -(-steps_ahead // per_day)
-    lags_K = np.arange(first, first + SEASON_DAYS) * per_day - steps_ahead  # slots back
-    same = _lagged_mean(range_G, seen_G, lags_K)
-    whole = _lagged_mean(range_G, seen_G, np.arange(SEASON_DAYS * per_day))
-    # A full 30 days of grid behind the slot, for both means.
-    ok_G = np.arange(len(range_G)) >= max(lags_K[-1], SEASON_DAYS * per_day - 1)
-    ratio_G = np.where(
-        (same > 0) & (whole > 0), np.log(np.maximum(same, 1e-300) / np.maximum(whole, 1e-300)), 0.0
-    )  # a time of day with no candle or no range in 30 days: no cycle to report
-    return np.where(ok_G, ratio_G, np.nan)[slot_T]
+    def __init__(self, ohlcv_T5: np.ndarray, interval: str, open_time_ms):
+        self.ohlcv_T5, self.interval, self.open_time_ms = ohlcv_T5, interval, open_time_ms
+
+    def column(self, name: str) -> np.ndarray:
+        """The context feature `name` (one of NAMES)."""
+        if name.startswith("return_"):
+            return self._scaled_return(candles(SPAN_DAYS[name[-2:]], self.interval))
+        if name.startswith("range_tod_"):
+            return self._time_of_day_range(int(name.rpartition("_")[2]))
+        if name in VOLUME:
+            return self._volume_ratio(name)
+        if name == "interval":
+            return np.full(len(self.ohlcv_T5), np.log2(INTERVAL_MS[self.interval] / HOUR_MS))
+        raise ValueError(f"unknown context feature {name!r}: expected one of {', '.join(NAMES)}")
+
+    @functools.cached_property
+    def _sigma_T(self) -> np.ndarray:
+        return window_range(self.ohlcv_T5)
+
+    def _scaled_return(self, n: int) -> np.ndarray:
+        log_close_T = np.log(self.ohlcv_T5[:, 3])
+        move_T = np.full(len(log_close_T), np.nan)
+        move_T[n:] = log_close_T[n:] - log_close_T[:-n]
+        # A range of 0 (a whole window of flat candles) leaves the move undefined: NaN
+        # would stop the series at its warm-up check, so such rows read 0.
+        scale_T = self._sigma_T * np.sqrt(n)
+        out_T = np.divide(move_T, scale_T, out=np.zeros_like(move_T), where=scale_T > 0)
+        return np.where(np.isnan(move_T) | np.isnan(scale_T), np.nan, out_T)
+
+    @functools.cached_property
+    def _grid(self):
+        """(slot_T: each candle's place on a grid G of every open time, so that a gap
+        leaves holes rather than shifting the candles' time of day; log range_G, 0 in a
+        hole; seen_G, 1 where a candle is; the mean range of the 30 days to each slot)."""
+        step = INTERVAL_MS[self.interval]
+        times_T = np.asarray(self.open_time_ms, np.int64)
+        slot_T = (times_T - times_T[0]) // step
+        range_G = np.zeros(int(slot_T[-1]) + 1)
+        seen_G = np.zeros(len(range_G))
+        range_G[slot_T] = np.log(self.ohlcv_T5[:, 1] / self.ohlcv_T5[:, 2])
+        seen_G[slot_T] = 1.0
+        whole_G = _lagged_mean(range_G, seen_G, np.arange(SEASON_DAYS * (DAY_MS // step)))
+        return slot_T, range_G, seen_G, whole_G
+
+    def _time_of_day_range(self, steps_ahead: int) -> np.ndarray:
+        """range_tod_<steps_ahead> (module docstring); 0 for intervals of a day or more."""
+        step = INTERVAL_MS[self.interval]
+        if step >= DAY_MS or DAY_MS % step:
+            return np.zeros(len(self.ohlcv_T5))
+        per_day = DAY_MS // step
+        slot_T, range_G, seen_G, whole = self._grid
+        # The same time of day as t+h, k whole days earlier, k >= first so that it is <= t.
+        first = -(-steps_ahead // per_day)
+        lags_K = np.arange(first, first + SEASON_DAYS) * per_day - steps_ahead  # slots back
+        same = _lagged_mean(range_G, seen_G, lags_K)
+        # A full 30 days of grid behind the slot, for both means.
+        ok_G = np.arange(len(range_G)) >= max(lags_K[-1], SEASON_DAYS * per_day - 1)
+        ratio_G = np.where(
+            (same > 0) & (whole > 0),
+            np.log(np.maximum(same, 1e-300) / np.maximum(whole, 1e-300)),
+            0.0,
+        )  # a time of day with no candle or no range in 30 days: no cycle to report
+        return np.where(ok_G, ratio_G, np.nan)[slot_T]
+
+    @functools.cached_property
+    def _day_volume_T(self) -> np.ndarray:
+        return trailing_mean(self.ohlcv_T5[:, 4], candles(1, self.interval))
+
+    def _volume_ratio(self, name: str) -> np.ndarray:
+        if name == "volume_1d":
+            num_T, den_T = self.ohlcv_T5[:, 4], self._day_volume_T
+        else:
+            month_T = trailing_mean(self.ohlcv_T5[:, 4], candles(SEASON_DAYS, self.interval))
+            num_T, den_T = self._day_volume_T, month_T
+        ratio_T = np.divide(num_T, den_T, out=np.ones_like(den_T), where=den_T > 0)
+        return np.where(np.isnan(den_T), np.nan, np.log(np.maximum(ratio_T, RATIO_FLOOR)))
 
 
 def _lagged_mean(value_G: np.ndarray, seen_G: np.ndarray, lags: np.ndarray) -> np.ndarray:
@@ -152,13 +191,3 @@ def _lagged_mean(value_G: np.ndarray, seen_G: np.ndarray, lags: np.ndarray) -> n
             total_G[lag:] += value_G[: len(value_G) - lag]
             count_G[lag:] += seen_G[: len(value_G) - lag]
     return np.divide(total_G, count_G, out=np.zeros_like(total_G), where=count_G > 0)
-
-
-def _volume_ratio(volume_T: np.ndarray, interval: str, name: str) -> np.ndarray:
-    day_T = trailing_mean(volume_T, candles(1, interval))
-    if name == "volume_1d":
-        num_T, den_T = volume_T, day_T
-    else:
-        num_T, den_T = day_T, trailing_mean(volume_T, candles(SEASON_DAYS, interval))
-    ratio_T = np.divide(num_T, den_T, out=np.ones_like(den_T), where=den_T > 0)
-    return np.where(np.isnan(den_T), np.nan, np.log(np.maximum(ratio_T, RATIO_FLOOR)))

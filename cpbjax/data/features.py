@@ -246,12 +246,16 @@ class _Indicators:
     def column(self, name: str) -> np.ndarray:
         """The feature `name` (a cached property, or a log volatility over a span)."""
         if name in context.NAMES:
-            return context.column(name, self._ohlcv, self.interval, self.open_time_ms)
+            return self._context.column(name)
         estimator, _, span = name.rpartition("_")
         if estimator in VOL_ESTIMATORS:
             n = window_candles(self.interval)[span]
             return log_volatility(self._candle_var[estimator], n, n)
         return getattr(self, name)
+
+    @functools.cached_property
+    def _context(self) -> context.SeriesContext:
+        return context.SeriesContext(self._ohlcv, self.interval, self.open_time_ms)
 
     @functools.cached_property
     def _candle_var(self):

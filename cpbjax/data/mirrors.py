@@ -15,8 +15,9 @@ FIRST_MONTH), and a 404 means the month does not exist. A verified zip whose CSV
 a candle outside its month (or day) has that period failed, naming the file and the
 span it holds (checked on the arrays whether parsed or cached). A verified zip's
 parsed arrays are kept in, and read back from, the `parsed_cache` folder under the
-sha256 its bytes matched. Both mirrors answer `monthly_candidates`, `daily_candidates`
-and `fetch`.
+sha256 its bytes matched; a load with many zips to parse parses them in worker processes
+(`parser`, parse_pool.py, closed by the load). Both mirrors answer `monthly_candidates`,
+`daily_candidates` and `fetch`.
 
 Downloads follow http_client's policy: each request has a total deadline and a body
 cap (a zip over MAX_ZIP_BYTES is refused unread), each file a wall-clock budget, and
@@ -42,6 +43,7 @@ from absl import logging
 from cpbjax import config_rules as rules
 from cpbjax import writers
 from cpbjax.data import http_client, parsing
+from cpbjax.data.parse_pool import Parser
 from cpbjax.data.progress import Progress
 from cpbjax.data.series import SeriesSkipped
 
@@ -127,19 +129,15 @@ def _parse_checksum(text: str, name: str) -> str:
     return digest
 
 
-def _parsed(ref: FileRef, data: bytes, sha256: str, cache) -> Fetched:
+def _parsed(ref: FileRef, data: bytes, sha256: str, parser) -> Fetched:
     """Parses a verified zip whose bytes hash to `sha256`; its CSV may unpack to at most
-    the cap of its interval and period. `cache` (a ParsedCache, or None) answers instead
-    when it holds an intact entry of that digest, and keeps what a parse returns."""
-    klines = cache.load(sha256) if cache else None
-    if klines is None:
-        cap = parsing.csv_byte_cap(ref.interval, ref.period)
-        try:
-            klines = parsing.read_kline_zip(data, ref.name, cap)
-        except parsing.KlineError as e:
-            return Fetched(ref, "invalid", reason=str(e))
-        if cache:
-            cache.store(sha256, klines)
+    the cap of its interval and period. `parser` (parse_pool.Parser) answers from its
+    cache when that holds an intact entry of that digest, and keeps what a parse returns."""
+    cap = parsing.csv_byte_cap(ref.interval, ref.period)
+    try:
+        klines = parser.klines(ref.name, data, sha256, cap)
+    except parsing.KlineError as e:
+        return Fetched(ref, "invalid", reason=str(e))
     # Checked after either source: a cache entry holds what the zip holds, whatever
     # period the zip is filed under.
     outside = _outside_period(ref, klines[0])
@@ -169,7 +167,7 @@ class DirMirror:
     def __init__(self, root: str, parsed_cache=None):
         self.root = self.where = root
         self.progress = Progress("off")  # Reading local files needs no progress bar.
-        self.parsed_cache = parsed_cache  # A parsed_cache.ParsedCache, or None.
+        self.parser = Parser(parsed_cache)  # parsed_cache: a ParsedCache, or None.
 
     def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
         """Every month present up to `end`, newest first (a listing costs nothing)."""
@@ -203,7 +201,7 @@ class DirMirror:
         problem = _checksum_problem(data, expected)
         if problem:
             return Fetched(ref, "failed", reason=f"{problem} in {path}")
-        return _parsed(ref, data, expected, self.parsed_cache)
+        return _parsed(ref, data, expected, self.parser)
 
 
 class HttpMirror:
@@ -226,7 +224,7 @@ class HttpMirror:
         host = host or "no-host"
         self.cache_root = os.path.join(os.path.expanduser(cache_dir), host)
         self.client, self.progress = client, progress  # client: an http_client.Client
-        self.parsed_cache = parsed_cache  # A parsed_cache.ParsedCache, or None.
+        self.parser = Parser(parsed_cache)  # parsed_cache: a ParsedCache, or None.
 
     def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:
         """Months to probe, newest first: a bounded look back from `end` (count 0: every
@@ -254,7 +252,7 @@ class HttpMirror:
         path = os.path.join(self.cache_root, ref.relpath)
         cached = self._read_cache(path, ref.name)
         if cached is not None:
-            return _parsed(ref, *cached, self.parsed_cache)
+            return _parsed(ref, *cached, self.parser)
         url = f"{self.base_url}/{ref.relpath}"
         budget = self.client.budget(REQUESTS_PER_FILE * (self.client.retries + 1))
         checksum = self._get_checksum(ref, url, budget)
@@ -328,7 +326,7 @@ class HttpMirror:
             writers.atomic_write(path + ".CHECKSUM", checksum)
         except OSError as e:
             return Fetched(ref, "failed", reason=f"cannot write to the cache ({e})")
-        return _parsed(ref, data, sha256, self.parsed_cache)
+        return _parsed(ref, data, sha256, self.parser)
 
     def _read_cache(self, path: str, name: str) -> tuple[bytes, str] | None:
         """(bytes, sha256) of a cached zip whose cached CHECKSUM still matches; a corrupt

@@ -309,6 +309,11 @@ def _price_jumps(prices: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         usable = np.isfinite(prices) & (prices > 0)
         log_p = np.log(np.where(usable, prices, np.nan))
+    # A reference is a median of usable log closes, so it lies between the smallest and
+    # the largest usable log price: when those are within the factor, no price can be
+    # beyond it (the usual series: no rolling median to compute, the same answer).
+    if not usable.any() or np.nanmax(log_p) - np.nanmin(log_p) <= np.log(JUMP_FACTOR):
+        return np.zeros(len(prices), bool)
     reference = pd.Series(log_p[:, 3]).rolling(JUMP_WINDOW, center=True, min_periods=1)
     distance = np.abs(log_p - reference.median().to_numpy()[:, None])
     return (distance > np.log(JUMP_FACTOR)).any(axis=1)  # NaN (no usable price) is False

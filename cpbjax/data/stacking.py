@@ -131,8 +131,13 @@ def persistence_scale(prep: PreparedSeries, horizon: int) -> np.ndarray:
     if not len(ends_N):
         return np.ones(NUM_TARGETS, np.float32)
     idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]
-    err_NHC = prep.targets[idx_NH] - prep.targets[ends_N, 3][:, None, None]
-    scale_C = np.abs(err_NHC.astype(np.float64)).mean(axis=(0, 1))
+    # In place on the one gathered copy: the float32 errors, their float64 sum in (n, h)
+    # order and its mean are those of the plain expression, without three temporaries.
+    err_NHC = prep.targets[idx_NH]
+    err_NHC -= prep.targets[ends_N, 3][:, None, None]
+    np.abs(err_NHC, out=err_NHC)
+    total_C = np.add.reduce(err_NHC.reshape(-1, NUM_TARGETS), axis=0, dtype=np.float64)
+    scale_C = total_C / idx_NH.size
     return np.where(scale_C > 0, scale_C, 1.0).astype(np.float32)
 
 

@@ -6,25 +6,18 @@ done after the last group. `PlotWorkers` hands each finished group's series to a
 process pool, so they are drawn while the next group trains (whose XLA program leaves
 part of the cores idle) and, at the end, on every worker at once while the main process
 draws the skill chart. The plots are the same files `report.write_plots` writes, drawn by
-the same `report.series_plots`.
-
-Workers are spawned, never forked: the run's process holds JAX's threads, and a fork of
-a multithreaded process can deadlock. Each worker ends itself once the run's process is
-gone (`_watch_parent`): a run killed by SIGKILL runs no shutdown, and its idle workers
-(360 MB each) would otherwise wait on their queue for as long as the machine runs.
+the same `report.series_plots`. The workers (360 MB each) are spawned and end with the
+run (cpbjax/process_pool.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
 import os
-import threading
-import time
 
 from absl import logging
 
-from cpbjax import progress, sharding, writers
+from cpbjax import process_pool, progress, sharding, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.report import run_report as report
 from cpbjax.report.spec import ReportSpec
@@ -41,12 +34,7 @@ class PlotWorkers:
         """
         self.spec = report.series_plot_spec(folder, spec)
         os.makedirs(folder, exist_ok=True)
-        self._pool = concurrent.futures.ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_watch_parent,
-            initargs=(os.getpid(),),
-        )
+        self._pool = process_pool.spawn(workers)
         self._futures: dict[str, concurrent.futures.Future] = {}
 
     def submit(self, entries: dict, history: list[dict], forecasts: dict) -> None:
@@ -82,29 +70,6 @@ class PlotWorkers:
     def close(self) -> None:
         """Stops the pool without waiting (a run that failed before its report)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-# How often a worker checks that the run's process is still its parent.
-PARENT_POLL_S = 0.5
-
-
-def _watch_parent(parent: int) -> None:
-    """Worker initializer: a daemon thread ends the worker once `parent` (the run's
-    process) is gone, between tasks, while waiting for one, or in the middle of one.
-
-    An orphan is adopted by another process, so os.getppid() stops being `parent`. This
-    works on every POSIX system and, unlike Linux's PR_SET_PDEATHSIG, does not fire when
-    merely the thread that happened to spawn the worker ends while the run goes on.
-    """
-    watch = threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True)
-    watch.start()
-
-
-def _exit_when_orphaned(parent: int) -> None:
-    """Sleeps while `parent` is this process's parent, then ends the process at once."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
-    os._exit(1)  # nothing of the worker's is worth finishing: its results have no reader
 
 
 def start(spec: ReportSpec, workdir: str) -> PlotWorkers | None:

@@ -1,0 +1,64 @@
+"""Worker processes that never outlive the run: spawned, and ended once their parent is gone.
+
+The run's plots (report/plot_workers.py) and a large load's parses (data/parse_pool.py)
+go to such a pool. Workers are spawned, never forked: the run's process holds JAX's
+threads, and a fork of a multithreaded process can deadlock. A spawned worker imports
+the run's main module and what its task needs, so starting one costs about a second.
+Each worker ends itself once the run's process is gone (`_watch_parent`): a run killed
+by SIGKILL runs no shutdown, and its idle workers would otherwise wait on their queue
+for as long as the machine runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import threading
+import time
+
+# How often a worker checks that the run's process is still its parent.
+PARENT_POLL_S = 0.5
+
+
+def spawn(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """A pool of `workers` spawned processes that end with the process that made it."""
+    return concurrent.futures.ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_watch_parent,
+        initargs=(os.getpid(),),
+    )
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def idle_cores() -> float:
+    """Cores that the 1-minute load average leaves idle (every core where it cannot be
+    read): on a machine other programs keep busy, workers would only add their start."""
+    try:
+        return cores() - os.getloadavg()[0]
+    except OSError:
+        return cores()
+
+
+def _watch_parent(parent: int) -> None:
+    """Worker initializer: a daemon thread ends the worker once `parent` (the run's
+    process) is gone, between tasks, while waiting for one, or in the middle of one.
+
+    An orphan is adopted by another process, so os.getppid() stops being `parent`. This
+    works on every POSIX system and, unlike Linux's PR_SET_PDEATHSIG, does not fire when
+    merely the thread that happened to spawn the worker ends while the run goes on.
+    """
+    watch = threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True)
+    watch.start()
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """Sleeps while `parent` is this process's parent, then ends the process at once."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)  # nothing of the worker's is worth finishing: its results have no reader
