@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging as std_logging
 import os
 import sys
 
 import jax
+import jax.extend.random
 from absl import logging
+from jax.interpreters import mlir
 
 from cpbjax.version import __version__
 
@@ -48,6 +51,7 @@ def configure(config) -> str:
     # the compile again (measured: a tiny GRU rerun 44 s -> 15 s on 2 CPU cores).
     cache = os.environ.get("CPBJAX_COMPILATION_CACHE", COMPILATION_CACHE)  # benchmarks: cold
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
+    fast_threefry()
     if config.distributed.enabled:
         _initialize_distributed(config.distributed)
     if config.platform == "auto":
@@ -66,6 +70,28 @@ def configure(config) -> str:
             '`pip install -e ".[cuda12]"`; otherwise use --config.platform=cpu or auto.'
         ) from None
     return config.platform
+
+
+def fast_threefry() -> None:
+    """Lowers the threefry hash behind every random draw (dropout masks, param init,
+    shuffles) the way that compiles fastest, with the same bits.
+
+    Why: each dropout site hashes its whole mask [K, Y, B, L, D] in-program, ~20 sites per
+    transformer step. On a GPU that inlines the 20 rounds into a fused kernel per site;
+    jax's handwritten kernel (jax_threefry_gpu_kernel_lowering) exists to spare that
+    compile. On the CPU jax 0.10 rolls the rounds into a while loop whose rotation amounts
+    are loop-carried, and LLVM expands such a body over a 5-D mask into ~1.4 MB of IR: half
+    the transformer epoch program's code; the unrolled rounds (the CPU lowering of later
+    jax) have constant rotations. Both compute threefry2x32-20 exactly
+    (tests/runtime_test.py); a jax without the private lowering keeps its own."""
+    jax.config.update("jax_threefry_gpu_kernel_lowering", True)
+    try:
+        from jax._src.random.threefry2x32 import _threefry2x32_lowering as rounds
+    except ImportError:
+        return
+    unrolled = functools.partial(rounds, use_rolled_loops=False)
+    rule = mlir.lower_fun(unrolled, multiple_results=True)
+    mlir.register_lowering(jax.extend.random.threefry2x32_p, rule, platform="cpu")
 
 
 def _initialize_distributed(dist_cfg) -> None:

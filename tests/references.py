@@ -87,3 +87,25 @@ def reference_windows(series, prep, names, ends):
         xs.append(x)
         ys.append(np.log(ohlc[t + 1 : t + H + 1] / ohlc[t, 3]))
     return np.stack(xs), np.stack(ys)
+
+
+def threefry2x32(key_2, x1, x2):
+    """Threefry2x32-20 (Salmon et al. 2011, Random123) of uint32 counter arrays x1, x2 under
+    the uint32 key pair key_2, round by round in numpy: (x1', x2')."""
+    with np.errstate(over="ignore"):  # uint32 arithmetic wraps, as the hash means it to
+        return _threefry_rounds(key_2, x1, x2)
+
+
+def _threefry_rounds(key_2, x1, x2):
+    rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+    ks = [np.uint32(key_2[0]), np.uint32(key_2[1])]
+    ks.append(ks[0] ^ ks[1] ^ np.uint32(0x1BD11BDA))
+    x = [np.asarray(x1, np.uint32) + ks[0], np.asarray(x2, np.uint32) + ks[1]]
+    for block in range(5):
+        for r in rotations[block % 2]:
+            x[0] = x[0] + x[1]
+            x[1] = (x[1] << np.uint32(r)) | (x[1] >> np.uint32(32 - r))
+            x[1] = x[1] ^ x[0]
+        x[0] = x[0] + ks[(block + 1) % 3]
+        x[1] = x[1] + ks[(block + 2) % 3] + np.uint32(block + 1)
+    return x[0], x[1]
