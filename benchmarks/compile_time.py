@@ -75,8 +75,10 @@ def measure(model: str, num_series: int, candles: int) -> dict:
     }
     row = {"model": model, "K": k, "T": t_max}
     for name in PROGRAMS:
-        row[f"{name} lower s"], _, lowered = timed(lower[name])
-        row[f"{name} compile s"], row[f"{name} compile cpu s"], _ = timed(lowered.compile)
+        lower_s, _, lowered = timed(lower[name])
+        compile_s, cpu_s, _ = timed(lowered.compile)
+        row[f"{name} lower s"], row[f"{name} compile s"] = round(lower_s, 2), round(compile_s, 2)
+        row[f"{name} compile cpu s"] = round(cpu_s, 2)
     return row
 
 
