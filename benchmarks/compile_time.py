@@ -100,7 +100,7 @@ def median_rows(rounds: list[list[dict]]) -> list[dict]:
     rows = []
     for cells in zip(*rounds, strict=True):
         row = dict(cells[0])
-        for key, value in row.items():
+        for key in list(row):
             if key.endswith(" s"):
                 row[key] = round(statistics.median(c[key] for c in cells), 2)
         rows.append(row)
@@ -127,7 +127,9 @@ def main() -> None:
         print(f"round {r + 1}: {rounds[-1]}", flush=True)
     rows = median_rows(rounds)
     table = common.markdown_table(rows, list(rows[0]))
-    common.print_and_record(args.records_dir, "compile_time", "Cold compile of the run programs", table)
+    common.print_and_record(
+        args.records_dir, "compile_time", "Cold compile of the run programs", table
+    )
 
 
 if __name__ == "__main__":

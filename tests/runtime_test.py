@@ -23,15 +23,18 @@ def test_the_numpy_reference_gives_the_known_answers(key, count, expected):
     assert [int(o) for o in out] == list(expected)
 
 
-def test_the_fast_lowering_hashes_a_mask_shaped_array_as_the_reference():
+@pytest.mark.parametrize("shape", [(2, 3, 2), (2, 3, 8, 5, 7)], ids=["key", "mask"])
+def test_the_fast_lowering_hashes_as_the_reference(shape):
+    """A key-sized hash (rolled) and a mask-sized one (unrolled: no while loop to compile)."""
     runtime.fast_threefry()
     rng = np.random.default_rng(0)
     key_2 = rng.integers(0, 2**32, 2, dtype=np.uint32)
-    x1, x2 = rng.integers(0, 2**32, (2, 3, 2, 5, 7), dtype=np.uint32)  # a 5-D mask's counters
+    x1, x2 = rng.integers(0, 2**32, (2, *shape), dtype=np.uint32)
     counts = np.stack([x1, x2]).ravel()  # threefry_2x32 hashes its halves as the pairs
     hash_fn = jax.jit(jax.extend.random.threefry_2x32)
-    if jax.default_backend() == "cpu":  # the rounds unrolled: no while loop to compile
-        assert "while" not in hash_fn.lower(key_2, counts).as_text()
+    if jax.default_backend() == "cpu":
+        unrolled = x1.size >= runtime.UNROLLED_THREEFRY_WORDS
+        assert ("while" not in hash_fn.lower(key_2, counts).as_text()) == unrolled
     hashed = hash_fn(key_2, counts)
     expected = references.threefry2x32(key_2, x1, x2)
     np.testing.assert_array_equal(np.asarray(hashed), np.concatenate([e.ravel() for e in expected]))
