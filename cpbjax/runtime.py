@@ -90,8 +90,8 @@ def fast_threefry() -> None:
     are loop-carried, and LLVM expands such a body over a 5-D mask into ~1.4 MB of IR
     (the transformer default's epoch program: 17.1 MB of optimised IR, 6.5 MB with large
     hashes unrolled as later jax lowers them). Unrolled small hashes, though, are fused
-    into every consumer of their keys: rolled, the transformer's epoch program has 49.6k
-    HLO instructions after optimisation, unrolled 65.2k. Both lowerings compute
+    into every consumer of their keys: with them rolled that program has 49.6k HLO
+    instructions after optimisation, with every hash unrolled 65.2k. Both lowerings compute
     threefry2x32-20 exactly (tests/runtime_test.py); a jax without the private lowering
     keeps its own."""
     jax.config.update("jax_threefry_gpu_kernel_lowering", True)
