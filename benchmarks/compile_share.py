@@ -30,12 +30,7 @@ def compile_seconds(share: str) -> float:
         12,
         sharding.coin_mesh(jax.devices()[:1]),
     )
-    arrays = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        trainer._abstract_arrays(),
-        trainer.arrays_sharding,
-    )
-    lowered = trainer.lowered_epoch(trainer.abstract_state(), arrays)
+    lowered = trainer.lowered_epoch(trainer.abstract_state(), trainer.abstract_arrays())
     began = time.monotonic()
     lowered.compile()
     return time.monotonic() - began

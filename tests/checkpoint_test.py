@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from cpbjax.training import checkpoint
+from tests import references
 
 
 def _state(value: float):
@@ -182,6 +183,22 @@ def test_a_truncated_array_file_is_reported_by_its_root_cause(tmp_path, caplog):
     assert "epoch 2" in warning and str(tmp_path / "group-000" / "2") in warning
     assert "OUT_OF_RANGE" in warning, warning
     assert "bound method" not in warning and "\n" not in warning
+
+
+def test_row_hashes_match_a_plain_numpy_loop():
+    rng = np.random.default_rng(0)
+    leaves = [
+        rng.normal(size=(4, 3, 5)).astype(np.float32),
+        rng.integers(0, 2, 4).astype(bool),
+        jnp.asarray(rng.normal(size=(4, 7)), jnp.bfloat16),
+        rng.integers(-9, 9, (4, 2, 2), dtype=np.int32),
+        np.int32(3),  # a scalar: one row
+        rng.integers(0, 2**32, (1, 6), dtype=np.uint32),  # one row, beside the scalar
+        rng.integers(0, 2**32, (4, 2), dtype=np.uint32),
+    ]
+    got = jax.device_get(checkpoint._row_hashes(leaves))
+    for g, want in zip(got, references.row_hashes(leaves), strict=True):
+        np.testing.assert_array_equal(g, want)
 
 
 def test_state_digest_sees_one_flipped_bit_and_moved_values():

@@ -30,8 +30,8 @@ def _parameters(fn, drop_self=False) -> list[tuple]:
     return [(p.name, p.kind, p.default) for p in params]
 
 
-def test_the_protocol_lists_the_nine_functions_but_train_pass():
-    want = ("fresh_state", "init_state", "with_bar", "restart", "start_from")
+def test_the_protocol_lists_the_seven_functions_but_train_pass():
+    want = ("fresh_state", "with_bar", "restart", "start_from")
     want += ("train_steps", "run_epoch", "finish_epoch")
     assert sorted(want) == MEMBERS
 

@@ -121,6 +121,37 @@ def one_epoch():
     return config, module, trainer, arrays, state0, jax.device_get(state), jax.device_get(metrics)
 
 
+def test_a_first_epoch_that_cannot_beat_the_untrained_model_keeps_its_pooled_val_loss():
+    """With a baseline the bar is the untrained model's pooled val loss, which the first
+    epoch measures (pooled.finish_epoch, step.first_bar): an epoch at a learning rate far
+    too large keeps epoch 0 at that loss, the mean over every coin's val windows by a
+    plain loop."""
+    config = pooled_config()
+    config.train.learning_rate = 5.0
+    module = models.build(models.make_config(config))
+    trainer = GroupTrainer(
+        epoch_spec.make_spec(config, module),
+        len(POOLED_NAMES),
+        sharding.coin_mesh(jax.devices()[:1]),
+    )
+    preps = list(helpers.tiny_preps())
+    arrays = trainer.stack(preps)
+    state = trainer.init_state(coin_keys(0, range(len(POOLED_NAMES))), arrays)
+    assert np.isinf(np.asarray(state.best_val)).all()  # no bar before the first epoch
+    params = jax.device_get(jax.tree.map(lambda a: a[0], state.params))
+    state, _ = trainer.run_epoch(state, arrays)
+    assert (np.asarray(state.best_epoch) == 0).all(), "the epoch beat the bar: no bar checked"
+    losses = []
+    for prep in preps:
+        scale_C = stacking.persistence_scale(prep, config.data.horizon)
+        losses.extend(
+            references.plain_window_losses(
+                module, params, prep, prep.ends["val"], config.data, "mae", scale_C
+            )
+        )
+    np.testing.assert_allclose(np.asarray(state.best_val), np.mean(losses), rtol=1e-5)
+
+
 def test_every_coin_holds_the_same_params_starting_at_the_median_band(one_epoch):
     config, _, _, _, state0, state, _ = one_epoch
     fits = [

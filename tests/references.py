@@ -247,3 +247,48 @@ def reference_ridge_features(ohlc, ends, lookback):
     ranges = logp[..., 1] - logp[..., 2]
     shape = logp[:, -1, :3] - logp[:, -1, 3:]
     return np.concatenate([returns, ranges, shape], axis=1)
+
+
+def threefry2x32(key_2, x1, x2):
+    """Threefry2x32-20 (Salmon et al. 2011, Random123) of uint32 counter arrays x1, x2 under
+    the uint32 key pair key_2, round by round in numpy: (x1', x2')."""
+    with np.errstate(over="ignore"):  # uint32 arithmetic wraps, as the hash means it to
+        return _threefry_rounds(key_2, x1, x2)
+
+
+def _threefry_rounds(key_2, x1, x2):
+    rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+    ks = [np.uint32(key_2[0]), np.uint32(key_2[1])]
+    ks.append(ks[0] ^ ks[1] ^ np.uint32(0x1BD11BDA))
+    x = [np.asarray(x1, np.uint32) + ks[0], np.asarray(x2, np.uint32) + ks[1]]
+    for block in range(5):
+        for r in rotations[block % 2]:
+            x[0] = x[0] + x[1]
+            x[1] = (x[1] << np.uint32(r)) | (x[1] >> np.uint32(32 - r))
+            x[1] = x[1] ^ x[0]
+        x[0] = x[0] + ks[(block + 1) % 3]
+        x[1] = x[1] + ks[(block + 2) % 3] + np.uint32(block + 1)
+    return x[0], x[1]
+
+
+def row_hashes(leaves):
+    """checkpoint._row_hashes in numpy, leaf by leaf: per row of each leaf's bits as uint32
+    [R, M], sum(bits * (2m + 1)) and sum((bits ^ m * 0x9E3779B9) * 0x85EBCA6B) modulo
+    2**32, [R, 2]."""
+    out = []
+    for leaf in leaves:
+        x = np.asarray(leaf)
+        x = x[None] if x.ndim == 0 else x
+        if x.dtype == np.bool_:
+            bits = x.astype(np.uint32)
+        else:
+            bits = x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+            bits = bits.astype(np.uint32)
+        bits = bits.reshape(x.shape[0], -1)
+        m = np.arange(bits.shape[1], dtype=np.uint32)
+        h1 = np.sum(bits * (2 * m + 1), axis=1, dtype=np.uint32)
+        h2 = np.sum(
+            (bits ^ (m * np.uint32(0x9E3779B9))) * np.uint32(0x85EBCA6B), axis=1, dtype=np.uint32
+        )
+        out.append(np.stack([h1, h2], axis=1))
+    return out

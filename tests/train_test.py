@@ -24,7 +24,7 @@ from cpbjax import models, sharding, writers
 from cpbjax.config import schema as config_lib
 from cpbjax.modes import driver, plan
 from cpbjax.score import saved
-from cpbjax.training import checkpoint, early_stopping, epoch_spec, step
+from cpbjax.training import checkpoint, early_stopping, epoch_spec, step, validation
 from cpbjax.training.group import GroupTrainer, coin_keys
 from tests import helpers
 from tests.helpers import (
@@ -230,6 +230,12 @@ def test_early_stopping_bookkeeping_matches_a_plain_reference(min_delta):
     arrays = trainer.stack(list(tiny_preps()))
     patience = trainer.spec.patience
     state = trainer.init_state(coin_keys(0, range(NUM_COINS)), arrays)
+    assert np.isinf(np.asarray(state.best_val)).all()  # no bar before the first epoch
+    # The bar the first epoch's finish_epoch sets from its val pass of the kept params
+    # (here the initial ones), before end_epoch judges it.
+    val_sums = jax.jit(functools.partial(validation.val_sums, trainer.spec))
+    bar_K = step.with_bar(state, *val_sums(state.params, arrays)).best_val
+    state = step.first_bar(trainer.spec, state, bar_K)
     initial_best = np.asarray(state.best_val)
     assert np.isfinite(initial_best[:3]).all()  # the baseline's, not inf
     se_K = np.where(np.isfinite(initial_best), initial_best, 1.0).astype(np.float32)

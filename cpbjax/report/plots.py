@@ -85,7 +85,7 @@ def kept_point(epochs, val, entry: dict, val_label: str = "val"):
 
     The kept model is results.json's `best_epoch`; None there means no epoch beat the
     untrained model (the baseline), so epoch 0 is kept, at the untrained val loss, which
-    is the `best_val_loss` no epoch beat (step.init_state; with train.share=pooled that
+    is the `best_val_loss` no epoch beat (step.first_bar; with train.share=pooled that
     loss is the pooled one of all series, and `val_label`, sharing.Sharing's, says so).
     An entry without a best_epoch at all (not a trained run's) marks nothing.
     """

@@ -6,7 +6,7 @@ The contract (per coin; a pooled model's coins share one record, cpbjax/training
 - `train.patience` counts the epochs without such an improvement; at patience the coin
   stops training.
 - The kept params are the best epoch's. Epoch 0 is the untrained model: with
-  model.baseline it is the baseline, whose val loss is the first best (step.init_state);
+  model.baseline it is the baseline, whose val loss is the first best (step.first_bar);
   without one the best starts at inf, so the first finite epoch is kept.
 - A coin whose train loss, gradient or val loss is not finite diverges: it stops and
   goes back to its kept params.

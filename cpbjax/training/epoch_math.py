@@ -28,12 +28,8 @@ class EpochMath(Protocol):
     def fresh_state(
         self, spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
     ) -> epoch_spec.GroupState:
-        """The fresh state before any val pass (best_val inf)."""
-
-    def init_state(
-        self, spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
-    ) -> epoch_spec.GroupState:
-        """`fresh_state` with a baseline's val loss as the bar."""
+        """The fresh state, the group's init: best_val inf, no bar yet (a baseline's is set
+        by the first epoch's `finish_epoch`)."""
 
     def with_bar(self, state: epoch_spec.GroupState, val_sum_K, val_n_K) -> epoch_spec.GroupState:
         """`state` whose bar is the val loss summed per coin (val_sum_K over val_n_K)."""
@@ -69,4 +65,5 @@ class EpochMath(Protocol):
         best: validation.ValPass,
     ):
         """Early stopping after the train pass `trained`, given the val passes of its params
-        and of the best params before it: (new state, metrics)."""
+        and of the best params before it (at the first epoch also a baseline's bar):
+        (new state, metrics)."""

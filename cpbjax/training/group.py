@@ -111,12 +111,12 @@ class GroupTrainer:
             out_shardings=(self.state_sharding, sharding.named(self.mesh, metrics_specs)),
             donate_argnums=0,
         )
-        self._init_jit = self._init_program(math.init_state, per_device, arrays_specs, state_specs)
+        self._init_jit = self._init_program(per_device, arrays_specs, state_specs)
         self._start_jit = self._start_program(per_device, arrays_specs, state_specs)
 
     def _streamed_epoch(self, math, per_device, state_specs, arrays_specs, metrics_specs):
         """The streamed epoch's programs (train.stream_chunk_steps), placed as this group's."""
-        fresh = self._init_program(math.fresh_state, per_device, arrays_specs, state_specs)
+        fresh = self._init_program(per_device, arrays_specs, state_specs)
         placement = streaming.Placement(
             self.mesh, self.num_coins, self.state_sharding, self.arrays_sharding, self.coin_sharding
         )
@@ -132,16 +132,16 @@ class GroupTrainer:
             metrics_specs,
         )
 
-    def _init_program(self, init, per_device, arrays_specs, state_specs):
-        """The jitted `init` (the math's init_state or fresh_state): (keys, arrays) -> state.
+    def _init_program(self, per_device, arrays_specs, state_specs):
+        """The jitted init, the math's fresh_state: (keys, arrays) -> state.
 
-        A pooled model is one model for all K coins: its init (and train.init_from's start)
-        reads coin 0's key and every coin's band and val loss, so each is one global
+        A pooled model is one model for all K coins: its init reads coin 0's key and every
+        coin's band (train.init_from's start every coin's val loss), so each is one global
         program that XLA partitions over the mesh (it runs once per group; the epoch's
         sums cross devices in pooled.py). A per-series one is shard_mapped as the epoch.
         out_shardings: the state placed as the epoch places it (`_build_programs`).
         """
-        init = functools.partial(init, self.spec)
+        init = functools.partial(self.sharing.math.fresh_state, self.spec)
         if self.sharing.global_init:
             in_shardings = (self.coin_sharding, self.arrays_sharding)
             return jax.jit(init, in_shardings=in_shardings, out_shardings=self.state_sharding)
@@ -211,7 +211,8 @@ class GroupTrainer:
           keys_K2: uint32 [K, 2] coin keys (see `coin_keys`).
           arrays: the group's data; a coin without train or val windows starts inactive.
             With model.baseline, each coin starts from its own fitted band (`band`) and
-            its untrained val loss is the one to beat (step.init_state).
+            its untrained val loss, which the first epoch measures, is the one to beat
+            (step.first_bar).
         """
         with jax.default_matmul_precision(self.matmul_precision):
             keys = sharding.place(np.asarray(keys_K2, np.uint32), self.coin_sharding)
@@ -254,6 +255,22 @@ class GroupTrainer:
         """Per device, the bytes an epoch holds beside its program's own buffers: a
         streamed epoch's two chunks of windows (cpbjax/training/streaming.py), else 0."""
         return self.streamed.in_flight_bytes() if self.streamed else 0
+
+    def abstract_arrays(self) -> stacking.GroupArrays:
+        """GroupArrays of jax.ShapeDtypeStruct with shardings, as `stack` places a group's
+        (streamed: less the series), e.g. to lower the programs without data."""
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            self._abstract_arrays(),
+            self.arrays_sharding,
+        )
+
+    def lowered_init(self, keys_K2, arrays):
+        """The lowered init program of `init_state` (keys and arrays placed, or
+        `abstract_arrays`), e.g. its compile time for benchmarks."""
+        init = self.streamed.fresh if self.streamed else self._init_jit
+        with jax.default_matmul_precision(self.matmul_precision):
+            return init.lower(keys_K2, arrays)
 
     def lowered_epoch(self, state: epoch_spec.GroupState, arrays):
         """The lowered epoch program, e.g. `.compile().cost_analysis()` for benchmarks

@@ -18,7 +18,7 @@ its K / num_devices coins. Each device sums its coins' objective and gradient; o
 (an all-reduce) per step makes the update of every device the same, so the params stay
 replicated. Per epoch, the shared view (`shared`: coin 0's params, optimizer and sweep
 setting) and the val losses the pooled val loss and its standard error read are
-all-gathered; nothing else crosses devices. The init (`init_state`) is one global
+all-gathered; nothing else crosses devices. The init (`fresh_state`) is one global
 program that XLA partitions (group.py). On one device every collective is the identity,
 so a 1-device run computes what it computed before the mesh grew.
 
@@ -90,8 +90,9 @@ def pooled_band(arrays: stacking.GroupArrays) -> jax.Array:
 def fresh_state(
     spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
 ) -> epoch_spec.GroupState:
-    """The fresh state before any val pass: every coin holds the params that coin 0's key
-    initialises (with the pooled band) and keeps its own train key (its shuffles and
+    """The fresh state, no bar yet (with model.baseline the first epoch sets the untrained
+    model's pooled val loss: `finish_epoch`): every coin holds the params that coin 0's
+    key initialises (with the pooled band) and keeps its own train key (its shuffles and
     dropout)."""
     band_KH2 = jnp.broadcast_to(pooled_band(arrays), arrays.band.shape)
     shared_K2 = jnp.broadcast_to(keys_K2[0], keys_K2.shape)
@@ -103,17 +104,6 @@ def fresh_state(
         key=jax.vmap(lambda key: jax.random.split(key)[1])(keys_K2),
         active=arrays.train_mask.any(axis=1),
     )
-
-
-def init_state(
-    spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays
-) -> epoch_spec.GroupState:
-    """`fresh_state`; with model.baseline, the untrained model's pooled val loss is the one
-    to beat."""
-    state = fresh_state(spec, keys_K2, arrays)
-    if spec.baseline == "none":
-        return state
-    return with_bar(state, *validation.val_sums(spec, state.params, arrays))
 
 
 def with_bar(state: epoch_spec.GroupState, val_sum_K, val_n_K) -> epoch_spec.GroupState:
@@ -327,7 +317,10 @@ def finish_epoch(
     """step.finish_epoch for the pooled model: step.end_epoch gets the pooled val loss as
     every coin's, so the real coins improve, stop and diverge together; the metrics'
     val_loss is still each coin's own, and stop_val_loss and best_val_loss the pooled
-    loss and its best."""
+    loss and its best. At the first epoch `best` also gives a baseline's bar, the pooled
+    val loss of the untrained model (step.first_bar)."""
+    pooled_best = pooled_mean(*gather_coins((best.sum_K, best.n_K, state.active)))
+    state = step.first_bar(spec, state, jnp.where(state.active, pooled_best, jnp.inf))
     pooled_val = pooled_mean(*gather_coins((val.sum_K, val.n_K, state.active)))
     pooled_val_K = jnp.broadcast_to(pooled_val, val.n_K.shape)
     every_coin = gather_coins((val.loss_KN, best.loss_KN, val.mask_KN, state.active))

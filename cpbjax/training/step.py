@@ -73,8 +73,8 @@ def init_coin(spec: epoch_spec.EpochSpec, key: jax.Array, band_H2: jax.Array):
 
 
 def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
-    """The fresh state of the coins given (all K, or one device's share of them), before
-    any val pass: best_val is inf (`init_state` sets a baseline's)."""
+    """The fresh state of the coins given (all K, or one device's share of them): best_val
+    is inf, no bar yet (with model.baseline, the first epoch sets it: `first_bar`)."""
     # lax.map, not vmap: a vmapped orthogonal init (GRU/LSTM recurrent kernels) is a
     # batched LAPACK QR, whose CPU kernel (jaxlib 0.10) fans out over the intra-op
     # pool and deadlocks when the pool is small (seen with K >= 3 on 2 cores). Init
@@ -102,14 +102,20 @@ def fresh_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArray
     )
 
 
-def init_state(spec: epoch_spec.EpochSpec, keys_K2, arrays: stacking.GroupArrays) -> GroupState:
-    """`fresh_state`; with model.baseline, an untrained model IS its baseline: an epoch
-    replaces it as the kept model only if it beats the baseline's val loss (best_epoch 0 =
-    never beaten)."""
-    state = fresh_state(spec, keys_K2, arrays)
+def first_bar(spec: epoch_spec.EpochSpec, state: GroupState, bar_K) -> GroupState:
+    """`state` whose coins without a bar yet (best_val inf at the group's first epoch) take
+    bar_K [K], the val loss of their kept params, when model.baseline is set.
+
+    With a baseline an untrained model IS its baseline: an epoch replaces it as the kept
+    model only if it beats the baseline's val loss (best_epoch 0 = never beaten). Until an
+    epoch is kept the kept params are the initial ones, so the first epoch's val pass of
+    them (`finish_epoch`'s `best`) is that loss, and the init program needs no val pass
+    of its own: XLA compiles every inlined copy of the forward anew. A bar already set
+    (train.init_from's start, `start_from`) stays."""
     if spec.baseline == "none":
         return state
-    return with_bar(state, *validation.val_sums(spec, state.params, arrays))
+    unset_K = (state.epoch == 0) & jnp.isinf(state.best_val)
+    return state.replace(best_val=jnp.where(unset_K, bar_K, state.best_val))
 
 
 def with_bar(state: GroupState, val_sum_K, val_n_K) -> GroupState:
@@ -314,7 +320,8 @@ def finish_epoch(
     (`val`) and of the best params before it (`best`): their paired window losses give
     the standard error of the gain (cpbjax/training/early_stopping.py). The best model's losses
     are recomputed rather than kept in the state: one more val pass per epoch, and a
-    smaller checkpoint."""
+    smaller checkpoint. At the first epoch `best` also gives a baseline's bar (`first_bar`)."""
+    state = first_bar(spec, state, with_bar(state, best.sum_K, best.n_K).best_val)
     gain_se_K = early_stopping.gain_se(val.loss_KN, best.loss_KN, val.mask_KN, spec.horizon - 1)
     return end_epoch(spec, state, trained, train_losses(state, trained), val.mean_K(), gain_se_K)
 

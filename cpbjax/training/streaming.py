@@ -147,7 +147,7 @@ class StreamedEpoch:
         placement: the group's mesh, K and shardings (GroupTrainer's).
         chunk_steps: J, the train steps of windows per chunk (train.stream_chunk_steps).
         math: the epoch_math.EpochMath of the group's sharing.Sharing (step or pooled).
-        fresh: the jitted math.fresh_state, placed as the state (the bar is set here).
+        fresh: the jitted math.fresh_state, placed as the state.
         per_device: group.py's shard_map over the coin mesh.
         state_specs, arrays_specs, metrics_specs: the shard specs of the GroupState, the
           GroupArrays less their series, and step.EPOCH_METRICS.
@@ -219,11 +219,8 @@ class StreamedEpoch:
         )
 
     def init_state(self, keys_K2, arrays: StreamedArrays) -> epoch_spec.GroupState:
-        """step/pooled.init_state, its baseline's bar from a streamed val pass."""
-        state = self.fresh(keys_K2, arrays.device)
-        if self.spec.baseline == "none":
-            return state
-        return self._bar(state, *self.val_sums(state.params, arrays))
+        """step/pooled.fresh_state (a baseline's bar comes with the first epoch)."""
+        return self.fresh(keys_K2, arrays.device)
 
     def start_from(self, state: epoch_spec.GroupState, params, arrays: StreamedArrays):
         """step/pooled.start_from (train.init_from), the bar from a streamed val pass."""
