@@ -170,7 +170,15 @@ def hourly_exchange() -> FakeExchange:
 @contextlib.contextmanager
 def running(exchange: FakeExchange):
     """Serves `exchange` on 127.0.0.1:<free port>; yields its api_url."""
-    handler = functools.partial(_Handler, exchange=exchange)
+    with serving(functools.partial(_Handler, exchange=exchange), exchange.stopping) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(handler, stopping: threading.Event):
+    """Serves `handler` (a request handler class or partial) on 127.0.0.1:<free port> in
+    threads; yields its http:// URL. On leaving, `stopping` is set (a hostile reply that
+    waits on it ends) and the server is shut down."""
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
@@ -178,7 +186,7 @@ def running(exchange: FakeExchange):
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
     finally:
-        exchange.stopping.set()
+        stopping.set()
         httpd.shutdown()
         httpd.server_close()
         thread.join(5)

@@ -27,6 +27,8 @@ import threading
 import time
 import urllib.parse
 
+from tests import fake_exchange
+
 SLOW_BYTE_S = 0.05
 HUGE_BODY_BYTES = 1 << 30
 HOSTILE_LIMIT_S = 30.0  # the longest any hostile reply lasts
@@ -129,15 +131,5 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def running(vision: FakeVision):
     """Serves `vision` on 127.0.0.1:<free port>; yields its base_url."""
-    handler = functools.partial(_Handler, vision=vision)
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        vision.stopping.set()
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(5)
+    with fake_exchange.serving(functools.partial(_Handler, vision=vision), vision.stopping) as url:
+        yield url

@@ -38,19 +38,6 @@ def mirror(tmp_path):
     return root
 
 
-@pytest.fixture
-def csv_parses(monkeypatch):
-    """The names of the CSVs parsed in this process since the test began."""
-    parsed, parse = [], parsing.read_kline_csv
-
-    def counted(data, name):
-        parsed.append(name)
-        return parse(data, name)
-
-    monkeypatch.setattr(parsing, "read_kline_csv", counted)
-    return parsed
-
-
 def _zips(root) -> list[tuple[str, bytes, str]]:
     """(name, bytes, sha256 from its CHECKSUM) of every zip of the mirror."""
     found = []

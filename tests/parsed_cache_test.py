@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cpbjax.config import schema as config_lib
-from cpbjax.data import binance, mirrors, parsed_cache, parsing, synthetic
+from cpbjax.data import binance, mirrors, parsed_cache, synthetic
 from cpbjax.data.progress import Progress
 
 MONTHS = ["2024-11", "2024-12", "2025-01"]
@@ -60,19 +60,6 @@ def mirror(tmp_path):
     synthetic.write_vision_mirror(str(root), ["BTCUSDT"], ["1h"], MONTHS, seed=3)
     _rewrite_month(root, "2024-12", seed=3, bad_row=True)
     return root
-
-
-@pytest.fixture
-def csv_parses(monkeypatch):
-    """The list of CSV names parsed since the test began."""
-    parsed, parse = [], parsing.read_kline_csv
-
-    def counted(data, name):
-        parsed.append(name)
-        return parse(data, name)
-
-    monkeypatch.setattr(parsing, "read_kline_csv", counted)
-    return parsed
 
 
 def _entries(folder) -> list[str]:
