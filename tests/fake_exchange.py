@@ -120,26 +120,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if mode == "slow_headers":
             head = [f"HTTP/1.1 {status} OK"]
             head += [f"{k}: {v}" for k, v in {**headers, "Content-Length": len(body)}.items()]
-            self._trickle(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+            trickle(
+                self.wfile, self.exchange.stopping, ("\r\n".join(head) + "\r\n\r\n").encode() + body
+            )
             return
         self.send_response(status)
         for key, value in {**headers, "Content-Length": str(len(body))}.items():
             self.send_header(key, value)
         self.end_headers()
         if mode == "slow_body":
-            self._trickle(body)
+            trickle(self.wfile, self.exchange.stopping, body)
         else:
             self.wfile.write(body)
-
-    def _trickle(self, data: bytes) -> None:
-        """Writes `data` one byte every SLOW_BYTE_S, until HOSTILE_LIMIT_S or hang-up."""
-        deadline, stopping = time.monotonic() + HOSTILE_LIMIT_S, self.exchange.stopping
-        with contextlib.suppress(OSError):  # the client hung up at its deadline
-            for i in range(len(data)):
-                if stopping.wait(SLOW_BYTE_S) or time.monotonic() > deadline:
-                    return
-                self.wfile.write(data[i : i + 1])
-                self.wfile.flush()
 
     def _send_huge(self, body: bytes) -> None:
         """A JSON array that never closes, with no Content-Length, until the cap or hang-up."""
@@ -172,6 +164,18 @@ def running(exchange: FakeExchange):
     """Serves `exchange` on 127.0.0.1:<free port>; yields its api_url."""
     with serving(functools.partial(_Handler, exchange=exchange), exchange.stopping) as url:
         yield url
+
+
+def trickle(wfile, stopping: threading.Event, data: bytes) -> None:
+    """Writes `data` to `wfile` one byte every SLOW_BYTE_S, until HOSTILE_LIMIT_S, `stopping`
+    or hang-up (a hostile reply of either fake host)."""
+    deadline = time.monotonic() + HOSTILE_LIMIT_S
+    with contextlib.suppress(OSError):  # the client hung up at its deadline
+        for i in range(len(data)):
+            if stopping.wait(SLOW_BYTE_S) or time.monotonic() > deadline:
+                return
+            wfile.write(data[i : i + 1])
+            wfile.flush()
 
 
 @contextlib.contextmanager

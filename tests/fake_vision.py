@@ -7,10 +7,10 @@ always served as they are, so the fault lies in the zip. `running` serves it on
 127.0.0.1 at a free port for the duration of a `with` block.
 
 The hostile modes play what a broken or malicious host does; every one is bounded
-(it stops at HOSTILE_LIMIT_S, at HUGE_BODY_BYTES, or when the client hangs up), so a
+(it stops at fake_exchange.HOSTILE_LIMIT_S, at HUGE_BODY_BYTES, or when the client hangs up), so a
 test never hangs on its own server:
-  drip            the zip's status line and headers at once, its body one byte every SLOW_BYTE_S
-  slow_head       the status line and headers one byte every SLOW_BYTE_S, then the body
+  drip            the zip's status line and headers at once, its body one byte every fake_exchange.SLOW_BYTE_S
+  slow_head       the status line and headers one byte every fake_exchange.SLOW_BYTE_S, then the body
   tarpit          accepts and reads the request, never answers
   huge            a zip body that never ends (no Content-Length), until HUGE_BODY_BYTES
   huge_announced  the same body, announced as HUGE_BODY_BYTES long
@@ -24,14 +24,11 @@ import functools
 import http.server
 import os
 import threading
-import time
 import urllib.parse
 
 from tests import fake_exchange
 
-SLOW_BYTE_S = 0.05
 HUGE_BODY_BYTES = 1 << 30
-HOSTILE_LIMIT_S = 30.0  # the longest any hostile reply lasts
 STALL = ("stall", {})  # a fault that answers nothing, as the tarpit mode, once
 
 
@@ -72,7 +69,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         fault, v = self.vision.next_fault(path), self.vision
         file = os.path.join(v.root, path.lstrip("/"))
         if fault == STALL:
-            v.stopping.wait(HOSTILE_LIMIT_S)
+            v.stopping.wait(fake_exchange.HOSTILE_LIMIT_S)
         elif fault is not None:
             self._reply(fault[0], fault[1], b"")
         elif not os.path.isfile(file):
@@ -81,7 +78,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             with open(file, "rb") as f:
                 self._reply(200, {"Content-Type": "application/zip"}, f.read())
         elif v.mode == "tarpit":
-            v.stopping.wait(HOSTILE_LIMIT_S)
+            v.stopping.wait(fake_exchange.HOSTILE_LIMIT_S)
         elif v.mode in ("huge", "huge_announced"):
             self._send_huge(announced=v.mode == "huge_announced")
         else:
@@ -100,17 +97,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not head_too:
             self.wfile.write(head)
             self.wfile.flush()
-        self._trickle(head + body if head_too else body)
-
-    def _trickle(self, data: bytes) -> None:
-        """Writes `data` one byte every SLOW_BYTE_S, until HOSTILE_LIMIT_S or hang-up."""
-        deadline, stopping = time.monotonic() + HOSTILE_LIMIT_S, self.vision.stopping
-        with contextlib.suppress(OSError):  # the client hung up at its deadline
-            for i in range(len(data)):
-                if stopping.wait(SLOW_BYTE_S) or time.monotonic() > deadline:
-                    return
-                self.wfile.write(data[i : i + 1])
-                self.wfile.flush()
+        fake_exchange.trickle(self.wfile, self.vision.stopping, head + body if head_too else body)
 
     def _send_huge(self, announced: bool) -> None:
         """Zeros until HUGE_BODY_BYTES or hang-up; the bytes written go to vision.sent."""
