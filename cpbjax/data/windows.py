@@ -25,6 +25,10 @@ Calendar splits (`split_dates`) purge by time instead. A training-data-only seri
 no val or test windows to score, so it is skipped with that reason, except where a
 pooled model may learn from it (`prepare_all(keep_train_only=True)`; its notes then hold
 the reason under split_dates.TRAIN_ONLY).
+
+Past covariates (data.covariates, cpbjax/data/covariates.py) follow the features in
+`inputs`, read over the same L candles; a window whose lookback still misses one after
+the fill is dropped before the split, and counted.
 """
 
 from __future__ import annotations
@@ -276,7 +280,7 @@ def kept_rows(series: Series, data_cfg) -> KeptRows:
     """
     names, cov_names = tuple(data_cfg.features), tuple(data_cfg.covariates)
     times_T, ohlcv_T5, feats_TF = _kept_rows(series, data_cfg, names)
-    cov_TK = series.covariates[:, :0]
+    cov_TK = np.zeros((len(times_T), 0))
     if cov_names:  # filled on the whole series, so the warm-up's values may carry forward
         cov_TK = covariates_lib.series_columns(series, data_cfg)[len(series.ohlcv) - len(times_T) :]
     return KeptRows(times_T, ohlcv_T5, feats_TF, names, cov_TK, cov_names)
