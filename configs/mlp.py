@@ -5,7 +5,10 @@ choice made on the tuning pairs' validation split); VARIANTS below are named cha
 
 Variants (`configs/mlp.py:<variant>`): `demo` and `tiny` (synthetic series, small enough
 for a 2-core CPU); cpbjax/config/schema.py `apply_variant` adds the data parts every model's
-variant shares. There is no `replaced` variant: the replaced system had no such model.
+variant shares. `covariates` is `tiny` on the synthetic series with covariates
+(cpbjax/data/synthetic.py): vol_signal announces the coming volatility, noise and
+price_transform carry nothing new (docs/design.md "Covariates"). There is no `replaced`
+variant: the replaced system had no such model.
 """
 
 from cpbjax.config import schema as config_lib
@@ -62,4 +65,15 @@ _SMALL = {
     "train.batch_size": 32,
     "train.learning_rate": 1e-3,
 }
-VARIANTS = {"demo": {**_SMALL, "data.symbols": config_lib.DEFAULT_SYMBOLS}, "tiny": _SMALL}
+# Eight pairs at 15m and 1h: enough series for a pooled verdict, minutes on a 2-core CPU.
+_COVARIATES = {
+    **_SMALL,
+    "data.symbols": config_lib.DEFAULT_SYMBOLS[:8],
+    "data.synthetic_covariates": True,
+    "data.covariates": ("vol_signal", "noise", "price_transform"),
+}
+VARIANTS = {
+    "demo": {**_SMALL, "data.symbols": config_lib.DEFAULT_SYMBOLS},
+    "tiny": _SMALL,
+    "covariates": _COVARIATES,
+}

@@ -10,8 +10,8 @@
     folders = cpbjax.export("runs/demo")                          # portable model folders
 
 `candles_df` is an ordinary pandas OHLCV frame (columns open, high, low, close, volume;
-volume may be left out where no feature of data.features reads it) indexed by
-timezone-aware UTC open times. The model's saved normalisation is applied, and the
+volume may be left out where no feature of data.features reads it; fit also keeps the
+data.covariates columns, NaN where missing) indexed by timezone-aware UTC open times. The model's saved normalisation is applied, and the
 forecast candles are made consistent (high >= max(open, close), low <= min(open, close);
 see forecast.consistent_ohlc).
 """
@@ -32,7 +32,7 @@ from cpbjax import runtime, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
-from cpbjax.data import features, parsing, windows
+from cpbjax.data import covariates, features, parsing, windows
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
 from cpbjax.modes import driver, sweep, trained_run
 from cpbjax.modes import export as export_mode
@@ -81,7 +81,8 @@ def fit(
       frames: {series name: frame}, names <SYMBOL>-<INTERVAL> such as "BTCUSDT-1h", or
         one long frame whose `series` column names each row's series (in sorted order,
         which sets each series' seed); each as `Model.predict` takes it (a missing volume
-        is written as 0, allowed only where no feature reads it).
+        is written as 0, allowed only where no feature reads it), with the config's
+        data.covariates columns (docs/guide.md "Bring your own data").
       config: as `train` takes; None: the GRU's default run (configs/gru.py). The
         frames set its data source and series (data.symbols x data.intervals: a pair
         without a frame is skipped with its reason).
@@ -97,7 +98,7 @@ def fit(
         those of the run already in `workdir`. driver.NothingTrained: no series trained.
     """
     config = _fit_config(config)
-    series = _frames_series(frames, volume_features(config.data))
+    series = _frames_series(frames, volume_features(config.data), config.data.covariates)
     if workdir is None:
         workdir = tempfile.mkdtemp(prefix="cpbjax-fit-")
         logging.info("cpbjax.fit: the run's folder is %s", workdir)
@@ -168,7 +169,7 @@ def _fit_config(config) -> ml_collections.ConfigDict:
     return config
 
 
-def _frames_series(frames, volume_read_by) -> dict[str, Series]:
+def _frames_series(frames, volume_read_by, covariate_names=()) -> dict[str, Series]:
     """{series name: its validated Series} of fit's `frames` (a dict or a long frame)."""
     if isinstance(frames, pd.DataFrame):
         if "series" not in frames.columns:
@@ -183,7 +184,9 @@ def _frames_series(frames, volume_read_by) -> dict[str, Series]:
         if interval not in INTERVAL_MS:
             raise ValueError(f"series name {name!r} is not <SYMBOL>-<INTERVAL>, e.g. BTCUSDT-1h")
         try:
-            out[str(name)] = candles_to_series(frame, symbol, interval, volume_read_by)
+            out[str(name)] = candles_to_series(
+                frame, symbol, interval, volume_read_by, covariate_names
+            )
         except (ValueError, TypeError) as e:
             raise type(e)(f"{name}: {e}") from None
     return out
@@ -191,21 +194,28 @@ def _frames_series(frames, volume_read_by) -> dict[str, Series]:
 
 def _write_frames(series: dict[str, Series], workdir: str) -> str:
     """Writes each Series to workdir_lib.frames_file; returns their folder. A file already
-    there must hold the same candles: a resumed run reads its own data."""
+    there must hold the same candles (and covariates): a resumed run reads its own data."""
     paths = {name: workdir_lib.frames_file(workdir, name) for name in series}
     for name, path in paths.items():
         if os.path.exists(path):
-            times, ohlcv = parsing.read_local_file(path)
             s = series[name]
-            if not (np.array_equal(times, s.open_time_ms) and np.array_equal(ohlcv, s.ohlcv)):
+            times, values = parsing.read_local_file(path, s.covariate_names, name)
+            same = np.array_equal(values, _frame_values(s), equal_nan=True)
+            if not (np.array_equal(times, s.open_time_ms) and same):
                 raise ValueError(f"{path} holds other candles of {name}: fit into a new workdir")
     for name, path in paths.items():
-        table = pd.DataFrame(series[name].ohlcv, columns=list(OHLCV))
-        table.insert(0, "open_time", series[name].open_time_ms)
+        s = series[name]
+        table = pd.DataFrame(_frame_values(s), columns=[*OHLCV, *s.covariate_names])
+        table.insert(0, "open_time", s.open_time_ms)
         buf = io.BytesIO()
         table.to_parquet(buf, index=False)
         writers.atomic_write(path, buf.getvalue())
     return workdir_lib.frames_dir(workdir)
+
+
+def _frame_values(s: Series) -> np.ndarray:
+    """float64 [T, 5 + K]: a series' OHLCV, then its covariates (a frames file's columns)."""
+    return np.concatenate([s.ohlcv, s.covariates], axis=1)
 
 
 def export(workdir: str, config: str | ml_collections.ConfigDict | None = None) -> dict:
@@ -302,15 +312,18 @@ def volume_features(data_cfg) -> list[str]:
     return [f for f in data_cfg.features if f in features.VOLUME_FEATURES]
 
 
-def candles_to_series(candles: pd.DataFrame, symbol: str, interval: str, volume_read_by) -> Series:
+def candles_to_series(
+    candles: pd.DataFrame, symbol: str, interval: str, volume_read_by, covariate_names=()
+) -> Series:
     """A validated Series from an OHLCV DataFrame (see the module docstring).
 
     `volume_read_by`: the features that read the volume (`volume_features`); with none,
-    a frame may leave the volume out.
+    a frame may leave the volume out. `covariate_names`: data.covariates, columns kept
+    (case-insensitive; NaN allowed: data.covariate_fill handles it).
 
     Raises:
       ValueError, TypeError: naming the problem (columns, index, NaN, interval, an
-        invalid candle).
+        invalid candle; a covariate column absent or not numeric: CovariateError).
     """
     frame = _check_frame(candles, interval, volume_read_by)
     times = frame.index.tz_convert("UTC").as_unit("ms").asi8
@@ -318,7 +331,14 @@ def candles_to_series(candles: pd.DataFrame, symbol: str, interval: str, volume_
     for rule, bad in parsing.invalid_rows(times, ohlcv, INTERVAL_MS[interval]).items():
         if bad.any():
             raise ValueError(f"invalid candle ({rule}) at {parsing.iso(times[bad][0])}")
-    return Series(symbol, interval, times.astype(np.int64), ohlcv)
+    series = Series(symbol, interval, times.astype(np.int64), ohlcv)
+    if covariate_names:
+        twice = parsing.columns_twice(candles.columns, [c.lower() for c in covariate_names])
+        if twice:
+            raise ValueError(f"candles have the covariate columns {twice} more than once")
+        cov_TK = parsing.covariate_floats(frame, covariate_names, "candles")
+        series.covariates, series.covariate_names = cov_TK, tuple(covariate_names)
+    return series
 
 
 class Model:
@@ -354,9 +374,11 @@ class Model:
         Raises:
           ValueError, TypeError: bad input, naming the problem (too few candles, a gap
             in the newest L candles, the wrong interval, NaN, ...); or a forecast of NaN
-            or inf prices (forecast.NonFiniteForecast, naming the series), never returned.
+            or inf prices (forecast.NonFiniteForecast, naming the series), never returned;
+            a covariate model (data.covariates), whose forecast is not supported yet.
         """
         model, d = self.loaded, self.config.data
+        covariates.refuse_forecast(d, "Model.predict")
         series = candles_to_series(candles, self.symbol, self.interval, volume_features(d))
         try:
             prep = windows.prepare_latest(series, d, model.norm)

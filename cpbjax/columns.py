@@ -12,6 +12,11 @@ NUM_TARGETS = len(COLUMNS)
 PRICE_FEATURES = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"})
 
 
+def input_names(data_cfg) -> tuple:
+    """The F input columns of a window: data.features, then data.covariates."""
+    return (*data_cfg.features, *data_cfg.covariates)
+
+
 def price_mask(names) -> np.ndarray:
     """float32 [F]: 1 on the feature columns whose values are prices."""
     return np.array([n in PRICE_FEATURES for n in names], np.float32)

@@ -96,6 +96,8 @@ IGNORED = (
      ("eval.column_fallback",)),
     ("data.source", ("binance", "binance_rest", "synthetic"), "only the local source reads it",
      ("data.local_dir",)),
+    ("data.source", ("binance", "binance_rest", "local"), "only the synthetic source makes them",
+     ("data.synthetic_covariates",)),
     ("data.source", _NOT_BINANCE, "only the binance sources download",
      ("data.base_url", "data.months", "data.end", "data.include_daily")),
     ("data.source", _NOT_BINANCE, "only binance data is topped up from the exchange",
@@ -118,6 +120,7 @@ def check_combinations(c, defaults) -> None:
         d.min_candles,
         f"<= data.max_candles ({d.max_candles})",
     )
+    _check_covariate_source(d)
     if d.source == "local":
         ok = os.path.isdir(os.path.expanduser(d.local_dir))
         check(ok, "data.local_dir", d.local_dir, "an existing directory when data.source='local'")
@@ -129,6 +132,22 @@ def check_combinations(c, defaults) -> None:
         ok = c.train.share in CHUNKED_GRADIENT_SHARES
         check(ok, "train.pooled_chunk", c.train.pooled_chunk, allowed)
     _check_ignored(c, defaults)
+
+
+def _check_covariate_source(d) -> None:
+    """data.covariates only from a source that has them: the binance sources' klines carry
+    none, and the synthetic source only with data.synthetic_covariates."""
+    if not d.covariates:
+        return
+    if d.source in ("binance", "binance_rest"):
+        allowed = (
+            f"() with data.source={d.source!r}: covariates need data.source=local or "
+            "cpbjax.fit frames"
+        )
+        fail("data.covariates", d.covariates, allowed)
+    if d.source == "synthetic" and not d.synthetic_covariates:
+        allowed = "() with data.source='synthetic' unless data.synthetic_covariates=True"
+        fail("data.covariates", d.covariates, allowed)
 
 
 def _check_distributed(h) -> None:

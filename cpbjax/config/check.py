@@ -13,6 +13,7 @@ import importlib
 import re
 
 from cpbjax import config_rules as rules
+from cpbjax.columns import PRICE_FEATURES
 from cpbjax.config import sweep_grid
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import pairs
@@ -128,6 +129,33 @@ def _validate_data(c) -> None:
         d.features,
         "a tuple starting with open, high, low, close (the targets)",
     )
+    _validate_covariates(c)
+
+
+# Names a covariate cannot take: the candle and time columns, the long frame's series
+# column, and the price features (a column of that name would be scaled as a price).
+_NOT_COVARIATES = frozenset(
+    {"open_time", "timestamp", "date", "datetime", "time", "volume", "series", *PRICE_FEATURES}
+)
+
+
+def _validate_covariates(c) -> None:
+    """data.covariates: a tuple of distinct column names (ignoring case), none a candle
+    column; its scaling, fill and the synthetic source's switch."""
+    d = c.data
+    names = d.covariates
+    allowed = "a tuple of column names, e.g. ('funding',); () = none"
+    rules.check(isinstance(names, (tuple, list)), "data.covariates", names, allowed)
+    for name in names:
+        ok = isinstance(name, str) and name.strip() == name and bool(name)
+        rules.check(ok, "data.covariates", name, "a column name without surrounding spaces")
+        bad = name.lower() in _NOT_COVARIATES
+        rules.check(not bad, "data.covariates", name, "a column other than the candles' own")
+    lower = [n.lower() for n in names]
+    rules.check(len(set(lower)) == len(lower), "data.covariates", names, "no repeated names")
+    _choice(c, "data.covariate_scaling", ("zscore", "none"))
+    _int_range(c, "data.covariate_fill", 0, 1_000_000)
+    _bool(c, "data.synthetic_covariates")
 
 
 def _validate_name_lists(c) -> None:

@@ -109,6 +109,21 @@ def base_config() -> ml_collections.ConfigDict:
     # the same span for every series; windows straddling a date are dropped. A series
     # ending before the first date is training data only. () = data.splits per series.
     d.split_dates = ()
+    # Past covariates (docs/design.md "Covariates"): extra numeric columns of each series'
+    # candles, read by every window over its own data.lookback candles after the features
+    # (the `local` source's files, cpbjax.fit's frames, or synthetic_covariates below);
+    # names match columns case-insensitively, other columns are ignored. () = none.
+    d.covariates = ()
+    # zscore: each covariate scaled by its train split's mean and std (as the non-price
+    # features); none: read as given (values already scale-free).
+    d.covariate_scaling = "zscore"
+    # A missing (NaN) covariate takes the last value at most this many candles (of the
+    # interval) before it; a window whose lookback still holds a NaN is skipped, and counted
+    # per series (results.json data.covariate_skipped_windows). Never filled with 0.
+    d.covariate_fill = 3
+    # `synthetic` source: scale the volatility by an exogenous process and add the columns
+    # vol_signal (its announcement), noise and price_transform (cpbjax/data/synthetic.py).
+    d.synthetic_covariates = False
 
     c.model = m = ml_collections.ConfigDict()
     m.name = "transformer"  # transformer | gru | lstm (see cpbjax/models/__init__.py).

@@ -23,7 +23,7 @@ from absl import logging
 
 from cpbjax import config_rules as config_rules
 from cpbjax.data import split_dates, windows
-from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
+from cpbjax.data.series import Series, SeriesSkipped
 
 FOLD_SEPARATOR = "@fold"
 
@@ -106,7 +106,7 @@ def prepare_folds(series: Series, data_cfg, bt_cfg) -> tuple[list, dict]:
     """
     L, H = data_cfg.lookback, data_cfg.horizon
     rows = windows.kept_rows(series, data_cfg)
-    ends_N = windows.contiguous_ends(rows.open_time_ms, INTERVAL_MS[series.interval], L, H)
+    ends_N = windows.window_ends(rows, series.interval, L, H)
     folds, skipped = [], {}
     for f in range(bt_cfg.folds):
         name = fold_name(series.name, f)

@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, CovariateError, Series, SeriesSkipped
 
 OHLCV = ("open", "high", "low", "close", "volume")
 # Epoch values above this are microseconds: 1e14 us is 1973, 1e14 ms is year 5138.
@@ -193,17 +193,20 @@ def sort_dedupe(times: np.ndarray, ohlcv: np.ndarray, name: str):
     return times[keep], ohlcv[keep]
 
 
-def read_local_file(path: str) -> tuple[np.ndarray, np.ndarray]:
+def read_local_file(path: str, covariates=(), series: str | None = None):
     """Reads a user's CSV or Parquet file of one series.
 
     Column names are case-insensitive: a time column (one of TIME_COLUMNS, as epoch
-    ms, epoch us or ISO strings; naive times are UTC) and open, high, low, close,
-    volume.
+    ms, epoch us or ISO strings; naive times are UTC), open, high, low, close, volume,
+    and the named `covariates` (data.covariates); every other column is ignored.
 
     Returns:
-      (open_time_ms int64 [N], ohlcv float64 [N, 5]), sorted, exact duplicates dropped.
+      (open_time_ms int64 [N], values float64 [N, 5 + K]): OHLCV, then the K covariates
+      in the order named (NaN where empty); sorted, exact duplicate rows dropped.
     Raises:
       KlineError: unreadable file, missing columns or bad values, naming the file.
+      CovariateError: a named covariate column that is absent or not numeric, naming
+        `series` (default the file name) and the column.
     """
     name = os.path.basename(path)
     try:
@@ -213,7 +216,8 @@ def read_local_file(path: str) -> tuple[np.ndarray, np.ndarray]:
     original = list(frame.columns)
     frame.columns = [str(c).strip().lower() for c in frame.columns]
     time_col = next((c for c in TIME_COLUMNS if c in frame.columns), None)
-    twice = columns_twice(original, (*OHLCV, time_col))
+    wanted = [c.lower() for c in covariates]
+    twice = columns_twice(original, (*OHLCV, time_col, *wanted))
     if twice:
         raise KlineError(
             f"{name}: columns {sorted(twice)} appear more than once (case-insensitive: "
@@ -225,7 +229,38 @@ def read_local_file(path: str) -> tuple[np.ndarray, np.ndarray]:
             f"{name}: needs a time column (one of {', '.join(TIME_COLUMNS)}) and "
             f"{', '.join(OHLCV)}; missing {missing or 'the time column'}"
         )
-    return sort_dedupe(_times_to_ms(frame[time_col], name), ohlcv_floats(frame, name), name)
+    values = ohlcv_floats(frame, name)
+    if covariates:
+        cov_NK = covariate_floats(frame, covariates, f"{series or name} ({name})")
+        values = np.concatenate([values, cov_NK], axis=1)
+    return sort_dedupe(_times_to_ms(frame[time_col], name), values, name)
+
+
+def covariate_floats(frame: pd.DataFrame, covariates, where: str) -> np.ndarray:
+    """The named covariate columns of `frame` (lower-case names) as float64 [N, K].
+
+    Raises:
+      CovariateError: a column that is absent, or holds a value that is not a number
+        (empty cells are NaN, which data.covariate_fill handles), naming `where` and it.
+    """
+    out = []
+    for col in covariates:
+        if col.lower() not in frame.columns:
+            raise CovariateError(
+                f"{where}: data.covariates column {col!r} is absent (columns: "
+                f"{', '.join(map(str, frame.columns))})"
+            )
+        values = frame[col.lower()]
+        numbers = pd.to_numeric(values, errors="coerce")
+        bad = (numbers.isna() & values.notna()).to_numpy()
+        if bad.any() or pd.api.types.is_bool_dtype(values):
+            row = int(bad.argmax())
+            raise CovariateError(
+                f"{where}: data.covariates column {col!r} is not numeric: it holds "
+                f"{values.iloc[row]!r} (row {row})"
+            )
+        out.append(numbers.to_numpy(np.float64))
+    return np.stack(out, axis=1)
 
 
 def columns_twice(columns, wanted) -> dict[str, list]:
@@ -339,8 +374,9 @@ def build_series(symbol: str, interval: str, parts, data_cfg, notes: dict | None
 
     Args:
       symbol, interval: the series identity.
-      parts: list of (open_time_ms [N], ohlcv [N, 5]) from the series' files.
-      data_cfg: the `data` config group (bad_rows, min_candles).
+      parts: list of (open_time_ms [N], values [N, 5 + K]) from the series' files: OHLCV,
+        then (K > 0) the data.covariates columns, which ride along with their candles.
+      data_cfg: the `data` config group (bad_rows, min_candles; covariates when K > 0).
       notes: facts from the source (months, failed_months, ...), copied into notes.
     Returns:
       A Series whose notes add candles, first, last, gaps, longest_gap, dropped_rows.
@@ -351,16 +387,19 @@ def build_series(symbol: str, interval: str, parts, data_cfg, notes: dict | None
     name = f"{symbol}-{interval}"
     if not parts:
         raise SeriesSkipped("no candles")
-    times, ohlcv = sort_dedupe(
+    times, values = sort_dedupe(
         np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), name
     )
     step = INTERVAL_MS[interval]
-    times, ohlcv, dropped = _apply_bad_rows(times, ohlcv, step, data_cfg.bad_rows)
+    times, values, dropped = _apply_bad_rows(times, values, step, data_cfg.bad_rows)
     if len(times) < data_cfg.min_candles:
         raise SeriesSkipped(
             f"only {len(times)} usable candles, need data.min_candles={data_cfg.min_candles}"
         )
-    return Series(symbol, interval, times, ohlcv, _series_notes(times, step, dropped, notes))
+    notes = _series_notes(times, step, dropped, notes)
+    names = tuple(data_cfg.covariates) if values.shape[1] > len(OHLCV) else ()
+    width = len(OHLCV)
+    return Series(symbol, interval, times, values[:, :width], notes, values[:, width:], names)
 
 
 def _series_notes(times: np.ndarray, step_ms: int, dropped: int, notes: dict | None) -> dict:
@@ -380,14 +419,15 @@ def _series_notes(times: np.ndarray, step_ms: int, dropped: int, notes: dict | N
     return notes
 
 
-def _apply_bad_rows(times, ohlcv, step_ms: int, policy: str):
-    """Applies data.bad_rows; returns (times, ohlcv, dropped count)."""
-    masks = invalid_rows(times, ohlcv, step_ms)
+def _apply_bad_rows(times, values, step_ms: int, policy: str):
+    """Applies data.bad_rows to the candles (values [N, 5 + K]: OHLCV, then covariates,
+    which are dropped with their candle); returns (times, values, dropped count)."""
+    masks = invalid_rows(times, values[:, : len(OHLCV)], step_ms)
     bad = np.logical_or.reduce(list(masks.values()))
     if not bad.any():
-        return times, ohlcv, 0
+        return times, values, 0
     if policy == "drop_rows":
-        return times[~bad], ohlcv[~bad], int(bad.sum())
+        return times[~bad], values[~bad], int(bad.sum())
     counts = ", ".join(f"{int(m.sum())} {rule}" for rule, m in masks.items() if m.any())
     raise SeriesSkipped(
         f"{int(bad.sum())} invalid candles ({counts}), first at {iso(times[bad][0])}; "

@@ -10,6 +10,8 @@ import re
 
 import numpy as np
 
+from cpbjax.config_rules import ConfigError
+
 # Interval name -> length in milliseconds (the Binance Vision names); config.data.intervals
 # and config.predict.intervals must be keys of it.
 INTERVAL_MS = {
@@ -32,6 +34,12 @@ class SeriesSkipped(Exception):
     """A whole series cannot be used; the message is the reason recorded in results."""
 
 
+class CovariateError(ConfigError):
+    """A data.covariates column a series cannot give (absent, not numeric, constant on
+    train), or a covariate model where covariates are not taken yet: one line naming the
+    series and the column, exit 2 (a ConfigError, so cpbjax.fit raises it as ValueError)."""
+
+
 @dataclasses.dataclass
 class Series:
     """One symbol at one interval, validated, sorted and on the interval grid.
@@ -46,6 +54,9 @@ class Series:
       notes: facts for the data table and results.json: "candles", "gaps",
         "longest_gap", "dropped_rows", "months", "failed_months" (month -> reason),
         "first", "last" (ISO times).
+      covariates: float64 [T, K], the data.covariates columns row for row with
+        open_time_ms (NaN where missing); [T, 0] without covariates.
+      covariate_names: the K column names, in data.covariates order.
     """
 
     symbol: str
@@ -53,6 +64,12 @@ class Series:
     open_time_ms: np.ndarray
     ohlcv: np.ndarray
     notes: dict = dataclasses.field(default_factory=dict)
+    covariates: np.ndarray | None = None
+    covariate_names: tuple = ()
+
+    def __post_init__(self):
+        if self.covariates is None:
+            self.covariates = np.zeros((len(self.open_time_ms), 0))
 
     @property
     def name(self) -> str:

@@ -12,6 +12,7 @@ import datetime
 import os
 from collections.abc import Callable
 
+import numpy as np
 from absl import logging
 
 from cpbjax import config_rules as rules
@@ -68,7 +69,8 @@ def load_local(data_cfg, pairs: Pairs):
 
     File names and column names are matched case-insensitively; see
     `parsing.read_local_file` for the columns and time formats. The whole file
-    is used: data.months and data.end apply to the binance source only.
+    is used: data.months and data.end apply to the binance source only. The
+    data.covariates columns are read too; one a file lacks is a CovariateError (exit 2).
     """
     folder = os.path.expanduser(data_cfg.local_dir)
     files = {name.lower(): name for name in os.listdir(folder)}
@@ -79,7 +81,7 @@ def load_local(data_cfg, pairs: Pairs):
         if not found:
             raise SeriesSkipped(f"no {symbol}-{interval}.csv or .parquet in {folder}")
         path = os.path.join(folder, found[0])
-        parts = [parsing.read_local_file(path)]
+        parts = [parsing.read_local_file(path, data_cfg.covariates, f"{symbol}-{interval}")]
         notes = {"source": "local", "file": path}
         return parsing.build_series(symbol, interval, parts, data_cfg, notes)
 
@@ -88,11 +90,20 @@ def load_local(data_cfg, pairs: Pairs):
 
 @register("synthetic")
 def load_synthetic(data_cfg, pairs: Pairs):
-    """data.synthetic_candles GARCH candles per series, ending at synthetic.END_MS."""
+    """data.synthetic_candles GARCH candles per series, ending at synthetic.END_MS; with
+    data.synthetic_covariates, candles with synthetic.COVARIATES, of which the
+    data.covariates columns are kept."""
 
     def load_one(symbol: str, interval: str) -> Series:
-        s = synthetic.generate(symbol, interval, data_cfg.synthetic_candles, SYNTHETIC_SEED)
-        parts = [(s.open_time_ms, s.ohlcv)]
+        s = synthetic.generate(
+            symbol,
+            interval,
+            data_cfg.synthetic_candles,
+            SYNTHETIC_SEED,
+            covariates=data_cfg.synthetic_covariates,
+        )
+        values = np.concatenate([s.ohlcv, synthetic.covariate_columns(s, data_cfg.covariates)], 1)
+        parts = [(s.open_time_ms, values)]
         return parsing.build_series(symbol, interval, parts, data_cfg, s.notes)
 
     return _each(pairs, load_one)

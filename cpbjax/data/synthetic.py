@@ -7,6 +7,17 @@ Brownian bridge inside the candle that ends at the candle's return, so
 low <= min(open, close) <= max(open, close) <= high holds by construction. Volume
 follows its own intraday profile and rises with |return|. Everything is
 deterministic for each (seed, symbol, interval).
+
+With covariates (data.synthetic_covariates), an exogenous log-volatility multiplier h
+scales every candle's sigma: h_t = PHI h_{t-1} + SD sqrt(1 - PHI^2) n_t, centred so that
+E[exp(2 h)] = 1 (the mean variance is unchanged), drawn from its own stream. Its
+innovations are news: no past candle holds them. The series carries three covariates
+(COVARIATES), row t holding only what is known at the close of candle t:
+  vol_signal       h_{t+1} + VOL_SIGNAL_NOISE n'_t: the announced volatility of the next
+                   candle (and, as h persists, of the following ones), never a return.
+  noise            n''_t, standard normal: nothing.
+  price_transform  (log c_t - EMA_20(log c)_t) / sigma_bar: a function of closes up to t,
+                   which the window's own prices already hold.
 """
 
 from __future__ import annotations
@@ -21,10 +32,11 @@ import zlib
 
 import numpy as np
 import pandas as pd
+from scipy import signal
 
 from cpbjax import writers
 from cpbjax.data import parsing
-from cpbjax.data.series import INTERVAL_MS, Series
+from cpbjax.data.series import INTERVAL_MS, CovariateError, Series
 
 DEFAULT_SEED = 0
 # The synthetic source's series end here, so every run sees the same candles.
@@ -34,6 +46,11 @@ MICROSECONDS_FROM = "2025-01"
 
 ALPHA, BETA, DOF = 0.10, 0.85, 5.0  # GARCH(1,1) and Student-t shape.
 SUBSTEPS = 8  # U, points of the intra-candle path that sets high and low.
+COVARIATES = ("vol_signal", "noise", "price_transform")  # with covariates=True
+# The exogenous log-volatility multiplier: AR(1) coefficient per candle (half-life about 6.6
+# candles, so it moves within a horizon of 10), stationary std, and the announcement's noise.
+PHI, SD, VOL_SIGNAL_NOISE = 0.9, 0.6, 0.1
+PRICE_TRANSFORM_SPAN = 20  # EMA span of price_transform
 _YEAR_MS = 365 * 86_400_000
 _HOUR_MS = 3_600_000
 # Base asset -> (typical price in USDT, annualised volatility).
@@ -128,8 +145,49 @@ def _candles(log_p0: float, r_T: np.ndarray, sigma_T: np.ndarray, rng) -> np.nda
     return np.stack([o, h, low, c], axis=1)
 
 
+def _log_multiplier(rng, n: int) -> np.ndarray:
+    """h [n + 1]: the stationary AR(1) log-volatility multiplier (module docstring),
+    centred so that E[exp(2 h)] = 1."""
+    n_N = rng.standard_normal(n + 1)
+    h0 = SD * n_N[0]
+    rest, _ = signal.lfilter([SD * math.sqrt(1 - PHI**2)], [1.0, -PHI], n_N[1:], zi=[PHI * h0])
+    return np.concatenate([[h0], rest]) - SD**2
+
+
+def _covariates(h_N: np.ndarray, close_T: np.ndarray, sigma_bar: float, rng) -> np.ndarray:
+    """float64 [T, 3]: vol_signal, noise, price_transform (module docstring)."""
+    n = len(close_T)
+    vol_signal = h_N[1:] + VOL_SIGNAL_NOISE * rng.standard_normal(n)
+    noise = rng.standard_normal(n)
+    a = 2.0 / (PRICE_TRANSFORM_SPAN + 1)
+    log_c = np.log(close_T)
+    ema, _ = signal.lfilter([a], [1.0, a - 1.0], log_c, zi=[(1.0 - a) * log_c[0]])
+    return np.stack([vol_signal, noise, (log_c - ema) / sigma_bar], axis=1)
+
+
+def covariate_columns(series: Series, names) -> np.ndarray:
+    """float64 [T, K]: the `names` columns (data.covariates) of a generated series.
+
+    Raises:
+      CovariateError: a name the series does not carry, naming the series and it.
+    """
+    missing = [n for n in names if n not in series.covariate_names]
+    if missing:
+        raise CovariateError(
+            f"{series.name}: data.covariates column {missing[0]!r} is absent: the synthetic "
+            f"source makes {', '.join(COVARIATES)} with data.synthetic_covariates=True"
+        )
+    idx = [series.covariate_names.index(n) for n in names]
+    return series.covariates[:, idx]
+
+
 def generate(
-    symbol: str, interval: str, n_candles: int, seed: int = DEFAULT_SEED, end_ms: int = END_MS
+    symbol: str,
+    interval: str,
+    n_candles: int,
+    seed: int = DEFAULT_SEED,
+    end_ms: int = END_MS,
+    covariates: bool = False,
 ) -> Series:
     """Generates one synthetic series, deterministic for each (seed, symbol, interval).
 
@@ -139,6 +197,8 @@ def generate(
       n_candles: candles to generate, gap-free.
       seed: data seed.
       end_ms: the last candle opens at end_ms floored to the interval grid.
+      covariates: scale the volatility by the exogenous multiplier and carry the
+        COVARIATES (module docstring); False gives the candles of earlier releases.
     Returns:
       A Series with notes {"source": "synthetic", "seed": seed}.
     """
@@ -149,6 +209,10 @@ def generate(
     sigma_bar = annual_vol * math.sqrt(step / _YEAR_MS)
     z = rng.standard_t(DOF, n_candles) * math.sqrt((DOF - 2) / DOF)
     eps, sigma = _garch(z, sigma_bar)
+    if covariates:
+        cov_rng = _rng(seed, symbol, interval, "covariates")
+        h_N = _log_multiplier(cov_rng, n_candles)
+        eps, sigma = eps * np.exp(h_N[:-1]), sigma * np.exp(h_N[:-1])
     vol_season = _intraday(times, peak_hour=14.5, amplitude=0.35)
     r = eps * vol_season
     log_p0 = math.log(price) + rng.uniform(-0.3, 0.3)
@@ -157,7 +221,11 @@ def generate(
     activity = (0.4 + 0.6 * np.abs(eps) / sigma_bar) * rng.lognormal(0, 0.3, n_candles)
     volume = quote_per_candle * _intraday(times, 15.0, 0.5) * activity / ohlc[:, 3]
     ohlcv = np.concatenate([ohlc, volume[:, None]], axis=1)
-    return Series(symbol, interval, times, ohlcv, {"source": "synthetic", "seed": seed})
+    notes = {"source": "synthetic", "seed": seed}
+    if not covariates:
+        return Series(symbol, interval, times, ohlcv, notes)
+    cov_TK = _covariates(h_N, ohlc[:, 3], sigma_bar, cov_rng)
+    return Series(symbol, interval, times, ohlcv, notes, cov_TK, COVARIATES)
 
 
 def _period_bounds(period: str) -> tuple[int, int]:

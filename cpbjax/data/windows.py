@@ -25,6 +25,10 @@ Calendar splits (`split_dates`) purge by time instead. A training-data-only seri
 no val or test windows to score, so it is skipped with that reason, except where a
 pooled model may learn from it (`prepare_all(keep_train_only=True)`; its notes then hold
 the reason under split_dates.TRAIN_ONLY).
+
+Past covariates (data.covariates, cpbjax/data/covariates.py) follow the features in
+`inputs`, read over the same L candles; a window whose lookback still misses one after
+the fill is dropped before the split, and counted.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from absl import logging
 
 from cpbjax import band, columns
 from cpbjax.columns import NUM_TARGETS
+from cpbjax.data import covariates as covariates_lib
 from cpbjax.data import features as features_lib
 from cpbjax.data import normalize, skip_groups, split_dates
 from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
@@ -52,15 +57,19 @@ class PreparedSeries:
       name, symbol, interval: identity ("BTCUSDT-1h").
       open_time_ms: int64 [T] open times of the kept candles.
       ohlc: float64 [T, 4] raw prices, used to map forecasts back and to score.
-      inputs: float32 [T, F] normalised features (see module docstring).
+      inputs: float32 [T, F] normalised features, then the K data.covariates columns
+        (cpbjax/data/covariates.py; F counts them).
       targets: float32 [T, 4] normalised OHLC targets.
       anchor: float32 [T] value subtracted at each window's last candle.
       ends: split name -> int64 [N] window end indices t (gap-free, purged).
       norm: the fitted statistics and how to map back: {"kind", "feature_mean",
-        "feature_std" (float64 [F], the train split's), "log_p0"}; saved with a model's
-        meta.json.
+        "feature_std" (float64 [F], the train split's), "log_p0"; with covariates
+        "covariates", "covariate_mean", "covariate_std", "covariate_scaling"}; saved with
+        a model's meta.json.
       price_mask: float32 [F], 1 on price-valued feature columns.
-      notes: the Series notes plus "used_candles" (T) and "windows" (split -> count).
+      notes: the Series notes plus "used_candles" (T) and "windows" (split -> count);
+        with covariates "covariate_skipped_windows" (gap-free windows whose lookback
+        holds a missing covariate).
       hparams: a sweep coin's own hyperparameters, name -> value (cpbjax/config/sweep_grid.py);
         {} for a series trained with the run config's.
     """
@@ -91,6 +100,14 @@ def contiguous_ends(open_time_ms: np.ndarray, step_ms: int, lookback: int, horiz
     starts = np.arange(len(open_time_ms) - span + 1)
     ok = cum[starts + span - 1] == cum[starts]
     return starts[ok] + lookback - 1
+
+
+def window_ends(rows: KeptRows, interval: str, lookback: int, horizon: int) -> np.ndarray:
+    """The ends of the gap-free windows of `rows` whose lookback holds every covariate."""
+    ends = contiguous_ends(rows.open_time_ms, INTERVAL_MS[interval], lookback, horizon)
+    if rows.covariates.shape[1]:
+        ends = covariates_lib.complete_ends(ends, rows.covariates, lookback)
+    return ends
 
 
 def split_boundaries(n, splits):
@@ -158,20 +175,19 @@ def _kept_rows(series: Series, data_cfg, names):
     return times_T, ohlcv_T5, feats_TF[start:]
 
 
-def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
-    """split name -> int64 [N_split] purged ends of the gap-free windows.
+def _split_windows(rows: KeptRows, interval: str, data_cfg) -> dict:
+    """split name -> int64 [N_split] purged ends of the gap-free windows (`window_ends`).
 
     Raises:
       SeriesSkipped: if a split has no window.
     """
     L, H, step = data_cfg.lookback, data_cfg.horizon, INTERVAL_MS[interval]
+    times_T = rows.open_time_ms
     bounds = split_dates.bounds_ms(data_cfg)
     if bounds is None:
-        ends = split_ends(contiguous_ends(times_T, step, L, H), data_cfg.splits, H)
+        ends = split_ends(window_ends(rows, interval, L, H), data_cfg.splits, H)
     else:
-        ends = split_dates.split_ends(
-            contiguous_ends(times_T, step, L, H), times_T, step, H, bounds
-        )
+        ends = split_dates.split_ends(window_ends(rows, interval, L, H), times_T, step, H, bounds)
         if len(ends["train"]) and int(times_T[-1]) + step <= bounds[0]:
             raise TrainOnly(
                 "training data only: ends before data.split_dates[0] "
@@ -185,10 +201,10 @@ def _split_windows(times_T: np.ndarray, interval: str, data_cfg) -> dict:
     return ends
 
 
-def _normalised(rows, ends: dict, data_cfg, fitted) -> dict:
+def _normalised(rows, ends: dict, data_cfg, fitted, name: str) -> dict:
     """The normalised PreparedSeries fields: inputs, targets, anchor, norm, price_mask.
 
-    `rows`: `kept_rows`.
+    `rows`: `kept_rows`; `name`: the series, named by a covariate error.
     """
     ohlc_TC, feats_TF, names = rows.ohlcv[:, :NUM_TARGETS], rows.features, rows.names
     n_train = int(ends["train"][-1]) + data_cfg.horizon + 1  # every candle training reads
@@ -196,12 +212,16 @@ def _normalised(rows, ends: dict, data_cfg, fitted) -> dict:
         ohlc_TC, feats_TF, names, n_train, data_cfg.normalization, fitted
     )
     normalize.check_finite(inputs_TF, names)
+    if rows.covariate_names:  # after the features: inputs [T, F + K]
+        cov_TK, cov_norm = covariates_lib.scaled(rows.covariates, n_train, data_cfg, fitted, name)
+        inputs_TF, norm = np.concatenate([inputs_TF, cov_TK], axis=1), {**norm, **cov_norm}
+        names = (*names, *rows.covariate_names)
     return {
         "inputs": inputs_TF.astype(np.float32),
         "targets": targets_TC.astype(np.float32),
         "anchor": anchor_T.astype(np.float32),
         "norm": norm,
-        "price_mask": columns.price_mask(names),
+        "price_mask": columns.price_mask(names),  # 0 on every covariate
     }
 
 
@@ -229,7 +249,7 @@ def prepare_series(
     """
     rows = kept_rows(series, data_cfg)
     try:
-        ends = _split_windows(rows.open_time_ms, series.interval, data_cfg)
+        ends = _split_windows(rows, series.interval, data_cfg)
     except TrainOnly as e:
         if not keep_train_only:
             raise
@@ -247,6 +267,8 @@ class KeptRows:
     ohlcv: np.ndarray  # float64 [T, 5]
     features: np.ndarray  # float64 [T, F]: data.features
     names: tuple  # data.features
+    covariates: np.ndarray  # float64 [T, K]: data.covariates, filled (NaN: still missing)
+    covariate_names: tuple  # data.covariates
 
 
 def kept_rows(series: Series, data_cfg) -> KeptRows:
@@ -254,10 +276,14 @@ def kept_rows(series: Series, data_cfg) -> KeptRows:
 
     Raises:
       SeriesSkipped: fewer than data.min_candles candles remain after the warm-up.
+      CovariateError: a data.covariates column the series does not carry.
     """
-    names = tuple(data_cfg.features)
+    names, cov_names = tuple(data_cfg.features), tuple(data_cfg.covariates)
     times_T, ohlcv_T5, feats_TF = _kept_rows(series, data_cfg, names)
-    return KeptRows(times_T, ohlcv_T5, feats_TF, names)
+    cov_TK = np.zeros((len(times_T), 0))
+    if cov_names:  # filled on the whole series, so the warm-up's values may carry forward
+        cov_TK = covariates_lib.series_columns(series, data_cfg)[len(series.ohlcv) - len(times_T) :]
+    return KeptRows(times_T, ohlcv_T5, feats_TF, names, cov_TK, cov_names)
 
 
 def with_ends(
@@ -282,8 +308,15 @@ def with_ends(
         band.require_range(ohlc_TC, ends["train"], data_cfg.lookback)
     except band.NoRange as e:
         raise SeriesSkipped(str(e)) from None
-    fields = _normalised(rows, ends, data_cfg, fitted_norm)
+    fields = _normalised(rows, ends, data_cfg, fitted_norm, name or series.name)
     counts = {split: len(e) for split, e in ends.items()}
+    notes = dict(series.notes, used_candles=len(ohlc_TC), windows=counts)
+    if rows.covariate_names:
+        L, H = data_cfg.lookback, data_cfg.horizon
+        gap_free = contiguous_ends(rows.open_time_ms, INTERVAL_MS[series.interval], L, H)
+        notes["covariate_skipped_windows"] = len(gap_free) - len(
+            window_ends(rows, series.interval, L, H)
+        )
     return PreparedSeries(
         name=name or series.name,
         symbol=series.symbol,
@@ -291,7 +324,7 @@ def with_ends(
         open_time_ms=rows.open_time_ms,
         ohlc=ohlc_TC,
         ends=ends,
-        notes=dict(series.notes, used_candles=len(ohlc_TC), windows=counts),
+        notes=notes,
         **fields,
     )
 
@@ -320,7 +353,9 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
     Raises:
       SeriesSkipped: fewer than data.lookback candles past the warm-up, or a normalised
         value that is not finite.
+      CovariateError: a covariate model (data.covariates), not supported here yet.
     """
+    covariates_lib.refuse_forecast(data_cfg, "predict, serve or zero-shot forecasts")
     names, lookback = tuple(data_cfg.features), data_cfg.lookback
     if fitted_norm is not None and "feature_mean" not in fitted_norm:
         fitted_norm = None  # an earlier cpbjax's norm without the fitted statistics

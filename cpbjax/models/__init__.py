@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from cpbjax import config_rules as rules
-from cpbjax.columns import NUM_TARGETS, price_mask
+from cpbjax.columns import NUM_TARGETS, input_names, price_mask
 from cpbjax.models import ensemble, gru, lstm, mlp, model_config, transformer
 
 REGISTRY: dict[str, tuple[type[nn.Module], type[model_config.ModelConfig]]] = {}
@@ -83,11 +83,13 @@ def make_config(config: ml_collections.ConfigDict) -> model_config.ModelConfig:
     shared = {
         "lookback": config.data.lookback,
         "horizon": config.data.horizon,
-        "num_features": len(config.data.features),
+        "num_features": len(input_names(config.data)),
         "num_targets": NUM_TARGETS,
         "dtype": config.dtype,
         "matmul_precision": config.matmul_precision,
-        "price_columns": tuple(int(j) for j in np.flatnonzero(price_mask(config.data.features))),
+        "price_columns": tuple(
+            int(j) for j in np.flatnonzero(price_mask(input_names(config.data)))
+        ),
     }
     own = {}
     for field in config_cls.group_fields():

@@ -40,7 +40,7 @@ class ModelConfig:
     decoding: str  # autoregressive | direct.
     lookback: int  # L, input candles per window.
     horizon: int  # H, forecast candles per window.
-    num_features: int  # F, input columns.
+    num_features: int  # F, input columns: data.features, then data.covariates.
     num_targets: int = 4  # C, OHLC.
     dropout: float = 0.0  # Dropout rate; only active with train=True.
     dtype: str = "float32"  # Compute dtype: float32 | bfloat16. Params stay float32.
@@ -174,7 +174,7 @@ def check_inputs(cfg: ModelConfig, x_BLF: jax.Array, y_BHC: jax.Array | None) ->
     if x_BLF.ndim != 3 or x_BLF.shape[-1] != cfg.num_features:
         raise ValueError(
             f"{cfg.name}: inputs x have shape {x_BLF.shape}; expected [batch, lookback, "
-            f"{cfg.num_features}] (num_features = len(config.data.features))"
+            f"{cfg.num_features}] (num_features: data.features plus data.covariates)"
         )
     expected = (x_BLF.shape[0], cfg.horizon, cfg.num_targets)
     if y_BHC is not None and tuple(y_BHC.shape) != expected:

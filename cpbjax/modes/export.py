@@ -40,6 +40,7 @@ from absl import logging
 from cpbjax import columns, models, progress, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
+from cpbjax.data import covariates
 from cpbjax.models import heads
 from cpbjax.report import model_card
 from cpbjax.score import intervals, saved
@@ -99,6 +100,7 @@ def export_series(model_dir: str, entry: dict, out_dir: str) -> str:
     params, meta = checkpoint.load_series_model(model_dir)
     params = jax.tree.map(np.asarray, params)
     trained = config_lib.upgrade(meta["config"])
+    covariates.refuse_forecast(trained.data, "--mode export")
     module = models.build(models.make_config(trained))
     d = trained.data
     files = {

@@ -16,6 +16,7 @@ import optax
 from flax import linen as nn
 from flax import struct
 
+from cpbjax import columns
 from cpbjax.config import sweep_grid
 from cpbjax.data import spec as data_spec
 from cpbjax.data import stacking
@@ -77,7 +78,7 @@ def make_spec(config, module: nn.Module, t_max: int | None = None) -> EpochSpec:
         schedule=optimizer.make_schedule(t, optimizer.total_steps(t, train_steps)),
         lookback=d.lookback,
         horizon=d.horizon,
-        num_features=len(d.features),
+        num_features=len(columns.input_names(d)),
         batch_size=t.batch_size,
         train_steps=train_steps,
         val_steps=math.ceil(sizes["val"] / t.batch_size),

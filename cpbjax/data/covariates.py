@@ -1,0 +1,112 @@
+"""Past covariates: the data.covariates columns of a series, filled, checked and scaled.
+
+A Series carries its covariates row for row with its candles (float64 [T, K], NaN where
+missing; cpbjax/data/series.py). Windows read them after the features, over the same
+data.lookback candles as the prices, so nothing after a window's last candle is read
+(cpbjax/data/windows.py; docs/design.md "Covariates"). Here:
+
+- fill: a NaN takes the last value at most data.covariate_fill candles of the interval
+  before it (by open time, so a gap counts its missing candles); never 0;
+- complete_ends: a window whose lookback still holds a NaN is skipped;
+- scaled: data.covariate_scaling=zscore with the train candles' mean and std, or none;
+  a column with no two different values on train is a CovariateError.
+
+Shapes: T candles, K covariates, N windows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cpbjax.data.series import INTERVAL_MS, CovariateError, Series
+
+
+def series_columns(series: Series, data_cfg) -> np.ndarray:
+    """float64 [T, K]: the data.covariates columns of `series`, filled (`fill`).
+
+    Raises:
+      CovariateError: the series does not carry a named column (a source that has none).
+    """
+    names = tuple(data_cfg.covariates)
+    if tuple(series.covariate_names) != names:
+        missing = [n for n in names if n not in series.covariate_names]
+        raise CovariateError(
+            f"{series.name}: data.covariates column {missing[0] if missing else names!r} is "
+            f"absent: the series carries {list(series.covariate_names)} (covariates need "
+            "data.source=local or cpbjax.fit frames)"
+        )
+    step = INTERVAL_MS[series.interval]
+    return fill(series.covariates, series.open_time_ms, step, data_cfg.covariate_fill)
+
+
+def fill(cov_TK: np.ndarray, open_time_ms: np.ndarray, step_ms: int, limit: int) -> np.ndarray:
+    """`cov_TK` with each NaN replaced by the column's last value at most `limit` candles
+    (limit * step_ms of open time) before it; a NaN with none stays NaN."""
+    t_T = np.arange(len(cov_TK))[:, None]
+    # last_TK[t, k]: the newest row <= t where column k has a value, -1 where none has.
+    last_TK = np.maximum.accumulate(np.where(np.isnan(cov_TK), -1, t_T), axis=0)
+    found = last_TK >= 0
+    src_TK = np.where(found, last_TK, 0)
+    age_TK = open_time_ms[:, None] - open_time_ms[src_TK]
+    ok = found & (age_TK <= limit * step_ms)
+    values = np.take_along_axis(cov_TK, src_TK, axis=0)
+    return np.where(ok, values, np.nan)
+
+
+def complete_ends(ends_N: np.ndarray, cov_TK: np.ndarray, lookback: int) -> np.ndarray:
+    """The window ends t of `ends_N` whose lookback rows t-L+1..t hold every covariate."""
+    missing_T = np.isnan(cov_TK).any(axis=1).astype(np.int64)
+    cum = np.concatenate([[0], np.cumsum(missing_T)])  # cum[i]: missing rows before row i
+    ends_N = np.asarray(ends_N, np.int64)
+    return ends_N[cum[ends_N + 1] == cum[ends_N + 1 - lookback]]
+
+
+def scaled(cov_TK: np.ndarray, n_train: int, data_cfg, fitted: dict | None, where: str):
+    """(scaled float64 [T, K], norm entries) of the filled covariates.
+
+    zscore: (x - mean) / std with the first `n_train` candles' (the train candles')
+    statistics over the values present, or a saved model's (`fitted`); none: x as given
+    (mean 0, std 1 saved). A row still NaN is read by no kept window (complete_ends); it
+    holds the column's mean there (0 after scaling) only so that a padded, masked window
+    slot computes finite numbers.
+
+    Raises:
+      CovariateError: fitting, a column with fewer than two different values on train,
+        naming `where` (the series) and the column.
+    """
+    names = tuple(data_cfg.covariates)
+    if fitted is None:
+        mu_K, sd_K = _train_stats(cov_TK[:n_train], names, where)
+        if data_cfg.covariate_scaling == "none":
+            mu_K, sd_K = np.zeros_like(mu_K), np.ones_like(sd_K)
+    else:
+        mu_K = np.asarray(fitted["covariate_mean"], np.float64)
+        sd_K = np.asarray(fitted["covariate_std"], np.float64)
+        if mu_K.shape != (len(names),) or sd_K.shape != (len(names),) or not (sd_K > 0).all():
+            raise ValueError(f"saved covariate_mean/covariate_std do not fit {names}")
+    out_TK = (np.where(np.isnan(cov_TK), mu_K, cov_TK) - mu_K) / sd_K
+    norm = {"covariates": names, "covariate_mean": mu_K, "covariate_std": sd_K}
+    return out_TK, {**norm, "covariate_scaling": data_cfg.covariate_scaling}
+
+
+def _train_stats(train_NK: np.ndarray, names, where: str):
+    """(mean, population std) float64 [K] of the values present on train."""
+    for k, name in enumerate(names):
+        present = train_NK[:, k][~np.isnan(train_NK[:, k])]
+        if len(present) == 0 or present.min() == present.max():
+            held = f"only {present[0]!r}" if len(present) else "no value"
+            raise CovariateError(
+                f"{where}: data.covariates column {name!r} is constant on the train split "
+                f"({held} in its {len(train_NK)} train candles): it cannot inform the model"
+            )
+    return np.nanmean(train_NK, axis=0), np.nanstd(train_NK, axis=0)
+
+
+def refuse_forecast(data_cfg, what: str) -> None:
+    """Raises CovariateError where a covariate model would forecast without its covariates
+    (`what`: the caller, e.g. "Model.predict"), which is not supported yet."""
+    if tuple(getattr(data_cfg, "covariates", ())):
+        raise CovariateError(
+            f"covariate models need their covariates (data.covariates="
+            f"{tuple(data_cfg.covariates)}), which are not yet supported in {what}"
+        )
