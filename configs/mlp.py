@@ -6,8 +6,8 @@ choice made on the tuning pairs' validation split); VARIANTS below are named cha
 Variants (`configs/mlp.py:<variant>`): `demo` and `tiny` (synthetic series, small enough
 for a 2-core CPU); cpbjax/config/schema.py `apply_variant` adds the data parts every model's
 variant shares. `covariates` is `tiny` on the synthetic series with covariates
-(cpbjax/data/synthetic.py): vol_signal announces the coming volatility, noise and
-price_transform carry nothing new (docs/design.md "Covariates"). There is no `replaced`
+(cpbjax/data/synthetic.py): vol_signal announces the coming candles' volatility, flow
+their drift, noise and price_transform carry nothing new (docs/design.md "Covariates"). There is no `replaced`
 variant: the replaced system had no such model.
 """
 
@@ -70,7 +70,7 @@ _COVARIATES = {
     **_SMALL,
     "data.symbols": config_lib.DEFAULT_SYMBOLS[:8],
     "data.synthetic_covariates": True,
-    "data.covariates": ("vol_signal", "noise", "price_transform"),
+    "data.covariates": ("vol_signal", "flow", "noise", "price_transform"),
 }
 VARIANTS = {
     "demo": {**_SMALL, "data.symbols": config_lib.DEFAULT_SYMBOLS},

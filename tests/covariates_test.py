@@ -4,6 +4,7 @@ values); the fill rule; train-only scaling; the one-line errors; cpbjax.fit with
 covariate column; every model reads the extra columns; the synthetic source's covariates."""
 
 import os
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import models
+from cpbjax import band, models
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
@@ -291,29 +292,74 @@ def test_every_model_reads_the_covariate_columns(name):
     assert np.abs(np.asarray(grad)[..., -3:]).sum() > 0
 
 
-def test_synthetic_covariates_are_deterministic_and_announce_the_coming_volatility():
+def test_synthetic_covariates_are_deterministic_and_announce_the_coming_candles():
     a = synthetic.generate("BTCUSDT", "1h", 6000, covariates=True)
     b = synthetic.generate("BTCUSDT", "1h", 6000, covariates=True)
     np.testing.assert_array_equal(a.covariates, b.covariates)
     np.testing.assert_array_equal(a.ohlcv, b.ohlcv)
     plain = synthetic.generate("BTCUSDT", "1h", 6000)
     assert plain.covariate_names == () and plain.covariates.shape == (6000, 0)
-    assert a.covariate_names == ("vol_signal", "noise", "price_transform")
+    assert a.covariate_names == ("vol_signal", "flow", "noise", "price_transform")
+    lookback, horizon = 30, 10  # the variant's (configs/mlp.py:covariates)
+    ends = np.arange(lookback, 6000 - horizon)
     log_range = np.log(a.ohlcv[:, 1] / a.ohlcv[:, 2])
-    future = np.array([log_range[t + 1 : t + 11].mean() for t in range(5989)])
-    ret_next = np.diff(np.log(a.ohlcv[:, 3]))  # ret_next[t]: close t -> t + 1
-    vol, noise, price = a.covariates[:5989].T
-    assert np.corrcoef(vol, future)[0, 1] > 0.4
-    assert abs(np.corrcoef(noise, future)[0, 1]) < 0.05
-    assert abs(np.corrcoef(vol, ret_next[:5989])[0, 1]) < 0.05  # a volatility, no direction
+    coming = np.log([log_range[t + 1 : t + horizon + 1].mean() for t in ends])
+    # What the volatility band (the window's EWMA range) does not already know.
+    unknown = coming - np.log(band.ewma_range(a.ohlcv[:, :4], ends, lookback))
+    log_c = np.log(a.ohlcv[:, 3])
+    move = (log_c[ends + horizon] - log_c[ends]) / np.exp(coming)  # in the horizon's ranges
+    vol, flow, noise, price = a.covariates[ends].T
+    assert np.corrcoef(vol, coming)[0, 1] > 0.4
+    assert np.corrcoef(vol, unknown)[0, 1] > 0.3
+    assert np.corrcoef(flow, move)[0, 1] > 0.2
+    assert abs(np.corrcoef(vol, move)[0, 1]) < 0.05  # a volatility, no direction
+    assert abs(np.corrcoef(flow, coming)[0, 1]) < 0.05  # a direction, no volatility
+    assert max(abs(np.corrcoef(noise, x)[0, 1]) for x in (coming, move)) < 0.05
     # price_transform at row t: closes up to t only (a plain EMA loop).
-    alpha, log_c = 2 / 21, np.log(a.ohlcv[:, 3])
-    ema, want = log_c[0], []
+    alpha, ema, want = 2 / 21, log_c[0], []
     for x in log_c[:200]:
         ema = (1 - alpha) * ema + alpha * x
         want.append(x - ema)
     sigma_bar = 0.55 * np.sqrt(INTERVAL_MS["1h"] / (365 * 86_400_000))
-    np.testing.assert_allclose(price[:200], np.array(want) / sigma_bar, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(a.covariates[:200, 3], np.array(want) / sigma_bar, atol=1e-9)
+
+
+def _ar1_loop(draws, phi, sd):
+    x = [sd * draws[0]]
+    for d in draws[1:]:
+        x.append(phi * x[-1] + sd * np.sqrt(1 - phi**2) * d)
+    return np.array(x)
+
+
+def test_synthetic_announcements_are_the_latent_paths_of_the_coming_candles(monkeypatch):
+    """Row t of vol_signal and flow holds the volatility multiplier's and the drift's path
+    over candles t+1..t+ANNOUNCED plus its own noise, drawn from the covariates' stream
+    alone (plain loops here): no return and no candle shock after t."""
+    n, ahead = 3000, synthetic.ANNOUNCED
+    s = synthetic.generate("ETHUSDT", "15m", n, covariates=True)
+    plain = synthetic.generate("ETHUSDT", "15m", n)
+    names = ("ETHUSDT", "15m", "covariates")
+    rng = np.random.default_rng([0, *(zlib.crc32(x.encode()) for x in names)])
+    h = _ar1_loop(rng.standard_normal(n + ahead), synthetic.PHI, synthetic.SD) - synthetic.SD**2
+    g = _ar1_loop(rng.standard_normal(n + ahead), synthetic.DRIFT_PHI, synthetic.DRIFT_SD)
+    coming_vol = [0.5 * np.log(np.mean(np.exp(2 * h[t + 1 : t + ahead + 1]))) for t in range(n)]
+    coming_drift = [g[t + 1 : t + ahead + 1].mean() for t in range(n)]
+    want_vol = coming_vol + synthetic.VOL_SIGNAL_NOISE * rng.standard_normal(n)
+    want_flow = coming_drift + synthetic.FLOW_NOISE * rng.standard_normal(n)
+    np.testing.assert_allclose(s.covariates[:, 0], want_vol, atol=1e-12)
+    np.testing.assert_allclose(s.covariates[:, 1], want_flow, atol=1e-12)
+    np.testing.assert_array_equal(s.covariates[:, 2], rng.standard_normal(n))
+    # Candle t's return is the plain one plus g_t of its sigma, scaled by exp(h_t).
+    r_cov, r_plain = (np.diff(np.log(x.ohlcv[:, 3])) for x in (s, plain))
+    drift = r_cov / np.exp(h[1:n]) - r_plain
+    np.testing.assert_array_equal(
+        np.sign(drift[np.abs(g[1:n]) > 1e-6]), np.sign(g[1:n][np.abs(g[1:n]) > 1e-6])
+    )
+    monkeypatch.setattr(synthetic, "DRIFT_SD", 0.0)
+    r_vol_only = np.diff(
+        np.log(synthetic.generate("ETHUSDT", "15m", n, covariates=True).ohlcv[:, 3])
+    )
+    np.testing.assert_allclose(r_vol_only, r_plain * np.exp(h[1:n]), atol=1e-12)
 
 
 def test_synthetic_covariates_need_the_synthetic_switch():

@@ -8,16 +8,24 @@ low <= min(open, close) <= max(open, close) <= high holds by construction. Volum
 follows its own intraday profile and rises with |return|. Everything is
 deterministic for each (seed, symbol, interval).
 
-With covariates (data.synthetic_covariates), an exogenous log-volatility multiplier h
-scales every candle's sigma: h_t = PHI h_{t-1} + SD sqrt(1 - PHI^2) n_t, centred so that
-E[exp(2 h)] = 1 (the mean variance is unchanged), drawn from its own stream. Its
-innovations are news: no past candle holds them. The series carries three covariates
-(COVARIATES), row t holding only what is known at the close of candle t:
-  vol_signal       h_{t+1} + VOL_SIGNAL_NOISE n'_t: the announced volatility of the next
-                   candle (and, as h persists, of the following ones), never a return.
-  noise            n''_t, standard normal: nothing.
+With covariates (data.synthetic_covariates), two exogenous latent processes drawn from their
+own stream move the candles: a log-volatility multiplier h scales candle t's sigma by
+exp(h_t), h_t = PHI h_{t-1} + SD sqrt(1 - PHI^2) n_t, centred so that E[exp(2 h)] = 1 (the
+mean variance is unchanged); and a drift g (AR(1), DRIFT_PHI, DRIFT_SD) adds g_t of candle
+t's sigma to its return. Their innovations are news: no past candle holds them. The series
+carries four covariates (COVARIATES), row t holding only what is announced or known at the
+close of candle t, never a realised return or shock:
+  vol_signal       log of the root mean square of exp(h) over candles t+1..t+ANNOUNCED,
+                   plus VOL_SIGNAL_NOISE noise: the announced volatility of the coming
+                   candles (as an option's implied volatility is).
+  flow             the mean of g over candles t+1..t+ANNOUNCED, plus FLOW_NOISE noise: the
+                   announced drift of the coming candles (as an order-flow imbalance).
+  noise            standard normal: nothing.
   price_transform  (log c_t - EMA_20(log c)_t) / sigma_bar: a function of closes up to t,
                    which the window's own prices already hold.
+Why flow: a volatility announcement moves a point forecast of high and low over 10 steps
+little, since where the close goes dominates it; the oracle and the runs of
+experiments/synthetic_covariates measure it.
 """
 
 from __future__ import annotations
@@ -46,10 +54,15 @@ MICROSECONDS_FROM = "2025-01"
 
 ALPHA, BETA, DOF = 0.10, 0.85, 5.0  # GARCH(1,1) and Student-t shape.
 SUBSTEPS = 8  # U, points of the intra-candle path that sets high and low.
-COVARIATES = ("vol_signal", "noise", "price_transform")  # with covariates=True
-# The exogenous log-volatility multiplier: AR(1) coefficient per candle (half-life about 6.6
-# candles, so it moves within a horizon of 10), stationary std, and the announcement's noise.
-PHI, SD, VOL_SIGNAL_NOISE = 0.9, 0.6, 0.1
+COVARIATES = ("vol_signal", "flow", "noise", "price_transform")  # with covariates=True
+# The exogenous log-volatility multiplier: AR(1) coefficient per candle (half-life about 3
+# candles, so the coming candles' volatility is mostly news to the window's prices),
+# stationary std, and the announcement's noise; the candles each row announces; the drift
+# (in units of a candle's sigma) and its announcement's noise. Chosen with the oracle of
+# experiments/synthetic_covariates.
+PHI, SD, VOL_SIGNAL_NOISE = 0.8, 1.0, 0.1
+ANNOUNCED = 10
+DRIFT_PHI, DRIFT_SD, FLOW_NOISE = 0.9, 0.1, 0.02
 PRICE_TRANSFORM_SPAN = 20  # EMA span of price_transform
 _YEAR_MS = 365 * 86_400_000
 _HOUR_MS = 3_600_000
@@ -145,24 +158,36 @@ def _candles(log_p0: float, r_T: np.ndarray, sigma_T: np.ndarray, rng) -> np.nda
     return np.stack([o, h, low, c], axis=1)
 
 
-def _log_multiplier(rng, n: int) -> np.ndarray:
-    """h [n + 1]: the stationary AR(1) log-volatility multiplier (module docstring),
-    centred so that E[exp(2 h)] = 1."""
-    n_N = rng.standard_normal(n + 1)
-    h0 = SD * n_N[0]
-    rest, _ = signal.lfilter([SD * math.sqrt(1 - PHI**2)], [1.0, -PHI], n_N[1:], zi=[PHI * h0])
-    return np.concatenate([[h0], rest]) - SD**2
+def _ar1(rng, n: int, phi: float, sd: float) -> np.ndarray:
+    """[n]: a stationary AR(1) of coefficient phi and standard deviation sd."""
+    n_N = rng.standard_normal(n)
+    x0 = sd * n_N[0]
+    rest, _ = signal.lfilter([sd * math.sqrt(1 - phi**2)], [1.0, -phi], n_N[1:], zi=[phi * x0])
+    return np.concatenate([[x0], rest])
 
 
-def _covariates(h_N: np.ndarray, close_T: np.ndarray, sigma_bar: float, rng) -> np.ndarray:
-    """float64 [T, 3]: vol_signal, noise, price_transform (module docstring)."""
+def _latent(rng, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(h [n + ANNOUNCED], g [n + ANNOUNCED]): the log-volatility multiplier, centred so
+    that E[exp(2 h)] = 1, and the drift (module docstring)."""
+    h_N = _ar1(rng, n + ANNOUNCED, PHI, SD) - SD**2
+    return h_N, _ar1(rng, n + ANNOUNCED, DRIFT_PHI, DRIFT_SD)
+
+
+def _coming(x_N: np.ndarray) -> np.ndarray:
+    """[T]: the mean of x over candles t+1..t+ANNOUNCED, for each t (x_N: [T + ANNOUNCED])."""
+    return np.lib.stride_tricks.sliding_window_view(x_N[1:], ANNOUNCED).mean(axis=1)
+
+
+def _covariates(h_N, g_N, close_T: np.ndarray, sigma_bar: float, rng) -> np.ndarray:
+    """float64 [T, 4]: vol_signal, flow, noise, price_transform (module docstring)."""
     n = len(close_T)
-    vol_signal = h_N[1:] + VOL_SIGNAL_NOISE * rng.standard_normal(n)
+    vol_signal = 0.5 * np.log(_coming(np.exp(2 * h_N))) + VOL_SIGNAL_NOISE * rng.standard_normal(n)
+    flow = _coming(g_N) + FLOW_NOISE * rng.standard_normal(n)
     noise = rng.standard_normal(n)
     a = 2.0 / (PRICE_TRANSFORM_SPAN + 1)
     log_c = np.log(close_T)
     ema, _ = signal.lfilter([a], [1.0, a - 1.0], log_c, zi=[(1.0 - a) * log_c[0]])
-    return np.stack([vol_signal, noise, (log_c - ema) / sigma_bar], axis=1)
+    return np.stack([vol_signal, flow, noise, (log_c - ema) / sigma_bar], axis=1)
 
 
 def covariate_columns(series: Series, names) -> np.ndarray:
@@ -197,8 +222,9 @@ def generate(
       n_candles: candles to generate, gap-free.
       seed: data seed.
       end_ms: the last candle opens at end_ms floored to the interval grid.
-      covariates: scale the volatility by the exogenous multiplier and carry the
-        COVARIATES (module docstring); False gives the candles of earlier releases.
+      covariates: scale the volatility by the exogenous multiplier, add the drift and
+        carry the COVARIATES (module docstring); False gives the candles of earlier
+        releases.
     Returns:
       A Series with notes {"source": "synthetic", "seed": seed}.
     """
@@ -211,8 +237,9 @@ def generate(
     eps, sigma = _garch(z, sigma_bar)
     if covariates:
         cov_rng = _rng(seed, symbol, interval, "covariates")
-        h_N = _log_multiplier(cov_rng, n_candles)
-        eps, sigma = eps * np.exp(h_N[:-1]), sigma * np.exp(h_N[:-1])
+        h_N, g_N = _latent(cov_rng, n_candles)
+        m_T = np.exp(h_N[:n_candles])
+        eps, sigma = (eps + g_N[:n_candles] * sigma) * m_T, sigma * m_T
     vol_season = _intraday(times, peak_hour=14.5, amplitude=0.35)
     r = eps * vol_season
     log_p0 = math.log(price) + rng.uniform(-0.3, 0.3)
@@ -224,7 +251,7 @@ def generate(
     notes = {"source": "synthetic", "seed": seed}
     if not covariates:
         return Series(symbol, interval, times, ohlcv, notes)
-    cov_TK = _covariates(h_N, ohlc[:, 3], sigma_bar, cov_rng)
+    cov_TK = _covariates(h_N, g_N, ohlc[:, 3], sigma_bar, cov_rng)
     return Series(symbol, interval, times, ohlcv, notes, cov_TK, COVARIATES)
 
 
