@@ -7,8 +7,8 @@ Variants (`configs/mlp.py:<variant>`): `demo` and `tiny` (synthetic series, smal
 for a 2-core CPU); cpbjax/config/schema.py `apply_variant` adds the data parts every model's
 variant shares. `covariates` is `tiny` on the synthetic series with covariates
 (cpbjax/data/synthetic.py): vol_signal announces the coming candles' volatility, flow
-their drift, noise and price_transform carry nothing new (docs/design.md "Covariates"). There is no `replaced`
-variant: the replaced system had no such model.
+their drift, noise and price_transform carry nothing new (docs/design.md "Covariates").
+There is no `replaced` variant: the replaced system had no such model.
 """
 
 from cpbjax.config import schema as config_lib

@@ -279,7 +279,8 @@ def test_every_model_reads_the_covariate_columns(name):
     if name == "transformer":
         c.model.num_encoder_layers = c.model.num_decoder_layers = 1
     cfg = models.make_config(config_lib.validate(c))
-    assert cfg.num_features == len(c.data.features) + 3
+    k = len(synthetic.COVARIATES)
+    assert cfg.num_features == len(c.data.features) + k
     module = models.build(cfg)
     rng = np.random.default_rng(0)
     x = jnp.float32(0.05 * rng.normal(size=(2, 8, cfg.num_features)))
@@ -289,7 +290,7 @@ def test_every_model_reads_the_covariate_columns(name):
     params = jax.tree.map(lambda s: jnp.float32(0.1 * rng.normal(size=s.shape)), shapes)
     forward = lambda x: module.apply({"params": params}, x, None, train=False).sum()  # noqa: E731
     grad = jax.jit(jax.grad(forward))(x)
-    assert np.abs(np.asarray(grad)[..., -3:]).sum() > 0
+    assert np.abs(np.asarray(grad)[..., -k:]).sum() > 0
 
 
 def test_synthetic_covariates_are_deterministic_and_announce_the_coming_candles():

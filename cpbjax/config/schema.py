@@ -121,8 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
     # interval) before it; a window whose lookback still holds a NaN is skipped, and counted
     # per series (results.json data.covariate_skipped_windows). Never filled with 0.
     d.covariate_fill = 3
-    # `synthetic` source: scale the volatility by an exogenous process and add the columns
-    # vol_signal (its announcement), noise and price_transform (cpbjax/data/synthetic.py).
+    # `synthetic` source: scale the volatility by an exogenous process, add an exogenous
+    # drift, and add the columns vol_signal and flow (their announcements over the coming
+    # candles), noise and price_transform (cpbjax/data/synthetic.py).
     d.synthetic_covariates = False
 
     c.model = m = ml_collections.ConfigDict()
