@@ -62,7 +62,7 @@ COVARIATES = ("vol_signal", "flow", "noise", "price_transform")  # with covariat
 # experiments/synthetic_covariates.
 PHI, SD, VOL_SIGNAL_NOISE = 0.8, 1.0, 0.1
 ANNOUNCED = 10
-DRIFT_PHI, DRIFT_SD, FLOW_NOISE = 0.9, 0.1, 0.02
+DRIFT_PHI, DRIFT_SD, FLOW_NOISE = 0.9, 0.2, 0.02
 PRICE_TRANSFORM_SPAN = 20  # EMA span of price_transform
 _YEAR_MS = 365 * 86_400_000
 _HOUR_MS = 3_600_000
