@@ -142,10 +142,11 @@ def main(argv):
     try:
         config_lib.validate(config)
         distributed = config.distributed.enabled
-        if distributed and (_MODE.value not in TRAINING_MODES or not _WORKDIR.value):
-            # Every process must write into the same folder; evaluate and predict run on one.
+        if distributed and (_MODE.value not in ("train", "backtest") or not _WORKDIR.value):
+            # Every process must write into the same folder; evaluate and predict run on one
+            # (ablate too: no multi-host run of it has been tested).
             cli_errors.fail(
-                "config.distributed.enabled=True needs --mode train, backtest or ablate and a --workdir on a "
+                "config.distributed.enabled=True needs --mode train or backtest and a --workdir on a "
                 "filesystem that all processes share"
             )
         runtime.configure(config)
