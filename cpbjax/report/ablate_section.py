@@ -28,7 +28,8 @@ LEGEND = (
 
 
 def _points(v) -> str:
-    return "n/a" if v is None else f"{v:+.1f}"
+    """'+0.8'; a value that rounds to 0 reads '+0.0', never '-0.0'."""
+    return "n/a" if v is None else f"{round(v, 1) or 0.0:+.1f}"
 
 
 def _column_phrase(cell: dict, column: str) -> str:
