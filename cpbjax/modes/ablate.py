@@ -65,13 +65,17 @@ def without(name: str, covariates: tuple) -> str:
 
 def coin(prep, setting: str, kept: tuple, covariates: tuple):
     """The PreparedSeries `prep` as one setting's coin: inputs [T, F + K] with the columns
-    of the covariates not `kept` set to 0 (the K covariates are the last columns)."""
+    of the covariates not `kept` set to 0 (the K covariates are the last columns); "all"
+    shares the series' inputs, the others copy them."""
+    coin_name = f"{prep.name}{SEPARATOR}{setting}"
+    if set(kept) == set(covariates):
+        return dataclasses.replace(prep, name=coin_name)
     inputs_TF = prep.inputs.copy()
     first = inputs_TF.shape[1] - len(covariates)
     for k, name in enumerate(covariates):
         if name not in kept:
             inputs_TF[:, first + k] = 0.0
-    return dataclasses.replace(prep, name=f"{prep.name}{SEPARATOR}{setting}", inputs=inputs_TF)
+    return dataclasses.replace(prep, name=coin_name, inputs=inputs_TF)
 
 
 def plan_for(config, clock: StageClock) -> tuple[plan_lib.Plan, list[str]]:
