@@ -29,8 +29,8 @@ OVERRIDES = (
 )
 
 
-def _config():
-    """configs/mlp.py:covariates with the end-to-end run's overrides."""
+def _config(share="pooled"):
+    """configs/mlp.py:covariates with the end-to-end run's overrides, train.share=`share`."""
     spec = importlib.util.spec_from_file_location(
         "mlp", os.path.join(helpers.ROOT, "configs/mlp.py")
     )
@@ -38,7 +38,7 @@ def _config():
     spec.loader.exec_module(mlp)
     c = mlp.get_config("covariates")
     c.data.symbols, c.data.intervals = ("BTCUSDT", "ETHUSDT"), ("1h",)
-    c.train.epochs = 1
+    c.train.epochs, c.train.share = 1, share
     return config_lib.validate(c)
 
 
@@ -89,6 +89,20 @@ def test_a_left_out_covariate_is_exactly_zero_in_its_coin_and_nothing_else_moves
     assert [sorted({n.split("@")[1] for n in g}) for g in plan.group_names()] == [
         [t] for t in SETTINGS
     ]
+    _check_masks(coins)
+
+
+def test_per_series_ablation_has_every_setting_as_its_own_masked_coin():
+    plan, names = ablate.plan_for(_config(share="series"), None)
+    assert names == list(SERIES) and plan.pool_ends is None
+    coins = {c.name: c for c in plan.coins}
+    assert list(coins) == [f"{s}@{t}" for s in SERIES for t in SETTINGS]  # a series adjacent
+    _check_masks(coins)
+
+
+def _check_masks(coins: dict) -> None:
+    """Each coin's covariate columns: its series' where kept, exactly 0 where left out;
+    its features untouched."""
     for series in SERIES:
         full_TF = coins[f"{series}@all"].inputs
         first = full_TF.shape[1] - len(COVARIATES)
