@@ -1,7 +1,7 @@
 """Entry point: flags, workdir, device log, then one call into the cpbjax package.
 
 python launch.py --config configs/transformer.py [--config.train.learning_rate=3e-4]
-    [--workdir runs/my-run] [--mode train|backtest|evaluate|predict|export|serve]
+    [--workdir runs/my-run] [--mode train|backtest|ablate|evaluate|predict|export|serve]
 
 --mode evaluate|predict|export|serve without --config use the run's own config
 (configs/workdir.py:<workdir>, read from <workdir>/config.json).
@@ -40,10 +40,10 @@ from cpbjax.config_rules import ConfigError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/gru.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder; default runs/<model>-<time>.")
-MODES = ("train", "backtest", "evaluate", "predict", "export", "serve", "data")
+MODES = ("train", "backtest", "ablate", "evaluate", "predict", "export", "serve", "data")
 _MODE = flags.DEFINE_enum("mode", "train", list(MODES), "What to run.")
 flags.mark_flags_as_required(["config"])
-TRAINING_MODES = ("train", "backtest")  # the modes that train, from a --config
+TRAINING_MODES = ("train", "backtest", "ablate")  # the modes that train, from a --config
 RUN_MODES = ("evaluate", "predict", "export", "serve")  # the modes that read a trained run
 RUN_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "workdir.py")
 
@@ -142,8 +142,9 @@ def main(argv):
     try:
         config_lib.validate(config)
         distributed = config.distributed.enabled
-        if distributed and (_MODE.value not in TRAINING_MODES or not _WORKDIR.value):
-            # Every process must write into the same folder; evaluate and predict run on one.
+        if distributed and (_MODE.value not in ("train", "backtest") or not _WORKDIR.value):
+            # Every process must write into the same folder; evaluate and predict run on one
+            # (ablate too: no multi-host run of it has been tested).
             cli_errors.fail(
                 "config.distributed.enabled=True needs --mode train or backtest and a --workdir on a "
                 "filesystem that all processes share"
@@ -205,6 +206,14 @@ def _mode_entry(mode: str, config):
             from cpbjax.modes import backtest
 
             return backtest.run_backtest, (ledger.RunMismatch, backtest.NothingBacktested)
+        if mode == "ablate":
+            from cpbjax.modes import ablate, driver
+
+            return ablate.run_ablate, (
+                ledger.RunMismatch,
+                driver.NothingTrained,
+                ablate.NoCovariates,
+            )
         from cpbjax.modes import driver, sweep
 
         run = sweep.run_sweep if sweep_grid.is_sweep(config) else driver.train_and_evaluate

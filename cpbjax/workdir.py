@@ -45,12 +45,14 @@ LEDGER_FILE = "groups.json"
 FINISHED_DIR = "finished"  # checkpoints/finished/<group>.json, the ledger's finished groups
 MODELS_DIR = "models"
 FORECASTS_DIR = "forecasts"
+WINDOW_MAE_DIR = "window_mae"  # --mode ablate: each scored coin's per-window MAE
 PLOTS_DIR = "plots"
 EXPORT_DIR = "export"
 PREDICTIONS_DIR = "predictions"
 FRAMES_DIR = "frames"
 BACKTEST_STEM = "backtest"  # backtest.json, backtest.md and the backtest/ run folder
 SWEEP_STEM = "sweep"  # sweep.json and the sweep/ run folder
+ABLATE_STEM = "ablate"  # ablate.json and the ablate/ run folder
 # Inside a saved series model folder (models/<SERIES>/).
 MODEL_META_FILE = "meta.json"
 MODEL_PARAMS_DIR = "params"
@@ -91,6 +93,10 @@ def series_model(workdir: str, series: str) -> str:
 
 def forecasts_file(workdir: str, series: str) -> str:
     return os.path.join(workdir, FORECASTS_DIR, f"{series}.npz")
+
+
+def window_mae_file(workdir: str, series: str) -> str:
+    return os.path.join(workdir, WINDOW_MAE_DIR, f"{series}.npz")
 
 
 def report_md(workdir: str, stem: str = REPORT_STEM) -> str:
@@ -148,6 +154,15 @@ def backtest_run(workdir: str) -> str:
 
 def sweep_json(workdir: str) -> str:
     return os.path.join(workdir, f"{SWEEP_STEM}.json")
+
+
+def ablate_json(workdir: str) -> str:
+    return os.path.join(workdir, f"{ABLATE_STEM}.json")
+
+
+def ablate_run(workdir: str) -> str:
+    """ablate/: the folder the ablation's setting coins train in, laid out as a run's."""
+    return os.path.join(workdir, ABLATE_STEM)
 
 
 def sweep_run(workdir: str) -> str:

@@ -83,7 +83,7 @@ def test_an_untrained_model_refit_is_the_fitted_band_of_each_split():
     """The untrained model is the band fitted on train; refit, each split is scored by the
     band the report fits for it (train for val, train+val for test), to float32."""
     _, prep, module, params = _model()
-    entry, _, _, test_params = evaluate.evaluate_model(
+    entry, _, _, test_params, _ = evaluate.evaluate_model(
         module, params, prep, evaluate.EvalSpec(L, H, refit_band=True)
     )
     np.testing.assert_allclose(entry["val"]["band_refit"]["high"], 0, atol=1e-5)
@@ -99,7 +99,7 @@ def test_an_untrained_model_refit_is_the_fitted_band_of_each_split():
 def test_each_split_is_scored_by_the_refit_on_the_splits_before_it():
     _, prep, module, params = _model()
     params = _perturbed(params, 1)
-    entry, record, _, test_params = evaluate.evaluate_model(
+    entry, record, _, test_params, _ = evaluate.evaluate_model(
         module, params, prep, evaluate.EvalSpec(L, H, (0.1, 0.9), refit_band=True)
     )
     fcs = {
@@ -152,7 +152,7 @@ def test_without_the_option_or_a_band_nothing_is_refit():
         cfg = levers_config(**model)
         prep = levers_preps()[0]
         module, params = levers_init_params(cfg, prep, np.zeros((H, 2), np.float32))
-        entry, _, _, test_params = evaluate.evaluate_model(
+        entry, _, _, test_params, _ = evaluate.evaluate_model(
             module, params, prep, evaluate.EvalSpec(L, H, refit_band=refit)
         )
         assert "band_refit" not in entry["val"] and "band_refit" not in entry["test"]

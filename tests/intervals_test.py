@@ -131,7 +131,7 @@ def test_sigma_weighting_minimises_the_pinball_loss_in_log_price():
 def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_path):
     prep = make_prep()
     params = probe_params(2)
-    entry, record, cal, _ = evaluate.evaluate_model(
+    entry, record, cal, _, _ = evaluate.evaluate_model(
         Probe(), params, prep, evaluate.EvalSpec(L, H, LEVELS)
     )
     point = {
@@ -155,7 +155,9 @@ def test_evaluate_model_fits_before_each_split_and_saves_the_test_bounds(tmp_pat
         assert block["columns"][col]["coverage"] == pytest.approx(inside.mean(), abs=1e-12)
         width = (bounds[..., c, 1] - bounds[..., c, 0]).mean()
         assert block["columns"][col]["width"] == pytest.approx(width, rel=1e-12)
-    entry, record, cal, _ = evaluate.evaluate_model(Probe(), params, prep, evaluate.EvalSpec(L, H))
+    entry, record, cal, _, _ = evaluate.evaluate_model(
+        Probe(), params, prep, evaluate.EvalSpec(L, H)
+    )
     assert cal is None and "calibrated_interval" not in entry["test"]
     assert "interval_bounds" not in record
 

@@ -238,6 +238,8 @@ def _keep_scored(run: _Run, prep, scored, entry: dict, last_params) -> None:
     evaluate.flag_worse_than_untrained(run.module, run.spec, prep, entry, last_params)
     if run.plan.keep_models:
         saved.keep_model(run.workdir, run.meta, prep, scored, entry)
+    if run.plan.keep_window_mae:
+        saved.save_window_mae(run.workdir, prep.name, scored.window_mae)
 
 
 def _finish_group(run: _Run, group: str, preps: list, state: GroupState, seconds, peak):

@@ -43,6 +43,8 @@ class Plan:
     # False for backtest folds: no model is saved, the test forecasts always are (the
     # backtest pools them), so a backtest never writes a series' model.
     keep_models: bool = True
+    # --mode ablate: each scored coin's per-window MAE is saved (saved.save_window_mae).
+    keep_window_mae: bool = False
     # train.share=pooled: coin name -> the train and val ends the pooled model learns
     # from (data/pooling.py), in place of the coin's own; None in any other run.
     pool_ends: dict | None = None

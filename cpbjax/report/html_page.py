@@ -12,7 +12,7 @@ import base64
 import html
 import os
 
-from cpbjax.report import backtest_tables, tables
+from cpbjax.report import ablate_section, backtest_tables, tables
 from cpbjax.report import plots as plots_lib
 from cpbjax.report import sweep_section as report_sweep
 from cpbjax.report.spec import ReportSpec
@@ -242,6 +242,21 @@ def _sweep(results: dict) -> str:
     )
 
 
+def _ablate(results: dict) -> str:
+    """An ablate run's section (as report.md's); "" for any other run."""
+    if not results.get("ablate"):
+        return ""
+    lines = "".join(f"<li>{_e(s)}</li>" for s in results["ablate"]["sentences"])
+    settings = ablate_section.setting_rows(results)
+    gains = ablate_section.gain_rows(results)
+    return (
+        f'<section id="ablate"><h2>Ablation</h2><ul>{lines}</ul>'
+        + table_html("ablate-settings", ablate_section.SETTING_HEADERS, settings, link_series=False)
+        + table_html("ablate-gains", ablate_section.GAIN_HEADERS, gains, link_series=False)
+        + f'<p class="legend">{_e(ablate_section.LEGEND)}</p></section>'
+    )
+
+
 def _skipped(results: dict, heading: str = "Skipped series") -> str:
     skipped = results.get("skipped") or {}
     if not skipped:
@@ -282,6 +297,7 @@ def render_html(
         ("results", "Results"),
         ("baselines", "Baselines"),
         *((("sweep", "Sweep"),) if report_sweep.setting_rows(results) else ()),
+        *((("ablate", "Ablation"),) if results.get("ablate") else ()),
         ("skill", "Skill"),
         ("series", "Series"),
     )
@@ -289,6 +305,7 @@ def render_html(
         _summary(results)
         + _tables(results, spec.model)
         + _sweep(results)
+        + _ablate(results)
         + f'<section id="skill"><h2>Skill per series</h2>{skill or no_plots}</section>'
         + f'<section id="series"><h2>Series</h2>{_series_sections(results, by_name)}</section>'
         + _skipped(results)

@@ -18,7 +18,7 @@ from rich.table import Table
 from cpbjax import progress, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import skip_groups
-from cpbjax.report import backtest_tables, tables
+from cpbjax.report import ablate_section, backtest_tables, tables
 from cpbjax.report import html_page as report_html
 from cpbjax.report import sweep_section as report_sweep
 from cpbjax.report.plots import (
@@ -132,7 +132,7 @@ def render_markdown(
         "Ridge, band and HAR are fitted on train+val only (see cpbjax/score/baselines.py).",
         "",
     ]
-    lines += _md_sweep(results)
+    lines += _md_sweep(results) + _md_ablate(results)
     skipped = results.get("skipped") or {}
     if skipped:
         lines += ["## Skipped series", ""]
@@ -148,6 +148,17 @@ def _md_sweep(results: dict) -> list[str]:
         return []
     lines = ["## Sweep", "", *[f"- {s}" for s in report_sweep.choice_lines(results)], ""]
     return lines + _md_table(report_sweep.HEADERS, rows) + ["", report_sweep.LEGEND, ""]
+
+
+def _md_ablate(results: dict) -> list[str]:
+    """An ablate run's section: its sentences, per setting its skills and per compared
+    setting the gain of all covariates; [] for any other run."""
+    if not results.get("ablate"):
+        return []
+    lines = ["## Ablation", "", *[f"- {s}" for s in results["ablate"]["sentences"]], ""]
+    lines += _md_table(ablate_section.SETTING_HEADERS, ablate_section.setting_rows(results))
+    lines += [""] + _md_table(ablate_section.GAIN_HEADERS, ablate_section.gain_rows(results))
+    return lines + ["", ablate_section.LEGEND, ""]
 
 
 def _md_plots(plots: list[str]) -> list[str]:

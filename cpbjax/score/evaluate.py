@@ -72,6 +72,8 @@ class Scored(NamedTuple):
     record: dict  # the test `forecast.forecast_record`
     calibration: dict | None  # `intervals.fit_before` test's, on train+val; None without one
     params: dict  # the params test scored: with eval.refit_band, refit on train+val
+    # split -> float64 [N, C]: the scored forecasts' per-window MAE (metrics.window_mae)
+    window_mae: dict
 
 
 def _window_scores(prep, fc: forecast.SplitForecast, horizon: int) -> dict:
@@ -171,7 +173,7 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
     fitted = refit or spec.interval_levels
     forecast_splits = ("train", "val", "test") if fitted else ("val", "test")
     trained = {s: forecast.split_forecast(module, params, prep, s, spec) for s in forecast_splits}
-    scored_params = params
+    scored_params, window_mae = params, {}
     for split in ("val", "test"):
         fcs = trained
         if refit:
@@ -181,12 +183,14 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
             point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
             calibration = intervals.fit_before(prep, split, point, spec, arrays)
         entry[split] = evaluate_split(prep, fcs[split], split, spec, calibration, arrays)
+        actual = arrays.next_candles(fcs[split].ends_N, spec.horizon)
+        window_mae[split] = metrics.window_mae(actual, fcs[split].prices_NHC)
         if refit:
             entry[split]["band_refit"] = band_refit.shift_json(shift_H2)
     record = forecast.forecast_record(prep, fcs["test"], spec, calibration)
     if forecasts_dir is not None:
         forecast.save_forecasts(forecasts_dir, record)
-    return Scored(entry, record, calibration, scored_params)
+    return Scored(entry, record, calibration, scored_params, window_mae)
 
 
 def _decide_columns(module, params, prep, spec: EvalSpec, entry: dict):

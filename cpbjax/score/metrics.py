@@ -226,6 +226,13 @@ def score_prices(last_candle_NC, actual_NHC, pred_NHC) -> dict:
     }
 
 
+def window_mae(actual_NHC, pred_NHC) -> np.ndarray:
+    """float64 [N, C]: each window's mean absolute error over its H steps, per column; the
+    per-window losses a Diebold-Mariano test of two models' forecasts reads (lag H-1)."""
+    err = np.asarray(pred_NHC, np.float64) - np.asarray(actual_NHC, np.float64)
+    return np.abs(err).mean(axis=1)
+
+
 def normalized_mse(prep, ends_N, pred_norm_NHC, horizon) -> float:
     """The replaced system's number: MSE against the normalised targets."""
     idx_NH = ends_N[:, None] + np.arange(1, horizon + 1)[None, :]

@@ -6,12 +6,14 @@ run back for new data is cpbjax/modes/trained_run.py's."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 from typing import Any, NamedTuple
 
 import ml_collections
+import numpy as np
 
-from cpbjax import models
+from cpbjax import models, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.score import intervals
@@ -65,6 +67,20 @@ def keep_model(workdir: str, run: RunMeta, prep, scored, entry: dict) -> None:
     if scored.calibration is not None:
         meta["interval_calibration"] = scored.calibration
     checkpoint.save_series_model(workdir_lib.series_model(workdir, prep.name), scored.params, meta)
+
+
+def save_window_mae(workdir: str, name: str, window_mae: dict) -> None:
+    """Writes a scored coin's per-window MAE (`evaluate.Scored.window_mae`, split ->
+    float64 [N, C]) to <workdir>/window_mae/<name>.npz, so a resumed run still has them."""
+    buf = io.BytesIO()
+    np.savez(buf, **window_mae)
+    writers.atomic_write(workdir_lib.window_mae_file(workdir, name), buf.getvalue())
+
+
+def load_window_mae(workdir: str, name: str) -> dict:
+    """split -> float64 [N, C], as `save_window_mae` wrote them."""
+    with np.load(workdir_lib.window_mae_file(workdir, name)) as f:
+        return {split: f[split] for split in f.files}
 
 
 def available_models(workdir: str) -> dict[str, str]:
