@@ -12,9 +12,24 @@ NUM_TARGETS = len(COLUMNS)
 PRICE_FEATURES = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"})
 
 
+# The two columns data.market_series adds per symbol (cpbjax/data/market.py).
+MARKET_SUFFIXES = ("_return", "_range")
+
+
+def market_columns(symbols) -> tuple:
+    """The covariate columns of the market series `symbols`: <SYM>_return, <SYM>_range each."""
+    return tuple(f"{s}{suffix}" for s in symbols for suffix in MARKET_SUFFIXES)
+
+
+def covariate_names(data_cfg) -> tuple:
+    """The K covariate columns of a window: data.covariates, then data.market_series'
+    columns (a config saved before market_series has none)."""
+    return (*data_cfg.covariates, *market_columns(getattr(data_cfg, "market_series", ())))
+
+
 def input_names(data_cfg) -> tuple:
-    """The F input columns of a window: data.features, then data.covariates."""
-    return (*data_cfg.features, *data_cfg.covariates)
+    """The F input columns of a window: data.features, then the covariates."""
+    return (*data_cfg.features, *covariate_names(data_cfg))
 
 
 def price_mask(names) -> np.ndarray:

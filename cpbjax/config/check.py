@@ -13,7 +13,7 @@ import importlib
 import re
 
 from cpbjax import config_rules as rules
-from cpbjax.columns import PRICE_FEATURES
+from cpbjax.columns import PRICE_FEATURES, market_columns
 from cpbjax.config import sweep_grid
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import pairs
@@ -153,9 +153,24 @@ def _validate_covariates(c) -> None:
         rules.check(not bad, "data.covariates", name, "a column other than the candles' own")
     lower = [n.lower() for n in names]
     rules.check(len(set(lower)) == len(lower), "data.covariates", names, "no repeated names")
+    _validate_market_series(d)
     _choice(c, "data.covariate_scaling", ("zscore", "none"))
     _int_range(c, "data.covariate_fill", 0, 1_000_000)
     _bool(c, "data.synthetic_covariates")
+
+
+def _validate_market_series(d) -> None:
+    """data.market_series: distinct symbols whose columns no data.covariates name takes."""
+    symbols = d.market_series
+    allowed = "a tuple of symbols, e.g. ('BTCUSDT',); () = none"
+    rules.check(isinstance(symbols, (tuple, list)), "data.market_series", symbols, allowed)
+    for symbol in symbols:
+        ok = isinstance(symbol, str) and bool(_SYMBOL_RE.match(symbol))
+        rules.check(ok, "data.market_series", symbol, "a Binance symbol like BTCUSDT")
+    rules.check(len(set(symbols)) == len(symbols), "data.market_series", symbols, "no repeats")
+    taken = {n.lower() for n in d.covariates} & {n.lower() for n in market_columns(symbols)}
+    allowed = "symbols whose <SYM>_return, <SYM>_range columns no data.covariates name takes"
+    rules.check(not taken, "data.market_series", symbols, allowed)
 
 
 def _validate_name_lists(c) -> None:

@@ -5,7 +5,7 @@ meta.json, an export's config.json, a run ledger's fingerprint).
 ADDED: fields added since, with the value that reproduces what a config saved before them
 did; the other fields added since (backtest.*, sweep.*, serve.*, distributed.*,
 data.api_url, predict.fresh, eval.print_table, data.covariates and its fields,
-data.synthetic_covariates) take today's default, which changes nothing a saved run
+data.synthetic_covariates, data.market_series) take today's default, which changes nothing a saved run
 trained or scored. RETIRED: fields removed after their experiment concluded, with the value that behaves
 as cpbjax does now and what to use instead; RETIRED_VALUES: the same for values of fields
 that stay. A saved config that sets a retired option to anything else is refused

@@ -121,6 +121,12 @@ def base_config() -> ml_collections.ConfigDict:
     # interval) before it; a window whose lookback still holds a NaN is skipped, and counted
     # per series (results.json data.covariate_skipped_windows). Never filled with 0.
     d.covariate_fill = 3
+    # Cross-series covariates (docs/design.md "Covariates"): per symbol, two covariate
+    # columns after data.covariates, <SYM>_return (log close-to-close) and <SYM>_range
+    # (log high/low) of its candle at the same open time and interval, NaN where it has
+    # none (data.covariate_fill then applies). From OHLCV, so with every source; a symbol
+    # not in data.symbols is loaded as an input only. E.g. ("BTCUSDT",); () = none.
+    d.market_series = ()
     # `synthetic` source: scale the volatility by an exogenous process, add an exogenous
     # drift, and add the columns vol_signal and flow (their announcements over the coming
     # candles), noise and price_transform (cpbjax/data/synthetic.py).

@@ -1,4 +1,7 @@
-"""Past covariates: the data.covariates columns of a series, filled, checked and scaled.
+"""Past covariates: the covariate columns of a series, filled, checked and scaled.
+
+The K columns are data.covariates, then data.market_series' columns
+(cpbjax/data/market.py; `columns.covariate_names`).
 
 A Series carries its covariates row for row with its candles (float64 [T, K], NaN where
 missing; cpbjax/data/series.py). Windows read them after the features, over the same
@@ -18,16 +21,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from cpbjax import columns
 from cpbjax.data.series import INTERVAL_MS, CovariateError, Series
 
 
 def series_columns(series: Series, data_cfg) -> np.ndarray:
-    """float64 [T, K]: the data.covariates columns of `series`, filled (`fill`).
+    """float64 [T, K]: the covariate columns of `series`, filled (`fill`).
 
     Raises:
       CovariateError: the series does not carry a named column (a source that has none).
     """
-    names = tuple(data_cfg.covariates)
+    names = columns.covariate_names(data_cfg)
     if tuple(series.covariate_names) != names:
         missing = [n for n in names if n not in series.covariate_names]
         raise CovariateError(
@@ -74,7 +78,7 @@ def scaled(cov_TK: np.ndarray, n_train: int, data_cfg, fitted: dict | None, wher
       CovariateError: fitting, a column with fewer than two different values on train,
         naming `where` (the series) and the column.
     """
-    names = tuple(data_cfg.covariates)
+    names = columns.covariate_names(data_cfg)
     if fitted is None:
         mu_K, sd_K = _train_stats(cov_TK[:n_train], names, where)
         if data_cfg.covariate_scaling == "none":
@@ -105,8 +109,9 @@ def _train_stats(train_NK: np.ndarray, names, where: str):
 def refuse_forecast(data_cfg, what: str) -> None:
     """Raises CovariateError where a covariate model would forecast without its covariates
     (`what`: the caller, e.g. "Model.predict"), which is not supported yet."""
-    if tuple(getattr(data_cfg, "covariates", ())):
+    names = columns.covariate_names(data_cfg) if hasattr(data_cfg, "covariates") else ()
+    if names:
         raise CovariateError(
-            f"covariate models need their covariates (data.covariates="
-            f"{tuple(data_cfg.covariates)}), which are not yet supported in {what}"
+            f"covariate models need their covariates ({', '.join(names)}: data.covariates "
+            f"and data.market_series), which are not yet supported in {what}"
         )

@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 
 from cpbjax import config_rules as rules
-from cpbjax.data import binance, klines_api, parsing, skip_groups, synthetic
+from cpbjax.data import binance, klines_api, market, parsing, skip_groups, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 
 Pairs = list[tuple[str, str]]
@@ -160,14 +160,16 @@ def grouped_lines(series: list[Series], skipped: dict[str, str]) -> list[str]:
 
 
 def load_all(data_cfg) -> tuple[list[Series], dict[str, str]]:
-    """Loads every (symbol, interval) of data.symbols x data.intervals from data.source.
+    """Loads every (symbol, interval) of data.symbols x data.intervals from data.source,
+    with data.market_series' covariate columns (cpbjax/data/market.py).
 
     Args:
       data_cfg: the `data` config group (validated).
     Returns:
       (the loaded series in config order, series name -> skip reason).
     Raises:
-      ConfigError: data.source is not registered, or the source's location is unusable.
+      ConfigError: data.source is not registered, or the source's location is unusable;
+        a market series that cannot be loaded (CovariateError).
     """
     rules.one_of("data.source", data_cfg.source, SOURCES)
     pairs = [(s, i) for s in data_cfg.symbols for i in data_cfg.intervals]
@@ -180,4 +182,5 @@ def load_all(data_cfg) -> tuple[list[Series], dict[str, str]]:
     for line in summary_lines(series, skipped):  # each series' reason: --verbosity=1
         logging.debug("%s", line)
     logging.info("Loaded %d of %d series from %s.", len(series), len(names), data_cfg.source)
-    return series, skipped
+    load = SOURCES[data_cfg.source]
+    return market.with_market_columns(series, skipped, data_cfg, load), skipped

@@ -25,7 +25,8 @@ class DataSpec:
     max_candles: int  # newest candles kept per series; 0 = all (the default padded T)
     synthetic_candles: int  # the `synthetic` source's candles per series
     features: tuple  # F input column names
-    covariates: tuple  # K past covariate columns, read after the features
+    covariates: tuple  # past covariate columns, read after the features
+    market_series: tuple  # symbols whose return and range columns follow them
     lookback: int  # L
     horizon: int  # H
     splits: tuple  # (train, val, test) fractions

@@ -267,8 +267,8 @@ class KeptRows:
     ohlcv: np.ndarray  # float64 [T, 5]
     features: np.ndarray  # float64 [T, F]: data.features
     names: tuple  # data.features
-    covariates: np.ndarray  # float64 [T, K]: data.covariates, filled (NaN: still missing)
-    covariate_names: tuple  # data.covariates
+    covariates: np.ndarray  # float64 [T, K]: the covariates, filled (NaN: still missing)
+    covariate_names: tuple  # columns.covariate_names: data.covariates, data.market_series
 
 
 def kept_rows(series: Series, data_cfg) -> KeptRows:
@@ -278,7 +278,7 @@ def kept_rows(series: Series, data_cfg) -> KeptRows:
       SeriesSkipped: fewer than data.min_candles candles remain after the warm-up.
       CovariateError: a data.covariates column the series does not carry.
     """
-    names, cov_names = tuple(data_cfg.features), tuple(data_cfg.covariates)
+    names, cov_names = tuple(data_cfg.features), columns.covariate_names(data_cfg)
     times_T, ohlcv_T5, feats_TF = _kept_rows(series, data_cfg, names)
     cov_TK = np.zeros((len(times_T), 0))
     if cov_names:  # filled on the whole series, so the warm-up's values may carry forward

@@ -1,7 +1,9 @@
 """--mode ablate: do the covariates help? Every covariate setting trained as one sweep.
 
-A setting keeps some of the data.covariates: "all", "none", and "without-<name>" per
-covariate (none when there is only one: that would be "none" again). Its coin is the
+A setting keeps some of the covariates: "all", "none", and "without-<name>" per thing
+left out (none when there is only one: that would be "none" again): each data.covariates
+column alone, and each data.market_series symbol's two columns together (`left_out`;
+"without-BTCUSDT" drops BTCUSDT_return and BTCUSDT_range). Its coin is the
 series' PreparedSeries renamed "<SERIES>@<setting>" whose inputs [T, F + K] hold 0 in the
 columns of the covariates it leaves out (`coin`). A zero input column reaches no
 activation and gets its first-layer weights no gradient, so the coin is the model
@@ -28,7 +30,7 @@ import time
 
 import numpy as np
 
-from cpbjax import sharding, writers
+from cpbjax import columns, sharding, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.data import pooling
@@ -46,21 +48,41 @@ ALL, NONE, WITHOUT = "all", "none", "without-"
 
 
 class NoCovariates(ValueError):
-    """--mode ablate without data.covariates: there is nothing to leave out."""
+    """--mode ablate without data.covariates or data.market_series: nothing to leave out."""
 
 
-def settings(covariates) -> dict[str, tuple]:
-    """Setting name -> the covariates it keeps, in data.covariates order."""
-    names = tuple(covariates)
-    out = {ALL: names, NONE: ()}
-    if len(names) > 1:
-        out.update({f"{WITHOUT}{n}": tuple(c for c in names if c != n) for n in names})
+def left_out(covariates, market_series=()) -> dict[str, tuple]:
+    """What one setting leaves out at once, name -> its covariate columns: each of
+    `covariates` (data.covariates) alone, each symbol of `market_series` its two columns."""
+    out = {name: (name,) for name in covariates}
+    out.update({symbol: columns.market_columns((symbol,)) for symbol in market_series})
     return out
 
 
-def without(name: str, covariates: tuple) -> str:
-    """The setting without covariate `name` ("none" when it is the only one)."""
-    return f"{WITHOUT}{name}" if len(covariates) > 1 else NONE
+def settings(covariates, market_series=()) -> dict[str, tuple]:
+    """Setting name -> the covariate columns it keeps, in `columns.covariate_names` order."""
+    groups = left_out(covariates, market_series)
+    names = tuple(c for cols in groups.values() for c in cols)
+    out = {ALL: names, NONE: ()}
+    if len(groups) > 1:
+        out.update(
+            {
+                f"{WITHOUT}{g}": tuple(c for c in names if c not in cols)
+                for g, cols in groups.items()
+            }
+        )
+    return out
+
+
+def data_settings(data_cfg) -> dict[str, tuple]:
+    """`settings` of a run's data config."""
+    return settings(data_cfg.covariates, data_cfg.market_series)
+
+
+def without(name: str, groups) -> str:
+    """The setting without `name`, one of `groups` (`left_out`'s keys): "none" when it is
+    the only one."""
+    return f"{WITHOUT}{name}" if len(groups) > 1 else NONE
 
 
 def coin(prep, setting: str, kept: tuple, covariates: tuple):
@@ -83,8 +105,7 @@ def plan_for(config, clock: StageClock) -> tuple[plan_lib.Plan, list[str]]:
     setting) coin in groups of train.group_size, a series' settings adjacent; with
     train.share=pooled one group per setting, purged across series as a pooled train run."""
     preps, skipped = plan_lib.prepare_all(config, clock)
-    covariates = tuple(config.data.covariates)
-    grid = settings(covariates)
+    covariates, grid = columns.covariate_names(config.data), data_settings(config.data)
     fields = {"extra_print": {"ablate": list(grid)}, "keep_window_mae": True}
     if not sharing.from_config(config.train).pools_windows:
         coins = [coin(p, s, kept, covariates) for p in preps for s, kept in grid.items()]
@@ -107,15 +128,13 @@ def _rows(series_names: list[str], entries: dict, grid: dict) -> dict:
 
 def verdict(config, rows: dict, window_mae: dict) -> dict:
     """results.json's "ablate": the settings, `ablation.by_setting`, the gain of "all"
-    over "none" and, per covariate, over the setting without it, the val ranking and the
-    sentences (`ablate_section.sentences`)."""
-    covariates, grid = tuple(config.data.covariates), settings(config.data.covariates)
-    lag = config.data.horizon - 1
-    gains = {
-        n: ablation.gain(rows, window_mae, ALL, without(n, covariates), lag) for n in covariates
-    }
+    over "none" and, per thing left out (`left_out`: a covariate or a market symbol), over
+    the setting without it, the val ranking and the sentences (`ablate_section.sentences`)."""
+    groups = left_out(config.data.covariates, config.data.market_series)
+    grid, lag = data_settings(config.data), config.data.horizon - 1
+    gains = {n: ablation.gain(rows, window_mae, ALL, without(n, groups), lag) for n in groups}
     out = {
-        "covariates": list(covariates),
+        "covariates": list(groups),
         "settings": {s: list(kept) for s, kept in grid.items()},
         "by_setting": ablation.by_setting(rows, list(grid)),
         "all_over_none": ablation.gain(rows, window_mae, ALL, NONE, lag),
@@ -145,14 +164,15 @@ def run_ablate(config, workdir: str) -> dict:
       "ablate": `verdict`).
 
     Raises:
-      NoCovariates: data.covariates is empty. ConfigError: a bad config value.
+      NoCovariates: data.covariates and data.market_series are empty. ConfigError: a bad
+        config value.
       RunMismatch: ablate/ holds another run. NothingTrained: every series was skipped.
     """
     config_lib.validate(config)
-    if not tuple(config.data.covariates):
+    if not columns.covariate_names(config.data):
         raise NoCovariates(
-            "--mode ablate needs data.covariates, the columns to leave out in turn, e.g. "
-            "--config configs/mlp.py:covariates"
+            "--mode ablate needs data.covariates or data.market_series, the columns to leave "
+            "out in turn, e.g. --config configs/mlp.py:covariates"
         )
     started, clock = time.time(), StageClock()
     run_dir = workdir_lib.ablate_run(workdir)
@@ -161,7 +181,7 @@ def run_ablate(config, workdir: str) -> dict:
     if not series_names:
         raise driver.NothingTrained(f"no series could be trained; skipped: {plan.skipped}")
     entries, records = driver.train_groups(config, run_dir, plan, clock)
-    rows = _rows(series_names, entries, settings(config.data.covariates))
+    rows = _rows(series_names, entries, data_settings(config.data))
     results = {
         "run": facts.run_facts("ablate", config, started, **plan.facts(config)),
         "series": {s: entries[f"{s}{SEPARATOR}{ALL}"] for s, row in rows.items() if ALL in row},
