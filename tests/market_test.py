@@ -4,6 +4,7 @@ series that starts later); the market series' own columns; the fill rule on miss
 market candles; the synthetic source without data.covariates; ablate's per-symbol
 settings; the exit-2 line for a market symbol with no candles."""
 
+import json
 import os
 
 import numpy as np
@@ -184,3 +185,23 @@ def test_a_market_symbol_without_candles_is_one_line(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: data.market_series 'BTCUSDT': no BTCUSDT-1h candles")
     assert "Traceback" not in proc.stderr
+
+
+def test_ablate_runs_with_a_market_series_loaded_as_an_input_only(tmp_path):
+    proc = helpers.run_launch(
+        "--config=configs/mlp.py:tiny",
+        "--mode=ablate",
+        "--config.data.symbols=('ETHUSDT','SOLUSDT')",
+        "--config.data.intervals=('1h',)",
+        "--config.data.market_series=('BTCUSDT',)",
+        "--config.train.epochs=1",
+        "--config.eval.plots=False",
+        f"--workdir={tmp_path / 'run'}",
+        jax_platforms="cpu",
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert sorted(results["series"]) == ["ETHUSDT-1h", "SOLUSDT-1h"]  # BTCUSDT: input only
+    assert results["ablate"]["settings"] == {"all": list(MARKET_COLUMNS), "none": []}
+    assert "BTCUSDT (val)" in proc.stdout
