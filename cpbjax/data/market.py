@@ -104,4 +104,4 @@ def _markets(series: list[Series], skipped: dict, data_cfg, load) -> dict[str, S
                 f"data.market_series {m!r}: no {m}-{i} candles from data.source="
                 f"{data_cfg.source!r} ({why}); every series at {i} reads its columns"
             )
-    return have
+    return {f"{m}-{i}": have[f"{m}-{i}"] for m, i in pairs}
