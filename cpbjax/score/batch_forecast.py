@@ -93,7 +93,9 @@ def _groups_by_params(jobs: list[Job]) -> dict:
     groups: dict = {}
     keys: dict = {}  # id(params) -> key: the splits of one series share one params object
     for i, job in enumerate(jobs):
-        key = keys.setdefault(id(job.params), params_key(job.params))
+        if id(job.params) not in keys:
+            keys[id(job.params)] = params_key(job.params)
+        key = keys[id(job.params)]
         groups.setdefault(key, []).append(i)
     return groups
 
