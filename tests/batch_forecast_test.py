@@ -46,6 +46,19 @@ def test_shared_params_mixed_batches_equal_each_series_alone(monkeypatch, batch,
         np.testing.assert_allclose(norm, want, rtol=1e-6, atol=1e-7)
 
 
+def test_a_pooled_series_alone_is_batched_as_with_others(monkeypatch):
+    monkeypatch.setattr(batch_forecast, "EVAL_BATCH", 64)  # several batches of its splits
+    prep, params = _preps()[0], probe_params()
+    jobs = [batch_forecast.Job(params, prep, prep.ends[s]) for s in windows.SPLITS]
+    calls = []
+    monkeypatch.setattr(forecast, "predict_windows", lambda *a: calls.append(a))
+    got = batch_forecast.forecast_jobs(Probe(), jobs, L, H, pooled=True)
+    monkeypatch.undo()
+    assert not calls  # not the per-series path
+    for job, norm in zip(jobs, got, strict=True):
+        np.testing.assert_allclose(norm, _oracle(params, job), rtol=1e-6, atol=1e-7)
+
+
 def test_series_with_their_own_params_are_forecast_as_before():
     preps = _preps()
     jobs = [

@@ -9,8 +9,8 @@ each window's end is offset into it, and batches of up to EVAL_BATCH windows gat
 windows on the device (stacking.gather_inputs, the arithmetic of the host's gather) and
 apply the model in one jitted call. Only the [N] ends travel per batch, and the device
 holds one source and one batch of windows (EVAL_BATCH x L x F floats), never all windows.
-A group of one series (per-series models) is forecast as before, series by series
-(forecast.predict_windows), side by side in threads.
+A group of one series of a per-series run is forecast as before, series by series
+(forecast.predict_windows), side by side in threads; a pooled run's is batched too.
 
 Each window's forecast is independent of the others in its batch; on the CPU, XLA's
 rounding depends on the batch size only below 64 windows for the global MLP (256 for a
@@ -52,13 +52,18 @@ class Job(NamedTuple):
     ends_N: np.ndarray  # int window end indices into prep
 
 
-def forecast_jobs(module, jobs: list[Job], lookback: int, horizon: int) -> list[np.ndarray]:
+def forecast_jobs(
+    module, jobs: list[Job], lookback: int, horizon: int, pooled: bool = False
+) -> list[np.ndarray]:
     """Deterministic normalised forecasts of every job's windows (module applied with
-    train=False), float32 [N, H, C] each, in the order of `jobs`."""
+    train=False), float32 [N, H, C] each, in the order of `jobs`. `pooled` (a pooled
+    run's models, EvalSpec.pooled): a series alone in its group is batched too (a long one
+    may fill a wave of scoring by itself; its params differ in its own band refit after
+    --mode evaluate loads it)."""
     out: list = [None] * len(jobs)
     singles = []
     for members in _groups_by_params(jobs).values():
-        if len({id(jobs[i].prep) for i in members}) < 2:
+        if not pooled and len({id(jobs[i].prep) for i in members}) < 2:
             singles += members
             continue
         group = [jobs[i] for i in members]

@@ -91,7 +91,7 @@ def decide_all(module, params_list, preps, spec) -> list[np.ndarray]:
         for params, prep in zip(params_list, preps, strict=True)
         for keep in (True, False)
     ]
-    norms = batch_forecast.forecast_jobs(module, jobs, spec.lookback, spec.horizon)
+    norms = batch_forecast.forecast_jobs(module, jobs, spec.lookback, spec.horizon, spec.pooled)
     return [
         _keep_on_val(prep, spec, norms[2 * i], norms[2 * i + 1]) for i, prep in enumerate(preps)
     ]

@@ -53,6 +53,9 @@ class EvalSpec:
     # above the baseline's (cpbjax/score/column_fallback.py).
     column_fallback: bool = False
     loss: str = "mae"
+    # config.train.share == "pooled": every series' forecasts take the batched path of
+    # batch_forecast (mixed with the series sharing its params, large batches even alone).
+    pooled: bool = False
 
     def at_levels(self, levels) -> EvalSpec:
         """This spec for an interval at other levels (a saved calibration's): what
@@ -70,6 +73,7 @@ def make_spec(config) -> EvalSpec:
         interval_vol=intervals.VOL_BLEND,
         column_fallback=config.eval.column_fallback and config.model.baseline != "none",
         loss=config.train.loss,
+        pooled=config.train.get("share") == "pooled",
     )
 
 
@@ -213,7 +217,7 @@ def _evaluate_wave(module, params_list, preps, spec, forecasts_dir, counted) -> 
         for params, prep in zip(params_list, preps, strict=True)
         for s in splits
     ]
-    norms = batch_forecast.forecast_jobs(module, jobs, spec.lookback, spec.horizon)
+    norms = batch_forecast.forecast_jobs(module, jobs, spec.lookback, spec.horizon, spec.pooled)
 
     def score(j):
         prep, first = preps[j], j * len(splits)
