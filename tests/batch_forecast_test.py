@@ -29,6 +29,7 @@ def _oracle(params, job):
 def test_shared_params_mixed_batches_equal_each_series_alone(monkeypatch, batch, source_candles):
     # (16, 500): several batches per source and one source per series or two.
     monkeypatch.setattr(batch_forecast, "EVAL_BATCH", batch)
+    monkeypatch.setattr(batch_forecast, "CPU_BATCH", batch)
     monkeypatch.setattr(batch_forecast, "SOURCE_CANDLES", source_candles)
     preps = _preps()
     assert preps[1].ends["train"][-1] - preps[1].ends["train"][0] >= len(preps[1].ends["train"])
@@ -48,6 +49,7 @@ def test_shared_params_mixed_batches_equal_each_series_alone(monkeypatch, batch,
 
 def test_a_pooled_series_alone_is_batched_as_with_others(monkeypatch):
     monkeypatch.setattr(batch_forecast, "EVAL_BATCH", 64)  # several batches of its splits
+    monkeypatch.setattr(batch_forecast, "CPU_BATCH", 64)
     prep, params = _preps()[0], probe_params()
     jobs = [batch_forecast.Job(params, prep, prep.ends[s]) for s in windows.SPLITS]
     calls = []

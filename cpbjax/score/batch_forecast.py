@@ -5,10 +5,11 @@ Scoring (cpbjax/score/evaluate.py) asks for the windows of many (params, series,
 jobs. Jobs whose params are equal (bit for bit) form one group. A group spanning two or
 more series is forecast together: its series' inputs are concatenated into one
 device-resident source (at most SOURCE_CANDLES candles; a longer group takes several),
-each window's end is offset into it, and batches of up to EVAL_BATCH windows gather their
-windows on the device (stacking.gather_inputs, the arithmetic of the host's gather) and
-apply the model in one jitted call. Only the [N] ends travel per batch, and the device
-holds one source and one batch of windows (EVAL_BATCH x L x F floats), never all windows.
+each window's end is offset into it, and batches of up to EVAL_BATCH windows (CPU_BATCH
+on the CPU) gather their windows on the device (stacking.gather_inputs, the arithmetic
+of the host's gather) and apply the model in one jitted call. Only the [N] ends travel
+per batch, and the device holds one source and one batch of windows (EVAL_BATCH x L x F
+floats), never all windows.
 A group of one series of a per-series run is forecast as before, series by series
 (forecast.predict_windows), side by side in threads; a pooled run's is batched too.
 
@@ -35,8 +36,12 @@ from cpbjax.data import stacking
 from cpbjax.data.windows import PreparedSeries
 from cpbjax.score import forecast
 
-# Windows of one batch: padded to a power of two up to it, so a run compiles a few programs.
+# Windows of one batch on an accelerator, and on the CPU (where 8192 ran 2.5x slower than
+# 1024: 256-wide activations of 8192 windows overflow its caches; measured on the 2-core
+# CPU, loaded, 2026-11-28). Batches are padded to a power of two up to it, so a run
+# compiles a few programs.
 EVAL_BATCH = 8192
+CPU_BATCH = 1024
 # Candles of one device-resident source (2^21 x 30 features x 4 bytes = 250 MB); its
 # length is padded to a power of two, so sources share programs.
 SOURCE_CANDLES = 1 << 21
@@ -156,12 +161,14 @@ def _source(chunk: list[Job]) -> tuple[stacking.WindowSource, dict]:
 
 def _predict_gathered(module, params, source, ends_N, lookback: int, horizon: int):
     """float32 [N, H, C] forecasts of the windows of `source` ending at ends_N, in batches
-    of a power of two up to EVAL_BATCH (padded with the first end); every batch is
-    dispatched before the first result is read, so the device never waits on the host."""
+    of a power of two up to EVAL_BATCH (CPU_BATCH on the CPU), padded with the first end;
+    every batch is dispatched before the first result is read, so the device never waits
+    on the host."""
     n = len(ends_N)
     if n == 0:
         return np.zeros((0, horizon, columns.NUM_TARGETS), np.float32)
-    b = min(EVAL_BATCH, 1 << max(n - 1, 0).bit_length())
+    limit = CPU_BATCH if jax.default_backend() == "cpu" else EVAL_BATCH
+    b = min(limit, 1 << max(n - 1, 0).bit_length())
     padded = np.concatenate([ends_N, np.full(-n % b, ends_N[0])]).astype(np.int32)
     outs = [
         _forecast_gathered(module, params, source, padded[i : i + b], lookback)
