@@ -17,8 +17,16 @@ from cpbjax.score import metrics, saved
 from cpbjax.training import checkpoint
 from tests import helpers
 
-COVARIATES = ("vol_signal", "noise", "price_transform")
-SETTINGS = ["all", "none", "without-vol_signal", "without-noise", "without-price_transform"]
+# configs/mlp.py:covariates' covariates, in its order.
+COVARIATES = ("vol_signal", "flow", "noise", "price_transform")
+SETTINGS = [
+    "all",
+    "none",
+    "without-vol_signal",
+    "without-flow",
+    "without-noise",
+    "without-price_transform",
+]
 SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")
 OVERRIDES = (
     "--config.data.symbols=('BTCUSDT','ETHUSDT')",
@@ -74,7 +82,7 @@ def _covariate_rows(params) -> np.ndarray:
 
 def test_the_settings_are_all_none_and_each_one_left_out():
     assert list(ablate.settings(COVARIATES)) == SETTINGS
-    assert ablate.settings(COVARIATES)["without-noise"] == ("vol_signal", "price_transform")
+    assert ablate.settings(COVARIATES)["without-noise"] == ("vol_signal", "flow", "price_transform")
     assert ablate.settings(("funding",)) == {"all": ("funding",), "none": ()}
     assert ablate.without("funding", ("funding",)) == "none"
 
