@@ -43,7 +43,7 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
         group = evaluate_models(module, params, [preps[n] for n in names], spec, forecasts_dir)
         scored.update(zip(names, group, strict=True))
     for name in preps:
-        entry, record, _, _ = scored[name]
+        entry, record = scored[name].entry, scored[name].record
         prep = preps[name]
         trained = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in trained.items() if k not in ("val", "test")}
