@@ -1,0 +1,91 @@
+"""A covariate model forecasting from the newest candles: Model.predict equals the run's
+own forecast of the same window, scales with the saved statistics (never re-fitted),
+names a missing or absent column; a pooled run's model on a pair it never saw fits that
+pair's covariate statistics on its own candles (docs/design.md "Covariates")."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import cpbjax
+from cpbjax import workdir as workdir_lib
+from cpbjax.data import synthetic
+from cpbjax.score import forecast
+from tests import helpers
+
+OHLC = ["open", "high", "low", "close"]
+
+
+def _frame(symbol: str, n: int = 700) -> pd.DataFrame:
+    """A synthetic 1h series as a frame with a `funding` column (vol_signal), two NaN."""
+    s = synthetic.generate(symbol, "1h", n, covariates=True)
+    frame = pd.DataFrame(s.ohlcv, columns=["open", "high", "low", "close", "volume"])
+    frame["funding"] = s.covariates[:, 0]
+    frame.loc[frame.index[300:302], "funding"] = np.nan
+    frame.index = pd.to_datetime(s.open_time_ms, unit="ms", utc=True)
+    return frame
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A pooled tiny run fitted on two frames with a funding column, its forecasts saved."""
+    c = helpers.tiny_config()
+    c.data.max_candles, c.data.min_candles = 600, 300
+    c.data.covariates, c.train.epochs = ("funding",), 1
+    c.train.share, c.eval.save_forecasts = "pooled", True
+    frames = {f"{s}-1h": _frame(s) for s in ("BTCUSDT", "ETHUSDT")}
+    workdir = str(tmp_path_factory.mktemp("covpred") / "run")
+    cpbjax.fit(frames, c, workdir)
+    return workdir, frames
+
+
+def _model(workdir):
+    return cpbjax.load(workdir_lib.series_model(workdir, "BTCUSDT-1h"))
+
+
+def test_predict_equals_the_runs_own_forecast_of_the_same_window(run):
+    workdir, frames = run
+    saved = forecast.load_forecasts(workdir_lib.forecasts_file(workdir, "BTCUSDT-1h"))
+    last = pd.Timestamp(int(saved["last_open_time_ms"][-1]), unit="ms", tz="UTC")
+    frame = frames["BTCUSDT-1h"]
+    got = _model(workdir).predict(frame[frame.index <= last])
+    want_HC = forecast.consistent_ohlc(saved["predicted"][-1])
+    np.testing.assert_allclose(got[OHLC].to_numpy(), want_HC, rtol=1e-5)
+
+
+def test_predict_reads_the_newest_windows_covariates_with_the_saved_statistics(run):
+    workdir, frames = run
+    model, frame = _model(workdir), frames["BTCUSDT-1h"]
+    base = model.predict(frame)
+    older = frame.copy()  # values before the newest window: re-fitted statistics would move
+    older.iloc[: -model.lookback - 5, older.columns.get_loc("funding")] *= 10.0
+    pd.testing.assert_frame_equal(model.predict(older), base)
+    newer = frame.copy()
+    newer.iloc[-3:, newer.columns.get_loc("funding")] += 5.0
+    assert not np.allclose(model.predict(newer)[OHLC], base[OHLC], rtol=1e-6)
+
+
+def test_a_covariate_missing_in_the_newest_window_names_the_column_and_time(run):
+    workdir, frames = run
+    model, frame = _model(workdir), frames["BTCUSDT-1h"].copy()
+    filled = frame.copy()
+    filled.iloc[-3:, filled.columns.get_loc("funding")] = np.nan  # within covariate_fill=3
+    assert len(model.predict(filled)) == model.horizon
+    frame.iloc[-6:-1, frame.columns.get_loc("funding")] = np.nan
+    when = frame.index[-2].strftime("%Y-%m-%dT%H:%M:%SZ")
+    with pytest.raises(ValueError, match=rf"BTCUSDT-1h: .*'funding' has no value at {when}"):
+        model.predict(frame)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda f: f.drop(columns="funding"), r"BTCUSDT-1h: .*column 'funding' is absent"),
+        (lambda f: f.assign(funding="x"), r"BTCUSDT-1h: .*column 'funding' is not numeric"),
+    ],
+    ids=["absent", "non-numeric"],
+)
+def test_a_bad_covariate_column_names_the_series_and_the_column(run, damage, message):
+    workdir, frames = run
+    with pytest.raises(ValueError, match=message):
+        _model(workdir).predict(damage(frames["BTCUSDT-1h"]))
