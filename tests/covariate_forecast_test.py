@@ -9,7 +9,10 @@ import pytest
 
 import cpbjax
 from cpbjax import workdir as workdir_lib
+from cpbjax import writers
+from cpbjax.config import schema as config_lib
 from cpbjax.data import synthetic
+from cpbjax.modes import predict as predict_mode
 from cpbjax.score import forecast
 from tests import helpers
 
@@ -89,3 +92,30 @@ def test_a_bad_covariate_column_names_the_series_and_the_column(run, damage, mes
     workdir, frames = run
     with pytest.raises(ValueError, match=message):
         _model(workdir).predict(damage(frames["BTCUSDT-1h"]))
+
+
+def test_predict_mode_reads_the_covariates_of_the_local_files(run):
+    workdir, frames = run
+    config = config_lib.upgrade(writers.read_json(workdir_lib.config_json(workdir)))
+    doc = predict_mode.run_predict(config, workdir)
+    assert not doc["skipped"]
+    for name, frame in frames.items():  # the run's local files are these frames
+        want = cpbjax.load(workdir_lib.series_model(workdir, name)).predict(frame)
+        got = pd.DataFrame(doc["series"][name]["forecast"])[OHLC].to_numpy()
+        np.testing.assert_allclose(got, want[OHLC].to_numpy(), rtol=1e-6)
+
+
+def test_predict_mode_topped_up_from_the_api_says_covariates_need_a_local_source(run):
+    workdir, _ = run
+    proc = helpers.run_launch(
+        "--mode=predict",
+        f"--workdir={workdir}",
+        "--config.data.source=binance",
+        "--config.data.covariates=()",
+        "--config.data.local_dir=",
+        jax_platforms="cpu",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "covariates need a local source or frames" in last and "binance_rest" in last
+    assert "Traceback" not in proc.stderr
