@@ -119,3 +119,18 @@ def test_predict_mode_topped_up_from_the_api_says_covariates_need_a_local_source
     last = proc.stderr.strip().splitlines()[-1]
     assert "covariates need a local source or frames" in last and "binance_rest" in last
     assert "Traceback" not in proc.stderr
+
+
+def test_a_new_pair_scales_its_covariates_on_its_own_candles(run):
+    workdir, _ = run
+    frame = _frame("SOLUSDT")
+    whole = cpbjax.load(workdir)
+    got = whole.predict(frame, symbol="SOLUSDT")
+    assert len(got) == whole.model_for("SOLUSDT", "1h").horizon
+    # Its z-score is fitted on the candles given, so an affine change of units is no change.
+    rescaled = frame.assign(funding=3.0 * frame["funding"] - 7.0)
+    got_rescaled = whole.predict(rescaled, symbol="SOLUSDT")
+    np.testing.assert_allclose(got_rescaled[OHLC], got[OHLC], rtol=1e-5)
+    moved = frame.copy()
+    moved.iloc[-3:, moved.columns.get_loc("funding")] += 5.0
+    assert not np.allclose(whole.predict(moved, symbol="SOLUSDT")[OHLC], got[OHLC], rtol=1e-6)
