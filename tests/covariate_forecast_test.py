@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 import cpbjax
+from cpbjax import api, writers
 from cpbjax import workdir as workdir_lib
-from cpbjax import writers
 from cpbjax.config import schema as config_lib
-from cpbjax.data import synthetic
+from cpbjax.data import synthetic, windows
 from cpbjax.modes import predict as predict_mode
-from cpbjax.score import forecast
+from cpbjax.score import forecast, zero_shot
 from tests import helpers
 
 OHLC = ["open", "high", "low", "close"]
@@ -134,3 +134,20 @@ def test_a_new_pair_scales_its_covariates_on_its_own_candles(run):
     moved = frame.copy()
     moved.iloc[-3:, moved.columns.get_loc("funding")] += 5.0
     assert not np.allclose(whole.predict(moved, symbol="SOLUSDT")[OHLC], got[OHLC], rtol=1e-6)
+
+
+def test_a_new_pairs_fits_leave_out_the_windows_missing_a_covariate(run):
+    workdir, _ = run
+    frame = _frame("SOLUSDT")
+    frame.iloc[400:410, frame.columns.get_loc("funding")] = np.nan  # 403..409 past the fill
+    model = cpbjax.load(workdir).model_for("SOLUSDT", "1h")
+    d = model.config.data
+    series = api.candles_to_series(frame, "SOLUSDT", "1h", api.volume_features(d), d.covariates)
+    prep = windows.prepare_latest(series, d, None)
+    _, fitted_on = zero_shot.fit_series(model.loaded, prep)
+    missing = set(frame.index.as_unit("ms").asi8[403:410])
+    L, H, times = d.lookback, d.horizon, prep.open_time_ms  # gap-free synthetic candles
+    expected = sum(
+        not missing.intersection(times[t - L + 1 : t + 1]) for t in range(L - 1, len(times) - H)
+    )
+    assert fitted_on == expected < len(times) - H - L + 1
