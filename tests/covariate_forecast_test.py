@@ -13,6 +13,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.data import synthetic, windows
 from cpbjax.modes import predict as predict_mode
+from cpbjax.modes import serve
 from cpbjax.score import forecast, zero_shot
 from tests import helpers
 
@@ -119,6 +120,15 @@ def test_predict_mode_topped_up_from_the_api_says_covariates_need_a_local_source
     last = proc.stderr.strip().splitlines()[-1]
     assert "covariates need a local source or frames" in last and "binance_rest" in last
     assert "Traceback" not in proc.stderr
+
+
+def test_serve_forecasts_a_covariate_model_from_the_local_files(run):
+    workdir, frames = run
+    config = config_lib.upgrade(writers.read_json(workdir_lib.config_json(workdir)))
+    served = serve.Forecaster(config, workdir).forecast("BTCUSDT-1h")
+    want = _model(workdir).predict(frames["BTCUSDT-1h"])
+    got = pd.DataFrame(served["forecast"])[OHLC].to_numpy()
+    np.testing.assert_allclose(got, want[OHLC].to_numpy(), rtol=1e-6)
 
 
 def test_a_new_pair_scales_its_covariates_on_its_own_candles(run):
