@@ -3,6 +3,10 @@ own forecast of the same window, scales with the saved statistics (never re-fitt
 names a missing or absent column; a pooled run's model on a pair it never saw fits that
 pair's covariate statistics on its own candles (docs/design.md "Covariates")."""
 
+import os
+import shutil
+
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -129,6 +133,38 @@ def test_serve_forecasts_a_covariate_model_from_the_local_files(run):
     want = _model(workdir).predict(frames["BTCUSDT-1h"])
     got = pd.DataFrame(served["forecast"])[OHLC].to_numpy()
     np.testing.assert_allclose(got, want[OHLC].to_numpy(), rtol=1e-6)
+
+
+def test_the_export_lists_the_covariates_and_its_forward_pass_takes_them(run):
+    workdir, frames = run
+    folder = cpbjax.export(workdir)["BTCUSDT-1h"]
+    model, frame = _model(workdir), frames["BTCUSDT-1h"]
+    listed = writers.read_json(os.path.join(folder, "manifest.json"))["covariates"]
+    norm = model.loaded.norm
+    assert listed["names"] == ["funding"] and listed["scaling"] == "zscore"
+    np.testing.assert_array_equal(listed["mean"], norm["covariate_mean"])
+    np.testing.assert_array_equal(listed["std"], norm["covariate_std"])
+    pd.testing.assert_frame_equal(cpbjax.load(folder).predict(frame), model.predict(frame))
+    d = model.config.data
+    series = api.candles_to_series(frame, "BTCUSDT", "1h", api.volume_features(d), d.covariates)
+    x_1LF = windows.prepare_latest(series, d, norm).inputs[None, -d.lookback :]
+    assert x_1LF.shape[-1] == len(d.features) + 1
+    with open(os.path.join(folder, "forward.jax_export"), "rb") as f:
+        forward = jax.export.deserialize(f.read())
+    params = model.loaded.params
+    expected = model.loaded.module.apply({"params": params}, x_1LF, None, train=False)
+    np.testing.assert_allclose(forward.call(params, x_1LF), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_an_export_whose_manifest_misstates_the_covariates_is_refused(run, tmp_path):
+    workdir, _ = run
+    folder = shutil.copytree(cpbjax.export(workdir)["ETHUSDT-1h"], tmp_path / "ETHUSDT-1h")
+    path = os.path.join(folder, "manifest.json")
+    found = writers.read_json(path)
+    found["covariates"]["std"] = [1.0]
+    writers.write_json(path, found)
+    with pytest.raises(ValueError, match=r"manifest.json: its 'covariates' are .* export the run"):
+        cpbjax.load(str(folder))
 
 
 def test_a_new_pair_scales_its_covariates_on_its_own_candles(run):

@@ -134,13 +134,3 @@ def latest(series: Series, data_cfg, start: int, fitted_norm: dict | None):
         raise ValueError(f"saved covariates {fitted_norm['covariates']} are not {names}")
     scaled_TK, norm = scaled(cov_TK, len(cov_TK), data_cfg, fitted_norm, series.name)
     return scaled_TK, norm, np.isnan(cov_TK).any(axis=1)
-
-
-def refuse_forecast(data_cfg, what: str) -> None:
-    """Raises CovariateError where a covariate model would forecast without its covariates
-    (`what`: the caller, e.g. "--mode export"), which is not supported yet."""
-    if tuple(getattr(data_cfg, "covariates", ())):
-        raise CovariateError(
-            f"covariate models need their covariates (data.covariates="
-            f"{tuple(data_cfg.covariates)}), which are not yet supported in {what}"
-        )
