@@ -32,8 +32,8 @@ from cpbjax import runtime, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
-from cpbjax.data import covariates, features, parsing, windows
-from cpbjax.data.series import INTERVAL_MS, Series, SeriesSkipped
+from cpbjax.data import features, parsing, windows
+from cpbjax.data.series import INTERVAL_MS, CovariateError, Series, SeriesSkipped
 from cpbjax.modes import driver, sweep, trained_run
 from cpbjax.modes import export as export_mode
 from cpbjax.report import tables
@@ -363,6 +363,9 @@ class Model:
     def predict(self, candles: pd.DataFrame) -> pd.DataFrame:
         """The next H candles after the newest row of `candles`.
 
+        A covariate model (data.covariates) reads those columns of `candles` too, filled
+        as in training (data.covariate_fill) and scaled with its saved statistics.
+
         Returns:
           A DataFrame indexed by the forecast candles' UTC open times, with columns
           step (1..H), open, high, low, close (prices); a model with a calibrated
@@ -373,23 +376,25 @@ class Model:
 
         Raises:
           ValueError, TypeError: bad input, naming the problem (too few candles, a gap
-            in the newest L candles, the wrong interval, NaN, ...); or a forecast of NaN
-            or inf prices (forecast.NonFiniteForecast, naming the series), never returned;
-            a covariate model (data.covariates), whose forecast is not supported yet.
+            in the newest L candles, the wrong interval, NaN, ...; a data.covariates
+            column absent or not numeric, or still missing in the newest L candles after
+            data.covariate_fill); or a forecast of NaN or inf prices
+            (forecast.NonFiniteForecast, naming the series), never returned.
         """
         model, d = self.loaded, self.config.data
-        covariates.refuse_forecast(d, "Model.predict")
-        series = candles_to_series(candles, self.symbol, self.interval, volume_features(d))
         try:
+            series = candles_to_series(
+                candles, self.symbol, self.interval, volume_features(d), d.covariates
+            )
             prep = windows.prepare_latest(series, d, model.norm)
             if model.zero_shot:  # a series the pooled run never saw: its own fits
                 model, _ = zero_shot.fit_series(model, prep)
             doc = forecast.next_candles(
                 model.module, model.params, prep, d.lookback, d.horizon, model.calibration
             )
-        except SeriesSkipped as e:
-            reason = str(e)
-            named = reason if reason.startswith(series.name) else f"{series.name}: {reason}"
+        except (SeriesSkipped, CovariateError) as e:
+            reason, name = str(e), f"{self.symbol}-{self.interval}"
+            named = reason if reason.startswith(name) else f"{name}: {reason}"
             raise ValueError(named) from None
         out = pd.DataFrame([forecast.flat_candle(c) for c in doc["forecast"]])
         out = out.drop(columns=["open_time"])

@@ -17,8 +17,16 @@ from cpbjax.score import metrics, saved
 from cpbjax.training import checkpoint
 from tests import helpers
 
+# configs/mlp.py:covariates' covariates, in its order.
 COVARIATES = ("vol_signal", "flow", "noise", "price_transform")
-SETTINGS = ["all", "none", *(f"without-{n}" for n in COVARIATES)]
+SETTINGS = [
+    "all",
+    "none",
+    "without-vol_signal",
+    "without-flow",
+    "without-noise",
+    "without-price_transform",
+]
 SERIES = ("BTCUSDT-1h", "ETHUSDT-1h")
 OVERRIDES = (
     "--config.data.symbols=('BTCUSDT','ETHUSDT')",

@@ -264,8 +264,7 @@ def test_fit_trains_on_a_covariate_column_and_its_models_load(tmp_path):
     model = cpbjax.load(workdir_lib.series_model(str(tmp_path / "run"), "BTCUSDT-1h"))
     assert model.config.data.covariates == ("funding",)
     assert list(model.loaded.norm["covariates"]) == ["funding"]
-    with pytest.raises(ValueError, match="covariate models need .* not yet supported in Model"):
-        model.predict(frames["BTCUSDT-1h"])
+    assert len(model.predict(frames["BTCUSDT-1h"])) == model.horizon  # covariate_forecast_test
     gone = {n: f.drop(columns="funding") for n, f in frames.items()}
     with pytest.raises(ValueError, match=r"BTCUSDT-1h: .*column 'funding' is absent"):
         cpbjax.fit(gone, c, str(tmp_path / "other"))

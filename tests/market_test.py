@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import cpbjax
 from cpbjax import columns
 from cpbjax.config import schema as config_lib
 from cpbjax.data import covariates, sources, windows
@@ -205,3 +206,30 @@ def test_ablate_runs_with_a_market_series_loaded_as_an_input_only(tmp_path):
     assert sorted(results["series"]) == ["ETHUSDT-1h", "SOLUSDT-1h"]  # BTCUSDT: input only
     assert results["ablate"]["settings"] == {"all": list(MARKET_COLUMNS), "none": []}
     assert "BTCUSDT (val)" in proc.stdout
+
+
+def test_predict_loads_the_market_series_and_a_frame_without_it_is_one_line(tmp_path):
+    workdir = tmp_path / "run"
+    flags = ("--config.data.symbols=('ETHUSDT',)", "--config.data.intervals=('1h',)")
+    train = helpers.run_launch(
+        "--config=configs/mlp.py:tiny",
+        *flags,
+        "--config.data.market_series=('BTCUSDT',)",
+        "--config.train.epochs=1",
+        "--config.eval.plots=False",
+        f"--workdir={workdir}",
+        jax_platforms="cpu",
+    )
+    assert train.returncode == 0, train.stderr[-4000:]
+    predict = helpers.run_launch("--mode=predict", f"--workdir={workdir}", jax_platforms="cpu")
+    assert predict.returncode == 0, predict.stderr[-4000:]
+    assert "ETHUSDT-1h: newest closed candle" in predict.stdout
+    model = cpbjax.load(str(workdir / "models" / "ETHUSDT-1h"))
+    eth = sources.load_all(_synthetic_config(symbols=("ETHUSDT",)).data)[0][0]
+    frame = pd.DataFrame(
+        eth.ohlcv,
+        columns=["open", "high", "low", "close", "volume"],
+        index=pd.to_datetime(eth.open_time_ms, unit="ms", utc=True),
+    )
+    with pytest.raises(ValueError, match=r"data.market_series=\('BTCUSDT',\).*--mode predict"):
+        model.predict(frame)

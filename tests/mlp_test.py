@@ -2,6 +2,7 @@
 its inputs against a plain loop, an untrained model is its band, it trains, and it is
 refused where it cannot run."""
 
+import dataclasses
 import math
 
 import jax
@@ -13,8 +14,11 @@ import pytest
 from cpbjax import models
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
+from cpbjax.data import sources, stacking
+from cpbjax.data import windows as windows_lib
 from cpbjax.models import mlp
-from tests.helpers import ROOT
+from cpbjax.score import baselines, evaluate
+from tests.helpers import ROOT, levers_init_params
 
 L, H, B = 30, 10, 5
 FEATURES = ("open", "high", "low", "close", "hour_sin", "return_1d", "interval")
@@ -140,3 +144,43 @@ def test_corrected_columns_are_distinct_target_names(columns):
     c.model.corrected_columns = columns
     with pytest.raises(ConfigError, match="model.corrected_columns"):
         config_lib.validate(c)
+
+
+def _scored_test_forecast(cfg, prep, params, column_fallback):
+    """The test forecast record evaluate_model scores with `cfg` (its band refit on)."""
+    module = models.build(models.make_config(cfg))
+    spec = dataclasses.replace(evaluate.make_spec(cfg), column_fallback=column_fallback)
+    return evaluate.evaluate_model(module, params, prep, spec).record
+
+
+def _moved(params, seed):
+    """params with every leaf moved at random, the band factors too: a trained network."""
+    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params))))
+    return jax.tree.map(lambda p: p + 0.05 * jax.random.normal(next(keys), p.shape), params)
+
+
+def test_the_default_forecasts_the_band_on_high_and_corrects_low_as_before():
+    """configs/mlp.py leaves high out of model.corrected_columns (experiments/global_model,
+    issue #54): whatever the trained network and band factors, the scored high is the
+    volatility band's own forecast (baselines.py's float64 fit on train+val); low is the
+    forecast of the old default's columns ("high", "low"), whose high is not the band."""
+    c = config_lib.load(f"{ROOT}/configs/mlp.py:tiny")
+    c.data.symbols, c.data.intervals = ("BTCUSDT",), ("1h",)
+    cfg = config_lib.validate(c)
+    assert tuple(cfg.model.corrected_columns) == ("low",)
+    lookback, horizon = cfg.data.lookback, cfg.data.horizon
+    prep = windows_lib.prepare_series(sources.load_all(cfg.data)[0][0], cfg.data)
+    _, params = levers_init_params(cfg, prep, stacking.band_factors(prep, lookback, horizon))
+    trained = _moved(params, 0)
+    ends_N = prep.ends["test"]
+    band_NH2 = baselines.fitted_predictions(prep, "test", ends_N, evaluate.make_spec(cfg))[1]
+    record = _scored_test_forecast(cfg, prep, trained, column_fallback=True)
+    np.testing.assert_array_equal(record["last_open_time_ms"], prep.open_time_ms[ends_N])
+    np.testing.assert_allclose(record["predicted"][..., 1], band_NH2[..., 0], rtol=2e-6)
+    c.model.corrected_columns = ("high", "low")
+    old = config_lib.validate(c)
+    new = _scored_test_forecast(cfg, prep, trained, column_fallback=False)
+    before = _scored_test_forecast(old, prep, trained, column_fallback=False)
+    np.testing.assert_array_equal(new["predicted"][..., 2], before["predicted"][..., 2])
+    assert np.abs(new["predicted"][..., 2] / band_NH2[..., 1] - 1).max() > 1e-3  # corrected
+    assert np.abs(before["predicted"][..., 1] / band_NH2[..., 0] - 1).max() > 1e-3

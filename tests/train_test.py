@@ -317,12 +317,15 @@ def test_group_size_rounds_to_devices_and_caps_at_series():
 # ---------------------------------------------------------------------------------------
 # The run driver, in real subprocesses.
 
-DRIVER_EPOCHS = 40
+# Enough epochs that a series keeps an earlier epoch than its last (the saved-model test
+# needs one) and that group-001 trains on for 16 epochs after its first checkpoint (the
+# kill test's window); every epoch more only adds checkpoints to each of the 4 runs.
+DRIVER_EPOCHS = 20
 _DRIVE = "import sys; from tests import train_test as t; t.drive(sys.argv[1])"
 
 
 def driver_config():
-    """Two series in two groups of one, trained for a fixed 40 epochs, checkpoint every 4."""
+    """Two series in two groups of one, trained for a fixed DRIVER_EPOCHS, checkpoint every 4."""
     c = tiny_config()
     c.data.symbols = ("BTCUSDT", "ETHUSDT")
     c.train.group_size, c.train.epochs, c.train.patience = 1, DRIVER_EPOCHS, DRIVER_EPOCHS

@@ -11,6 +11,7 @@ data.lookback candles as the prices, so nothing after a window's last candle is 
 - fill: a NaN takes the last value at most data.covariate_fill candles of the interval
   before it (by open time, so a gap counts its missing candles); never 0;
 - complete_ends: a window whose lookback still holds a NaN is skipped;
+- latest: a forecast's covariates, the newest window's all present;
 - scaled: data.covariate_scaling=zscore with the train candles' mean and std, or none;
   a column with no two different values on train is a CovariateError.
 
@@ -22,18 +23,27 @@ from __future__ import annotations
 import numpy as np
 
 from cpbjax import columns
-from cpbjax.data.series import INTERVAL_MS, CovariateError, Series
+from cpbjax.data.parsing import iso
+from cpbjax.data.series import INTERVAL_MS, CovariateError, Series, SeriesSkipped
 
 
 def series_columns(series: Series, data_cfg) -> np.ndarray:
     """float64 [T, K]: the covariate columns of `series`, filled (`fill`).
 
     Raises:
-      CovariateError: the series does not carry a named column (a source that has none).
+      CovariateError: the series does not carry a named column (a source that has none,
+        or a frame without the data.market_series columns that load_all adds).
     """
     names = columns.covariate_names(data_cfg)
     if tuple(series.covariate_names) != names:
         missing = [n for n in names if n not in series.covariate_names]
+        market = set(columns.market_columns(data_cfg.market_series))
+        if missing and missing[0] in market:
+            raise CovariateError(
+                f"{series.name}: the model reads data.market_series="
+                f"{tuple(data_cfg.market_series)}, whose candles a frame does not carry: "
+                "forecast with --mode predict, which loads them from the run's data source"
+            )
         raise CovariateError(
             f"{series.name}: data.covariates column {missing[0] if missing else names!r} is "
             f"absent: the series carries {list(series.covariate_names)} (covariates need "
@@ -57,10 +67,11 @@ def fill(cov_TK: np.ndarray, open_time_ms: np.ndarray, step_ms: int, limit: int)
     return np.where(ok, values, np.nan)
 
 
-def complete_ends(ends_N: np.ndarray, cov_TK: np.ndarray, lookback: int) -> np.ndarray:
-    """The window ends t of `ends_N` whose lookback rows t-L+1..t hold every covariate."""
-    missing_T = np.isnan(cov_TK).any(axis=1).astype(np.int64)
-    cum = np.concatenate([[0], np.cumsum(missing_T)])  # cum[i]: missing rows before row i
+def complete_ends(ends_N: np.ndarray, missing_T: np.ndarray, lookback: int) -> np.ndarray:
+    """The window ends t of `ends_N` whose lookback rows t-L+1..t hold every covariate
+    (`missing_T`: bool [T], True on a row where some covariate is NaN)."""
+    # cum[i]: the rows with a covariate missing before row i.
+    cum = np.concatenate([[0], np.cumsum(np.asarray(missing_T, np.int64))])
     ends_N = np.asarray(ends_N, np.int64)
     return ends_N[cum[ends_N + 1] == cum[ends_N + 1 - lookback]]
 
@@ -106,12 +117,32 @@ def _train_stats(train_NK: np.ndarray, names, where: str):
     return np.nanmean(train_NK, axis=0), np.nanstd(train_NK, axis=0)
 
 
-def refuse_forecast(data_cfg, what: str) -> None:
-    """Raises CovariateError where a covariate model would forecast without its covariates
-    (`what`: the caller, e.g. "Model.predict"), which is not supported yet."""
-    names = columns.covariate_names(data_cfg) if hasattr(data_cfg, "covariates") else ()
-    if names:
-        raise CovariateError(
-            f"covariate models need their covariates ({', '.join(names)}: data.covariates "
-            f"and data.market_series), which are not yet supported in {what}"
+def latest(series: Series, data_cfg, start: int, fitted_norm: dict | None):
+    """The covariates of a forecast's candles, rows start.. of `series`
+    (windows.prepare_latest): (scaled float64 [T', K], norm entries, bool [T'] rows with a
+    covariate missing after `fill`).
+
+    Scaled with the model's saved statistics (`fitted_norm`, never re-fitted); None (a
+    pooled run's model on a series it never saw, zero_shot.py): fitted on these candles,
+    as that series' feature statistics are.
+
+    Raises:
+      CovariateError: the series lacks a named column (`series_columns`).
+      SeriesSkipped: a covariate still missing in the newest data.lookback candles,
+        naming the column and the open time.
+    """
+    names, lookback = columns.covariate_names(data_cfg), data_cfg.lookback
+    cov_TK = series_columns(series, data_cfg)[start:]
+    missing_LK = np.isnan(cov_TK[-lookback:])
+    if missing_LK.any():
+        row, k = np.argwhere(missing_LK)[-1]  # the newest missing value
+        open_ms = series.open_time_ms[start:][len(cov_TK) - lookback + row]
+        raise SeriesSkipped(
+            f"data.covariates column {names[k]!r} has no value at {iso(int(open_ms))}, in "
+            f"the newest data.lookback={lookback} candles a forecast reads (a NaN is carried "
+            f"forward at most data.covariate_fill={data_cfg.covariate_fill} candles)"
         )
+    if fitted_norm is not None and tuple(fitted_norm["covariates"]) != names:
+        raise ValueError(f"saved covariates {fitted_norm['covariates']} are not {names}")
+    scaled_TK, norm = scaled(cov_TK, len(cov_TK), data_cfg, fitted_norm, series.name)
+    return scaled_TK, norm, np.isnan(cov_TK).any(axis=1)

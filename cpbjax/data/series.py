@@ -36,8 +36,9 @@ class SeriesSkipped(Exception):
 
 class CovariateError(ConfigError):
     """A data.covariates column a series cannot give (absent, not numeric, constant on
-    train), or a covariate model where covariates are not taken yet: one line naming the
-    series and the column, exit 2 (a ConfigError, so cpbjax.fit raises it as ValueError)."""
+    train: one line naming the series and the column), or a covariate model forecast from
+    a source without covariates (binance); exit 2 (a ConfigError, so cpbjax.fit raises it
+    as ValueError)."""
 
 
 @dataclasses.dataclass

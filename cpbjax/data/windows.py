@@ -49,6 +49,10 @@ from cpbjax.data.split_dates import SPLITS, TrainOnly
 EPOCH_SPLITS = ("train", "val")  # the splits a training epoch reads (GroupArrays)
 
 
+# prepare_latest's notes key of the rows whose covariates are missing (PreparedSeries).
+COVARIATE_MISSING = "covariate_missing_rows"
+
+
 @dataclasses.dataclass
 class PreparedSeries:
     """One series ready for training, on the host.
@@ -69,7 +73,9 @@ class PreparedSeries:
       price_mask: float32 [F], 1 on price-valued feature columns.
       notes: the Series notes plus "used_candles" (T) and "windows" (split -> count);
         with covariates "covariate_skipped_windows" (gap-free windows whose lookback
-        holds a missing covariate).
+        holds a missing covariate); a forecast's (`prepare_latest`) COVARIATE_MISSING,
+        bool [T], the rows with a covariate missing (no window an unseen series' fits
+        read holds one, zero_shot.fit_ends).
       hparams: a sweep coin's own hyperparameters, name -> value (cpbjax/config/sweep_grid.py);
         {} for a series trained with the run config's.
     """
@@ -106,7 +112,7 @@ def window_ends(rows: KeptRows, interval: str, lookback: int, horizon: int) -> n
     """The ends of the gap-free windows of `rows` whose lookback holds every covariate."""
     ends = contiguous_ends(rows.open_time_ms, INTERVAL_MS[interval], lookback, horizon)
     if rows.covariates.shape[1]:
-        ends = covariates_lib.complete_ends(ends, rows.covariates, lookback)
+        ends = covariates_lib.complete_ends(ends, np.isnan(rows.covariates).any(axis=1), lookback)
     return ends
 
 
@@ -351,11 +357,12 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
     (by an earlier cpbjax: fitted_norm None) gets them re-fitted on the candles given.
 
     Raises:
-      SeriesSkipped: fewer than data.lookback candles past the warm-up, or a normalised
-        value that is not finite.
-      CovariateError: a covariate model (data.covariates), not supported here yet.
+      SeriesSkipped: fewer than data.lookback candles past the warm-up, a normalised
+        value that is not finite, or a covariate missing in the newest window
+        (covariates.latest: the K data.covariates columns follow the F features, scaled
+        with the saved statistics).
+      CovariateError: the series lacks a data.covariates column.
     """
-    covariates_lib.refuse_forecast(data_cfg, "predict, serve or zero-shot forecasts")
     names, lookback = tuple(data_cfg.features), data_cfg.lookback
     if fitted_norm is not None and "feature_mean" not in fitted_norm:
         fitted_norm = None  # an earlier cpbjax's norm without the fitted statistics
@@ -367,6 +374,11 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
         ohlc_TC, feats_TF[start:], names, len(ohlc_TC), data_cfg.normalization, fitted_norm
     )
     normalize.check_finite(inputs_TF, names)
+    notes = dict(series.notes, used_candles=len(ohlc_TC))
+    if cov_names := columns.covariate_names(data_cfg):  # after the features: [T, F + K]
+        cov_TK, cov_norm, missing_T = covariates_lib.latest(series, data_cfg, start, fitted_norm)
+        inputs_TF, norm = np.concatenate([inputs_TF, cov_TK], axis=1), {**norm, **cov_norm}
+        names, notes[COVARIATE_MISSING] = (*names, *cov_names), missing_T
     return PreparedSeries(
         name=series.name,
         symbol=series.symbol,
@@ -379,7 +391,7 @@ def prepare_latest(series: Series, data_cfg, fitted_norm: dict | None) -> Prepar
         ends={split: np.zeros(0, np.int64) for split in SPLITS},
         norm=norm,
         price_mask=columns.price_mask(names),
-        notes=dict(series.notes, used_candles=len(ohlc_TC)),
+        notes=notes,
     )
 
 

@@ -220,13 +220,11 @@ def _score_all(run: _Run, host: dict, jobs: list) -> dict:
     keep = run.plan.keep_models
     forecasts_dir = run.workdir if run.config.eval.save_forecasts or not keep else None
 
-    def score(job):
-        i, prep = job
-        params = jax.tree.map(lambda a: a[i], host["best_params"])
-        return evaluate.evaluate_model(run.module, params, prep, run.spec, forecasts_dir)
-
+    # A pooled model's coins hold the same params: their forecasts are batched together.
+    params = [jax.tree.map(lambda a, i=i: a[i], host["best_params"]) for i, _ in jobs]
+    preps = [prep for _, prep in jobs]
     with run.clock.stage("evaluate"):
-        scored = evaluate.map_series(score, jobs)
+        scored = evaluate.evaluate_models(run.module, params, preps, run.spec, forecasts_dir)
     return {prep.name: s for (_, prep), s in zip(jobs, scored, strict=True)}
 
 

@@ -14,7 +14,7 @@ from cpbjax.modes import facts, trained_run
 from cpbjax.report import run_report as report
 from cpbjax.report import spec as report_spec
 from cpbjax.score import saved
-from cpbjax.score.evaluate import evaluate_model, make_spec, map_series
+from cpbjax.score.evaluate import evaluate_models, make_spec
 
 
 class NothingEvaluated(RuntimeError):
@@ -32,12 +32,18 @@ def _score_all(loaded, preps, trained_results, cfg, forecasts_dir):
     # The saved mask stands: it was decided on the training run's own val split.
     spec = dataclasses.replace(make_spec(cfg), column_fallback=False)
 
-    def score(name):
-        model = loaded[name]
-        return evaluate_model(model.module, model.params, preps[name], spec, forecasts_dir)
-
-    # Series scored side by side (map_series), with their count and ETA in the log.
-    for name, (entry, record, _, _) in zip(preps, map_series(score, list(preps)), strict=True):
+    # Series scored side by side, with their count and ETA in the log; the series of one
+    # pooled model (the same module and params) have their forecasts batched together.
+    by_module = {}
+    for name in preps:
+        by_module.setdefault(loaded[name].module, []).append(name)
+    scored = {}
+    for module, names in by_module.items():
+        params = [loaded[name].params for name in names]
+        group = evaluate_models(module, params, [preps[n] for n in names], spec, forecasts_dir)
+        scored.update(zip(names, group, strict=True))
+    for name in preps:
+        entry, record = scored[name].entry, scored[name].record
         prep = preps[name]
         trained = trained_results.get("series", {}).get(name, {})
         series[name] = {k: v for k, v in trained.items() if k not in ("val", "test")}

@@ -7,12 +7,16 @@
   interval.json         the calibrated interval (intervals.fit_calibration), if it has one
   metrics.json          its results.json entry: validation and test metrics
   forward.jax_export    the forward pass serialised with jax.export (StableHLO), callable
-                        as `jax.export.deserialize(b).call(params, x_BLF)` without cpbjax
+                        as `jax.export.deserialize(b).call(params, x_BLF)` without cpbjax;
+                        x_BLF's F columns are the features, then a covariate model's
+                        data.covariates, scaled as the manifest's "covariates" say
   README.md             the model card: data period, metrics against naive and fitted
                         baselines, intended use and limits
   manifest.json         written last: the series name, the sha256 of every file above,
                         and the config fields that shape the params (written and
-                        checked by cpbjax/training/manifest.py, as a saved model's is)
+                        checked by cpbjax/training/manifest.py, as a saved model's is);
+                        a covariate model's "covariates": {"names", "scaling", "mean",
+                        "std"}, checked against normalization.json on load
 
 `load_export(folder)` reads it back into the same `saved.LoadedModel` a workdir model gives,
 so forecasts from an export are identical to the run's own. It first verifies the folder
@@ -40,7 +44,6 @@ from absl import logging
 from cpbjax import columns, models, progress, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
-from cpbjax.data import covariates
 from cpbjax.models import heads
 from cpbjax.report import model_card
 from cpbjax.score import intervals, saved
@@ -54,6 +57,8 @@ METRICS_FILE = "metrics.json"
 FORWARD_FILE = "forward.jax_export"
 CARD_FILE = "README.md"
 MANIFEST_FILE = manifest.MANIFEST_FILE  # written as a saved series model's (manifest.py)
+# The manifest's entry of a covariate model's covariates (`listed_covariates`).
+COVARIATES_KEY = "covariates"
 # The files of an export; only those its manifest lists may be present.
 EXPORT_FILES = (
     PARAMS_FILE,
@@ -100,12 +105,13 @@ def export_series(model_dir: str, entry: dict, out_dir: str) -> str:
     params, meta = checkpoint.load_series_model(model_dir)
     params = jax.tree.map(np.asarray, params)
     trained = config_lib.upgrade(meta["config"])
-    covariates.refuse_forecast(trained.data, "--mode export")
-    module = models.build(models.make_config(trained))
-    d = trained.data
+    model_cfg = models.make_config(trained)  # num_features: F features + K covariates
+    module = models.build(model_cfg)
     files = {
         PARAMS_FILE: flax.serialization.msgpack_serialize(params),
-        FORWARD_FILE: serialized_forward(module, params, d.lookback, len(d.features)),
+        FORWARD_FILE: serialized_forward(
+            module, params, trained.data.lookback, model_cfg.num_features
+        ),
         CARD_FILE: model_card.render(meta, entry),
     }
     for name, data in files.items():
@@ -120,8 +126,26 @@ def export_series(model_dir: str, entry: dict, out_dir: str) -> str:
     if INTERVAL_FILE not in jsons and os.path.exists(stale):  # from an earlier export
         os.remove(stale)
     series = os.path.basename(os.path.normpath(model_dir))
-    manifest.write(out_dir, series, [*files, *jsons], shaping_fields(meta["config"]))
+    more = (
+        {COVARIATES_KEY: listed_covariates(meta["norm"])}
+        if columns.covariate_names(trained.data)
+        else {}
+    )
+    manifest.write(out_dir, series, [*files, *jsons], shaping_fields(meta["config"]), **more)
     return out_dir
+
+
+def listed_covariates(norm: dict) -> dict:
+    """The manifest's covariates entry of a model's `norm`: the x_BLF columns after the
+    features, in order, and how each is scaled, (x - mean) / std (docs/design.md)."""
+    return writers.to_jsonable(
+        {
+            "names": list(norm["covariates"]),
+            "scaling": norm["covariate_scaling"],
+            "mean": norm["covariate_mean"],
+            "std": norm["covariate_std"],
+        }
+    )
 
 
 def load_export(path: str) -> saved.LoadedModel:
@@ -146,8 +170,21 @@ def load_export(path: str) -> saved.LoadedModel:
     interval_path = os.path.join(path, INTERVAL_FILE)
     calibration = writers.read_json(interval_path) if os.path.exists(interval_path) else None
     calibration = intervals.check_calibration(calibration, trained.data.horizon, interval_path)
+    _check_listed_covariates(path, found, norm, trained)
     fitted = norm if "feature_mean" in norm else None
     return saved.LoadedModel(module, params, trained, fitted, calibration)
+
+
+def _check_listed_covariates(path: str, found: dict, norm: dict, trained) -> None:
+    """Raises ValueError where the manifest's covariates are not those the model reads
+    (config.json's data.covariates, scaled as normalization.json says)."""
+    listed = found.get(COVARIATES_KEY)
+    want = listed_covariates(norm) if columns.covariate_names(trained.data) else None
+    if listed != want:
+        raise ValueError(
+            f"{os.path.join(path, MANIFEST_FILE)}: its {COVARIATES_KEY!r} are {listed!r}, but "
+            f"the model reads {want!r} ({NORM_FILE}); export the run again"
+        )
 
 
 def exported_series(path: str) -> str:
@@ -201,8 +238,8 @@ def _name_edited_field(config_path: str, found: dict, trained) -> None:
 
 def _check_shapes(params_path: str, module, params, trained) -> None:
     """Raises ValueError naming the first param whose shape the config does not give."""
-    d = trained.data
-    x_BLF = jnp.zeros((1, d.lookback, len(d.features)), jnp.float32)
+    d, num_features = trained.data, models.make_config(trained).num_features
+    x_BLF = jnp.zeros((1, d.lookback, num_features), jnp.float32)
     y_BHC = jnp.zeros((1, d.horizon, columns.NUM_TARGETS), jnp.float32)
     rngs = {k: jax.random.PRNGKey(0) for k in ("params", "dropout", "teacher")}
     init = lambda: heads.init_params(module, rngs, x_BLF, y_BHC)  # noqa: E731

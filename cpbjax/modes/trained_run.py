@@ -24,10 +24,11 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.data import features as features_lib
 from cpbjax.data import sources, windows
-from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
+from cpbjax.data.series import INTERVAL_MS, CovariateError, SeriesSkipped
 from cpbjax.models import heads
 from cpbjax.score import intervals
 from cpbjax.score.saved import (
+    COVARIATE_FIELDS,
     MODEL_DATA_FIELDS,
     LoadedModel,
     available_models,
@@ -39,9 +40,10 @@ from cpbjax.training import sharing
 
 
 def run_config(config, trained, names) -> ml_collections.ConfigDict:
-    """The given config with the model's window fields and model group, restricted to names."""
+    """The given config with the model's window fields (and covariate fields) and model
+    group, restricted to names."""
     c = ml_collections.ConfigDict(config.to_dict())
-    for field in MODEL_DATA_FIELDS:
+    for field in (*MODEL_DATA_FIELDS, *COVARIATE_FIELDS):
         if c.data[field] != trained.data[field]:
             logging.warning(
                 "using the model's data.%s=%r, not the given %r",
@@ -80,6 +82,9 @@ def forecast_config(config, trained, names, fit_days: float = 0.0) -> ml_collect
     the months of `fit_days`, the windows an unseen series' fits need, zero_shot.py) if
     it holds fewer; and with predict.fresh, Binance Vision history is topped up
     to now from data.api_url (the registered `binance_rest` source).
+
+    Raises:
+      CovariateError: covariate models and a binance source (its klines carry none).
     """
     c = run_config(config, trained, names)
     c.data.min_candles = min(c.data.min_candles, c.data.lookback)
@@ -95,6 +100,12 @@ def forecast_config(config, trained, names, fit_days: float = 0.0) -> ml_collect
         c.data.months = months
     if c.predict.fresh and c.data.source == "binance":
         c.data.source = "binance_rest"
+    if c.data.covariates and c.data.source in ("binance", "binance_rest"):
+        raise CovariateError(
+            f"the models read data.covariates={tuple(c.data.covariates)}, which "
+            f"data.source={c.data.source!r} cannot give: covariates need a local source or "
+            "frames (data.source='local' with files that carry the columns, or Model.predict)"
+        )
     return c
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from cpbjax import columns
 from cpbjax.models import heads
-from cpbjax.score import forecast
+from cpbjax.score import batch_forecast
 from cpbjax.training import early_stopping
 
 
@@ -72,32 +72,59 @@ def _below_bar(model_CN, base_CN, lag):
 
 
 def decide(module, params, prep, spec) -> np.ndarray:
-    """The fallback mask, bool [C], of one series' kept params on its val windows.
+    """The fallback mask, bool [C], of one series' kept params on its val windows (spec:
+    the run's evaluate.EvalSpec: its window sizes and loss): `decide_all` of one series."""
+    return decide_all(module, [params], [prep], spec)[0]
 
-    spec: the run's evaluate.EvalSpec (its window sizes and loss). The
-    baseline's forecasts are the same params' with every column's correction masked.
+
+def decide_all(module, params_list, preps, spec) -> list[np.ndarray]:
+    """`decide` of each series (params_list[i] on preps[i]); the val forecasts of series
+    that share params are batched (batch_forecast.forecast_jobs).
+
+    The baseline's forecasts are the same params' with every column's correction masked.
     """
+    num_columns = len(columns.COLUMNS)
+    jobs = [
+        batch_forecast.Job(
+            heads.with_keep(params, np.full(num_columns, keep)), prep, prep.ends["val"]
+        )
+        for params, prep in zip(params_list, preps, strict=True)
+        for keep in (True, False)
+    ]
+    norms = batch_forecast.forecast_jobs(module, jobs, spec.lookback, spec.horizon, spec.pooled)
+    return [
+        _keep_on_val(prep, spec, norms[2 * i], norms[2 * i + 1]) for i, prep in enumerate(preps)
+    ]
+
+
+def _keep_on_val(prep, spec, model_NHC, base_NHC) -> np.ndarray:
+    """The mask, bool [C], of the model's and the baseline's val forecasts [N, H, C]."""
     ends_N = prep.ends["val"]
     if not len(ends_N):  # nothing to judge on: every column keeps what it had
         return np.ones(len(columns.COLUMNS), bool)
     idx_NH = ends_N[:, None] + np.arange(1, spec.horizon + 1)[None, :]
     y_NHC = prep.targets[idx_NH].astype(np.float64) - prep.anchor[ends_N][:, None, None]
-    errors = {}
-    for name, keep in (("model", True), ("baseline", False)):
-        masked = heads.with_keep(params, np.full(len(columns.COLUMNS), keep))
-        fc = forecast.split_forecast(module, masked, prep, "val", spec)
-        errors[name] = window_errors(spec.loss, fc.norm_NHC, y_NHC)
-    return keep_mask(errors["model"], errors["baseline"], spec.horizon - 1)
+    model_CN = window_errors(spec.loss, model_NHC, y_NHC)
+    base_CN = window_errors(spec.loss, base_NHC, y_NHC)
+    return keep_mask(model_CN, base_CN, spec.horizon - 1)
 
 
 def apply(module, params, prep, spec):
     """(params, baseline_columns): the kept params with their fallback mask where a column
     falls back (unchanged where every column keeps its correction, so they forecast
     exactly as before), and the names of the columns whose forecast is the baseline's."""
-    keep_C = decide(module, params, prep, spec)
-    if keep_C.all():
-        return heads.without_keep(params), []
-    return heads.with_keep(params, keep_C), baseline_columns(keep_C)
+    return apply_all(module, [params], [prep], spec)[0]
+
+
+def apply_all(module, params_list, preps, spec) -> list[tuple]:
+    """`apply` of each series (params_list[i] on preps[i]), decided by `decide_all`."""
+    masks = decide_all(module, params_list, preps, spec)
+    return [
+        (heads.without_keep(params), [])
+        if keep_C.all()
+        else (heads.with_keep(params, keep_C), baseline_columns(keep_C))
+        for params, keep_C in zip(params_list, masks, strict=True)
+    ]
 
 
 def baseline_columns(keep_C) -> list[str]:

@@ -19,7 +19,15 @@ from cpbjax import progress, sharding
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing, split_dates
 from cpbjax.models import heads
-from cpbjax.score import band_refit, baselines, column_fallback, forecast, intervals, metrics
+from cpbjax.score import (
+    band_refit,
+    baselines,
+    batch_forecast,
+    column_fallback,
+    forecast,
+    intervals,
+    metrics,
+)
 from cpbjax.score.series_arrays import SeriesArrays
 from cpbjax.training import checkpoint
 
@@ -45,6 +53,9 @@ class EvalSpec:
     # above the baseline's (cpbjax/score/column_fallback.py).
     column_fallback: bool = False
     loss: str = "mae"
+    # config.train.share == "pooled": every series' forecasts take the batched path of
+    # batch_forecast (mixed with the series sharing its params, large batches even alone).
+    pooled: bool = False
 
     def at_levels(self, levels) -> EvalSpec:
         """This spec for an interval at other levels (a saved calibration's): what
@@ -62,6 +73,7 @@ def make_spec(config) -> EvalSpec:
         interval_vol=intervals.VOL_BLEND,
         column_fallback=config.eval.column_fallback and config.model.baseline != "none",
         loss=config.train.loss,
+        pooled=config.train.get("share") == "pooled",
     )
 
 
@@ -129,10 +141,12 @@ def evaluate_split(
 SCORING_THREADS = min(8, os.cpu_count() or 1)
 
 
-def map_series(score, jobs: list, label: str = "evaluate") -> list:
+def map_series(score, jobs: list, label: str = "evaluate", counted=None) -> list:
     """[score(job) for job in jobs], SCORING_THREADS at a time; the first error raises.
-    Logs the count done and the ETA under `label` (cpbjax/progress.py)."""
-    counted = progress.Counted(label, len(jobs))
+    Logs the count done and the ETA under `label` (cpbjax/progress.py), or advances
+    `counted` (a progress.Counted its caller finishes) when given."""
+    own = counted is None
+    counted = progress.Counted(label, len(jobs)) if own else counted
 
     def score_counted(job):
         result = score(job)
@@ -144,35 +158,105 @@ def map_series(score, jobs: list, label: str = "evaluate") -> list:
     else:
         with concurrent.futures.ThreadPoolExecutor(SCORING_THREADS) as pool:
             scored = list(pool.map(score_counted, jobs))
-    counted.finish()
+    if own:
+        counted.finish()
     return scored
 
 
 def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> Scored:
-    """Scores one model on the val and test splits of one series.
+    """Scores one model on the val and test splits of one series: `evaluate_models` of one."""
+    return evaluate_models(module, [params], [prep], spec, forecasts_dir, label=None)[0]
+
+
+# Windows forecast per wave of series (all their forecast splits): the host holds one
+# wave's forecasts (about 2 KB a window, with what scoring derives from them).
+WAVE_WINDOWS = 1 << 18
+
+
+def evaluate_models(
+    module, params_list, preps, spec: EvalSpec, forecasts_dir=None, label="evaluate"
+) -> list[Scored]:
+    """Scores each series' model (params_list[i] on preps[i]) on its val and test splits.
+
+    The series are taken in waves of about WAVE_WINDOWS windows. A wave's forward passes
+    come first, series that share params (a pooled model) forecast together in large
+    batches (batch_forecast.forecast_jobs); then its series are scored side by side
+    (`map_series`), each from its own forecasts.
 
     Args:
-      module, params: the model, applied with train=False.
-      prep: windows.PreparedSeries. spec: the run's EvalSpec: with interval_levels, the
+      module: the model, applied with train=False. params_list: each series' params.
+      preps: windows.PreparedSeries. spec: the run's EvalSpec: with interval_levels, the
         one interval fitted for test (on train+val) is the model's; with refit_band, a
         model without model.baseline=vol_band has no band and is scored as it is.
       forecasts_dir: if set, the test forecasts are also saved to
         <forecasts_dir>/forecasts/<SERIES>.npz (eval.save_forecasts).
+      label: the progress log's stage name; None logs nothing.
 
     With spec.column_fallback the columns are first decided on val
-    (`column_fallback.apply`), and everything after scores the masked params; the entry's
-    `baseline_columns` lists the columns whose forecast is the baseline's (from the
+    (`column_fallback.apply_all`), and everything after scores the masked params; the
+    entry's `baseline_columns` lists the columns whose forecast is the baseline's (from the
     params' saved mask where no decision is made, e.g. --mode evaluate).
+
+    Returns:
+      Each series' Scored, in the order of `preps`.
     """
-    entry, calibration = {}, None
-    arrays = SeriesArrays(prep.ohlc)  # what the splits' scores share, computed once
-    params = _decide_columns(module, params, prep, spec, entry)
+    counted = progress.Counted(label or "evaluate", len(preps) if label else 0)
+    splits = forecast_splits(module, spec)
+    scored = []
+    for wave in _waves(preps, splits):
+        wave_params, wave_preps = [params_list[i] for i in wave], [preps[i] for i in wave]
+        scored += _evaluate_wave(module, wave_params, wave_preps, spec, forecasts_dir, counted)
+    counted.finish()
+    return scored
+
+
+def _evaluate_wave(module, params_list, preps, spec, forecasts_dir, counted) -> list[Scored]:
+    """`evaluate_models` of one wave: its forward passes, then its series scored."""
+    splits = forecast_splits(module, spec)
+    entries, params_list = _decide_columns(module, params_list, preps, spec)
+    jobs = [
+        batch_forecast.Job(params, prep, prep.ends[s])
+        for params, prep in zip(params_list, preps, strict=True)
+        for s in splits
+    ]
+    norms = batch_forecast.forecast_jobs(module, jobs, spec.lookback, spec.horizon, spec.pooled)
+
+    def score(j):
+        prep, first = preps[j], j * len(splits)
+        trained = {
+            s: forecast.priced(prep, prep.ends[s], norms[first + k]) for k, s in enumerate(splits)
+        }
+        return _score_series(module, params_list[j], prep, spec, trained, entries[j], forecasts_dir)
+
+    return map_series(score, list(range(len(preps))), counted=counted)
+
+
+def forecast_splits(module, spec: EvalSpec) -> tuple:
+    """The splits scoring forecasts: train too only when a band refit or an interval is
+    fitted on it (one forward pass per split serves every refit:
+    band_refit.shifted_forecast)."""
     refit = spec.refit_band and band_refit.applies(module)
-    # One forward pass per split serves every refit (band_refit.shifted_forecast); train
-    # is forecast only when a refit or an interval is fitted on it.
-    fitted = refit or spec.interval_levels
-    forecast_splits = ("train", "val", "test") if fitted else ("val", "test")
-    trained = {s: forecast.split_forecast(module, params, prep, s, spec) for s in forecast_splits}
+    return ("train", "val", "test") if refit or spec.interval_levels else ("val", "test")
+
+
+def _waves(preps, splits) -> list[list[int]]:
+    """Runs of consecutive series indices of at most WAVE_WINDOWS windows (a larger
+    series alone)."""
+    waves, windows = [], 0
+    for i, prep in enumerate(preps):
+        n = sum(len(prep.ends[s]) for s in splits)
+        if not waves or windows + n > WAVE_WINDOWS:
+            waves.append([])
+            windows = 0
+        waves[-1].append(i)
+        windows += n
+    return waves
+
+
+def _score_series(module, params, prep, spec, trained, entry, forecasts_dir) -> Scored:
+    """Scores one series from its forecasts `trained` (split -> SplitForecast of `params`)."""
+    calibration, arrays = None, SeriesArrays(prep.ohlc)  # what the splits' scores share
+    refit = spec.refit_band and band_refit.applies(module)
     scored_params, window_mae = params, {}
     for split in ("val", "test"):
         fcs = trained
@@ -193,14 +277,21 @@ def evaluate_model(module, params, prep, spec: EvalSpec, forecasts_dir=None) -> 
     return Scored(entry, record, calibration, scored_params, window_mae)
 
 
-def _decide_columns(module, params, prep, spec: EvalSpec, entry: dict):
-    """The params scored: with spec.column_fallback, masked as decided on val; the entry's
-    `baseline_columns` from that decision or from the params' saved mask."""
+def _decide_columns(module, params_list, preps, spec: EvalSpec) -> tuple[list, list]:
+    """(each series' entry, the params scored): with spec.column_fallback, masked as
+    decided on val, the entry's `baseline_columns` from that decision; without, from the
+    params' saved mask."""
+    entries = [{} for _ in preps]
     if spec.column_fallback:
-        params, entry["baseline_columns"] = column_fallback.apply(module, params, prep, spec)
-    elif (keep_C := heads.keep_columns(params)) is not None:
-        entry["baseline_columns"] = column_fallback.baseline_columns(keep_C)
-    return params
+        decided = column_fallback.apply_all(module, params_list, preps, spec)
+        params_list = [params for params, _ in decided]
+        for entry, (_, names) in zip(entries, decided, strict=True):
+            entry["baseline_columns"] = names
+    else:
+        for entry, params in zip(entries, params_list, strict=True):
+            if (keep_C := heads.keep_columns(params)) is not None:
+                entry["baseline_columns"] = column_fallback.baseline_columns(keep_C)
+    return entries, params_list
 
 
 # A val loss this many times the zero forecast's marks a model worse than no training.

@@ -83,7 +83,12 @@ def split_forecast(module, params, prep, split, spec) -> SplitForecast:
 def forecast_ends(module, params, prep, ends_N, lookback, horizon) -> SplitForecast:
     """Forecasts the windows of one series that end at ends_N, normalised and in prices."""
     ends_N = np.asarray(ends_N, np.int64)
-    pred_norm = predict_windows(module, params, prep, ends_N, lookback, horizon)
+    return priced(prep, ends_N, predict_windows(module, params, prep, ends_N, lookback, horizon))
+
+
+def priced(prep, ends_N, pred_norm) -> SplitForecast:
+    """The SplitForecast of normalised forecasts [N, H, C] of the windows ending at ends_N."""
+    ends_N = np.asarray(ends_N, np.int64)
     return SplitForecast(ends_N, windows.to_prices(prep, ends_N, pred_norm), pred_norm)
 
 

@@ -21,6 +21,9 @@ from cpbjax.training import checkpoint
 
 # data fields that define a model's windows: always taken from the model's saved config.
 MODEL_DATA_FIELDS = ("features", "lookback", "horizon", "normalization")
+# The covariate fields a forecast takes from the model too (its inputs, and how they were
+# filled and scaled; docs/design.md "Covariates").
+COVARIATE_FIELDS = ("covariates", "market_series", "covariate_fill", "covariate_scaling")
 
 
 class ModelNotFound(ValueError):

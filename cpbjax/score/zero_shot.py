@@ -5,7 +5,9 @@ Every series of a pooled run (train.share=pooled) holds the same network params,
 new pair or interval uses them as they are. What a trained series has of its own is
 fitted from its history, and for a new series it is fitted the same way from the
 candles given, never taken from another series:
-- the normalisation statistics (windows.prepare_latest re-fits them on the candles);
+- the normalisation statistics (windows.prepare_latest re-fits them on the candles),
+  those of the data.covariates columns too (covariates.latest): the run's are each
+  trained series' own;
 - with eval.refit_band, the volatility band's factors: the least-absolute-deviation fit
   of band_refit.fit_shift, here from factors of zero, so the fit is the whole factor
   and no trained series' own refit enters (a run without the refit keeps the pooled
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpbjax.data import windows
+from cpbjax.data import covariates, windows
 from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 from cpbjax.models import heads
 from cpbjax.score import band_refit, evaluate, forecast, intervals
@@ -35,9 +37,14 @@ FIT_DAYS = 28.0
 
 
 def fit_ends(prep, lookback: int, horizon: int) -> np.ndarray:
-    """int64 [N]: the ends of every gap-free window of `prep` with H candles after it."""
+    """int64 [N]: the ends of every gap-free window of `prep` with H candles after it
+    whose lookback holds every covariate (as training's windows, windows.window_ends)."""
     step_ms = INTERVAL_MS[prep.interval]
-    return windows.contiguous_ends(prep.open_time_ms, step_ms, lookback, horizon)
+    ends_N = windows.contiguous_ends(prep.open_time_ms, step_ms, lookback, horizon)
+    missing_T = prep.notes.get(windows.COVARIATE_MISSING)
+    if missing_T is not None:
+        ends_N = covariates.complete_ends(ends_N, missing_T, lookback)
+    return ends_N
 
 
 def fit_series(model, prep):

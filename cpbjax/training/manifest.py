@@ -61,13 +61,15 @@ def folder_files(folder: str) -> list[str]:
     return sorted(out)
 
 
-def write(folder: str, series: str, files: list[str], fields: dict) -> None:
-    """Writes `folder`'s manifest (atomically): the sha256 of `files` and `fields`."""
+def write(folder: str, series: str, files: list[str], fields: dict, **more) -> None:
+    """Writes `folder`'s manifest (atomically): the sha256 of `files`, `fields`, and any
+    `more` entries (an export's covariates)."""
     manifest = {
         "format": FORMAT,
         "series": series,
         "files": {name: sha256_file(os.path.join(folder, name)) for name in files},
         "fields": fields,
+        **more,
     }
     writers.write_json(os.path.join(folder, MANIFEST_FILE), manifest)
 
