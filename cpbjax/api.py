@@ -32,7 +32,7 @@ from cpbjax import runtime, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
-from cpbjax.data import features, parsing, windows
+from cpbjax.data import features, latest, parsing, windows
 from cpbjax.data.series import INTERVAL_MS, CovariateError, Series, SeriesSkipped
 from cpbjax.modes import driver, sweep, trained_run
 from cpbjax.modes import export as export_mode
@@ -386,7 +386,7 @@ class Model:
             series = candles_to_series(
                 candles, self.symbol, self.interval, volume_features(d), d.covariates
             )
-            prep = windows.prepare_latest(series, d, model.norm)
+            prep = latest.prepare_latest(series, d, model.norm)
             if model.zero_shot:  # a series the pooled run never saw: its own fits
                 model, _ = zero_shot.fit_series(model, prep)
             doc = forecast.next_candles(

@@ -15,7 +15,7 @@ import cpbjax
 from cpbjax import api, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
-from cpbjax.data import synthetic, windows
+from cpbjax.data import latest, synthetic
 from cpbjax.modes import predict as predict_mode
 from cpbjax.modes import serve
 from cpbjax.score import forecast, zero_shot
@@ -147,7 +147,7 @@ def test_the_export_lists_the_covariates_and_its_forward_pass_takes_them(run):
     pd.testing.assert_frame_equal(cpbjax.load(folder).predict(frame), model.predict(frame))
     d = model.config.data
     series = api.candles_to_series(frame, "BTCUSDT", "1h", api.volume_features(d), d.covariates)
-    x_1LF = windows.prepare_latest(series, d, norm).inputs[None, -d.lookback :]
+    x_1LF = latest.prepare_latest(series, d, norm).inputs[None, -d.lookback :]
     assert x_1LF.shape[-1] == len(d.features) + 1
     with open(os.path.join(folder, "forward.jax_export"), "rb") as f:
         forward = jax.export.deserialize(f.read())
@@ -189,7 +189,7 @@ def test_a_new_pairs_fits_leave_out_the_windows_missing_a_covariate(run):
     model = cpbjax.load(workdir).model_for("SOLUSDT", "1h")
     d = model.config.data
     series = api.candles_to_series(frame, "SOLUSDT", "1h", api.volume_features(d), d.covariates)
-    prep = windows.prepare_latest(series, d, None)
+    prep = latest.prepare_latest(series, d, None)
     _, fitted_on = zero_shot.fit_series(model.loaded, prep)
     missing = set(frame.index.as_unit("ms").asi8[403:410])
     L, H, times = d.lookback, d.horizon, prep.open_time_ms  # gap-free synthetic candles

@@ -14,7 +14,7 @@ import pytest
 from cpbjax import models, writers
 from cpbjax.columns import COLUMNS
 from cpbjax.config import schema as config_lib
-from cpbjax.data import sources, windows
+from cpbjax.data import latest, sources, windows
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.modes import evaluate as evaluate_mode
 from cpbjax.modes import facts, predict, trained_run
@@ -164,7 +164,7 @@ def test_predict_continues_the_grid_and_matches_the_model(workdir):
         # Independently: the model applied to the newest window, mapped to prices.
         module, params, trained, *_ = saved.load_model(os.path.join(workdir, "models", name))
         prep = windows.prepare_series(series[name], trained.data)
-        y = np.asarray(module.apply({"params": params}, windows.latest_window(prep, L), None))
+        y = np.asarray(module.apply({"params": params}, latest.latest_window(prep, L), None))
         o, h, lo, c = (series[name].ohlcv[-1, 3] * np.exp(y[0].astype(np.float64))).T
         # Made consistent: high above and low below the candle body, nothing else moved.
         expected = np.stack([o, np.max([o, h, c], 0), np.min([o, lo, c], 0), c], axis=1)

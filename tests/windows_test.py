@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cpbjax import columns, writers
-from cpbjax.data import features, stacking, windows
+from cpbjax.data import features, latest, stacking, windows
 from cpbjax.data.series import SeriesSkipped
 from cpbjax.score import metrics
 from tests.fake_data import STEP_MS, H, L, data_config, make_series, perturbed
@@ -239,12 +239,12 @@ def test_prepare_all_skips_one_bad_series_and_keeps_the_rest():
 def test_latest_window_is_the_newest_normalised_window():
     series = make_series()
     prep = windows.prepare_series(series, data_config())
-    x = windows.latest_window(prep, L)
+    x = latest.latest_window(prep, L)
     expected = np.log(series.ohlcv[-L:, :4] / series.ohlcv[-1, 3])
     np.testing.assert_allclose(x[0], expected, atol=1e-6)
     gap = windows.prepare_series(make_series(missing=(415,)), data_config())
     with pytest.raises(ValueError, match="TESTUSDT-1h"):
-        windows.latest_window(gap, L)
+        latest.latest_window(gap, L)
 
 
 def test_groups_pad_to_the_longest_series_not_to_max_candles():

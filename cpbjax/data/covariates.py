@@ -119,7 +119,7 @@ def _train_stats(train_NK: np.ndarray, names, where: str):
 
 def latest(series: Series, data_cfg, start: int, fitted_norm: dict | None):
     """The covariates of a forecast's candles, rows start.. of `series`
-    (windows.prepare_latest): (scaled float64 [T', K], norm entries, bool [T'] rows with a
+    (latest.prepare_latest): (scaled float64 [T', K], norm entries, bool [T'] rows with a
     covariate missing after `fill`).
 
     Scaled with the model's saved statistics (`fitted_norm`, never re-fitted); None (a

@@ -23,7 +23,7 @@ from cpbjax import columns, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.data import features as features_lib
-from cpbjax.data import sources, windows
+from cpbjax.data import latest, sources, windows
 from cpbjax.data.series import INTERVAL_MS, CovariateError, SeriesSkipped
 from cpbjax.models import heads
 from cpbjax.score import intervals
@@ -203,7 +203,7 @@ def _prepare_latest(series_list, data_cfg, norms: dict) -> tuple[list, dict]:
     preps, skipped = [], {}
     for s in series_list:
         try:
-            preps.append(windows.prepare_latest(s, data_cfg, norms.get(s.name)))
+            preps.append(latest.prepare_latest(s, data_cfg, norms.get(s.name)))
         except SeriesSkipped as e:
             skipped[s.name] = str(e)
     return preps, skipped
@@ -213,7 +213,7 @@ def prepare(config, loaded: dict, latest: bool = False) -> tuple[dict, dict]:
     """Loads and prepares the series of `loaded` (name -> LoadedModel) with each model's
     training normalisation; returns (name -> PreparedSeries, skipped).
 
-    `latest`: only the newest candles, for a forecast (windows.prepare_latest: no splits);
+    `latest`: only the newest candles, for a forecast (latest.prepare_latest: no splits);
     otherwise the full train/val/test windows, for scoring.
     """
     names = list(loaded)

@@ -21,7 +21,7 @@ from absl import logging
 
 from cpbjax import columns, writers
 from cpbjax import workdir as workdir_lib
-from cpbjax.data import parsing, stacking, windows
+from cpbjax.data import latest, parsing, stacking, windows
 from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 from cpbjax.score import intervals, metrics
 
@@ -166,7 +166,7 @@ def next_candles(module, params, prep, lookback: int, horizon: int, calibration=
       NonFiniteForecast: a forecast or interval price is NaN or inf (`check_finite`).
     """
     try:
-        windows.latest_window(prep, lookback)
+        latest.latest_window(prep, lookback)
     except ValueError as e:
         raise SeriesSkipped(str(e)) from None
     t = len(prep.ohlc) - 1

@@ -5,7 +5,7 @@ Every series of a pooled run (train.share=pooled) holds the same network params,
 new pair or interval uses them as they are. What a trained series has of its own is
 fitted from its history, and for a new series it is fitted the same way from the
 candles given, never taken from another series:
-- the normalisation statistics (windows.prepare_latest re-fits them on the candles),
+- the normalisation statistics (latest.prepare_latest re-fits them on the candles),
   those of the data.covariates columns too (covariates.latest): the run's are each
   trained series' own;
 - with eval.refit_band, the volatility band's factors: the least-absolute-deviation fit
@@ -49,7 +49,7 @@ def fit_ends(prep, lookback: int, horizon: int) -> np.ndarray:
 
 def fit_series(model, prep):
     """`model` (a saved.LoadedModel with zero_shot=True) with the per-series parts of the
-    series `prep` (windows.prepare_latest of its candles) fitted on its own windows.
+    series `prep` (latest.prepare_latest of its candles) fitted on its own windows.
 
     Returns:
       (the fitted LoadedModel, the number of windows fitted on).
