@@ -145,6 +145,14 @@ def run_launch(*args: str, jax_platforms: str = "", timeout: float = 120, env=No
     )
 
 
+def exit_2_line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a run that refused its input ends with: it exited 2 without a
+    traceback (the project's rule for bad input), and its stderr's last line says why."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.stderr.strip().splitlines()[-1]
+
+
 def subprocess_env(**extra):
     """os.environ for a CPU subprocess that imports this checkout, with `extra` on top."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
