@@ -17,7 +17,6 @@ from jax.interpreters import mlir
 from cpbjax.version import __version__
 
 _BACKENDS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
-COMPILATION_CACHE = "~/.cache/cpbjax/xla"
 
 
 class PlatformError(RuntimeError):
@@ -38,6 +37,18 @@ class _NoTpuProbeLog(std_logging.Filter):
 _NO_TPU_PROBE_LOG = _NoTpuProbeLog()
 
 
+def compilation_cache() -> str:
+    """The persistent XLA compilation cache's folder, "" for none: $CPBJAX_COMPILATION_CACHE
+    (set empty, no cache; benchmarks point it at an empty folder to compile cold), else
+    the user's JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/cpbjax/xla (~/.cache/cpbjax/xla
+    when that is unset or empty), beside the parsed arrays (data/parsed_cache.py)."""
+    for name in ("CPBJAX_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR"):
+        if name in os.environ:
+            return os.path.expanduser(os.environ[name])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cpbjax", "xla")
+
+
 def configure(config) -> str:
     """Applies config.platform and config.matmul_precision; returns the backend used.
 
@@ -50,8 +61,8 @@ def configure(config) -> str:
     jax.config.update("jax_default_matmul_precision", config.matmul_precision)
     # A rerun (resume, evaluate, predict) reuses compiled programs instead of paying
     # the compile again (measured: a tiny GRU rerun 44 s -> 15 s on 2 CPU cores).
-    cache = os.environ.get("CPBJAX_COMPILATION_CACHE", COMPILATION_CACHE)  # benchmarks: cold
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
+    if cache := compilation_cache():
+        jax.config.update("jax_compilation_cache_dir", cache)
     fast_threefry()
     if config.distributed.enabled:
         _initialize_distributed(config.distributed)

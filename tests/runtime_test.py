@@ -38,3 +38,21 @@ def test_the_fast_lowering_hashes_as_the_reference(shape):
     hashed = hash_fn(key_2, counts)
     expected = references.threefry2x32(key_2, x1, x2)
     np.testing.assert_array_equal(np.asarray(hashed), np.concatenate([e.ravel() for e in expected]))
+
+
+def test_the_compilation_cache_sits_beside_the_parsed_arrays_unless_told_otherwise(monkeypatch):
+    """$XDG_CACHE_HOME/cpbjax/xla (as data/parsed_cache.py's parsed/), ~/.cache without it;
+    a user's JAX_COMPILATION_CACHE_DIR is kept; CPBJAX_COMPILATION_CACHE wins, empty = none."""
+    for name in ("CPBJAX_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")
+    assert runtime.compilation_cache() == "/x/cache/cpbjax/xla"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    monkeypatch.setenv("HOME", "/home/u")
+    assert runtime.compilation_cache() == "/home/u/.cache/cpbjax/xla"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/jax/own")
+    assert runtime.compilation_cache() == "/jax/own"
+    monkeypatch.setenv("CPBJAX_COMPILATION_CACHE", "~/cold")
+    assert runtime.compilation_cache() == "/home/u/cold"
+    monkeypatch.setenv("CPBJAX_COMPILATION_CACHE", "")
+    assert runtime.compilation_cache() == ""
