@@ -9,26 +9,16 @@ is most of the suite's time, and what the tests check (equalities between progra
 against plain references, within float tolerances) does not depend on code generation.
 A test that needs other flags runs its own subprocess with its own XLA_FLAGS.
 
-Every test gets its own $XDG_CACHE_HOME (`_own_xdg_cache`), but the whole suite shares one
-XLA compilation cache (CPBJAX_COMPILATION_CACHE, which runtime.compilation_cache reads
-first): its launch.py subprocesses compile the same small programs again and again, and
-sharing them cut the suite from 8 min 45 s to about 6 min on 2 cores (2026-11-28). A test
-that needs a cold or a private cache sets its own.
+Every test gets its own $XDG_CACHE_HOME (`_own_xdg_cache`).
 """
 
 import os
-import tempfile
 
 import pytest
 
 _O0 = "--xla_backend_optimization_level=0"
 if _O0 not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_O0}".strip()
-
-os.environ.setdefault(
-    "CPBJAX_COMPILATION_CACHE",
-    os.path.join(tempfile.gettempdir(), f"cpbjax-tests-xla-{os.getuid()}"),
-)
 
 
 @pytest.fixture(autouse=True)
