@@ -42,7 +42,7 @@ def _cfg(base_url, cache_dir, symbols, **overrides):
             end="2025-02",
             min_candles=24,
             retries=2,
-            timeout_seconds=0.5,
+            timeout_seconds=10,  # no test here waits on it; 0.5 s failed on a loaded machine
             download_workers=4,
         )
     )
