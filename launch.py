@@ -218,7 +218,7 @@ def _mode_entry(mode: str, config):
 
         run = sweep.run_sweep if sweep_grid.is_sweep(config) else driver.train_and_evaluate
         return run, (ledger.RunMismatch, driver.NothingTrained)
-    from cpbjax.modes import evaluate, export, predict, serve
+    from cpbjax.modes import evaluate, export, http_server, predict, serve
     from cpbjax.score import saved
 
     runs = {
@@ -232,7 +232,7 @@ def _mode_entry(mode: str, config):
         predict.NothingToForecast,
         evaluate.NothingEvaluated,
         export.NothingToExport,
-        serve.ServeError,
+        http_server.ServeError,
     )
     return runs[mode], known_errors
 

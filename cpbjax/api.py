@@ -32,7 +32,8 @@ from cpbjax import runtime, writers
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
-from cpbjax.data import features, latest, parsing, windows
+from cpbjax.data import frames as frames_lib
+from cpbjax.data import parsing, windows
 from cpbjax.data.series import INTERVAL_MS, CovariateError, Series, SeriesSkipped
 from cpbjax.modes import driver, sweep, trained_run
 from cpbjax.modes import export as export_mode
@@ -40,7 +41,7 @@ from cpbjax.report import tables
 from cpbjax.score import forecast, saved, zero_shot
 from cpbjax.training import sharing
 
-OHLCV = ("open", "high", "low", "close", "volume")
+OHLCV = frames_lib.OHLCV
 # The config `fit` trains with when given none: the GRU's default run.
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "gru.py")
 
@@ -98,7 +99,7 @@ def fit(
         those of the run already in `workdir`. driver.NothingTrained: no series trained.
     """
     config = _fit_config(config)
-    series = _frames_series(frames, volume_features(config.data), config.data.covariates)
+    series = _frames_series(frames, frames_lib.volume_features(config.data), config.data.covariates)
     if workdir is None:
         workdir = tempfile.mkdtemp(prefix="cpbjax-fit-")
         logging.info("cpbjax.fit: the run's folder is %s", workdir)
@@ -184,7 +185,7 @@ def _frames_series(frames, volume_read_by, covariate_names=()) -> dict[str, Seri
         if interval not in INTERVAL_MS:
             raise ValueError(f"series name {name!r} is not <SYMBOL>-<INTERVAL>, e.g. BTCUSDT-1h")
         try:
-            out[str(name)] = candles_to_series(
+            out[str(name)] = frames_lib.candles_to_series(
                 frame, symbol, interval, volume_read_by, covariate_names
             )
         except (ValueError, TypeError) as e:
@@ -257,90 +258,6 @@ def load(path: str) -> Model | RunModel:
     return Model(loaded, symbol, interval)
 
 
-def candles_interval(candles) -> str:
-    """The interval of `candles` (a DataFrame indexed by open times): the spacing most of
-    its neighbouring candles have (gaps aside). ValueError if it is no interval."""
-    index = getattr(candles, "index", None)
-    if not isinstance(index, pd.DatetimeIndex) or len(index) < 2:
-        raise ValueError("candles need a DatetimeIndex of at least 2 open times")
-    steps, counts = np.unique(np.diff(index.as_unit("ms").asi8), return_counts=True)
-    step = int(steps[np.argmax(counts)])
-    named = [name for name, ms in INTERVAL_MS.items() if ms == step]
-    if not named:
-        raise ValueError(
-            f"candles are {pd.Timedelta(step, 'ms')} apart: no interval of {list(INTERVAL_MS)}"
-        )
-    return named[0]
-
-
-def _check_frame(candles, interval: str, volume_read_by) -> pd.DataFrame:
-    """The OHLCV columns of `candles`, lower-cased, after the checks that name a problem;
-    `volume_read_by`: the features that read the volume (none: a volume of 0 stands in)."""
-    if not isinstance(candles, pd.DataFrame):
-        raise TypeError(f"candles must be a pandas DataFrame, not {type(candles).__name__}")
-    twice = parsing.columns_twice(candles.columns, OHLCV)
-    if twice:
-        both = " and ".join(repr(c) for c in sum(twice.values(), []))
-        raise ValueError(f"candles have {both}: one column each, please (names ignore case)")
-    frame = candles.rename(columns=str.lower)
-    needed = OHLCV if volume_read_by else OHLCV[:4]
-    missing = [c for c in needed if c not in frame.columns]
-    if missing:
-        why = f"; data.features {list(volume_read_by)} read volume" if volume_read_by else ""
-        raise ValueError(f"candles lack the columns {missing} (need {list(needed)}{why})")
-    if "volume" not in frame.columns:  # no feature reads it
-        frame = frame.assign(volume=0.0)
-    index = frame.index
-    if not isinstance(index, pd.DatetimeIndex) or index.tz is None:
-        raise ValueError("candles need a timezone-aware UTC DatetimeIndex of open times")
-    if not index.is_monotonic_increasing or index.has_duplicates:
-        raise ValueError("candle open times must be strictly increasing (sorted, no repeats)")
-    nan = frame[list(OHLCV)].isna().any(axis=1)
-    if nan.any():
-        raise ValueError(f"candles hold NaN, first at {index[nan.to_numpy()][0]}")
-    step = np.diff(index.tz_convert("UTC").as_unit("ms").asi8)
-    if len(step) and (step != INTERVAL_MS[interval]).all():  # not one pair at the interval
-        raise ValueError(
-            f"candles are {pd.Timedelta(int(np.median(step)), 'ms')} apart, but the model "
-            f"forecasts {interval} candles"
-        )
-    return frame
-
-
-def volume_features(data_cfg) -> list[str]:
-    """The features of data_cfg.features that read the volume."""
-    return [f for f in data_cfg.features if f in features.VOLUME_FEATURES]
-
-
-def candles_to_series(
-    candles: pd.DataFrame, symbol: str, interval: str, volume_read_by, covariate_names=()
-) -> Series:
-    """A validated Series from an OHLCV DataFrame (see the module docstring).
-
-    `volume_read_by`: the features that read the volume (`volume_features`); with none,
-    a frame may leave the volume out. `covariate_names`: data.covariates, columns kept
-    (case-insensitive; NaN allowed: data.covariate_fill handles it).
-
-    Raises:
-      ValueError, TypeError: naming the problem (columns, index, NaN, interval, an
-        invalid candle; a covariate column absent or not numeric: CovariateError).
-    """
-    frame = _check_frame(candles, interval, volume_read_by)
-    times = frame.index.tz_convert("UTC").as_unit("ms").asi8
-    ohlcv = parsing.ohlcv_floats(frame, "candles")  # a KlineError is a ValueError
-    for rule, bad in parsing.invalid_rows(times, ohlcv, INTERVAL_MS[interval]).items():
-        if bad.any():
-            raise ValueError(f"invalid candle ({rule}) at {parsing.iso(times[bad][0])}")
-    series = Series(symbol, interval, times.astype(np.int64), ohlcv)
-    if covariate_names:
-        twice = parsing.columns_twice(candles.columns, [c.lower() for c in covariate_names])
-        if twice:
-            raise ValueError(f"candles have the covariate columns {twice} more than once")
-        cov_TK = parsing.covariate_floats(frame, covariate_names, "candles")
-        series.covariates, series.covariate_names = cov_TK, tuple(covariate_names)
-    return series
-
-
 class Model:
     """One trained series model: `predict` forecasts from the newest candles given."""
 
@@ -383,15 +300,10 @@ class Model:
         """
         model, d = self.loaded, self.config.data
         try:
-            series = candles_to_series(
-                candles, self.symbol, self.interval, volume_features(d), d.covariates
+            series = frames_lib.candles_to_series(
+                candles, self.symbol, self.interval, frames_lib.volume_features(d), d.covariates
             )
-            prep = latest.prepare_latest(series, d, model.norm)
-            if model.zero_shot:  # a series the pooled run never saw: its own fits
-                model, _ = zero_shot.fit_series(model, prep)
-            doc = forecast.next_candles(
-                model.module, model.params, prep, d.lookback, d.horizon, model.calibration
-            )
+            doc = zero_shot.from_candles(model, series)
         except (SeriesSkipped, CovariateError) as e:
             reason, name = str(e), f"{self.symbol}-{self.interval}"
             named = reason if reason.startswith(name) else f"{name}: {reason}"
@@ -438,4 +350,4 @@ class RunModel:
     def predict(self, candles: pd.DataFrame, symbol: str | None = None) -> pd.DataFrame:
         """`Model.predict` of the candles' series: `symbol` (None: one the run never saw)
         at the candles' interval (`candles_interval`)."""
-        return self.model_for(symbol, candles_interval(candles)).predict(candles)
+        return self.model_for(symbol, frames_lib.candles_interval(candles)).predict(candles)

@@ -12,14 +12,15 @@ import pandas as pd
 import pytest
 
 import cpbjax
-from cpbjax import api, writers
 from cpbjax import workdir as workdir_lib
+from cpbjax import writers
 from cpbjax.config import schema as config_lib
+from cpbjax.data import frames as frames_lib
 from cpbjax.data import latest, synthetic
 from cpbjax.modes import predict as predict_mode
 from cpbjax.modes import serve
 from cpbjax.score import forecast, zero_shot
-from tests import helpers
+from tests import helpers, http_helpers
 
 OHLC = ["open", "high", "low", "close"]
 
@@ -133,6 +134,32 @@ def test_serve_forecasts_a_covariate_model_from_the_local_files(run):
     np.testing.assert_allclose(got, want[OHLC].to_numpy(), rtol=1e-6)
 
 
+def _posted(frame: pd.DataFrame) -> dict:
+    """serve's POST body of `frame`: open times in ISO-8601, NaN as null."""
+    rows = frame.astype(object).where(frame.notna(), None)
+    times = frame.index.strftime("%Y-%m-%dT%H:%M:%SZ")
+    records = rows.to_dict("records")
+    return {"candles": [{"open_time": t, **r} for t, r in zip(times, records, strict=True)]}
+
+
+def test_serve_forecasts_posted_candles_with_their_covariates_as_predict_does(run):
+    workdir, frames = run
+    config = config_lib.upgrade(writers.read_json(workdir_lib.config_json(workdir)))
+    frame = frames["BTCUSDT-1h"].iloc[-400:].copy()
+    frame.iloc[-2, frame.columns.get_loc("funding")] = np.nan  # filled, as predict fills it
+    want = _model(workdir).predict(frame)
+    with http_helpers.serving(serve.build_app(serve.Forecaster(config, workdir))) as port:
+        status, body, _ = http_helpers.post_json(port, "/forecast/BTCUSDT-1h", _posted(frame))
+        assert status == 200, body
+        got = pd.DataFrame(body["forecast"])[OHLC].to_numpy()
+        np.testing.assert_allclose(got, want[OHLC].to_numpy(), rtol=1e-6)
+        assert body["series"] == "BTCUSDT-1h" and body["horizon"] == len(want)
+        status, body, _ = http_helpers.post_json(
+            port, "/forecast/BTCUSDT-1h", _posted(frame.drop(columns="funding"))
+        )
+        assert status == 422 and "column 'funding' is absent" in body["error"], body
+
+
 def test_the_export_lists_the_covariates_and_its_forward_pass_takes_them(run):
     workdir, frames = run
     folder = cpbjax.export(workdir)["BTCUSDT-1h"]
@@ -144,7 +171,9 @@ def test_the_export_lists_the_covariates_and_its_forward_pass_takes_them(run):
     np.testing.assert_array_equal(listed["std"], norm["covariate_std"])
     pd.testing.assert_frame_equal(cpbjax.load(folder).predict(frame), model.predict(frame))
     d = model.config.data
-    series = api.candles_to_series(frame, "BTCUSDT", "1h", api.volume_features(d), d.covariates)
+    series = frames_lib.candles_to_series(
+        frame, "BTCUSDT", "1h", frames_lib.volume_features(d), d.covariates
+    )
     x_1LF = latest.prepare_latest(series, d, norm).inputs[None, -d.lookback :]
     assert x_1LF.shape[-1] == len(d.features) + 1
     with open(os.path.join(folder, "forward.jax_export"), "rb") as f:
@@ -186,7 +215,9 @@ def test_a_new_pairs_fits_leave_out_the_windows_missing_a_covariate(run):
     frame.iloc[400:410, frame.columns.get_loc("funding")] = np.nan  # 403..409 past the fill
     model = cpbjax.load(workdir).model_for("SOLUSDT", "1h")
     d = model.config.data
-    series = api.candles_to_series(frame, "SOLUSDT", "1h", api.volume_features(d), d.covariates)
+    series = frames_lib.candles_to_series(
+        frame, "SOLUSDT", "1h", frames_lib.volume_features(d), d.covariates
+    )
     prep = latest.prepare_latest(series, d, None)
     _, fitted_on = zero_shot.fit_series(model.loaded, prep)
     missing = set(frame.index.as_unit("ms").asi8[403:410])

@@ -18,7 +18,7 @@ from cpbjax import api
 from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
-from cpbjax.data import latest, sources, synthetic, windows
+from cpbjax.data import frames, latest, sources, synthetic, windows
 from cpbjax.models import heads
 from cpbjax.modes import predict, trained_run
 from cpbjax.score import band_refit, forecast, saved, zero_shot
@@ -83,7 +83,7 @@ def test_a_pooled_run_forecasts_a_pair_it_never_saw_with_its_own_fits(pooled_run
         np.testing.assert_allclose(again.to_numpy(float), out.to_numpy(float), rtol=2e-6)
     # The band is the new pair's own least-absolute-deviation fit: refit again on the
     # fitted model's windows, nothing is left to move.
-    series = api.candles_to_series(candles, "NEWUSDT", "1h", ())
+    series = frames.candles_to_series(candles, "NEWUSDT", "1h", ())
     prep = latest.prepare_latest(series, trained.data, None)
     base = trained_run.shared_model(
         saved.load_model(next(iter(saved.available_models(pooled_run).values())))

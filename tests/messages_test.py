@@ -8,11 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cpbjax import api
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
 from cpbjax.config_rules import ConfigError
-from cpbjax.data import parsing
+from cpbjax.data import frames, parsing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = pd.Timestamp("2024-01-01", tz="UTC")
@@ -65,14 +64,14 @@ def test_a_word_in_a_close_column_is_named():
     with pytest.raises(
         ValueError, match=r"candles: column 'close' holds 'abc' \(row 3, index 2024"
     ):
-        api.candles_to_series(frame, "BTCUSDT", "1h", ())
+        frames.candles_to_series(frame, "BTCUSDT", "1h", ())
 
 
 def test_close_and_CLOSE_together_are_named():
     frame = _candles()
     frame["CLOSE"] = frame["close"]
     with pytest.raises(ValueError, match=r"candles have 'close' and 'CLOSE': one column each"):
-        api.candles_to_series(frame, "BTCUSDT", "1h", ())
+        frames.candles_to_series(frame, "BTCUSDT", "1h", ())
 
 
 def test_a_word_in_a_local_files_close_column_is_named(tmp_path):

@@ -6,7 +6,6 @@ it with urllib and the last one stops it with SIGTERM. Every wait is bounded.
 """
 
 import concurrent.futures
-import contextlib
 import json
 import os
 import re
@@ -17,22 +16,20 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import ml_collections
 import pytest
-import uvicorn
 
 from cpbjax.config import schema as config_lib
 from cpbjax.config_rules import ConfigError
 from cpbjax.data import synthetic
-from cpbjax.modes import serve
-from tests import fake_data
+from cpbjax.modes import http_server, serve
+from tests import fake_data, http_helpers
 from tests.fake_vision import FakeVision, running
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES = "BTCUSDT-1h"
+OHLC = ["open", "high", "low", "close"]
 TINY = [
     "--config=configs/gru.py:tiny",
     "--config.data.symbols=('BTCUSDT',)",
@@ -40,15 +37,8 @@ TINY = [
     "--config.train.epochs=1",
 ]
 START_TIMEOUT_S = 180  # imports, model loading and a loaded 2-core machine
-REQUEST_TIMEOUT_S = 60  # the first forecast compiles the model
 # A forecast's reason when its mirror's zips trickle in past a 1 s request deadline.
 DRIPPED = re.compile(r"within its deadline of 1 s|did not answer within 1 s")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(workdir, port: int, log, flags=()):
@@ -58,25 +48,13 @@ def _serve(workdir, port: int, log, flags=()):
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _get(port: int, path: str, method: str = "GET"):
-    """(status, parsed JSON or text body, content type) of one request to 127.0.0.1."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-            status, body, ctype = r.status, r.read(), r.headers.get("content-type", "")
-    except urllib.error.HTTPError as e:
-        status, body, ctype = e.code, e.read(), e.headers.get("content-type", "")
-    text = body.decode()
-    return status, json.loads(text) if ctype.startswith("application/json") else text, ctype
-
-
 def _wait_healthy(proc, port: int, log_path: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"server exited {proc.returncode}:\n{_read(log_path)[-3000:]}")
         try:
-            if _get(port, "/health")[0] == 200:
+            if http_helpers.request(port, "/health")[0] == 200:
                 return
         except OSError:
             pass
@@ -106,7 +84,7 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(trained, tmp_path_factory):
     """(process, port, log path) of a server on the trained workdir; stopped at the end."""
-    port = _free_port()
+    port = http_helpers.free_port()
     log_path = str(tmp_path_factory.mktemp("serve-log") / "serve.log")
     with open(log_path, "wb") as log:
         proc = _serve(trained, port, log)
@@ -122,11 +100,11 @@ def server(trained, tmp_path_factory):
 def test_health_and_series(server, trained):
     _, port, log_path = server
     assert f"Uvicorn running on http://127.0.0.1:{port}" in _read(log_path)  # loopback only
-    status, body, _ = _get(port, "/health")
+    status, body, _ = http_helpers.request(port, "/health")
     assert status == 200
     assert body["status"] == "ok" and body["model"] == "gru" and body["series"] == 1
     assert body["workdir"] == os.path.basename(trained)  # its name, never an absolute path
-    status, body, _ = _get(port, "/series")
+    status, body, _ = http_helpers.request(port, "/series")
     assert status == 200
     (entry,) = body["series"]
     assert entry["name"] == SERIES and entry["symbol"] == "BTCUSDT" and entry["interval"] == "1h"
@@ -139,7 +117,7 @@ def test_health_and_series(server, trained):
 
 def test_forecast_is_fresh_and_in_prices(server, trained):
     _, port, _ = server
-    status, body, _ = _get(port, f"/forecast/{SERIES}")
+    status, body, _ = http_helpers.request(port, f"/forecast/{SERIES}")
     assert status == 200, body
     assert body["series"] == SERIES and body["model"] == "gru" and body["horizon"] == 10
     candles = body["forecast"]
@@ -187,7 +165,7 @@ def test_forecast_is_fresh_and_in_prices(server, trained):
 )
 def test_bad_requests_get_a_json_message(server, path, method, code, words):
     _, port, _ = server
-    status, body, ctype = _get(port, path, method)
+    status, body, ctype = http_helpers.request(port, path, method)
     assert status == code
     assert ctype.startswith("application/json"), body
     assert words in body["error"] and body["status"] == code
@@ -196,7 +174,7 @@ def test_bad_requests_get_a_json_message(server, path, method, code, words):
 
 def test_unknown_series_lists_the_known_ones(server):
     _, port, _ = server
-    _, body, _ = _get(port, "/forecast/DOGEUSDT-1h")
+    _, body, _ = http_helpers.request(port, "/forecast/DOGEUSDT-1h")
     assert body["series"] == [SERIES]
 
 
@@ -213,7 +191,7 @@ def test_report_is_served(server, trained):
     _, port, _ = server
     with open(os.path.join(trained, "report.html"), encoding="utf-8") as f:
         page = f.read()
-    status, body, ctype = _get(port, "/")
+    status, body, ctype = http_helpers.request(port, "/")
     assert status == 200 and ctype.startswith("text/html")
     assert body == page and "<html" in body.lower() and SERIES in body
 
@@ -226,7 +204,7 @@ def test_sigterm_stops_cleanly(server):
     log = _read(log_path)
     assert "Traceback" not in log and "stopped" in log
     with pytest.raises(OSError):
-        _get(port, "/health")
+        http_helpers.request(port, "/health")
 
 
 def test_a_forecast_hung_on_the_network_blocks_neither_health_nor_sigterm(trained, tmp_path):
@@ -235,7 +213,7 @@ def test_a_forecast_hung_on_the_network_blocks_neither_health_nor_sigterm(traine
     with socket.socket() as tarpit:
         tarpit.bind(("127.0.0.1", 0))
         tarpit.listen(8)  # never accepted: the kernel completes the handshake, nothing more
-        port, log_path = _free_port(), str(tmp_path / "serve.log")
+        port, log_path = http_helpers.free_port(), str(tmp_path / "serve.log")
         hostile = [
             "--config.data.source=binance",
             f"--config.data.base_url=http://127.0.0.1:{tarpit.getsockname()[1]}",
@@ -248,13 +226,18 @@ def test_a_forecast_hung_on_the_network_blocks_neither_health_nor_sigterm(traine
             _wait_healthy(proc, port, log_path)
             answers = {}
             asking = threading.Thread(
-                target=lambda: answers.update(forecast=_get(port, f"/forecast/{SERIES}")),
+                target=lambda: answers.update(
+                    forecast=http_helpers.request(port, f"/forecast/{SERIES}")
+                ),
                 daemon=True,
             )
             asking.start()
             assert select.select([tarpit], [], [], 60)[0], "the forecast never reached the tarpit"
             started = time.monotonic()
-            assert _get(port, "/health")[0] == 200 and _get(port, "/series")[0] == 200
+            assert (
+                http_helpers.request(port, "/health")[0] == 200
+                and http_helpers.request(port, "/series")[0] == 200
+            )
             assert time.monotonic() - started < 5 and asking.is_alive()
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=10) == 0
@@ -275,7 +258,7 @@ def test_forecasts_from_a_dripping_mirror_free_their_slots_at_the_deadline(train
     root = str(tmp_path / "mirror")
     synthetic.write_vision_mirror(root, ("BTCUSDT",), ("1h",), fake_data.last_complete_months(2))
     vision = FakeVision(root, mode="drip")
-    port, log_path = _free_port(), str(tmp_path / "serve.log")
+    port, log_path = http_helpers.free_port(), str(tmp_path / "serve.log")
     with running(vision) as base_url, open(log_path, "wb") as log:
         hostile = ["--config.data.source=binance", f"--config.data.base_url={base_url}"]
         hostile += [f"--config.data.cache_dir={tmp_path / 'cache'}"]
@@ -286,12 +269,14 @@ def test_forecasts_from_a_dripping_mirror_free_their_slots_at_the_deadline(train
             started = time.monotonic()
             with concurrent.futures.ThreadPoolExecutor(serve.MAX_FORECASTS) as pool:
                 asked = [f"/forecast/{SERIES}"] * serve.MAX_FORECASTS
-                answers = list(pool.map(lambda path: _get(port, path), asked))
+                answers = list(pool.map(lambda path: http_helpers.request(port, path), asked))
             assert time.monotonic() - started < 30
             for status, body, _ in answers:  # skipped at the deadline, or gave up waiting
                 waited = status == 503 and "another forecast has loaded data" in body["error"]
                 assert waited or (status == 422 and DRIPPED.search(body["error"])), body
-            status, body, _ = _get(port, f"/forecast/{SERIES}")  # a slot is free again
+            status, body, _ = http_helpers.request(
+                port, f"/forecast/{SERIES}"
+            )  # a slot is free again
             assert status == 422 and DRIPPED.search(body["error"]), body
             assert "Traceback" not in _read(log_path)
         finally:
@@ -368,30 +353,10 @@ class _FailingForecaster:
 
 
 def test_a_failing_handler_answers_json_500_without_traceback():
-    with _in_process(serve.build_app(_FailingForecaster())) as port:
+    with http_helpers.serving(serve.build_app(_FailingForecaster())) as port:
         for path, kind in ((f"/forecast/{SERIES}", "RuntimeError"), ("/series", "ValueError")):
-            status, body, _ = _get(port, path)
+            status, body, _ = http_helpers.request(port, path)
             assert status == 500 and body["error"] == f"internal error ({kind}); see the server log"
-
-
-@contextlib.contextmanager
-def _in_process(app, **config):
-    """Serves `app` with uvicorn on a free loopback port in a thread; yields the port."""
-    port = _free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", **config)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.started
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-    assert not thread.is_alive()
 
 
 class _HangingForecaster(_FailingForecaster):
@@ -411,10 +376,12 @@ class _HangingForecaster(_FailingForecaster):
 def test_hung_forecasts_are_bounded_and_never_block_the_cheap_endpoints():
     forecaster = _HangingForecaster()
     app = serve.build_app(forecaster)
-    with _in_process(app) as port:
+    with http_helpers.serving(app) as port:
         answers = []
         askers = [
-            threading.Thread(target=lambda: answers.append(_get(port, f"/forecast/{SERIES}")))
+            threading.Thread(
+                target=lambda: answers.append(http_helpers.request(port, f"/forecast/{SERIES}"))
+            )
             for _ in range(serve.MAX_FORECASTS)
         ]
         for t in askers:
@@ -424,10 +391,15 @@ def test_hung_forecasts_are_bounded_and_never_block_the_cheap_endpoints():
             if sum(t.name.startswith("forecast") for t in threading.enumerate()) == len(askers):
                 break
             time.sleep(0.05)
-        status, body, _ = _get(port, f"/forecast/{SERIES}")  # one more than the bound
+        status, body, _ = http_helpers.request(
+            port, f"/forecast/{SERIES}"
+        )  # one more than the bound
         assert status == 503 and "forecasts in progress" in body["error"]
         started = time.monotonic()
-        assert _get(port, "/health")[0] == 200 and _get(port, "/series")[0] == 200
+        assert (
+            http_helpers.request(port, "/health")[0] == 200
+            and http_helpers.request(port, "/series")[0] == 200
+        )
         assert time.monotonic() - started < 2
         app.state.stopping.set()  # what SIGTERM does: the waiting forecasts give up
         for t in askers:
@@ -438,11 +410,72 @@ def test_hung_forecasts_are_bounded_and_never_block_the_cheap_endpoints():
 
 
 def test_a_request_head_that_never_completes_is_cut_off(monkeypatch):
-    monkeypatch.setattr(serve, "HEADER_TIMEOUT_S", 0.5)
-    with _in_process(serve.build_app(_HangingForecaster()), http=serve._HeadTimeoutH11) as port:
+    monkeypatch.setattr(http_server, "HEADER_TIMEOUT_S", 0.5)
+    with http_helpers.serving(
+        serve.build_app(_HangingForecaster()), http=http_server.HeadTimeoutH11
+    ) as port:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
             started = time.monotonic()
             assert s.recv(4096) == b""  # closed by the server
             assert time.monotonic() - started < 3
-        assert _get(port, "/health")[0] == 200  # whole heads are served as before
+        assert http_helpers.request(port, "/health")[0] == 200  # whole heads are served as before
+
+
+class _PostForecaster(_FailingForecaster):
+    """A stand-in that answers a POST with what it was given; no close column is refused."""
+
+    def forecast_candles(self, name, candles):
+        if "close" not in candles.columns:
+            raise serve.BadCandles("candles lack the columns ['close']")
+        return {"series": name, "candles": len(candles), "columns": list(candles.columns)}
+
+
+def _records(n: int) -> list[dict]:
+    start = 1_767_225_600_000  # 2026-01-01T00:00Z
+    return [
+        {"open_time": start + i * 3_600_000, "open": 1, "high": 2, "low": 0.5, "close": 1.5}
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    "body, code, words",
+    [
+        ({"candles": _records(3)}, 200, None),
+        (b"{not json", 400, "the body is not JSON"),
+        ({"rows": _records(3)}, 400, 'a JSON object {"candles": [...]}'),
+        ({"candles": [{"open_time": 1, "open": "1.5"}]}, 400, "candles[0]['open'] is '1.5'"),
+        ({"candles": [{"open": 1.5}]}, 400, 'candles[0] is not an object with an "open_time"'),
+        ({"candles": [{"open_time": "soon", "open": 1}]}, 400, "an open_time is not a time"),
+        ({"candles": _records(5)}, 413, "5 candles; at most 4"),
+        ({"candles": _records(3), "pad": "x" * 5000}, 413, "at most 4096"),
+        ({"candles": [{"open_time": 1, "open": 1}]}, 422, "lack the columns ['close']"),
+    ],
+    ids=["ok", "not-json", "no-candles", "text", "no-time", "bad-time", "many", "big", "422"],
+)
+def test_a_posted_body_is_checked_within_its_limits(monkeypatch, body, code, words):
+    monkeypatch.setattr(serve, "MAX_POST_CANDLES", 4)
+    monkeypatch.setattr(http_server, "MAX_BODY_BYTES", 4096)
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with http_helpers.serving(serve.build_app(_PostForecaster())) as port:
+        status, answer, _ = http_helpers.request(port, f"/forecast/{SERIES}", "POST", raw)
+        assert status == code, answer
+        if code == 200:
+            assert answer == {"series": SERIES, "candles": 3, "columns": OHLC}
+        else:
+            assert words in answer["error"] and "Traceback" not in answer["error"]
+        assert http_helpers.request(port, "/forecast/DOGEUSDT-1h", "POST", raw)[0] == 404
+
+
+def test_a_body_that_never_completes_is_answered_408(monkeypatch):
+    monkeypatch.setattr(http_server, "BODY_TIMEOUT_S", 0.5)
+    with http_helpers.serving(serve.build_app(_PostForecaster())) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            head = f"POST /forecast/{SERIES} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+            s.sendall(head.encode() + b'{"candles": [')  # and never the rest
+            started = time.monotonic()
+            answer = s.recv(4096).decode()
+            assert answer.startswith("HTTP/1.1 408") and "did not arrive within 0.5 s" in answer
+            assert time.monotonic() - started < 3
+        assert http_helpers.request(port, "/health")[0] == 200

@@ -5,15 +5,24 @@ GET /health             {"status": "ok", "model", "series": n, "workdir": its fo
 GET /series             the series with a loaded model, with their training facts
 GET /forecast/{series}  a fresh forecast of the next H candles (forecast.json's entry, with
                         age_intervals: 1 = from the newest closed candle, more = stale)
+POST /forecast/{series} the same from the candles in the body, {"candles": [{"open_time":
+                        ms or ISO-8601, "open": ..., "high", "low", "close", "volume",
+                        and each data.covariates column: number or null}, ...]}, checked
+                        as Model.predict checks a frame (cpbjax/data/frames.py)
 
-The models are loaded once at start (cpbjax/score/saved.py, as --mode predict loads them); each
-forecast loads the newest data of its series from the config's data location and runs
-the same `forecast.next_candles` as --mode predict. Only the names of loaded models are
-accepted: anything else is a 404 (a well-formed name) or a 400 (a malformed one), always
-with a JSON message, never a traceback (a name is echoed back cut to NAME_ECHO_CHARS). A
-series whose saved model was unreadable at start (damaged: it fails its manifest) is a 503
-naming the file, and a forecast of NaN or inf prices a 500 naming the series.
-It binds to serve.host (127.0.0.1 by default) and stops cleanly on SIGTERM or Ctrl-C.
+The models are loaded once at start (cpbjax/score/saved.py, as --mode predict loads them).
+A GET loads the newest data of its series from the config's data location and runs the
+same `forecast.next_candles` as --mode predict; a POST forecasts from the candles it
+sends, as `Model.predict` does from a frame: that is how a covariate model is given its
+newest covariates. A POST body over http_server.MAX_BODY_BYTES or MAX_POST_CANDLES
+candles is a 413, one that is not such JSON a 400, and candles that fail a check (too
+few, a gap, NaN, a covariate column absent or missing in the newest window) a 422.
+Only the names of loaded models are accepted: anything else is a 404 (a well-formed
+name) or a 400 (a malformed one), always with a JSON message, never a traceback (a name
+is echoed back cut to NAME_ECHO_CHARS). A series whose saved model was unreadable at
+start (damaged: it fails its manifest) is a 503 naming the file, and a forecast of NaN
+or inf prices a 500 naming the series. It binds to serve.host (127.0.0.1 by default);
+cpbjax/modes/http_server.py runs the server and stops it cleanly on SIGTERM or Ctrl-C.
 
 Forecasts never hold up the cheap endpoints or shutdown: each runs in its own daemon
 thread, at most MAX_FORECASTS at a time (more get 503 at once), apart from the thread
@@ -21,24 +30,23 @@ pool of /series and the event loop of /health. Their slots are freed at the dead
 the data load under the forecast lock ends at the data sources' own deadlines (over
 HTTP, data.timeout_seconds a request and data.download_deadline_s a file, and a host
 that does not answer in time has the rest skipped), and a forecast waits for that lock
-at most data.download_deadline_s, then is answered 503. On SIGTERM every forecast still waiting
-is answered 503 within POLL_S and the server exits (uvicorn's graceful shutdown is
-capped at SHUTDOWN_GRACE_S); the abandoned daemon threads do not keep the process alive.
-A connection that has not sent a whole request head within HEADER_TIMEOUT_S is closed.
+at most data.download_deadline_s, then is answered 503. On SIGTERM every forecast still
+waiting is answered 503 within POLL_S and the server exits (uvicorn's graceful shutdown
+is capped at http_server.SHUTDOWN_GRACE_S); the abandoned daemon threads do not keep the
+process alive. A connection that has not sent a whole request head within
+http_server.HEADER_TIMEOUT_S is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
-import signal
-import sys
 import threading
 import time
 
-import uvicorn
 from absl import logging
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -46,24 +54,23 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cpbjax import workdir as workdir_lib
 from cpbjax.config_rules import ConfigError
-from cpbjax.data import klines_api, parsing
+from cpbjax.data import frames, klines_api, parsing
 from cpbjax.data.series import SeriesSkipped
-from cpbjax.modes import predict, trained_run
-from cpbjax.score import forecast, saved
+from cpbjax.modes import http_server, predict, trained_run
+from cpbjax.score import forecast, saved, zero_shot
 
 # SYMBOL-INTERVAL, as models/<SERIES>/ names them (e.g. BTCUSDT-1h).
 _SERIES_RE = re.compile(r"^[A-Z0-9]{2,20}-[0-9]{1,2}[mhdwM]$")
 
 
 PATHS = ("/", "/health", "/series", "/forecast/{series}")
+# POST bodies: a year of 1h candles, or two weeks of 1m ones, with room for covariates.
+MAX_POST_CANDLES = 20_000
 MAX_FORECASTS = 4  # forecasts in flight (running or waiting for the lock); more get 503
 POLL_S = 0.2  # how often a waiting forecast request looks for a shutdown
-SHUTDOWN_GRACE_S = 5  # uvicorn's cap on waiting for requests after SIGTERM
-HEADER_TIMEOUT_S = 10.0  # a request head must arrive whole within this
 NAME_ECHO_CHARS = 64  # of a requested name echoed in an error message
 
 
@@ -73,8 +80,8 @@ def _echo(name: str) -> str:
     return repr(cut) + (f"... ({len(name)} characters)" if len(name) > NAME_ECHO_CHARS else "")
 
 
-class ServeError(RuntimeError):
-    """The server cannot start (e.g. the port is taken); the message says why."""
+class BadCandles(ValueError):
+    """A POST's candles fail a check; the message names it (answered 422)."""
 
 
 class Busy(RuntimeError):
@@ -144,14 +151,45 @@ class Forecaster:
         finally:
             self._lock.release()
         predict.freshness(entry, klines_api.clock_ms(), cfg.data.source)  # > 1 is stale
-        baseline = model.trained.model.baseline
-        entry = predict.described(entry, predict.scored_series(self.workdir).get(name), baseline)
+        return self._answer(name, entry)
+
+    def forecast_candles(self, name: str, candles) -> dict:
+        """A forecast of `name` (a loaded model) from `candles` (a frame of the newest
+        candles, frames.records_frame), checked as Model.predict checks a frame.
+
+        Raises:
+          BadCandles: the candles fail a check (too few, a gap, NaN, a covariate column
+            absent or missing in the newest window, ...), naming it.
+          Busy: as `forecast`.
+        """
+        model = self.models[name]
+        d = model.trained.data
+        symbol, interval = saved.parse_series(name)
+        wait_s = self.config.data.download_deadline_s
+        if not self._lock.acquire(timeout=wait_s):
+            raise Busy(f"another forecast has run for over {wait_s:g} s; retry later")
+        try:
+            series = frames.candles_to_series(
+                candles, symbol, interval, frames.volume_features(d), d.covariates
+            )
+            entry = zero_shot.from_candles(model, series)
+        except (ValueError, TypeError, SeriesSkipped) as e:  # CovariateError too
+            raise BadCandles(str(e)) from None
+        finally:
+            self._lock.release()
+        predict.freshness(entry, klines_api.clock_ms(), "posted", warn=False)
+        return self._answer(name, entry)
+
+    def _answer(self, name: str, entry: dict) -> dict:
+        """The JSON answer of a next_candles entry of `name`."""
+        trained = self.models[name].trained
+        scored = predict.scored_series(self.workdir).get(name)
         return {
             "series": name,
-            "model": cfg.model.name,
-            "horizon": cfg.data.horizon,
+            "model": trained.model.name,
+            "horizon": trained.data.horizon,
             "created": parsing.iso(time.time() * 1000),
-            **entry,
+            **predict.described(entry, scored, trained.model.baseline),
         }
 
 
@@ -189,19 +227,45 @@ class _Handlers:
         return JSONResponse({"series": items, "unreadable": self.forecaster.unreadable})
 
     async def forecast_one(self, request: Request):
-        name, models = request.path_params["series"], self.forecaster.models
+        name = request.path_params["series"]
+        refused = self._refused(name)
+        if refused is not None:
+            return refused
+        return await self._forecast(name, self.forecaster.forecast, name)
+
+    async def forecast_posted(self, request: Request):
+        name = request.path_params["series"]
+        refused = self._refused(name)
+        if refused is not None:
+            return refused
+        try:
+            candles = frames.records_frame(await _posted_records(request))
+        except http_server.BadBody as e:
+            return _error(e.status, f"{name}: {e}")
+        except ValueError as e:
+            return _error(400, f"{name}: {e}")
+        return await self._forecast(name, self.forecaster.forecast_candles, name, candles)
+
+    def _refused(self, name: str) -> JSONResponse | None:
+        """The error answer for a series name no loaded model forecasts; None if one does."""
         if not _SERIES_RE.match(name):
             return _error(400, f"malformed series name {_echo(name)}: expected e.g. BTCUSDT-1h")
         if name in self.forecaster.unreadable:  # damaged: refused at load, with its reason
             return _error(503, f"{name}: {self.forecaster.unreadable[name]}")
-        if name not in models:
-            return _error(404, f"unknown series {_echo(name)}", series=sorted(models))
+        if name not in self.forecaster.models:
+            return _error(
+                404, f"unknown series {_echo(name)}", series=sorted(self.forecaster.models)
+            )
+        return None
+
+    async def _forecast(self, name: str, fn, *args):
+        """fn(*args)'s forecast as the answer, in a forecast slot; each failure its status."""
         if not self.slots.acquire(blocking=False):
             return _error(503, f"{name}: {MAX_FORECASTS} forecasts in progress; retry later")
         try:
-            fn, slots, stopping = self.forecaster.forecast, self.slots, self.stopping
-            return JSONResponse(await _in_daemon_thread(fn, name, slots, stopping))
-        except SeriesSkipped as e:
+            call = functools.partial(fn, *args)
+            return JSONResponse(await _in_daemon_thread(call, name, self.slots, self.stopping))
+        except (SeriesSkipped, BadCandles) as e:
             return _error(422, f"{name}: cannot forecast: {e}")
         except forecast.NonFiniteForecast as e:  # the model's fault, not the request's
             logging.warning("%s", e)
@@ -212,6 +276,22 @@ class _Handlers:
             return _error(503, f"{name}: {e}")
         except _ShuttingDown:
             return _error(503, f"{name}: the server is shutting down; the forecast was dropped")
+
+
+async def _posted_records(request: Request) -> list:
+    """The "candles" list of a POST's JSON body (http_server.json_body's limits).
+
+    Raises:
+      http_server.BadBody: over the limits, not JSON, not an object with a "candles"
+        list (400), or over MAX_POST_CANDLES candles (413).
+    """
+    payload = await http_server.json_body(request)
+    if not isinstance(payload, dict) or not isinstance(payload.get("candles"), list):
+        raise http_server.BadBody(400, 'the body must be a JSON object {"candles": [...]}')
+    if len(payload["candles"]) > MAX_POST_CANDLES:
+        count = len(payload["candles"])
+        raise http_server.BadBody(413, f"{count} candles; at most {MAX_POST_CANDLES}")
+    return payload["candles"]
 
 
 async def _http_error(request: Request, exc: HTTPException):
@@ -237,6 +317,7 @@ def build_app(forecaster: Forecaster) -> Starlette:
         Route("/health", h.health, methods=["GET"]),
         Route("/series", h.series, methods=["GET"]),
         Route("/forecast/{series:str}", h.forecast_one, methods=["GET"]),
+        Route("/forecast/{series:str}", h.forecast_posted, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _server_error}
     app = Starlette(routes=routes, exception_handlers=handlers)
@@ -249,7 +330,7 @@ class _ShuttingDown(Exception):
 
 
 async def _in_daemon_thread(fn, name: str, slots: threading.BoundedSemaphore, stopping):
-    """fn(name) in a new daemon thread that releases `slots` when done; its result.
+    """fn() (the forecast of `name`) in a new daemon thread that releases `slots` when done; its result.
 
     Raises:
       _ShuttingDown: `stopping` was set first (the thread is left to finish alone).
@@ -267,7 +348,7 @@ async def _in_daemon_thread(fn, name: str, slots: threading.BoundedSemaphore, st
 
     def work():
         try:
-            result, error = fn(name), None
+            result, error = fn(), None
         except Exception as e:  # handed to the request's coroutine
             result, error = None, e
         finally:
@@ -283,81 +364,12 @@ async def _in_daemon_thread(fn, name: str, slots: threading.BoundedSemaphore, st
     raise _ShuttingDown
 
 
-class _HeadTimeoutH11(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request head is not whole in time.
-
-    uvicorn's own timeouts start after a response (keep-alive), so a client that opens
-    connections and sends half a request head would hold them forever.
-    """
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self._head_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._head_too_slow)
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.cycle is not None and self._head_timer is not None:  # a whole head came
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def connection_lost(self, exc) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        super().connection_lost(exc)
-
-    def _head_too_slow(self) -> None:
-        self._head_timer = None
-        if self.cycle is None:
-            self.transport.close()
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's Server that also tells waiting forecasts to give up on SIGTERM/SIGINT."""
-
-    def __init__(self, config: uvicorn.Config, stopping: threading.Event):
-        super().__init__(config)
-        self.stopping = stopping
-
-    def handle_exit(self, sig, frame) -> None:
-        self.stopping.set()
-        super().handle_exit(sig, frame)
-
-
-def _serve(app: Starlette, host: str, port: int) -> None:
-    """Runs uvicorn until SIGTERM/SIGINT; returns normally after a graceful shutdown.
-
-    uvicorn re-raises the signal it caught once it has shut down; with our no-op
-    handlers installed underneath its own, that ends here instead of killing the
-    process, so the exit status is 0.
-    """
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="info",
-        access_log=True,
-        http=_HeadTimeoutH11,
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-    )
-    server = _Server(config, app.state.stopping)
-    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.run()
-    except SystemExit as e:  # uvicorn exits when it cannot bind
-        raise ServeError(f"cannot serve on {host}:{port} (see the log above)") from e
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if not server.started:
-        raise ServeError(f"cannot serve on {host}:{port} (see the log above; port in use?)")
-
-
 def run_serve(config, workdir: str) -> None:
     """Loads the models of `workdir` and serves them on config.serve.host:port until stopped.
 
     Raises:
       saved.ModelNotFound: the workdir has no usable model.
-      ServeError: the server could not start.
+      http_server.ServeError: the server could not start.
     """
     forecaster = Forecaster(config, workdir)
     host, port = config.serve.host, config.serve.port
@@ -369,21 +381,6 @@ def run_serve(config, workdir: str) -> None:
         host,
         port,
     )
-    _serve(build_app(forecaster), host, port)
+    http_server.serve(build_app(forecaster), host, port)
     logging.info("server on %s:%d stopped", host, port)
-    _leave_waiting_forecasts()
-
-
-def _leave_waiting_forecasts() -> None:
-    """Ends the process now if forecasts still wait on their data after the server stopped.
-
-    Their threads are daemons, but the data sources' download pools are not, and the
-    interpreter would join those at exit: minutes behind an unanswering data location.
-    """
-    waiting = [t.name for t in threading.enumerate() if t.name.startswith("forecast ")]
-    if waiting:
-        logging.warning("leaving %d forecasts that still wait on their data", len(waiting))
-        logging.flush()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    http_server.leave_waiting_forecasts()

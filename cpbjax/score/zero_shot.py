@@ -17,6 +17,8 @@ candles given, never taken from another series:
 Both fits use every gap-free window of the candles that has H candles after it, as a
 trained series' test model is fitted on all its windows before test. Fewer than
 MIN_FIT_WINDOWS such windows is refused rather than fitted on noise.
+`from_candles` is any saved model's forecast of a Series of given candles (a frame of
+`Model.predict`, serve's POST): a zero-shot model fits these parts first.
 Shapes (docs/design.md): N windows, H steps, C OHLC columns.
 """
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpbjax.data import covariates, windows
+from cpbjax.data import covariates, latest, windows
 from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 from cpbjax.models import heads
 from cpbjax.score import band_refit, evaluate, forecast, intervals
@@ -81,6 +83,25 @@ def fit_series(model, prep):
         calibration = intervals.fit_calibration(prep, ends_N, fc.prices_NHC, spec, "sigma", scale)
     fitted = model._replace(params=params, calibration=calibration, norm=prep.norm)
     return fitted, len(ends_N)
+
+
+def from_candles(model, series) -> dict:
+    """forecast.next_candles' entry of `series` (the newest candles, a Series) from `model`
+    (a saved.LoadedModel): normalised with its saved statistics, or, for a zero-shot
+    model, with the series' own parts fitted first (`fit_series`).
+
+    Raises:
+      SeriesSkipped: too few candles, a gap or a covariate missing in the newest window.
+      CovariateError: the series lacks a column the model reads.
+      forecast.NonFiniteForecast: NaN or inf prices.
+    """
+    d = model.trained.data
+    prep = latest.prepare_latest(series, d, model.norm)
+    if model.zero_shot:
+        model, _ = fit_series(model, prep)
+    return forecast.next_candles(
+        model.module, model.params, prep, d.lookback, d.horizon, model.calibration
+    )
 
 
 def _sizes(spec) -> tuple[int, int]:
