@@ -27,8 +27,7 @@ from cpbjax.config_rules import ConfigError
 from cpbjax.data import synthetic
 from cpbjax.modes import init_from, serve, trained_run
 from cpbjax.training import checkpoint
-from tests import helpers
-from tests.serve_test import _get, _in_process
+from tests import helpers, http_helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES, OTHER = "BTCUSDT-1h", "ETHUSDT-1h"
@@ -173,11 +172,11 @@ def test_serve_answers_a_damaged_or_nan_model_in_json(workdir):
     _nan_params(workdir_lib.series_model(workdir, SERIES))
     forecaster = serve.Forecaster(trained_run.run_config_of(workdir), workdir)
     assert list(forecaster.models) == [SERIES]
-    with _in_process(serve.build_app(forecaster)) as port:
-        status, body, _ = _get(port, f"/forecast/{OTHER}")
+    with http_helpers.serving(serve.build_app(forecaster)) as port:
+        status, body, _ = http_helpers.request(port, f"/forecast/{OTHER}")
         assert status == 503 and f"models/{OTHER}/params/" in body["error"], body
         assert "sha256 does not match its manifest" in body["error"]
-        status, body, _ = _get(port, f"/forecast/{SERIES}")
+        status, body, _ = http_helpers.request(port, f"/forecast/{SERIES}")
         assert status == 500, body
         assert body["error"].startswith(f"{SERIES}: the forecast's prices are NaN or inf")
 
