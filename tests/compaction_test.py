@@ -2,9 +2,10 @@
 stopped, the live ones move to a smaller program, and must train exactly as before.
 
 The runs force the move whenever at most half the coins train (the cost rule would never
-pay with patience 2) and are compared with the same run computed whole. They run in
-subprocesses that share a persistent compilation cache at XLA optimisation level 0 (as
-train_test's driver runs), since compiling the four program sizes dominates their time.
+pay with patience 2) and are compared with the same run computed whole; the cost rule's
+own runs (fake clocks) come first. They run in one subprocess at XLA optimisation level 0
+(as train_test's driver runs), since compiling the program sizes dominates their time;
+the two-device runs run beside it in another.
 """
 
 import contextlib
@@ -41,7 +42,6 @@ driver.train_and_evaluate(t.compaction_config(True), os.path.join(sys.argv[1], "
 # A config the cost rule itself compacts (patience 8: coins stop at epochs 9-29, and at
 # epoch 18 three live coins with patience to spare move 8 -> 3).
 RULE_EPOCHS, RULE_PATIENCE, RULE_SHRINKS = 30, 8, [8, 3]
-_CLOCK_RUNS = "import sys; from tests import compaction_test as t; t.run_clocks(sys.argv[1])"
 
 
 def compaction_config(compact: bool):
@@ -59,9 +59,11 @@ class _Killed(Exception):
 
 
 def run_all(root: str) -> None:
-    """<root>/whole, <root>/compacted, and <root>/resumed: the compacted run killed just
+    """<root>/clocks (`run_clocks`, first: its compactions are the cost rule's own), then
+    <root>/whole, <root>/compacted, and <root>/resumed: the compacted run killed just
     after a checkpoint taken while compacted, then resumed (<root>/killed.json says where
-    and what the checkpoint held)."""
+    and what the checkpoint held). One process: the runs share their compiled programs."""
+    run_clocks(os.path.join(root, "clocks"))
     driver.train_and_evaluate(compaction_config(False), os.path.join(root, "whole"))
     compaction.compaction_pays = lambda *args: True
     compacted = os.path.join(root, "compacted")
@@ -119,9 +121,11 @@ def run_clocks(root: str) -> None:
 
     driver.train_and_evaluate(config(False), os.path.join(root, "whole"))
     cheap, dear = itertools.repeat(10.0), itertools.chain([1000.0], itertools.repeat(1.0))
+    clock = compaction.time
     for name, durations in (("cheap", cheap), ("dear", dear)):
         compaction.time = _FakeClock(durations)
         driver.train_and_evaluate(config(True), os.path.join(root, name))
+    compaction.time = clock
 
 
 def _metrics_without_times(workdir) -> list[dict]:
@@ -245,16 +249,11 @@ def test_two_devices_round_the_program_up_and_train_the_same(two_devices):
     _assert_same_training(root / "compacted", root / "whole")
 
 
-def test_same_seed_compacts_alike_whatever_its_epochs_take(tmp_path):
+def test_same_seed_compacts_alike_whatever_its_epochs_take(runs):
     """Compaction decides from coins and epochs, never wall time: runs whose epochs seem
     to take different times write the same metrics.jsonl, and train as the whole group."""
-    env = helpers.cached_env(tmp_path / "jax-cache")
-    cmd = [sys.executable, "-c", _CLOCK_RUNS, str(tmp_path)]
-    proc = subprocess.run(
-        cmd, env=env, cwd=helpers.ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert _metrics_without_times(tmp_path / "cheap") == _metrics_without_times(tmp_path / "dear")
-    shrinks = _coins_computed(tmp_path / "cheap")
+    clocks = runs / "clocks"
+    assert _metrics_without_times(clocks / "cheap") == _metrics_without_times(clocks / "dear")
+    shrinks = _coins_computed(clocks / "cheap")
     assert sorted(set(shrinks), reverse=True) == RULE_SHRINKS
-    _assert_same_training(tmp_path / "cheap", tmp_path / "whole")
+    _assert_same_training(clocks / "cheap", clocks / "whole")

@@ -3,21 +3,26 @@
 Plots are drawn on matplotlib Figures with the Agg canvas directly, never via pyplot,
 so plotting changes no global backend and leaks no open figures. They are PNGs at
 DPI dots per inch, sized to be read at their natural size on a laptop screen.
+
+matplotlib is imported when the first figure is drawn, not with this module: it costs
+about 0.45 s of a process's start, and most processes draw nothing (eval.plots=False,
+predict, serve, --mode data, the plot workers' parent).
 """
 
 from __future__ import annotations
 
 import io
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, ScalarFormatter
 
 from cpbjax import writers
 from cpbjax.data import parsing
 from cpbjax.data.series import INTERVAL_MS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DPI = 110
 NOISE_BAND = 0.01  # |skill| below this on one series is noise (see the README).
@@ -26,9 +31,19 @@ QUOTES = ("FDUSD", "USDT", "USDC", "BUSD", "TUSD", "EUR", "TRY", "BTC", "ETH", "
 
 
 def _figure(width=5.0, height=3.0) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # (see the module docstring)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def _ticker():
+    """matplotlib.ticker, imported with the first figure (see the module docstring)."""
+    from matplotlib import ticker
+
+    return ticker
 
 
 def _save(fig: Figure, path: str) -> str:
@@ -50,7 +65,7 @@ def quote_asset(symbol: str) -> str:
 
 def _plain_prices(ax) -> None:
     """Full prices on the y axis: no '+1.234e-5' offset or '1e-5' factor above it."""
-    fmt = ScalarFormatter(useOffset=False)
+    fmt = _ticker().ScalarFormatter(useOffset=False)
     fmt.set_scientific(False)
     ax.yaxis.set_major_formatter(fmt)
 
@@ -125,7 +140,7 @@ def loss_figure(name: str, curve: tuple, entry: dict, ylabel: str, val_label="va
         ax.axvline(kept[0], color="C2", ls="--", lw=1)
         ax.plot([kept[0]], [kept[1]], "*", color="C2", ms=11, label=kept[2])
         losses = np.r_[losses, kept[1]]
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(_ticker().MaxNLocator(integer=True))
     _loss_axis(ax, losses)
     status = entry.get("status")
     title = f"{name} loss" + (f" ({status.replace('_', ' ')})" if status else "")
@@ -145,8 +160,8 @@ def _loss_axis(ax, losses) -> None:
     finite = losses[np.isfinite(losses)]
     if finite.size and finite.min() > 0 and finite.max() / finite.min() > 10:
         ax.set_yscale("log")
-        ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.yaxis.set_minor_formatter(_ticker().NullFormatter())
+    ax.yaxis.set_major_formatter(_ticker().FuncFormatter(lambda v, _: f"{v:.3g}"))
 
 
 def _pick_windows(times, n: int, num_windows: int, context: int):
@@ -184,7 +199,7 @@ def _forecast_panel(ax, record: dict, i: int, context: int, step: int) -> None:
     ax.plot(steps, np.r_[close0, pred[:, 3]], "C0.--", lw=1.2, label="predicted close")
     ax.set_title(parsing.iso(times[i])[:16].replace("T", " ") + " UTC", fontsize=9)
     ax.set_xlabel("candles after the last input", fontsize=9)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(_ticker().MaxNLocator(integer=True))
     ax.tick_params(labelsize=8)
     _plain_prices(ax)
 
@@ -267,7 +282,7 @@ def plot_fold_skill(path: str, backtest: dict) -> str | None:
         ax.plot(folds, means, "o-", color="C0", label="mean over series")
         ax.axhspan(-100 * NOISE_BAND, 100 * NOISE_BAND, color="0.9", zorder=0)
         ax.axhline(0, color="k", lw=0.8)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(_ticker().MaxNLocator(integer=True))
         ax.set(title=col, xlabel="fold (oldest first)")
     axes[0].set_ylabel("test skill vs better naive (%)")
     axes[0].legend(fontsize=8)
