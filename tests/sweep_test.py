@@ -3,7 +3,8 @@
 
 One sweep of 2 tiny series x 2 learning rates x 2 weight decays runs once in a subprocess (module
 fixture) with a persistent compilation cache at XLA optimisation level 0, as the
-backtest tests do; the run of one setting alone reuses its compiled programs.
+backtest tests do; the runs it is compared with (one setting alone, the pooled sweep and
+its setting alone, the compacted sweep) share one more subprocess (`run_others`).
 """
 
 import math
@@ -100,6 +101,16 @@ def run_compacted(workdir: str) -> None:
     sweep.run_sweep(config, os.path.join(workdir, "compacted"))
 
 
+def run_others(root: str) -> None:
+    """<root>/alone (`run_alone`), <root>/pooled/{sweep,alone} (`run_pooled_share`,
+    `run_pooled_alone`) and <root>/compacted (`run_compacted`, last: it forces compaction)
+    in one process, sharing their compiled programs."""
+    run_alone(os.path.join(root, "alone"))
+    run_pooled_share(os.path.join(root, "pooled", "sweep"))
+    run_pooled_alone(os.path.join(root, "pooled", "alone"))
+    run_compacted(os.path.join(root, "compacted"))
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """One CPU device and a compilation cache shared by this module's runs."""
@@ -118,6 +129,15 @@ def finished(env, tmp_path_factory):
 @pytest.fixture(scope="module")
 def full(finished):
     return finished[0]
+
+
+@pytest.fixture(scope="module")
+def others(env, tmp_path_factory):
+    """The root of `run_others`' workdirs."""
+    root = tmp_path_factory.mktemp("others")
+    proc = helpers.spawn("sweep_test", "run_others", root, env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return root
 
 
 def _read(workdir, name="sweep.json") -> dict:
@@ -141,10 +161,9 @@ def test_the_whole_grid_trains_in_one_program(full):
     assert compiles.count("jit(run_epoch)") == 1
 
 
-def test_a_sweep_coin_trains_as_that_setting_alone(full, env, tmp_path):
-    proc = helpers.spawn("sweep_test", "run_alone", tmp_path, env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    alone = writers.read_json(os.path.join(tmp_path, "alone.json"))[ALONE_SERIES]
+def test_a_sweep_coin_trains_as_that_setting_alone(full, others):
+    alone_dir = others / "alone"
+    alone = writers.read_json(os.path.join(alone_dir, "alone.json"))[ALONE_SERIES]
     alone_name = "lr={learning_rate!r},wd={weight_decay!r}".format(**ALONE_SETTING)
     cell = _read(full)["series"][ALONE_SERIES]["settings"][alone_name]
     for field in ("status", "best_epoch", "epochs_run", "num_params"):
@@ -155,7 +174,7 @@ def test_a_sweep_coin_trains_as_that_setting_alone(full, env, tmp_path):
     for col in ("close", "high", "low"):
         got, want = alone["test"]["columns"][col], cell["test"]["columns"][col]
         assert got["mae"] == pytest.approx(want["mae"], rel=1e-5)
-    p_alone, _ = checkpoint.load_series_model(os.path.join(tmp_path, "models", ALONE_SERIES))
+    p_alone, _ = checkpoint.load_series_model(os.path.join(alone_dir, "models", ALONE_SERIES))
     p_coin, _ = checkpoint.load_series_model(os.path.join(full, "sweep", "models", cell["coin"]))
     np.testing.assert_allclose(_flat(p_alone), _flat(p_coin), **helpers.CROSS_PROGRAM)
     # ... and each other setting of the same series, which starts from the same init,
@@ -274,16 +293,15 @@ def test_rerun_with_pooled_select_resumes_and_only_chooses_again(full, env, tmp_
     assert {s: results[s]["sweep"]["setting"] for s in SERIES} == dict.fromkeys(SERIES, want)
 
 
-def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(env, tmp_path):
-    proc = helpers.spawn("sweep_test", "run_pooled_share", tmp_path / "sweep", env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = writers.MetricsLog(os.path.join(tmp_path, "sweep", "sweep")).records()
+def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(others):
+    pooled = others / "pooled"
+    records = writers.MetricsLog(os.path.join(pooled, "sweep", "sweep")).records()
     groups = {r["group"]: r["series"] for r in records}
     # One group per setting in grid order, each holding every series at that setting ...
     assert list(groups.values()) == [[f"{s}@{name}" for s in SERIES] for name in _pooled_settings()]
-    compiles = [c["program"] for c in _read(tmp_path / "sweep", "timings.json")["compiles"]]
+    compiles = [c["program"] for c in _read(pooled / "sweep", "timings.json")["compiles"]]
     assert compiles.count("jit(run_epoch)") == 1  # ... all run by one compiled program.
-    models = os.path.join(tmp_path, "sweep", "sweep", "models")
+    models = os.path.join(pooled, "sweep", "sweep", "models")
     flat = {}
     for name in _pooled_settings():  # Each setting is ONE model: its coins keep the same params.
         first, second = (
@@ -293,11 +311,9 @@ def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(env, tmp_p
         flat[name] = _flat(first)
     # The setting equals a pooled run with its values in config.train (another program's
     # schedule x lr_mult: equal up to float32 rounding), and every other setting differs.
-    proc = helpers.spawn("sweep_test", "run_pooled_alone", tmp_path / "alone", env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
     alone_name = "lr={learning_rate!r},wd={weight_decay!r}".format(**POOLED_ALONE)
-    cells = _read(tmp_path / "sweep")["series"]
-    alone = _read(tmp_path / "alone", "results.json")["series"]
+    cells = _read(pooled / "sweep")["series"]
+    alone = _read(pooled / "alone", "results.json")["series"]
     for series in SERIES:
         cell = cells[series]["settings"][alone_name]
         assert alone[series]["best_epoch"] == cell["best_epoch"] >= 1
@@ -305,7 +321,7 @@ def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(env, tmp_p
         for col in ("close", "high", "low"):
             got, want = alone[series]["test"]["columns"][col], cell["test"]["columns"][col]
             assert got["mae"] == pytest.approx(want["mae"], rel=1e-5)
-    p_alone, _ = checkpoint.load_series_model(os.path.join(tmp_path, "alone", "models", SERIES[0]))
+    p_alone, _ = checkpoint.load_series_model(os.path.join(pooled, "alone", "models", SERIES[0]))
     # Adam's step on a param whose gradient is ~0 follows the gradient's rounding: with the
     # decay's L2 term one of 2281 params ended 2.4e-4 apart (of params ~0.3), so atol 1e-3.
     np.testing.assert_allclose(_flat(p_alone), flat[alone_name], rtol=1e-4, atol=1e-3)
@@ -314,12 +330,11 @@ def test_a_pooled_sweep_trains_each_setting_as_one_pooled_model_alone(env, tmp_p
             assert np.abs(flat[name] - flat[alone_name]).max() > 1e-4, name
 
 
-def test_a_compacted_sweep_trains_and_chooses_as_the_whole_one(env, tmp_path):
-    proc = helpers.spawn("sweep_test", "run_compacted", tmp_path, env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = writers.MetricsLog(os.path.join(tmp_path, "compacted", "sweep")).records()
+def test_a_compacted_sweep_trains_and_chooses_as_the_whole_one(others):
+    root = others / "compacted"
+    records = writers.MetricsLog(os.path.join(root, "compacted", "sweep")).records()
     assert min(r["coins_computed"] for r in records) < 8  # the program did shrink
-    whole, compacted = _read(tmp_path / "whole"), _read(tmp_path / "compacted")
+    whole, compacted = _read(root / "whole"), _read(root / "compacted")
     for series in SERIES:
         a, b = whole["series"][series], compacted["series"][series]
         assert a["chosen"] == b["chosen"]

@@ -42,7 +42,8 @@ def series_columns(series: Series, data_cfg) -> np.ndarray:
             raise CovariateError(
                 f"{series.name}: the model reads data.market_series="
                 f"{tuple(data_cfg.market_series)}, whose candles a frame does not carry: "
-                "forecast with --mode predict, which loads them from the run's data source"
+                "forecast with --mode predict or serve's GET, which load them from the run's data "
+                "source"
             )
         raise CovariateError(
             f"{series.name}: data.covariates column {missing[0] if missing else names!r} is "
