@@ -4,6 +4,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import threadpoolctl
 
 from cpbjax import band
 from cpbjax.data import stacking, synthetic, windows
@@ -114,3 +115,17 @@ def test_consistent_ohlc_moves_only_the_violating_high_or_low():
     np.testing.assert_array_equal(fixed[2], [10.0, 12.0, 9.0, 9.0])  # low above the close
     assert (fixed[:, 1] >= fixed[:, [0, 3]].max(1)).all()
     assert (fixed[:, 2] <= fixed[:, [0, 3]].min(1)).all()
+
+
+def _blas_threads() -> list[int]:
+    return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+
+
+def test_series_scored_in_threads_each_use_one_blas_thread(monkeypatch):
+    monkeypatch.setattr(evaluate, "SCORING_THREADS", 2)
+    before = _blas_threads()
+    assert before, "numpy's BLAS is not visible to threadpoolctl"
+    seen = evaluate.map_series(lambda job: (job, _blas_threads()), [0, 1, 2], label=None)
+    assert [job for job, _ in seen] == [0, 1, 2]  # in the jobs' order
+    assert all(threads == [1] * len(before) for _, threads in seen)
+    assert _blas_threads() == before  # restored after

@@ -13,6 +13,7 @@ import os
 from typing import NamedTuple
 
 import numpy as np
+import threadpoolctl
 from absl import logging
 
 from cpbjax import progress, sharding
@@ -137,7 +138,10 @@ def evaluate_split(
 
 # Series scored side by side: their scoring is mostly numpy (least squares, sorts) that
 # releases the GIL, and their forecasts share the compiled programs. The results are the
-# same in any order (each series' scoring is independent of the others').
+# same in any order (each series' scoring is independent of the others'). While they run,
+# numpy's BLAS keeps to one thread: its own threads would compete with the series' (the
+# global run's scoring on 2 cores: 26-27 s in 1 or 2 series threads with OpenBLAS's 2,
+# 17 s in 2 with one; docs/performance.md "Evaluation").
 SCORING_THREADS = min(8, os.cpu_count() or 1)
 
 
@@ -156,7 +160,10 @@ def map_series(score, jobs: list, label: str = "evaluate", counted=None) -> list
     if SCORING_THREADS <= 1 or len(jobs) <= 1:
         scored = [score_counted(job) for job in jobs]
     else:
-        with concurrent.futures.ThreadPoolExecutor(SCORING_THREADS) as pool:
+        with (
+            threadpoolctl.threadpool_limits(limits=1, user_api="blas"),
+            concurrent.futures.ThreadPoolExecutor(SCORING_THREADS) as pool,
+        ):
             scored = list(pool.map(score_counted, jobs))
     if own:
         counted.finish()
