@@ -139,9 +139,10 @@ def evaluate_split(
 # Series scored side by side: their scoring is mostly numpy (least squares, sorts) that
 # releases the GIL, and their forecasts share the compiled programs. The results are the
 # same in any order (each series' scoring is independent of the others'). While they run,
-# numpy's BLAS keeps to one thread: its own threads would compete with the series' (the
-# global run's scoring on 2 cores: 26-27 s in 1 or 2 series threads with OpenBLAS's 2,
-# 17 s in 2 with one; docs/performance.md "Evaluation").
+# numpy's BLAS keeps to one thread, as launch.py starts it: in a Python session that
+# loaded numpy first (cpbjax.train, fit) OpenBLAS has a thread per core, which competed
+# with the series' (the global run's scoring on 2 cores: 29 s, against 17 s held to
+# one; docs/performance.md "Evaluation").
 SCORING_THREADS = min(8, os.cpu_count() or 1)
 
 
