@@ -179,6 +179,18 @@ def test_serve_answers_a_damaged_or_nan_model_in_json(workdir):
         status, body, _ = http_helpers.request(port, f"/forecast/{SERIES}")
         assert status == 500, body
         assert body["error"].startswith(f"{SERIES}: the forecast's prices are NaN or inf")
+        status, body, _ = http_helpers.post_json(port, f"/forecast/{SERIES}", _posted(1000))
+        assert status == 500, body  # the model's fault, not the posted candles'
+        assert body["error"].startswith(f"{SERIES}: the forecast's prices are NaN or inf")
+
+
+def _posted(n: int) -> dict:
+    """serve's POST body of n synthetic BTCUSDT-1h candles."""
+    s = synthetic.generate("BTCUSDT", "1h", n)
+    names = ("open", "high", "low", "close", "volume")
+    rows = [dict(zip(names, row, strict=True)) for row in s.ohlcv.tolist()]
+    times = s.open_time_ms.tolist()
+    return {"candles": [{"open_time": t, **r} for t, r in zip(times, rows, strict=True)]}
 
 
 def test_init_from_refuses_a_damaged_source_in_one_line(workdir, tmp_path):

@@ -173,6 +173,8 @@ class Forecaster:
                 candles, symbol, interval, frames.volume_features(d), d.covariates
             )
             entry = zero_shot.from_candles(model, series)
+        except forecast.NonFiniteForecast:  # the model's fault, not the candles' (a 500)
+            raise
         except (ValueError, TypeError, SeriesSkipped) as e:  # CovariateError too
             raise BadCandles(str(e)) from None
         finally:
