@@ -41,7 +41,6 @@ from cpbjax.report import tables
 from cpbjax.score import forecast, saved, zero_shot
 from cpbjax.training import sharing
 
-OHLCV = frames_lib.OHLCV
 # The config `fit` trains with when given none: the GRU's default run.
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "gru.py")
 
@@ -206,7 +205,7 @@ def _write_frames(series: dict[str, Series], workdir: str) -> str:
                 raise ValueError(f"{path} holds other candles of {name}: fit into a new workdir")
     for name, path in paths.items():
         s = series[name]
-        table = pd.DataFrame(_frame_values(s), columns=[*OHLCV, *s.covariate_names])
+        table = pd.DataFrame(_frame_values(s), columns=[*parsing.OHLCV, *s.covariate_names])
         table.insert(0, "open_time", s.open_time_ms)
         buf = io.BytesIO()
         table.to_parquet(buf, index=False)

@@ -15,8 +15,6 @@ import pandas as pd
 from cpbjax.data import features, parsing
 from cpbjax.data.series import INTERVAL_MS, Series
 
-OHLCV = parsing.OHLCV
-
 
 def candles_interval(candles) -> str:
     """The interval of `candles` (a DataFrame indexed by open times): the spacing most of
@@ -39,12 +37,12 @@ def check_frame(candles, interval: str, volume_read_by) -> pd.DataFrame:
     `volume_read_by`: the features that read the volume (none: a volume of 0 stands in)."""
     if not isinstance(candles, pd.DataFrame):
         raise TypeError(f"candles must be a pandas DataFrame, not {type(candles).__name__}")
-    twice = parsing.columns_twice(candles.columns, OHLCV)
+    twice = parsing.columns_twice(candles.columns, parsing.OHLCV)
     if twice:
         both = " and ".join(repr(c) for c in sum(twice.values(), []))
         raise ValueError(f"candles have {both}: one column each, please (names ignore case)")
     frame = candles.rename(columns=str.lower)
-    needed = OHLCV if volume_read_by else OHLCV[:4]
+    needed = parsing.OHLCV if volume_read_by else parsing.OHLCV[:4]
     missing = [c for c in needed if c not in frame.columns]
     if missing:
         why = f"; data.features {list(volume_read_by)} read volume" if volume_read_by else ""
@@ -56,7 +54,7 @@ def check_frame(candles, interval: str, volume_read_by) -> pd.DataFrame:
         raise ValueError("candles need a timezone-aware UTC DatetimeIndex of open times")
     if not index.is_monotonic_increasing or index.has_duplicates:
         raise ValueError("candle open times must be strictly increasing (sorted, no repeats)")
-    nan = frame[list(OHLCV)].isna().any(axis=1)
+    nan = frame[list(parsing.OHLCV)].isna().any(axis=1)
     if nan.any():
         raise ValueError(f"candles hold NaN, first at {index[nan.to_numpy()][0]}")
     step = np.diff(index.tz_convert("UTC").as_unit("ms").asi8)
