@@ -4,8 +4,8 @@ Plots are drawn on matplotlib Figures with the Agg canvas directly, never via py
 so plotting changes no global backend and leaks no open figures. They are PNGs at
 DPI dots per inch, sized to be read at their natural size on a laptop screen.
 
-matplotlib is imported when the first figure is drawn, not with this module: it costs
-about 0.45 s of a process's start, and most processes draw nothing (eval.plots=False,
+matplotlib is imported when the first figure is drawn, not with this module: it adds
+about 0.3 s to a process's start, and most processes draw nothing (eval.plots=False,
 predict, serve, --mode data, the plot workers' parent).
 """
 
