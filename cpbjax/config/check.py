@@ -104,12 +104,7 @@ def _validate_data(c) -> None:
         d.api_url,
         "an http(s):// URL",
     )
-    rules.check(
-        isinstance(d.parsed_cache, str) and d.parsed_cache.strip() == d.parsed_cache,
-        "data.parsed_cache",
-        d.parsed_cache,
-        "'auto' (or ''), 'off' or a folder path without surrounding spaces",
-    )
+    _cache_folder(d.parsed_cache, "data.parsed_cache")
     _int_range(c, "data.months", 0, 120)
     rules.check(
         d.end == "" or re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", d.end) is not None,
@@ -256,6 +251,16 @@ def _check_interval_levels(levels) -> None:
     rules.check(ok, "eval.interval_levels", levels, allowed)
 
 
+def _cache_folder(value, field: str) -> None:
+    """A cache's setting: "auto" (or ""), "off" or a folder path."""
+    rules.check(
+        isinstance(value, str) and value.strip() == value,
+        field,
+        value,
+        "'auto' (or ''), 'off' or a folder path without surrounding spaces",
+    )
+
+
 def _validate_rest(c) -> None:
     _int_range(c, "ckpt.every_epochs", 1)
     _int_range(c, "ckpt.keep", 1)
@@ -266,6 +271,7 @@ def _validate_rest(c) -> None:
     _bool(c, "eval.print_table")
     _int_range(c, "eval.plot_windows", 0, 100)
     _int_range(c, "eval.plot_workers", 0, 64)
+    _cache_folder(c.eval.baseline_cache, "eval.baseline_cache")
     _bool(c, "predict.fresh")
     _int_range(c, "backtest.folds", 1, 1000)
     for field in ("step", "window", "min_train_windows"):

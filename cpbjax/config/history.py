@@ -39,6 +39,7 @@ ADDED: dict[str, Any] = {
     # The cache changes no candle a run sees, only how fast a rerun reads them: an earlier
     # config gets today's default.
     "data.parsed_cache": "auto",
+    "eval.baseline_cache": "auto",  # the same: never changes a score
 }
 
 _MARGIN = (

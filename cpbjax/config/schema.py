@@ -235,6 +235,13 @@ def base_config() -> ml_collections.ConfigDict:
     # Print the per-series results table when the report is written; cpbjax.fit sets False
     # (a library call logs its summary and leaves the caller's stdout alone).
     e.print_table = True
+    # Where scores read from the candles alone (the fitted baselines, the bands an interval
+    # is compared with) are kept, so that a rerun on the same data (another model or
+    # learning rate, --mode evaluate, a sweep) reads them back instead of refitting
+    # (cpbjax/score/baseline_cache.py): "auto" (or "") = $XDG_CACHE_HOME/cpbjax/baselines,
+    # ~/.cache/cpbjax/baselines without it; a path = that folder; "off" = no cache.
+    # Never changes a score.
+    e.baseline_cache = "auto"
 
     # --mode backtest: rolling-origin folds (cpbjax/data/folds.py, docs/design.md "Backtest").
     c.backtest = b = ml_collections.ConfigDict()

@@ -22,6 +22,7 @@ from cpbjax.data import parsing, split_dates
 from cpbjax.models import heads
 from cpbjax.score import (
     band_refit,
+    baseline_cache,
     baselines,
     batch_forecast,
     column_fallback,
@@ -57,6 +58,9 @@ class EvalSpec:
     # config.train.share == "pooled": every series' forecasts take the batched path of
     # batch_forecast (mixed with the series sharing its params, large batches even alone).
     pooled: bool = False
+    # config.eval.baseline_cache resolved: the folder of the scores read from the candles
+    # alone (cpbjax/score/baseline_cache.py); "" caches nothing.
+    baseline_cache: str = ""
 
     def at_levels(self, levels) -> EvalSpec:
         """This spec for an interval at other levels (a saved calibration's): what
@@ -75,6 +79,7 @@ def make_spec(config) -> EvalSpec:
         column_fallback=config.eval.column_fallback and config.model.baseline != "none",
         loss=config.train.loss,
         pooled=config.train.get("share") == "pooled",
+        baseline_cache=baseline_cache.resolve_root(config.eval.get("baseline_cache", "auto")),
     )
 
 
@@ -128,12 +133,27 @@ def evaluate_split(
     ends, out = fc.ends_N, _window_scores(prep, fc, spec.horizon)
     actual = arrays.next_candles(ends, spec.horizon)
     out.update(metrics.score_prices(prep.ohlc[ends], actual, fc.prices_NHC))
-    out.update(baselines.fitted_baselines(prep, split, ends, spec, out["columns"], arrays))
+    out.update(_fitted_baselines(prep, split, ends, spec, out["columns"], arrays))
     if calibration is not None:
         out["calibrated_interval"] = intervals.score_calibrated(
             prep, split, ends, spec, fc.prices_NHC, calibration, arrays
         )
     return out
+
+
+def _fitted_baselines(prep, split, ends_N, spec, columns, arrays) -> dict:
+    """baselines.fitted_baselines of the split, through the baseline cache: handed only the
+    naive forecasts' errors of `columns` (the model's are not part of its key)."""
+    naive_columns = {c: {k: v[k] for k in ("naive", "best_naive")} for c, v in columns.items()}
+    return baseline_cache.cached(
+        spec.baseline_cache,
+        "fitted_baselines",
+        {"lookback": spec.lookback, "horizon": spec.horizon},
+        prep,
+        arrays,
+        {"fit": baselines.fit_ends(prep, split), "scored": ends_N},
+        lambda: baselines.fitted_baselines(prep, split, ends_N, spec, naive_columns, arrays),
+    )
 
 
 # Series scored side by side: their scoring is mostly numpy (least squares, sorts) that

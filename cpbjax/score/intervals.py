@@ -28,7 +28,7 @@ from cpbjax import config_rules as rules
 from cpbjax.columns import COLUMNS
 from cpbjax.data import parsing
 from cpbjax.data.series import INTERVAL_MS
-from cpbjax.score import baselines
+from cpbjax.score import baseline_cache, baselines
 from cpbjax.score.metrics import json_float, json_floats
 from cpbjax.score.series_arrays import SeriesArrays
 
@@ -128,9 +128,9 @@ def _score_quantiles(score_NHC, ok_NHC, sigma_N, levels_J, weighting: str) -> np
     return k_VJ.reshape(horizon, columns, len(levels_J))
 
 
-def _column(actual_NH, pred_NHJ, bands: dict, levels_J) -> dict:
+def _column(actual_NH, pred_NHJ, losses: dict, levels_J) -> dict:
     """The interval scores of one column; the central interval is the outermost levels.
-    bands: name -> [N, H, J] quantiles of a band it is compared with ("band", and with a
+    losses: name -> `_band_loss` of a band it is compared with ("band", and with a
     blended scale "scaled_band"): <name>_pinball(_h) and skill_vs_<name>."""
     lo_NH, hi_NH = pred_NHJ[..., 0], pred_NHJ[..., -1]
     inside_NH = (actual_NH >= lo_NH) & (actual_NH <= hi_NH)
@@ -144,13 +144,52 @@ def _column(actual_NH, pred_NHJ, bands: dict, levels_J) -> dict:
         "pinball": json_float(model_loss),
         "pinball_h": json_floats(loss_NH.mean(0)),
     }
-    for name, band_NHJ in bands.items():
-        band_NH = pinball(actual_NH, band_NHJ, levels_J).mean(-1)
-        band = float(band_NH.mean())
-        out[f"{name}_pinball"] = json_float(band)
-        out[f"{name}_pinball_h"] = json_floats(band_NH.mean(0))
-        out[f"skill_vs_{name}"] = json_float(1.0 - model_loss / band) if band > 0 else None
+    for name, (loss, loss_h) in losses.items():
+        out[f"{name}_pinball"] = json_float(loss)
+        out[f"{name}_pinball_h"] = loss_h
+        out[f"skill_vs_{name}"] = json_float(1.0 - model_loss / loss) if loss > 0 else None
     return out
+
+
+def _band_loss(actual_NH, band_NHJ, levels_J) -> tuple:
+    """(mean pinball loss over windows, steps and levels, its JSON-ready mean per step [H])
+    of a band's quantiles of one column."""
+    band_NH = pinball(actual_NH, band_NHJ, levels_J).mean(-1)
+    return float(band_NH.mean()), json_floats(band_NH.mean(0))
+
+
+def band_losses(prep, split, ends_N, spec, scale, arrays) -> dict:
+    """column -> band name -> `_band_loss` of the bands an interval of `split` is compared
+    with (`score_intervals`): the band, and with a blended scale the band with that
+    scale, fitted on the splits before it. Read from the candles alone, so kept in the
+    baseline cache (spec.baseline_cache)."""
+
+    def losses():
+        lookback, horizon, levels_J = spec.lookback, spec.horizon, spec.interval_levels
+        actual_NHC = arrays.next_candles(ends_N, horizon)
+        k_HCJ = fit_band_quantiles(prep.ohlc, fit_on, lookback, horizon, levels_J, arrays)
+        bands = {"band": band_quantiles(k_HCJ, prep.ohlc, ends_N, lookback, arrays)}
+        if scale["long_weight"] > 0:
+            bands["scaled_band"] = scaled_band(prep, fit_on, ends_N, spec, scale, arrays)
+        return {
+            col: {
+                name: _band_loss(actual_NHC[..., c], b[..., c, :], levels_J)
+                for name, b in bands.items()
+            }
+            for c, col in enumerate(COLUMNS)
+        }
+
+    fit_on = baselines.fit_ends(prep, split)
+    settings = {
+        "lookback": spec.lookback,
+        "horizon": spec.horizon,
+        "levels": [float(q) for q in spec.interval_levels],
+        "scale": dict(scale),
+    }
+    ends = {"fit": fit_on, "scored": ends_N}
+    return baseline_cache.cached(
+        spec.baseline_cache, "band_losses", settings, prep, arrays, ends, losses
+    )
 
 
 def score_intervals(prep, split, ends_N, spec, pred_NHCJ, scale=WINDOW_ONLY, arrays=None) -> dict:
@@ -167,24 +206,15 @@ def score_intervals(prep, split, ends_N, spec, pred_NHCJ, scale=WINDOW_ONLY, arr
         the network adds beyond its scale.
       arrays: the series' SeriesArrays where it is scored (a fresh one by default).
     """
-    lookback, horizon, levels_J = spec.lookback, spec.horizon, spec.interval_levels
     arrays = arrays or SeriesArrays(prep.ohlc)
-    actual_NHC = arrays.next_candles(ends_N, horizon)
-    fit_on = baselines.fit_ends(prep, split)
-    k_HCJ = fit_band_quantiles(prep.ohlc, fit_on, lookback, horizon, levels_J, arrays)
-    bands = {"band": band_quantiles(k_HCJ, prep.ohlc, ends_N, lookback, arrays)}
-    if scale["long_weight"] > 0:
-        bands["scaled_band"] = scaled_band(prep, fit_on, ends_N, spec, scale, arrays)
+    actual_NHC = arrays.next_candles(ends_N, spec.horizon)
+    losses = band_losses(prep, split, ends_N, spec, scale, arrays)
+    levels_J = spec.interval_levels
     return {
         "levels": [float(q) for q in levels_J],
         "central": [float(levels_J[0]), float(levels_J[-1])],
         "columns": {
-            col: _column(
-                actual_NHC[..., c],
-                pred_NHCJ[..., c, :],
-                {name: b[..., c, :] for name, b in bands.items()},
-                levels_J,
-            )
+            col: _column(actual_NHC[..., c], pred_NHCJ[..., c, :], losses[col], levels_J)
             for c, col in enumerate(COLUMNS)
         },
     }
