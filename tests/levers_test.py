@@ -160,7 +160,11 @@ def test_interval_scores_match_a_loop():
     pred = np.sort(rng.normal(size=(40, 3, 3)), axis=-1)
     band = np.sort(rng.normal(size=(40, 3, 3)), axis=-1)
     other = np.sort(rng.normal(size=(40, 3, 3)), axis=-1)
-    got = intervals._column(actual, pred, {"band": band, "scaled_band": other}, LEVELS)
+    losses = {
+        name: intervals._band_loss(actual, b, LEVELS)
+        for name, b in (("band", band), ("scaled_band", other))
+    }
+    got = intervals._column(actual, pred, losses, LEVELS)
     inside = [[pred[n, h, 0] <= actual[n, h] <= pred[n, h, 2] for h in range(3)] for n in range(40)]
     assert got["coverage"] == pytest.approx(np.mean(inside))
 
