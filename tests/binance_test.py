@@ -194,6 +194,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
 class _QuietServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # as tests/fake_exchange.py's: no SYN dropped in a burst
 
     def handle_error(self, request, client_address):
         pass  # Clients that time out close their sockets; that is expected here.

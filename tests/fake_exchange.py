@@ -178,13 +178,20 @@ def trickle(wfile, stopping: threading.Event, data: bytes) -> None:
             wfile.flush()
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    # A burst of parallel downloads (several forecasts' workers at once) must not overflow
+    # the listen backlog (5 by default): Linux then drops the SYN, and the client's retry
+    # comes after the 1 s connect timeout hostile tests set, read as "did not connect".
+    request_queue_size = 128
+
+
 @contextlib.contextmanager
 def serving(handler, stopping: threading.Event):
     """Serves `handler` (a request handler class or partial) on 127.0.0.1:<free port> in
     threads; yields its http:// URL. On leaving, `stopping` is set (a hostile reply that
     waits on it ends) and the server is shut down."""
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
+    httpd = _Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
