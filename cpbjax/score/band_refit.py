@@ -94,10 +94,13 @@ def shift_json(shift_H2) -> dict:
 
 def refit_for(split: str, prep, fcs: dict, spec, arrays=None):
     """(split -> the forecasts of `fcs` refit for scoring `split`, shift [H, 2]): the
-    shift is fitted on the splits before `split` (train for val, train+val for test);
+    shift is fitted on the splits before `split` (train for val, train+val for test),
+    and the forecasts of those splits and of `split` are refit;
     spec: the run's evaluate.EvalSpec (its window sizes); arrays: the series'
     SeriesArrays where it is scored (a fresh one by default)."""
     L, arrays = spec.lookback, arrays or SeriesArrays(prep.ohlc)
-    shift_H2 = fit_shift(prep, fcs, baselines.SPLITS_BEFORE[split], L, spec.horizon, arrays)
-    refit = {s: shifted_forecast(prep, fc, shift_H2, L, arrays) for s, fc in fcs.items()}
+    before = baselines.SPLITS_BEFORE[split]
+    shift_H2 = fit_shift(prep, fcs, before, L, spec.horizon, arrays)
+    # the splits up to the scored one: what its scores read (its interval's fit, before it)
+    refit = {s: shifted_forecast(prep, fcs[s], shift_H2, L, arrays) for s in (*before, split)}
     return refit, shift_H2
