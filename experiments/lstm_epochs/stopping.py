@@ -8,6 +8,7 @@ would keep. The cap cannot be read off this way: train.epochs sets the length of
 warmup and of the cosine schedule, so another cap gives another run.
 
   python experiments/lstm_epochs/stopping.py runs/lstm-cap/metrics.jsonl
+  python experiments/lstm_epochs/stopping.py runs/lstm-long/metrics.jsonl --patience 200
 
 Prints, per patience: the epochs the run would last (its slowest series), the
 coin-epochs it would train, how many series would keep a worse val loss than the long
@@ -16,12 +17,12 @@ run, and the median and worst relative val-loss change.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 
-PATIENCES = (1, 2, 3, 5, 10, 20)  # the last is the long run's own
-EPOCH_CAP = 200  # the long run's train.epochs
+PATIENCES = (1, 2, 3, 5, 10, 20, 50, 100)  # read off a run whose own patience is longer
 
 
 def histories(path: str) -> dict[str, list[tuple[bool, float]]]:
@@ -58,19 +59,21 @@ def stop(history: list[tuple[bool, float]], patience: int) -> tuple[int, float, 
     return len(history), history[-1][1], False
 
 
-def main(path: str) -> None:
+def main(path: str, long_patience: int, epoch_cap: int) -> None:
+    """Prints the table for the run at `path`, which ran with train.patience =
+    long_patience and train.epochs = epoch_cap."""
     runs = histories(path)
-    full = {name: stop(h, max(PATIENCES)) for name, h in runs.items()}
+    full = {name: stop(h, long_patience) for name, h in runs.items()}
     # The rule read back must stop each series where the long run itself stopped it (a
-    # series that ran to the cap of EPOCH_CAP stops there instead).
-    differ = [n for n, h in runs.items() if not (full[n][2] or len(h) == EPOCH_CAP)]
+    # series that ran to the cap stops there instead).
+    differ = [n for n, h in runs.items() if not (full[n][2] or len(h) == epoch_cap)]
     if differ:
         sys.exit(f"the simulated stops differ from the run's for {differ}: check the rule")
     improved = {n: [e for e, (i, _) in enumerate(h, start=1) if i] for n, h in runs.items()}
     print(f"{len(runs)} series; epochs that improved each: {improved}")
     print("| patience | run epochs | coin-epochs | worse | median change | worst change |")
     print("|---|---|---|---|---|---|")
-    for patience in PATIENCES:
+    for patience in [p for p in PATIENCES if p < long_patience] + [long_patience]:
         got = {name: stop(h, patience)[:2] for name, h in runs.items()}
         change = [got[n][1] / full[n][1] - 1 for n in runs]
         print(
@@ -81,4 +84,9 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("metrics", help="the long run's metrics.jsonl")
+    parser.add_argument("--patience", type=int, default=20, help="its train.patience")
+    parser.add_argument("--epochs", type=int, default=200, help="its train.epochs")
+    args = parser.parse_args()
+    main(args.metrics, args.patience, args.epochs)
