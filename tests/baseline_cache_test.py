@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cpbjax import band
@@ -149,3 +150,15 @@ def test_the_config_names_the_folder(tmp_path, monkeypatch):
     calls = []
     assert baseline_cache.cached("", "b", {}, None, None, {}, lambda: calls.append(1)) is None
     assert calls == [1]  # off: computed, nothing read or written
+
+
+def test_numpy_values_are_kept_as_the_python_values_they_hold(tmp_path):
+    prep, root = make_prep(), str(tmp_path / "cache")
+    arrays = SeriesArrays(prep.ohlc)
+    block = {"n": np.int64(3), "k": np.arange(2.0), "x": np.float32(0.5), "nan": float("nan")}
+    args = (root, "b", {}, prep, arrays, {"fit": prep.ends["train"]})
+    for _ in range(2):  # stored, then read back
+        got = baseline_cache.cached(*args, lambda b=block: b)
+        assert got["n"] == 3 and got["k"] == [0.0, 1.0] and got["x"] == 0.5
+        assert np.isnan(got["nan"])
+    assert len(_entries(root)) == 1

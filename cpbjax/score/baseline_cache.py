@@ -117,9 +117,17 @@ def cached(root: str, block: str, settings: dict, prep, arrays, ends: dict, comp
     found = cache.load(key)
     if found is not None:
         return found
-    text = json.dumps(compute())
+    text = json.dumps(compute(), default=_plain)
     cache.store(key, text)
     return json.loads(text)
+
+
+def _plain(value):
+    """json.dumps' fallback: a numpy scalar or array as the Python value it holds (NaN
+    stays NaN, which the cache's JSON keeps, unlike results.json's)."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot cache {type(value).__name__} value {value!r} as JSON")
 
 
 class _Cache:
