@@ -66,9 +66,11 @@ def test_scores_through_the_cache_equal_those_without_and_a_rerun_fits_nothing(
     assert not os.path.exists(root)
     assert _scores(prep, root) == plain  # cold: computed, stored
     assert len(_entries(root)) == 4  # two blocks (fitted baselines, band losses) per split
+    assert baseline_cache.counts(root) == (0, 4)
     assert '"scaled_band_pinball"' in plain and '"har"' in plain  # both blocks are scored
     _no_fits(monkeypatch)
     assert _scores(prep, root) == plain  # warm: read back, nothing fitted
+    assert baseline_cache.counts(root) == (4, 4)
     with pytest.raises(AssertionError, match="fitted"):
         _scores(prep, "")  # the fits that were skipped do run without the cache
 

@@ -115,6 +115,7 @@ def cached(root: str, block: str, settings: dict, prep, arrays, ends: dict, comp
     cache = _cache(root)
     key = entry_key(block, settings, prep, arrays, ends)
     found = cache.load(key)
+    cache.count(read=found is not None)
     if found is not None:
         return found
     text = json.dumps(compute(), default=_plain)
@@ -137,6 +138,11 @@ class _Cache:
         self.root = root
         self._lock = threading.Lock()
         self._store_failed = False  # one warning per root when the folder is unwritable
+        self.read = self.computed = 0  # blocks read back, and computed (and stored)
+
+    def count(self, read: bool) -> None:
+        with self._lock:
+            self.read, self.computed = self.read + read, self.computed + (not read)
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, f"v{FORMAT}", f"{key}.json")
@@ -173,6 +179,16 @@ class _Cache:
                 first, self._store_failed = not self._store_failed, True
             if first:
                 logging.warning("Cannot write to the baseline cache %s (%s).", self.root, e)
+
+
+def counts(root: str) -> tuple[int, int]:
+    """(blocks read back, blocks computed) under `root` in this process so far; (0, 0)
+    for "" (no cache)."""
+    if not root:
+        return 0, 0
+    cache = _cache(root)
+    with cache._lock:
+        return cache.read, cache.computed
 
 
 _caches: dict[str, _Cache] = {}

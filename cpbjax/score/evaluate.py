@@ -230,11 +230,21 @@ def evaluate_models(
     """
     counted = progress.Counted(label or "evaluate", len(preps) if label else 0)
     splits = forecast_splits(module, spec)
-    scored = []
+    scored, cached_before = [], baseline_cache.counts(spec.baseline_cache)
     for wave in _waves(preps, splits):
         wave_params, wave_preps = [params_list[i] for i in wave], [preps[i] for i in wave]
         scored += _evaluate_wave(module, wave_params, wave_preps, spec, forecasts_dir, counted)
     counted.finish()
+    now = baseline_cache.counts(spec.baseline_cache)
+    read, computed = now[0] - cached_before[0], now[1] - cached_before[1]
+    if label and read + computed:
+        logging.info(
+            "%s: %d baseline score blocks read from %s, %d computed",
+            label,
+            read,
+            spec.baseline_cache,
+            computed,
+        )
     return scored
 
 
