@@ -52,16 +52,52 @@ def _warm(_):
     return os.getpid()
 
 
+def _score_waves_in_processes(workers: int, timed) -> None:
+    """Makes evaluate score each wave in a pool of `workers` spawned processes, started and
+    warmed now; timed(fn, "scoring") wraps the wave's scoring in the clock."""
+    import jax
+    import numpy as np
+
+    from cpbjax import process_pool
+    from cpbjax.score import evaluate
+
+    pool = process_pool.spawn(workers)
+    assert len(set(pool.map(_warm, range(workers)))) == workers
+    forecast_jobs, decide = evaluate.batch_forecast.forecast_jobs, evaluate._decide_columns
+    wave = {}  # what score_in_worker needs of the wave being scored
+
+    def keep_decided(module, params_list, preps, spec):
+        entries, params_list = decide(module, params_list, preps, spec)
+        wave.update(module=module, spec=spec, preps=preps, entries=entries)
+        wave["params"] = [jax.tree.map(np.asarray, p) for p in params_list]
+        return entries, params_list
+
+    def keep_forecasts(*args):
+        wave["norms"] = forecast_jobs(*args)
+        return wave["norms"]
+
+    def in_workers(score, indices, counted):  # map_series of the wave, in processes
+        splits = evaluate.forecast_splits(wave["module"], wave["spec"])
+        n, norms = len(splits), wave["norms"]
+        work = [
+            (wave["module"], wave["params"][j], wave["preps"][j], wave["spec"])
+            + (norms[j * n : (j + 1) * n], splits, wave["entries"][j])
+            for j in indices
+        ]
+        return list(pool.map(score_in_worker, work))
+
+    evaluate._decide_columns = keep_decided
+    evaluate.batch_forecast.forecast_jobs = keep_forecasts
+    evaluate.map_series = timed(in_workers, "scoring")
+
+
 def _run_arm(arm: str, workers: int, workdir: str) -> None:
     """Runs launch.py --mode evaluate on `workdir` in this process with the arm's scoring
     and prints MARK + JSON {scoring, evaluate} seconds."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as launch.py, before numpy loads
-    import jax
-    import numpy as np
     from absl import app
 
     import launch
-    from cpbjax import process_pool
     from cpbjax.modes import evaluate as evaluate_mode
     from cpbjax.score import evaluate
 
@@ -78,34 +114,7 @@ def _run_arm(arm: str, workers: int, workdir: str) -> None:
 
     evaluate.SCORING_THREADS = workers
     if arm == "processes":
-        pool = process_pool.spawn(workers)
-        assert len(set(pool.map(_warm, range(workers)))) == workers
-        forecast_jobs, decide = evaluate.batch_forecast.forecast_jobs, evaluate._decide_columns
-        wave = {}  # what score_in_worker needs of the wave being scored
-
-        def keep_decided(module, params_list, preps, spec):
-            entries, params_list = decide(module, params_list, preps, spec)
-            wave.update(module=module, spec=spec, preps=preps, entries=entries)
-            wave["params"] = [jax.tree.map(np.asarray, p) for p in params_list]
-            return entries, params_list
-
-        def keep_forecasts(*args):
-            wave["norms"] = forecast_jobs(*args)
-            return wave["norms"]
-
-        def in_workers(score, indices, counted):  # map_series of the wave, in processes
-            splits = evaluate.forecast_splits(wave["module"], wave["spec"])
-            n, norms = len(splits), wave["norms"]
-            work = [
-                (wave["module"], wave["params"][j], wave["preps"][j], wave["spec"])
-                + (norms[j * n : (j + 1) * n], splits, wave["entries"][j])
-                for j in indices
-            ]
-            return list(pool.map(score_in_worker, work))
-
-        evaluate._decide_columns = keep_decided
-        evaluate.batch_forecast.forecast_jobs = keep_forecasts
-        evaluate.map_series = timed(in_workers, "scoring")
+        _score_waves_in_processes(workers, timed)
     else:
         evaluate.map_series = timed(evaluate.map_series, "scoring")
     evaluate_mode.evaluate_models = timed(evaluate.evaluate_models, "evaluate")

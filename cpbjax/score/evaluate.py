@@ -235,17 +235,20 @@ def evaluate_models(
         wave_params, wave_preps = [params_list[i] for i in wave], [preps[i] for i in wave]
         scored += _evaluate_wave(module, wave_params, wave_preps, spec, forecasts_dir, counted)
     counted.finish()
-    now = baseline_cache.counts(spec.baseline_cache)
-    read, computed = now[0] - cached_before[0], now[1] - cached_before[1]
-    if label and read + computed:
-        logging.info(
-            "%s: %d baseline score blocks read from %s, %d computed",
-            label,
-            read,
-            spec.baseline_cache,
-            computed,
-        )
+    if label:
+        _log_cache_use(label, spec.baseline_cache, cached_before)
     return scored
+
+
+def _log_cache_use(label: str, root: str, before: tuple[int, int]) -> None:
+    """Logs the baseline score blocks read from the cache under `root` and those computed
+    since baseline_cache.counts gave `before`."""
+    now = baseline_cache.counts(root)
+    read, computed = now[0] - before[0], now[1] - before[1]
+    if read + computed:
+        logging.info(
+            "%s: %d baseline score blocks read from %s, %d computed", label, read, root, computed
+        )
 
 
 def _evaluate_wave(module, params_list, preps, spec, forecasts_dir, counted) -> list[Scored]:
