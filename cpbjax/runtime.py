@@ -14,6 +14,7 @@ import jax.extend.random
 from absl import logging
 from jax.interpreters import mlir
 
+from cpbjax import workdir
 from cpbjax.version import __version__
 
 _BACKENDS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
@@ -45,8 +46,7 @@ def compilation_cache() -> str:
     for name in ("CPBJAX_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR"):
         if name in os.environ:
             return os.path.expanduser(os.environ[name])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cpbjax", "xla")
+    return workdir.user_cache("xla")
 
 
 def configure(config) -> str:

@@ -1,4 +1,5 @@
-"""Every path under a run's <workdir>: the one place that names its files and folders.
+"""Every path under a run's <workdir>: the one place that names its files and folders;
+and the user's cache folders that every run shares (`user_cache`).
 
 <workdir>/config.json                 the resolved config
 <workdir>/metrics.jsonl               one JSON object per (group, epoch)
@@ -32,6 +33,13 @@
 from __future__ import annotations
 
 import os
+
+# The user's cache folders, $XDG_CACHE_HOME/cpbjax/<name> (~/.cache/cpbjax/<name> when it
+# is unset or empty): "parsed" (data.parsed_cache), "baselines" (eval.baseline_cache) and
+# "xla" (runtime.compilation_cache). A cache setting: "auto" (or "") for that folder,
+# "off" for none, else a folder path.
+CACHE_OFF = "off"
+CACHE_DEFAULT = ("", "auto")
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -189,3 +197,20 @@ def remove_if_empty(folders: list[str]) -> None:
             os.rmdir(folder)
         except OSError:
             return
+
+
+def user_cache(name: str) -> str:
+    """The user's cache folder `name`: $XDG_CACHE_HOME/cpbjax/<name>, or
+    ~/.cache/cpbjax/<name> when $XDG_CACHE_HOME is unset or empty."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cpbjax", name)
+
+
+def cache_setting(setting: str, name: str) -> str | None:
+    """The folder a cache setting names: None for "off", user_cache(name) for "auto" or
+    "", else the path (~ expanded)."""
+    if setting == CACHE_OFF:
+        return None
+    if setting in CACHE_DEFAULT:
+        return user_cache(name)
+    return os.path.expanduser(setting)

@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
+from cpbjax import workdir
 from cpbjax.config import schema as config_lib
 from cpbjax.data import binance, mirrors, parsed_cache, synthetic
 from cpbjax.data.progress import Progress
@@ -149,12 +150,16 @@ def test_off_writes_nothing(mirror, tmp_path, monkeypatch, csv_parses):
 def test_the_setting_names_the_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     want = str(tmp_path / "cpbjax" / "parsed")
-    assert parsed_cache.resolve_root("auto") == parsed_cache.resolve_root("") == want
+
+    def named(setting):
+        return workdir.cache_setting(setting, parsed_cache.FOLDER)
+
+    assert named("auto") == named("") == want
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert parsed_cache.resolve_root("") == str(tmp_path / "home" / ".cache/cpbjax/parsed")
-    assert parsed_cache.resolve_root("~/pc") == str(tmp_path / "home" / "pc")
-    assert parsed_cache.resolve_root("off") is None
+    assert named("") == str(tmp_path / "home" / ".cache/cpbjax/parsed")
+    assert named("~/pc") == str(tmp_path / "home" / "pc")
+    assert named("off") is None
 
 
 def test_an_http_mirrors_cached_zips_are_parsed_once(mirror, tmp_path, csv_parses):

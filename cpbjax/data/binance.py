@@ -32,6 +32,7 @@ import urllib.request
 from absl import logging
 
 from cpbjax import config_rules as rules
+from cpbjax import workdir as workdir_lib
 from cpbjax.data import http_client, parsed_cache, parsing
 from cpbjax.data.mirrors import DirMirror, FileRef, HttpMirror, months_back
 from cpbjax.data.progress import Progress
@@ -80,7 +81,8 @@ def open_mirror(data_cfg):
     """
     url = data_cfg.base_url
     parsed = urllib.parse.urlparse(url)
-    root = parsed_cache.resolve_root(data_cfg.get("parsed_cache", parsed_cache.OFF))
+    setting = data_cfg.get("parsed_cache", workdir_lib.CACHE_OFF)
+    root = workdir_lib.cache_setting(setting, parsed_cache.FOLDER)
     cache = parsed_cache.ParsedCache(root) if root else None
     if parsed.scheme == "http":
         # The CHECKSUM comes over the same channel as the zip: both can be replaced.

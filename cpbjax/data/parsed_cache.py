@@ -1,7 +1,8 @@
 """The parsed-array cache: each verified kline zip's parsed candles, keyed by its sha256.
 
 Parsing a month's CSV costs far more than reading its arrays, so the first parse of a
-zip is kept as `<root>/v<FORMAT>/<sha256>.klines` (`data.parsed_cache`, `resolve_root`)
+zip is kept as `<root>/v<FORMAT>/<sha256>.klines` (`data.parsed_cache`, whose folder
+`workdir.cache_setting` names)
 and a rerun reads the arrays instead. An entry is trusted only through checksums: its
 name is the zip's sha256 that the zip's CHECKSUM gave and its bytes matched, so a changed
 zip simply misses; and the entry carries the sha256 of its own arrays (with the zip's
@@ -38,24 +39,7 @@ FORMAT = 2
 MAGIC = b"cpbjax-klines-2\n"
 _HEADER = struct.Struct(f"<{len(MAGIC)}s64sQ")  # MAGIC, digest (hex), N
 _TIMES, _OHLCV = np.dtype("<i8"), np.dtype("<f8")  # little-endian on every machine
-OFF = "off"
-DEFAULT = ("", "auto")  # data.parsed_cache values that mean default_root()
-
-
-def default_root() -> str:
-    """$XDG_CACHE_HOME/cpbjax/parsed, ~/.cache/cpbjax/parsed when that is unset or empty."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cpbjax", "parsed")
-
-
-def resolve_root(setting: str) -> str | None:
-    """The folder that data.parsed_cache names: None for "off", default_root() for ""
-    or "auto", else the path (~ expanded)."""
-    if setting == OFF:
-        return None
-    if setting in DEFAULT:
-        return default_root()
-    return os.path.expanduser(setting)
+FOLDER = "parsed"  # its workdir.user_cache name
 
 
 def _digest(zip_sha256: str, times: np.ndarray, ohlcv: np.ndarray) -> str:

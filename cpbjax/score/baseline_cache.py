@@ -45,25 +45,8 @@ from cpbjax import writers
 # Bumped when an entry's layout changes: entries of an older FORMAT are never read.
 FORMAT = 1
 MAGIC = "cpbjax-scores-1"
-OFF = "off"
-DEFAULT = ("", "auto")  # eval.baseline_cache values that mean default_root()
+FOLDER = "baselines"  # its workdir.user_cache name
 _PACKAGE = Path(__file__).resolve().parents[1]
-
-
-def default_root() -> str:
-    """$XDG_CACHE_HOME/cpbjax/baselines, ~/.cache/cpbjax/baselines when that is unset or empty."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cpbjax", "baselines")
-
-
-def resolve_root(setting: str) -> str:
-    """The folder eval.baseline_cache names: "" for "off", default_root() for "" or
-    "auto", else the path (~ expanded)."""
-    if setting == OFF:
-        return ""
-    if setting in DEFAULT:
-        return default_root()
-    return os.path.expanduser(setting)
 
 
 @functools.cache

@@ -79,7 +79,10 @@ def make_spec(config) -> EvalSpec:
         column_fallback=config.eval.column_fallback and config.model.baseline != "none",
         loss=config.train.loss,
         pooled=config.train.get("share") == "pooled",
-        baseline_cache=baseline_cache.resolve_root(config.eval.get("baseline_cache", "auto")),
+        baseline_cache=workdir_lib.cache_setting(
+            config.eval.get("baseline_cache", "auto"), baseline_cache.FOLDER
+        )
+        or "",
     )
 
 
