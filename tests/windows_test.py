@@ -213,6 +213,17 @@ def test_stack_group_pads_and_masks():
         stacking.stack_group(preps, 1, cfg)
 
 
+def test_series_fits_in_threads_equal_them_one_by_one(monkeypatch):
+    cfg = data_config(min_candles=100)
+    preps = [windows.prepare_series(make_series(n=n, seed=n), cfg) for n in (360, 150, 300)]
+    monkeypatch.setattr(stacking, "FIT_THREADS", 3)
+    group = stacking.stack_group(preps, 4, cfg)
+    for k, prep in enumerate(preps):  # each series' own fits, computed alone
+        np.testing.assert_array_equal(group.band[k], stacking.band_factors(prep, L, H))
+        np.testing.assert_array_equal(group.target_scale[k], stacking.persistence_scale(prep, H))
+    np.testing.assert_array_equal(group.band[3], stacking.default_band(H))  # the padded coin
+
+
 def test_warmup_is_dropped_and_costs_no_kept_candle():
     series = make_series(n=420)
     prep = windows.prepare_series(series, data_config(features=INDICATORS))

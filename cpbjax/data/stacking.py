@@ -9,13 +9,15 @@ same `gather`, cpbjax/training/streaming.py.)
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import NamedTuple
 
 import jax
 import numpy as np
+import threadpoolctl
 from flax import struct
 
-from cpbjax import band
+from cpbjax import band, process_pool
 from cpbjax.data import split_dates
 from cpbjax.data.series import INTERVAL_MS
 from cpbjax.data.windows import (
@@ -159,6 +161,27 @@ def default_band(horizon: int) -> np.ndarray:
     return np.repeat(0.5 * np.sqrt(np.arange(1.0, horizon + 1))[:, None], 2, 1).astype(np.float32)
 
 
+# Series whose fits (`persistence_scale`, `band_factors`) run side by side: numpy's sorts
+# and dots release the GIL, and each series' fit is its own (the same results in any
+# order). BLAS keeps to one thread meanwhile, as in evaluate.map_series.
+FIT_THREADS = min(8, process_pool.cores())
+
+
+def _series_fits(preps: list[PreparedSeries], lookback: int, horizon: int) -> list[tuple]:
+    """(persistence_scale [C], band_factors [H, 2]) of each series, FIT_THREADS at a time."""
+
+    def fits(p):
+        return persistence_scale(p, horizon), band_factors(p, lookback, horizon)
+
+    if FIT_THREADS <= 1 or len(preps) <= 1:
+        return [fits(p) for p in preps]
+    with (
+        threadpoolctl.threadpool_limits(limits=1, user_api="blas"),
+        concurrent.futures.ThreadPoolExecutor(FIT_THREADS) as pool,
+    ):
+        return list(pool.map(fits, preps))
+
+
 def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, data_cfg):
     """The GroupArrays of `stack_group` as numpy arrays: K coins, padded to `sizes`."""
     t, f, h = sizes["T"], preps[0].inputs.shape[1], data_cfg.horizon
@@ -172,12 +195,12 @@ def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, data_cfg):
     for split in EPOCH_SPLITS:
         host[f"{split}_ends"] = np.full((k, sizes[split]), data_cfg.lookback - 1, np.int32)
         host[f"{split}_mask"] = np.zeros((k, sizes[split]), bool)
-    for i, p in enumerate(preps):
+    fits = _series_fits(preps, data_cfg.lookback, h)
+    for i, (p, (target_scale_C, band_H2)) in enumerate(zip(preps, fits, strict=True)):
         n_t = len(p.inputs)
         for field in ("inputs", "targets", "anchor"):
             host[field][i, :n_t] = getattr(p, field)
-        host["target_scale"][i] = persistence_scale(p, h)
-        host["band"][i] = band_factors(p, data_cfg.lookback, h)
+        host["target_scale"][i], host["band"][i] = target_scale_C, band_H2
         for split in EPOCH_SPLITS:
             e = p.ends[split]
             host[f"{split}_ends"][i, : len(e)] = e
