@@ -26,6 +26,7 @@ def test_figures_put_the_process_wall_outside_the_clock_in_untimed():
         2.0,
     )
     assert got["peak GiB"] == 1.5
+    assert got["all but train"] == 11.0 - 4.0
 
 
 def _run(wall: float, train: float, programs: int) -> dict:
@@ -48,9 +49,11 @@ def test_table_has_a_row_per_model_and_cache_and_a_column_per_stage():
     lines = whole_run.table(runs).splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["model", "cache", "runs", "wall", *whole_run.STAGES, *whole_run.FIGURES]
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    rows = [line for line in lines[2:] if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
     assert [(c[0], c[1], c[3]) for c in cells] == [("mlp", "cold", "10"), ("mlp", "warm", "8")]
     assert cells[1][header.index("train")] == "5.0 (62%)"
+    assert lines[-1] == "mlp: all but training, warm / cold = 3.0 / 5.0 s = 60%"
 
 
 @pytest.mark.parametrize(
