@@ -1,4 +1,5 @@
-"""Worker processes that never outlive the run: spawned, and ended once their parent is gone.
+"""Worker processes that never outlive the run: spawned, and ended once their parent is gone;
+and numpy work mapped over threads (`numpy_threads`).
 
 The run's plots (report/plot_workers.py) and a large load's parses (data/parse_pool.py)
 go to such a pool. Workers are spawned, never forked: the run's process holds JAX's
@@ -16,6 +17,8 @@ import multiprocessing
 import os
 import threading
 import time
+
+import threadpoolctl
 
 # How often a worker checks that the run's process is still its parent.
 PARENT_POLL_S = 0.5
@@ -62,3 +65,22 @@ def _exit_when_orphaned(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)
     os._exit(1)  # nothing of the worker's is worth finishing: its results have no reader
+
+
+def numpy_threads(fn, items: list, threads: int) -> list:
+    """[fn(item) for item in items], `threads` at a time (in order; the first error raises).
+
+    For numpy work of independent items (the setup's per-series fits, the series' scores):
+    numpy's sorts, dots and least squares release the GIL, so threads overlap them. BLAS
+    keeps to one thread while they run, as launch.py starts it: a Python session that
+    loaded numpy first (cpbjax.train, fit) has an OpenBLAS thread per core, which
+    competed with these (the global run's scoring on 2 cores: 29 s, against 17 s held to
+    one; docs/performance.md "Evaluation").
+    """
+    if threads <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    with (
+        threadpoolctl.threadpool_limits(limits=1, user_api="blas"),
+        concurrent.futures.ThreadPoolExecutor(threads) as pool,
+    ):
+        return list(pool.map(fn, items))

@@ -9,12 +9,10 @@ same `gather`, cpbjax/training/streaming.py.)
 
 from __future__ import annotations
 
-import concurrent.futures
 from typing import NamedTuple
 
 import jax
 import numpy as np
-import threadpoolctl
 from flax import struct
 
 from cpbjax import band, process_pool
@@ -161,9 +159,8 @@ def default_band(horizon: int) -> np.ndarray:
     return np.repeat(0.5 * np.sqrt(np.arange(1.0, horizon + 1))[:, None], 2, 1).astype(np.float32)
 
 
-# Series whose fits (`persistence_scale`, `band_factors`) run side by side: numpy's sorts
-# and dots release the GIL, and each series' fit is its own (the same results in any
-# order). BLAS keeps to one thread meanwhile, as in evaluate.map_series.
+# Series whose fits (`persistence_scale`, `band_factors`) run side by side
+# (process_pool.numpy_threads); each series' fit is its own, the same in any order.
 FIT_THREADS = min(8, process_pool.cores())
 
 
@@ -173,13 +170,7 @@ def _series_fits(preps: list[PreparedSeries], lookback: int, horizon: int) -> li
     def fits(p):
         return persistence_scale(p, horizon), band_factors(p, lookback, horizon)
 
-    if FIT_THREADS <= 1 or len(preps) <= 1:
-        return [fits(p) for p in preps]
-    with (
-        threadpoolctl.threadpool_limits(limits=1, user_api="blas"),
-        concurrent.futures.ThreadPoolExecutor(FIT_THREADS) as pool,
-    ):
-        return list(pool.map(fits, preps))
+    return process_pool.numpy_threads(fits, preps, FIT_THREADS)
 
 
 def _host_arrays(preps: list[PreparedSeries], k: int, sizes: dict, data_cfg):

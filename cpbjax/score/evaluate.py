@@ -7,16 +7,14 @@ the same windows. The test split is scored here and nowhere else.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import os
 from typing import NamedTuple
 
 import numpy as np
-import threadpoolctl
 from absl import logging
 
-from cpbjax import progress, sharding
+from cpbjax import process_pool, progress, sharding
 from cpbjax import workdir as workdir_lib
 from cpbjax.data import parsing, split_dates
 from cpbjax.models import heads
@@ -159,13 +157,9 @@ def _fitted_baselines(prep, split, ends_N, spec, columns, arrays) -> dict:
     )
 
 
-# Series scored side by side: their scoring is mostly numpy (least squares, sorts) that
-# releases the GIL, and their forecasts share the compiled programs. The results are the
-# same in any order (each series' scoring is independent of the others'). While they run,
-# numpy's BLAS keeps to one thread, as launch.py starts it: in a Python session that
-# loaded numpy first (cpbjax.train, fit) OpenBLAS has a thread per core, which competed
-# with the series' (the global run's scoring on 2 cores: 29 s, against 17 s held to
-# one; docs/performance.md "Evaluation").
+# Series scored side by side (process_pool.numpy_threads): their scoring is mostly numpy,
+# and their forecasts share the compiled programs. The results are the same in any order
+# (each series' scoring is independent of the others').
 SCORING_THREADS = min(8, os.cpu_count() or 1)
 
 
@@ -181,14 +175,7 @@ def map_series(score, jobs: list, label: str = "evaluate", counted=None) -> list
         counted.advance()
         return result
 
-    if SCORING_THREADS <= 1 or len(jobs) <= 1:
-        scored = [score_counted(job) for job in jobs]
-    else:
-        with (
-            threadpoolctl.threadpool_limits(limits=1, user_api="blas"),
-            concurrent.futures.ThreadPoolExecutor(SCORING_THREADS) as pool,
-        ):
-            scored = list(pool.map(score_counted, jobs))
+    scored = process_pool.numpy_threads(score_counted, jobs, SCORING_THREADS)
     if own:
         counted.finish()
     return scored
