@@ -8,6 +8,7 @@ import glob
 import logging
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -203,3 +204,23 @@ def test_a_busy_machine_parses_in_the_threads(mirror, monkeypatch, csv_parses):
     assert pools == [] and len(csv_parses) == 2 * len(_zips(mirror))
     for name, s in serial.items():
         _same((loaded[name].open_time_ms, loaded[name].ohlcv), (s.open_time_ms, s.ohlcv))
+
+
+def test_a_local_mirror_is_read_by_one_thread_per_core(mirror, monkeypatch):
+    """More threads than cores only contend for the GIL on local reads (data.download_workers
+    is 4 here): one core, one reading thread, and the same series."""
+    readers, fetch = set(), binance.DirMirror.fetch
+
+    def recorded(self, ref):
+        readers.add(threading.get_ident())
+        return fetch(self, ref)
+
+    monkeypatch.setattr(binance.DirMirror, "fetch", recorded)
+    monkeypatch.setattr(process_pool, "cores", lambda: 1)
+    one_core = _load(mirror, parsed_cache="off")
+    assert len(readers) == 1
+    monkeypatch.setattr(process_pool, "cores", lambda: 3)
+    assert binance.DirMirror(str(mirror)).fetch_threads(4) == 3
+    assert binance.DirMirror(str(mirror)).fetch_threads(2) == 2
+    for name, s in _load(mirror, parsed_cache="off").items():
+        _same((one_core[name].open_time_ms, one_core[name].ohlcv), (s.open_time_ms, s.ohlcv))

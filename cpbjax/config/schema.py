@@ -98,7 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
     d.horizon = 10  # Forecast candles per window (H); targets are OHLC.
     d.splits = (0.70, 0.15, 0.15)  # Chronological train / val / test fractions.
     d.normalization = "last_close"  # Log ratios to each window's last close (the only one).
-    d.download_workers = 8  # Parallel downloads.
+    d.download_workers = 8  # Parallel downloads (a local mirror reads at most one per core).
     d.timeout_seconds = 30.0  # One request's deadline: connect, headers and whole body.
     # One Vision file's wall clock: its CHECKSUM and zip requests, retries and waits.
     d.download_deadline_s = 120.0

@@ -202,7 +202,7 @@ def load(data_cfg, pairs, today: datetime.date | None = None):
     today = today or datetime.datetime.now(datetime.timezone.utc).date()
     end = resolve_end(data_cfg.end, today)
     mirror = open_mirror(data_cfg)
-    threads = concurrent.futures.ThreadPoolExecutor(data_cfg.download_workers)
+    threads = concurrent.futures.ThreadPoolExecutor(mirror.fetch_threads(data_cfg.download_workers))
     with mirror.progress, mirror.parser, threads as pool:
         fetched = _fetch_all(mirror, pairs, data_cfg, end, today, pool)
     loaded, skipped = {}, {}
