@@ -197,3 +197,49 @@ def test_written_candles_parse_back_to_the_same_times_and_values(drawn, microsec
     s = parsing.build_series("BTCUSDT", interval, [(times, ohlcv)], cfg)
     np.testing.assert_array_equal(s.open_time_ms, times)
     assert s.notes["dropped_rows"] == 0
+
+
+NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(-(10**20), 10**20).map(str),
+    st.sampled_from(["", "NA", "None", "<NA>", "+1", ".5", "1.", "1e5", " 1", '"3"', "0x1"]),
+)
+
+
+@st.composite
+def kline_like_bodies(draw) -> bytes:
+    """A CSV of 1-5 rows of numbers, 5-13 columns, mostly of one width (so that both readers
+    often accept it), with or without a header, BOM or CRLF."""
+    columns, rows = draw(st.integers(5, 13)), []
+    for _ in range(draw(st.integers(1, 5))):
+        width = columns if draw(st.booleans()) else draw(st.integers(4, 13))
+        rows.append(",".join([str(draw(TIMES))] + [draw(NUMBERS) for _ in range(width - 1)]))
+    head = draw(st.sampled_from(["", "\ufeff", "open_time,open\n"]))
+    return (head + draw(st.sampled_from(["\n", "\r\n"])).join(rows) + "\n").encode()
+
+
+@FAST
+@given(st.one_of(kline_like_bodies(), csv_bodies()))
+@example(synthetic.kline_csv(np.array([0, 3_600_000]), np.ones((2, 5)), "1h", False))
+def test_the_fast_reader_reads_what_pandas_reads(body):
+    """pyarrow's reader (the fast path) gives pandas' arrays, bit for bit, wherever it reads
+    a file at all; the rest goes to pandas, which reads it or names what is wrong."""
+    first = body[: body.find(b",")].strip().strip(b'"').lstrip(b"\xef\xbb\xbf")
+    header = not first.lstrip(b"-").isdigit()
+    fast = parsing._arrow_columns(body, header)
+    if fast is None:
+        return
+    times, ohlcv = parsing._pandas_columns(body, header, "x.csv")
+    assert fast[0].dtype == np.int64 and fast[0].tobytes() == times.tobytes()
+    assert fast[1].dtype == np.float64 and fast[1].tobytes() == ohlcv.tobytes()
+
+
+def test_a_binance_csv_takes_the_fast_reader(monkeypatch):
+    """A month as Binance writes it never reaches pandas' reader (the slow path)."""
+    times = 1_700_000_000_000 + 3_600_000 * np.arange(48)
+    ohlcv = np.abs(np.random.default_rng(0).normal(100, 1, (48, 5))).round(8)
+    monkeypatch.setattr(parsing, "_pandas_columns", None)  # calling it would raise
+    for microseconds in (False, True):
+        got = parsing.read_kline_csv(synthetic.kline_csv(times, ohlcv, "1h", microseconds), "x")
+        np.testing.assert_array_equal(got[0], times)
+        assert got[1].tobytes() == ohlcv.tobytes()

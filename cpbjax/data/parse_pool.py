@@ -1,10 +1,11 @@
 """A verified zip's parsed candles: from the parsed cache, or parsed, in worker processes
 once a load has many zips to parse and the machine has a core to spare.
 
-Parsing a month (inflating the zip, pandas' CSV reader, the kline checks, encoding the
-cache entry) is Python that mostly holds the GIL, so binance._fetch_rounds' threads
-parse about one zip at a time whatever the cores: most of a cold load. `Parser` reads the
-cache in the calling thread (a hit costs a file read and a sha256) and parses a miss in
+Inflating a month and pyarrow's CSV reader run without the GIL, but the rest of a parse
+(zipfile's reading, the kline checks, encoding the cache entry) is Python that holds it,
+so binance._fetch_rounds' threads may not scale to many cores (unmeasured; on 2 idle
+cores the pool and threads alone are level, a cold load of the default run taking 2.8 s
+either way, 2026-11-28). `Parser` reads the cache in the calling thread (a hit costs a file read and a sha256) and parses a miss in
 that thread for the first MIN_PARSES of a load; then, if the load average leaves a core
 idle, in a pool of spawned processes, one per core (cpbjax/process_pool.py), while the
 threads go on reading and verifying, and parsing themselves until the workers are up.

@@ -17,6 +17,8 @@ import zlib
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
 
 from cpbjax.data.series import INTERVAL_MS, CovariateError, Series, SeriesSkipped
 
@@ -90,6 +92,44 @@ def read_kline_csv(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     """
     first_field = data[: data.find(b",")].strip().strip(b'"').lstrip(b"\xef\xbb\xbf")
     header = not first_field.lstrip(b"-").isdigit()
+    raw = _arrow_columns(data, header) or _pandas_columns(data, header, name)
+    return sort_dedupe(epoch_to_ms(raw[0], name), raw[1], name)
+
+
+# The six leading columns (open_time, OHLCV) by the names pyarrow gives headerless columns.
+_ARROW_TYPES = {"f0": pa.int64(), **{f"f{j}": pa.float64() for j in range(1, 6)}}
+
+
+def _arrow_columns(data: bytes, header: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(open_time [N], ohlcv float64 [N, 5]) of a CSV whose leading six columns are all
+    plain numbers, or None for anything else (an empty file, a missing or non-numeric
+    value, rows of unequal length), which `_pandas_columns` reads or names.
+
+    pyarrow's reader is the fast path: it parses without holding the GIL, so the load's
+    threads parse side by side, and it costs less per file than pandas' (the default
+    run's cold load on 2 cores: 4.8 -> 2.7 s). On the 3,881 months of the shared mirror
+    both readers give the same arrays, bit for bit (docs/performance.md "Data loading").
+    """
+    read = pacsv.ReadOptions(
+        skip_rows=int(header), autogenerate_column_names=True, use_threads=False
+    )
+    convert = pacsv.ConvertOptions(column_types=_ARROW_TYPES, include_columns=list(_ARROW_TYPES))
+    try:
+        table = pacsv.read_csv(pa.py_buffer(data), read_options=read, convert_options=convert)
+    except (pa.ArrowInvalid, pa.ArrowKeyError):
+        return None
+    if table.num_rows == 0 or any(c.null_count for c in table.columns):
+        return None
+    columns = [c.to_numpy() for c in table.columns]
+    return columns[0], np.stack(columns[1:], axis=1)
+
+
+def _pandas_columns(data: bytes, header: bool, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """`_arrow_columns` by pandas' reader, which names what is wrong with a bad file.
+
+    Raises:
+      KlineError: not a CSV of at least six columns of numbers, or a value beyond int64.
+    """
     dtypes = {0: np.int64, **{j: np.float64 for j in range(1, 6)}}
     try:
         frame = pd.read_csv(
@@ -104,8 +144,7 @@ def read_kline_csv(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
         raise KlineError(f"{name}: not a 12-column kline CSV ({e})") from e
     except OverflowError as e:  # e.g. an open_time of 1e23, beyond int64
         raise KlineError(f"{name}: a value does not fit in 64 bits ({e})") from e
-    times = epoch_to_ms(frame[0].to_numpy(), name)
-    return sort_dedupe(times, frame.iloc[:, 1:6].to_numpy(np.float64), name)
+    return frame[0].to_numpy(), frame.iloc[:, 1:6].to_numpy(np.float64)
 
 
 def csv_byte_cap(interval: str, period: str) -> int:
