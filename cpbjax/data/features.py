@@ -64,7 +64,6 @@ import functools
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
-from scipy import signal
 
 from cpbjax.data import context
 from cpbjax.data.series import INTERVAL_MS
@@ -161,6 +160,10 @@ def smoothed(x_T: np.ndarray, start: int, period: int, alpha: float) -> np.ndarr
     y_T[seed_row] = seed
     rest = x_T[seed_row + 1 :]
     if len(rest):
+        # Imported here: scipy.signal costs 0.4 s of the start of every run, most of
+        # which smooth nothing (the default features are the prices).
+        from scipy import signal
+
         # Direct form II transposed: y_0 = a * x_0 + zi, so zi = (1 - a) * seed.
         y_T[seed_row + 1 :], _ = signal.lfilter(
             [alpha], [1.0, alpha - 1.0], rest, zi=[(1.0 - alpha) * seed]

@@ -40,7 +40,6 @@ import zlib
 
 import numpy as np
 import pandas as pd
-from scipy import signal
 
 from cpbjax import writers
 from cpbjax.data import parsing
@@ -158,11 +157,19 @@ def _candles(log_p0: float, r_T: np.ndarray, sigma_T: np.ndarray, rng) -> np.nda
     return np.stack([o, h, low, c], axis=1)
 
 
+def _lfilter(*args, **kwargs):
+    """scipy.signal.lfilter, imported at the first call: the import costs 0.4 s of the
+    start of every run, and only synthetic data filters (sources.py imports this module)."""
+    from scipy import signal
+
+    return signal.lfilter(*args, **kwargs)
+
+
 def _ar1(rng, n: int, phi: float, sd: float) -> np.ndarray:
     """[n]: a stationary AR(1) of coefficient phi and standard deviation sd."""
     n_N = rng.standard_normal(n)
     x0 = sd * n_N[0]
-    rest, _ = signal.lfilter([sd * math.sqrt(1 - phi**2)], [1.0, -phi], n_N[1:], zi=[phi * x0])
+    rest, _ = _lfilter([sd * math.sqrt(1 - phi**2)], [1.0, -phi], n_N[1:], zi=[phi * x0])
     return np.concatenate([[x0], rest])
 
 
@@ -186,7 +193,7 @@ def _covariates(h_N, g_N, close_T: np.ndarray, sigma_bar: float, rng) -> np.ndar
     noise = rng.standard_normal(n)
     a = 2.0 / (PRICE_TRANSFORM_SPAN + 1)
     log_c = np.log(close_T)
-    ema, _ = signal.lfilter([a], [1.0, a - 1.0], log_c, zi=[(1.0 - a) * log_c[0]])
+    ema, _ = _lfilter([a], [1.0, a - 1.0], log_c, zi=[(1.0 - a) * log_c[0]])
     return np.stack([vol_signal, flow, noise, (log_c - ema) / sigma_bar], axis=1)
 
 

@@ -23,7 +23,7 @@ Significance, chosen to survive overlapping windows (stride 1, horizon H):
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from cpbjax.columns import CLOSE, COLUMNS
 
@@ -144,8 +144,10 @@ def diebold_mariano(loss_model_N, loss_ref_N, lag) -> dict:
     else:
         stat = mean / np.sqrt(var / n) * np.sqrt(hln)
     out["statistic"] = json_float(stat)
-    out["p_value_better"] = float(stats.t.cdf(stat, n - 1))
-    out["p_value_two_sided"] = float(min(1.0, 2.0 * stats.t.sf(abs(stat), n - 1)))
+    # Student's t with n - 1 degrees of freedom: stdtr is its CDF, the very function
+    # scipy.stats.t's cdf and sf call, without the 0.4 s import of scipy.stats.
+    out["p_value_better"] = float(special.stdtr(n - 1, stat))
+    out["p_value_two_sided"] = float(min(1.0, 2.0 * special.stdtr(n - 1, -abs(stat))))
     return out
 
 
