@@ -171,8 +171,7 @@ class DirMirror:
 
     def fetch_threads(self, download_workers: int) -> int:
         """Threads that fetch at once: one per core at most. A local read has no latency to
-        hide, and more threads only contend for the GIL (the default run's cold load on 2
-        cores: 5.0 s with 2 threads, 6.5-7.3 s with 8; docs/performance.md "Loading")."""
+        hide, and more threads only contend for the GIL (docs/performance.md "Data loading")."""
         return min(download_workers, process_pool.cores())
 
     def monthly_candidates(self, symbol: str, interval: str, end: str, count: int) -> list:

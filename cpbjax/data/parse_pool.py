@@ -3,11 +3,10 @@ once a load has many zips to parse and the machine has a core to spare.
 
 Inflating a month and pyarrow's CSV reader run without the GIL, but the rest of a parse
 (zipfile's reading, the kline checks, encoding the cache entry) is Python that holds it,
-so binance._fetch_rounds' threads may not scale to many cores (unmeasured; on 2 idle
-cores the pool and threads alone are level, a cold load of the default run taking 2.8 s
-either way, 2026-11-28). `Parser` reads the cache in the calling thread (a hit costs a file read and a sha256) and parses a miss in
-that thread for the first MIN_PARSES of a load; then, if the load average leaves a core
-idle, in a pool of spawned processes, one per core (cpbjax/process_pool.py), while the
+so binance._fetch_rounds' threads may not scale to many cores (unmeasured). `Parser`
+reads the cache in the calling thread (a hit costs a file read and a sha256) and parses
+a miss in that thread for the first MIN_PARSES of a load; then, if the load average
+leaves a core idle, in a pool of spawned processes, one per core (cpbjax/process_pool.py), while the
 threads go on reading and verifying, and parsing themselves until the workers are up.
 The worker writes the cache entry too. Worker and thread call the same
 `parsing.read_kline_zip` on the same bytes, so the arrays are the same either way.

@@ -106,9 +106,9 @@ def _arrow_columns(data: bytes, header: bool) -> tuple[np.ndarray, np.ndarray] |
     value, rows of unequal length), which `_pandas_columns` reads or names.
 
     pyarrow's reader is the fast path: it parses without holding the GIL, so the load's
-    threads parse side by side, and it costs less per file than pandas' (the default
-    run's cold load on 2 cores: 4.8 -> 2.7 s). On the 3,881 months of the shared mirror
-    both readers give the same arrays, bit for bit (docs/performance.md "Data loading").
+    threads parse side by side, and it costs less per file than pandas'
+    (docs/performance.md "Data loading"). On the 3,881 months of the shared mirror
+    both readers give the same arrays, bit for bit.
     """
     read = pacsv.ReadOptions(
         skip_rows=int(header), autogenerate_column_names=True, use_threads=False
