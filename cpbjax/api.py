@@ -33,7 +33,7 @@ from cpbjax import workdir as workdir_lib
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
 from cpbjax.data import frames as frames_lib
-from cpbjax.data import parsing, windows
+from cpbjax.data import local_files, parsing, windows
 from cpbjax.data.series import INTERVAL_MS, CovariateError, Series, SeriesSkipped
 from cpbjax.modes import driver, sweep, trained_run
 from cpbjax.modes import export as export_mode
@@ -199,7 +199,7 @@ def _write_frames(series: dict[str, Series], workdir: str) -> str:
     for name, path in paths.items():
         if os.path.exists(path):
             s = series[name]
-            times, values = parsing.read_local_file(path, s.covariate_names, name)
+            times, values = local_files.read_local_file(path, s.covariate_names, name)
             same = np.array_equal(values, _frame_values(s), equal_nan=True)
             if not (np.array_equal(times, s.open_time_ms) and same):
                 raise ValueError(f"{path} holds other candles of {name}: fit into a new workdir")

@@ -11,7 +11,7 @@ import pytest
 from cpbjax.config import schema as config_lib
 from cpbjax.config import sweep_grid
 from cpbjax.config_rules import ConfigError
-from cpbjax.data import frames, parsing
+from cpbjax.data import frames, local_files, parsing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = pd.Timestamp("2024-01-01", tz="UTC")
@@ -80,7 +80,7 @@ def test_a_word_in_a_local_files_close_column_is_named(tmp_path):
     frame.loc[2, "close"] = "abc"
     frame.to_csv(tmp_path / "BTCUSDT-1h.csv", index=False)
     with pytest.raises(parsing.KlineError, match=r"BTCUSDT-1h.csv: column 'close' holds 'abc'"):
-        parsing.read_local_file(str(tmp_path / "BTCUSDT-1h.csv"))
+        local_files.read_local_file(str(tmp_path / "BTCUSDT-1h.csv"))
 
 
 def test_a_sweep_grid_over_the_cap_is_refused_at_validation_with_its_cost():

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cpbjax.data import parsing, synthetic
+from cpbjax.data import local_files, parsing, synthetic
 from cpbjax.data.series import INTERVAL_MS, SeriesSkipped
 
 # Few examples and no deadline: the whole file runs in a few seconds on a 2-core CPU.
@@ -134,7 +134,7 @@ def test_any_local_file_is_candles_or_a_kline_error(folder, columns, ext):
     if ext == ".parquet":  # Random text is no Parquet; read_local_file must say so.
         path.write_bytes(path.read_bytes()[:64])
     try:
-        times, ohlcv = parsing.read_local_file(str(path))
+        times, ohlcv = local_files.read_local_file(str(path))
     except parsing.KlineError as e:
         assert str(e).startswith(path.name)
         return

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cpbjax.data import parsing, synthetic
+from cpbjax.data import local_files, parsing, synthetic
 from cpbjax.data.series import SeriesSkipped
 from tests import references
 from tests.fake_data import damage_deflate
@@ -249,7 +249,7 @@ def test_local_csv_with_iso_times_and_mixed_case_columns(tmp_path):
     frame = pd.DataFrame(ohlcv, columns=["Open", "HIGH", "low", "Close", "VoLuMe"])
     frame.insert(0, "Timestamp", pd.to_datetime(times, unit="ms").strftime("%Y-%m-%d %H:%M:%S"))
     frame.iloc[::-1].to_csv(tmp_path / "a.csv", index=False)
-    t, v = parsing.read_local_file(str(tmp_path / "a.csv"))
+    t, v = local_files.read_local_file(str(tmp_path / "a.csv"))
     np.testing.assert_array_equal(t, times)
     np.testing.assert_allclose(v, ohlcv)
 
@@ -261,7 +261,7 @@ def test_local_parquet_with_epoch_ms_us_or_datetimes(tmp_path, unit):
     column = {"ms": times, "us": times * 1000, "datetime": pd.to_datetime(times, unit="ms")}
     frame.insert(0, "open_time", column[unit])
     frame.to_parquet(tmp_path / "a.parquet")
-    t, v = parsing.read_local_file(str(tmp_path / "a.parquet"))
+    t, v = local_files.read_local_file(str(tmp_path / "a.parquet"))
     np.testing.assert_array_equal(t, times)
     np.testing.assert_array_equal(v, ohlcv)
 
@@ -273,7 +273,7 @@ def test_local_file_missing_columns_names_the_file(tmp_path):
     with pytest.raises(
         parsing.KlineError, match=r"BTCUSDT-1h.csv: .*missing \['high', 'low', 'volume'\]"
     ):
-        parsing.read_local_file(str(tmp_path / "BTCUSDT-1h.csv"))
+        local_files.read_local_file(str(tmp_path / "BTCUSDT-1h.csv"))
 
 
 @pytest.mark.parametrize("names", ["time,open,Open", "time,TIME,open"])
@@ -283,7 +283,7 @@ def test_local_file_with_a_column_in_two_cases_names_it(tmp_path, names):
     ).to_csv(tmp_path / "a.csv", index=False)
     twice = "open" if "Open" in names else "time"
     with pytest.raises(parsing.KlineError, match=rf"a.csv: columns \['{twice}'\] appear more"):
-        parsing.read_local_file(str(tmp_path / "a.csv"))
+        local_files.read_local_file(str(tmp_path / "a.csv"))
 
 
 def test_gap_stats_and_iso_reference():
@@ -323,7 +323,7 @@ def test_local_file_with_huge_epoch_is_a_kline_error_naming_it(tmp_path):
         "open_time,open,high,low,close,volume\n99999999999999999999999,1,2,0.5,1.5,3\n"
     )
     with pytest.raises(parsing.KlineError, match="a.csv: "):
-        parsing.read_local_file(str(tmp_path / "a.csv"))
+        local_files.read_local_file(str(tmp_path / "a.csv"))
 
 
 def test_zip_bomb_stops_at_the_decompressed_size_cap(tmp_path):

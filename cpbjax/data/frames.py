@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from cpbjax.data import features, parsing
+from cpbjax.data import features, local_files, parsing
 from cpbjax.data.series import INTERVAL_MS, Series
 
 
@@ -37,7 +37,7 @@ def check_frame(candles, interval: str, volume_read_by) -> pd.DataFrame:
     `volume_read_by`: the features that read the volume (none: a volume of 0 stands in)."""
     if not isinstance(candles, pd.DataFrame):
         raise TypeError(f"candles must be a pandas DataFrame, not {type(candles).__name__}")
-    twice = parsing.columns_twice(candles.columns, parsing.OHLCV)
+    twice = local_files.columns_twice(candles.columns, parsing.OHLCV)
     if twice:
         both = " and ".join(repr(c) for c in sum(twice.values(), []))
         raise ValueError(f"candles have {both}: one column each, please (names ignore case)")
@@ -86,16 +86,16 @@ def candles_to_series(
     """
     frame = check_frame(candles, interval, volume_read_by)
     times = frame.index.tz_convert("UTC").as_unit("ms").asi8
-    ohlcv = parsing.ohlcv_floats(frame, "candles")  # a KlineError is a ValueError
+    ohlcv = local_files.ohlcv_floats(frame, "candles")  # a KlineError is a ValueError
     for rule, bad in parsing.invalid_rows(times, ohlcv, INTERVAL_MS[interval]).items():
         if bad.any():
             raise ValueError(f"invalid candle ({rule}) at {parsing.iso(times[bad][0])}")
     series = Series(symbol, interval, times.astype(np.int64), ohlcv)
     if covariate_names:
-        twice = parsing.columns_twice(candles.columns, [c.lower() for c in covariate_names])
+        twice = local_files.columns_twice(candles.columns, [c.lower() for c in covariate_names])
         if twice:
             raise ValueError(f"candles have the covariate columns {twice} more than once")
-        cov_TK = parsing.covariate_floats(frame, covariate_names, "candles")
+        cov_TK = local_files.covariate_floats(frame, covariate_names, "candles")
         series.covariates, series.covariate_names = cov_TK, tuple(covariate_names)
     return series
 

@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 
 from cpbjax import config_rules as rules
-from cpbjax.data import binance, klines_api, market, parsing, skip_groups, synthetic
+from cpbjax.data import binance, klines_api, local_files, market, parsing, skip_groups, synthetic
 from cpbjax.data.series import Series, SeriesSkipped
 
 Pairs = list[tuple[str, str]]
@@ -68,7 +68,7 @@ def load_local(data_cfg, pairs: Pairs):
     """One <SYMBOL>-<INTERVAL>.csv or .parquet per series in data.local_dir.
 
     File names and column names are matched case-insensitively; see
-    `parsing.read_local_file` for the columns and time formats. The whole file
+    `local_files.read_local_file` for the columns and time formats. The whole file
     is used: data.months and data.end apply to the binance source only. The
     data.covariates columns are read too; one a file lacks is a CovariateError (exit 2).
     """
@@ -81,7 +81,7 @@ def load_local(data_cfg, pairs: Pairs):
         if not found:
             raise SeriesSkipped(f"no {symbol}-{interval}.csv or .parquet in {folder}")
         path = os.path.join(folder, found[0])
-        parts = [parsing.read_local_file(path, data_cfg.covariates, f"{symbol}-{interval}")]
+        parts = [local_files.read_local_file(path, data_cfg.covariates, f"{symbol}-{interval}")]
         notes = {"source": "local", "file": path}
         return parsing.build_series(symbol, interval, parts, data_cfg, notes)
 
