@@ -26,6 +26,11 @@ if "XLA_FLAGS" not in os.environ:
 # CPU (docs/performance.md "Evaluation: one BLAS thread"). Set before numpy loads; a user's own setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+from cpbjax import process_pool  # noqa: E402 (light: no jax, no numpy)
+
+# One malloc arena per core, before any thread starts (process_pool.limit_malloc_arenas).
+process_pool.limit_malloc_arenas()
+
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 

@@ -87,3 +87,56 @@ def test_workers_end_when_their_run_is_killed(tmp_path, script):
         for p in pids:  # (only if the test failed) the workers it started
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# Calls limit_malloc_arenas (unless argv[1] is "default"), has 4 threads per arena allowed
+# churn malloc / free outside the GIL (ctypes releases it), then prints whether it capped,
+# the cap and the arenas (heaps) glibc's malloc_info reports.
+_ARENAS = """
+import ctypes, os, re, sys, tempfile, threading
+from cpbjax import process_pool
+capped = sys.argv[1] != "default" and process_pool.limit_malloc_arenas()
+cap = max(2, process_pool.cores())
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+libc.fopen.restype = ctypes.c_void_p
+def churn():
+    for _ in range(20000):
+        libc.free(libc.malloc(4096))
+threads = [threading.Thread(target=churn) for _ in range(4 * cap)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+path = os.path.join(tempfile.mkdtemp(), "malloc.xml")
+fp = ctypes.c_void_p(libc.fopen(path.encode(), b"w"))
+libc.malloc_info(0, fp)
+libc.fclose(fp)
+print(capped, cap, len(re.findall(r'<heap nr="[0-9]+"', open(path).read())))
+"""
+
+
+def _arenas(*args, env=None) -> tuple[bool, int, int]:
+    """(whether it capped, the cap, the arenas) of the _ARENAS script."""
+    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _ARENAS, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=helpers.ROOT,
+        env={**environ, "PYTHONPATH": helpers.ROOT, **(env or {})},
+    )
+    assert proc.returncode == 0, proc.stderr
+    capped, cap, heaps = proc.stdout.split()
+    return capped == "True", int(cap), int(heaps)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
+def test_malloc_arenas_are_one_per_core():
+    """Threads that contend for malloc get up to 8 arenas per core from glibc, whose freed
+    memory no other arena reuses; a run caps them at one per core. A user's own
+    MALLOC_ARENA_MAX is left as it is."""
+    capped, cap, heaps = _arenas("capped")
+    assert capped and heaps <= cap, (cap, heaps)
+    assert _arenas("default")[2] > cap  # the same churn, uncapped, takes more
+    capped, _, heaps = _arenas("capped", env={"MALLOC_ARENA_MAX": "1"})
+    assert not capped and heaps == 1
