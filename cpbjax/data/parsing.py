@@ -113,7 +113,7 @@ def _arrow_columns(data: bytes, header: bool) -> tuple[np.ndarray, np.ndarray] |
     convert = pacsv.ConvertOptions(column_types=_ARROW_TYPES, include_columns=list(_ARROW_TYPES))
     try:
         table = pacsv.read_csv(pa.py_buffer(data), read_options=read, convert_options=convert)
-    except (pa.ArrowInvalid, pa.ArrowKeyError):
+    except pa.ArrowException:  # whatever pyarrow cannot read, pandas reads or names
         return None
     if table.num_rows == 0 or any(c.null_count for c in table.columns):
         return None
