@@ -247,6 +247,28 @@ def test_prepare_all_skips_one_bad_series_and_keeps_the_rest():
     assert "data.min_candles=200" in skipped["SHORTUSDT-1h"]
 
 
+def test_prepare_all_in_threads_equals_each_series_prepared_alone(monkeypatch):
+    """Series are prepared side by side; each is what prepare_series gives it alone, in
+    input order, and a skipped one keeps its reason."""
+    series = [make_series(n=n, seed=n) for n in (420, 150, 360, 300)]
+    for k, s in enumerate(series):
+        s.symbol = f"S{k}USDT"
+    cfg = data_config(features=INDICATORS)
+    monkeypatch.setattr(windows, "PREPARE_THREADS", 3)
+    preps, skipped = windows.prepare_all(series, cfg)
+    assert [p.name for p in preps] == ["S0USDT-1h", "S2USDT-1h", "S3USDT-1h"]
+    with pytest.raises(SeriesSkipped) as alone:
+        windows.prepare_series(series[1], cfg)
+    assert skipped == {"S1USDT-1h": str(alone.value)}
+    for prep, s in zip(preps, [series[0], *series[2:]], strict=True):
+        own = windows.prepare_series(s, cfg)
+        for field in ("inputs", "targets", "anchor", "ohlc"):
+            assert getattr(prep, field).tobytes() == getattr(own, field).tobytes(), field
+        assert {k: e.tolist() for k, e in prep.ends.items()} == {
+            k: e.tolist() for k, e in own.ends.items()
+        }
+
+
 def test_latest_window_is_the_newest_normalised_window():
     series = make_series()
     prep = windows.prepare_series(series, data_config())

@@ -38,7 +38,7 @@ import dataclasses
 import numpy as np
 from absl import logging
 
-from cpbjax import band, columns
+from cpbjax import band, columns, process_pool
 from cpbjax.columns import NUM_TARGETS
 from cpbjax.data import covariates as covariates_lib
 from cpbjax.data import features as features_lib
@@ -335,6 +335,11 @@ def with_ends(
     )
 
 
+# Series prepared side by side (process_pool.numpy_threads): each is its own, the same in
+# any order, and mostly numpy that releases the GIL.
+PREPARE_THREADS = min(8, process_pool.cores())
+
+
 def prepare_all(
     series_list: list[Series],
     data_cfg,
@@ -356,16 +361,25 @@ def prepare_all(
       ConfigError: with data.split_dates, when one of its splits holds no window of any
         series (`split_dates.check_windows`).
     """
-    preps, skipped, series_windows = [], {}, []
-    for series in series_list:
+
+    def prepared(series):  # the PreparedSeries, or why it is skipped
         try:
             fitted = (fitted_norms or {}).get(series.name)
-            preps.append(prepare_series(series, data_cfg, fitted, keep_train_only))
-            series_windows.append(preps[-1].ends)
+            return prepare_series(series, data_cfg, fitted, keep_train_only)
         except SeriesSkipped as e:
-            skipped[series.name] = str(e)
-            logging.debug("%s: skipped: %s", series.name, e)  # each series: --verbosity=1
-            series_windows.append(getattr(e, "ends", {}))  # split -> ends, where they exist
+            return e
+
+    preps, skipped, series_windows = [], {}, []
+    for series, out in zip(
+        series_list, process_pool.numpy_threads(prepared, series_list, PREPARE_THREADS), strict=True
+    ):
+        if isinstance(out, SeriesSkipped):
+            skipped[series.name] = str(out)
+            logging.debug("%s: skipped: %s", series.name, out)  # each series: --verbosity=1
+            series_windows.append(getattr(out, "ends", {}))  # split -> ends, where they exist
+        else:
+            preps.append(out)
+            series_windows.append(out.ends)
     for line in skip_groups.lines("skipped", skipped.items()):  # one warning per reason
         logging.warning("%s", line)
     if split_dates.bounds_ms(data_cfg) is not None:
