@@ -40,7 +40,17 @@ def spawn(workers: int) -> concurrent.futures.ProcessPoolExecutor:
 
 def cores() -> int:
     """The cores this process may run on (its affinity mask, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# Threads of one map of numpy work (`numpy_threads`), where the cores allow.
+MAX_THREADS = 8
+
+
+def threads() -> int:
+    """Threads for a map of numpy work: one per core this process may run on, at most
+    MAX_THREADS."""
+    return min(MAX_THREADS, cores())
 
 
 def limit_malloc_arenas() -> bool:

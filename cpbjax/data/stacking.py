@@ -161,7 +161,7 @@ def default_band(horizon: int) -> np.ndarray:
 
 # Series whose fits (`persistence_scale`, `band_factors`) run side by side
 # (process_pool.numpy_threads); each series' fit is its own, the same in any order.
-FIT_THREADS = min(8, process_pool.cores())
+FIT_THREADS = process_pool.threads()
 
 
 def _series_fits(preps: list[PreparedSeries], lookback: int, horizon: int) -> list[tuple]:

@@ -337,7 +337,7 @@ def with_ends(
 
 # Series prepared side by side (process_pool.numpy_threads): each is its own, the same in
 # any order, and mostly numpy that releases the GIL.
-PREPARE_THREADS = min(8, process_pool.cores())
+PREPARE_THREADS = process_pool.threads()
 
 
 def prepare_all(

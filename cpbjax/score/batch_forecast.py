@@ -25,13 +25,12 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import hashlib
-import os
 from typing import NamedTuple
 
 import jax
 import numpy as np
 
-from cpbjax import columns
+from cpbjax import columns, process_pool
 from cpbjax.data import stacking
 from cpbjax.data.windows import PreparedSeries
 from cpbjax.score import forecast
@@ -46,7 +45,7 @@ CPU_BATCH = 1024
 # length is padded to a power of two, so sources share programs.
 SOURCE_CANDLES = 1 << 21
 # Single-series groups forecast side by side: their jitted calls release the GIL.
-FORECAST_THREADS = min(8, os.cpu_count() or 1)
+FORECAST_THREADS = process_pool.threads()
 
 
 class Job(NamedTuple):

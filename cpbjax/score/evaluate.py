@@ -8,7 +8,6 @@ the same windows. The test split is scored here and nowhere else.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -160,7 +159,7 @@ def _fitted_baselines(prep, split, ends_N, spec, columns, arrays) -> dict:
 # Series scored side by side (process_pool.numpy_threads): their scoring is mostly numpy,
 # and their forecasts share the compiled programs. The results are the same in any order
 # (each series' scoring is independent of the others').
-SCORING_THREADS = min(8, os.cpu_count() or 1)
+SCORING_THREADS = process_pool.threads()
 
 
 def map_series(score, jobs: list, label: str = "evaluate", counted=None) -> list:
