@@ -221,11 +221,6 @@ def base_config() -> ml_collections.ConfigDict:
     # (cpbjax/score/band_refit.py). It won on an earlier fold on 12 real series, 3 seeds of 3
     # (experiments/early_stopping_margin).
     e.refit_band = True
-    # The band refit and the calibrated interval read the trained model's forecasts of the
-    # windows of the splits before the scored one that end within this many days of the
-    # newest of them (train is forecast only that far back: cpbjax/score/fit_span.py);
-    # 0 reads every window, as the fitted baselines do (experiments/fit_days).
-    e.fit_days = 0.0
     # With model.baseline=vol_band (ignored without a baseline): after training, each series
     # keeps the network's correction on a column (open, high, low, close) unless its val
     # error is above the baseline's by one standard error of the paired gain; such a column

@@ -23,7 +23,6 @@ from cpbjax.score import (
     baselines,
     batch_forecast,
     column_fallback,
-    fit_span,
     forecast,
     intervals,
     metrics,
@@ -59,10 +58,6 @@ class EvalSpec:
     # config.eval.baseline_cache resolved: the folder of the scores read from the candles
     # alone (cpbjax/score/baseline_cache.py); "" caches nothing.
     baseline_cache: str = ""
-    # config.eval.fit_days: the band refit and the interval read the windows of the splits
-    # before the scored one within this many days of the newest (cpbjax/score/fit_span.py);
-    # 0 reads them all.
-    fit_days: float = 0.0
 
     def at_levels(self, levels) -> EvalSpec:
         """This spec for an interval at other levels (a saved calibration's): what
@@ -85,7 +80,6 @@ def make_spec(config) -> EvalSpec:
             config.eval.get("baseline_cache", "auto"), baseline_cache.FOLDER
         )
         or "",
-        fit_days=config.eval.fit_days,
     )
 
 
@@ -251,7 +245,7 @@ def _evaluate_wave(module, params_list, preps, spec, forecasts_dir, counted) -> 
     splits = forecast_splits(module, spec)
     entries, params_list = _decide_columns(module, params_list, preps, spec)
     jobs = [
-        batch_forecast.Job(params, prep, fit_span.forecast_ends(prep, s, spec.fit_days))
+        batch_forecast.Job(params, prep, prep.ends[s])
         for params, prep in zip(params_list, preps, strict=True)
         for s in splits
     ]
@@ -260,8 +254,7 @@ def _evaluate_wave(module, params_list, preps, spec, forecasts_dir, counted) -> 
     def score(j):
         prep, first = preps[j], j * len(splits)
         trained = {
-            s: forecast.priced(prep, jobs[first + k].ends_N, norms[first + k])
-            for k, s in enumerate(splits)
+            s: forecast.priced(prep, prep.ends[s], norms[first + k]) for k, s in enumerate(splits)
         }
         return _score_series(module, params_list[j], prep, spec, trained, entries[j], forecasts_dir)
 
@@ -296,14 +289,13 @@ def _score_series(module, params, prep, spec, trained, entry, forecasts_dir) -> 
     refit = spec.refit_band and band_refit.applies(module)
     scored_params, window_mae = params, {}
     for split in ("val", "test"):
-        # the splits before `split` as its fits read them, and `split`
-        fcs = {**fit_span.before(split, prep, trained, spec.fit_days), split: trained[split]}
+        fcs = trained
         if refit:
-            fcs, shift_H2 = band_refit.refit_for(split, prep, fcs, spec, arrays)
+            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, spec, arrays)
             scored_params = band_refit.shifted(params, shift_H2)
         if spec.interval_levels:
-            before = {s: fcs[s] for s in baselines.SPLITS_BEFORE[split]}
-            calibration = intervals.fit_before(prep, before, spec, arrays)
+            point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
+            calibration = intervals.fit_before(prep, split, point, spec, arrays)
         entry[split] = evaluate_split(prep, fcs[split], split, spec, calibration, arrays)
         actual = arrays.next_candles(fcs[split].ends_N, spec.horizon)
         window_mae[split] = metrics.window_mae(actual, fcs[split].prices_NHC)
