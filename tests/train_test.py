@@ -22,7 +22,7 @@ from absl import logging
 
 from cpbjax import models, sharding, writers
 from cpbjax.config import schema as config_lib
-from cpbjax.modes import driver, plan
+from cpbjax.modes import driver
 from cpbjax.score import saved
 from cpbjax.training import checkpoint, early_stopping, epoch_spec, step, validation
 from cpbjax.training.group import GroupTrainer, coin_keys
@@ -299,19 +299,6 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
         leaves = [z[f"arr_{i}"] for i in range(len(jax.tree.leaves(clean.params)))]
         np.testing.assert_allclose(z["val"], np.stack([m["val_loss"] for m in history]), rtol=1e-5)
     assert_trees_close(leaves, jax.tree.leaves(clean.params), **CROSS_PROGRAM)
-
-
-def test_group_size_rounds_to_devices_and_caps_at_series():
-    t = tiny_config().train
-    t.group_size = 0
-    assert plan.group_size(40, t, 1, "gpu") == 40 and plan.group_size(100, t, 1, "gpu") == 64
-    assert plan.group_size(3, t, 2, "gpu") == 4
-    # As many as fit on the CPU: 4 coins per device.
-    assert plan.group_size(40, t, 2, "cpu") == 8 and plan.group_size(40, t, 1, "cpu") == 4
-    assert plan.group_size(3, t, 2, "cpu") == 4
-    t.group_size = 5
-    assert plan.group_size(40, t, 4, "gpu") == 8 and plan.group_size(2, t, 1, "gpu") == 2
-    assert plan.group_size(40, t, 2, "cpu") == 6
 
 
 # ---------------------------------------------------------------------------------------
