@@ -21,11 +21,10 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as evaluate's threads hold BLAS
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import threadpoolctl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -66,7 +65,8 @@ def probe(windows: int, repeats: int) -> list[dict]:
     ranged_N = sigma > 0  # the windows band_scores leaves out (NaN): none left out here
     scores, sigma = scores[ranged_N], sigma[ranged_N]
     z = np.random.default_rng(0).standard_normal((len(scores), RIDGE_FEATURES))
-    with jax.enable_x64(True):
+    # BLAS held to one thread, as evaluate's scoring threads hold it
+    with jax.enable_x64(True), threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
         on_device = [jax.device_put(a) for a in (scores, sigma, np.asarray(LEVELS), z)]
         picked = np.asarray(weighted_quantiles(*on_device[:3]))
         if not np.array_equal(picked, band.weighted_quantiles(scores, sigma, LEVELS)):
