@@ -10,8 +10,10 @@
 #
 # usage: bash benchmarks/device_whole_runs.sh [MODELS, default mlp] [REPEATS, default 1]
 # env: PLATFORM (default gpu; cpu checks the script on any machine), EXTRA (more launch.py
-# flags, e.g. two symbols for that check), OUT (the records' folder, default
-# benchmarks/records).
+# flags; whole_run.py splits them as a shell does, so quote tuples twice, e.g. for that
+# check EXTRA="--config.data.symbols=\"('BTCUSDT',)\" --config.data.intervals=\"('1h',)\"",
+# 46 s on the 2-core CPU), PROBE (0 skips the scoring probe), OUT (the records' folder,
+# default benchmarks/records).
 set -euo pipefail
 models=${1:-mlp}
 repeats=${2:-1}
