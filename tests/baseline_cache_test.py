@@ -31,8 +31,8 @@ def _scores(prep, root: str) -> str:
     }
     out = {}
     for split in ("val", "test"):
-        before = {s: fcs[s] for s in baselines.SPLITS_BEFORE[split]}
-        cal = intervals.fit_before(prep, before, spec, arrays)
+        point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
+        cal = intervals.fit_before(prep, split, point, spec, arrays)
         out[split] = evaluate.evaluate_split(prep, fcs[split], split, spec, cal, arrays)
     return json.dumps(out)
 

@@ -241,9 +241,9 @@ def test_scores_sharing_one_series_arrays_equal_fresh_ones():
     fcs = {s: forecast.split_forecast(Probe(), probe_params(), prep, s, spec) for s in prep.ends}
     shared = SeriesArrays(prep.ohlc)
     for split in ("val", "test"):
-        before = {s: fcs[s] for s in baselines.SPLITS_BEFORE[split]}
-        calibration = intervals.fit_before(prep, before, spec, shared)
-        assert calibration == intervals.fit_before(prep, before, spec)
+        point = {s: fcs[s].prices_NHC for s in ("train", "val", "test")}
+        calibration = intervals.fit_before(prep, split, point, spec, shared)
+        assert calibration == intervals.fit_before(prep, split, point, spec)
         got = evaluate.evaluate_split(prep, fcs[split], split, spec, calibration, shared)
         assert got == evaluate.evaluate_split(prep, fcs[split], split, spec, calibration)
         assert "calibrated_interval" in got and "har" in got

@@ -36,12 +36,6 @@ def _garch_like_series(n: int, seed: int) -> types.SimpleNamespace:
     return types.SimpleNamespace(ohlc=np.stack([open_, high, low, close], 1), open_time_ms=times)
 
 
-def _train_val(prep, point: dict) -> dict:
-    """fit_before's forecasts of the splits before test: train and val, of `point` (split ->
-    prices [N, H, C] of prep.ends[split])."""
-    return {s: forecast.SplitForecast(prep.ends[s], point[s], None) for s in ("train", "val")}
-
-
 def _plain_sigma(ohlc, t: int) -> float:
     weights = [band.EWMA_DECAY**age for age in range(L)]
     logs = [math.log(ohlc[t - age, 1] / ohlc[t - age, 2]) for age in range(L)]
@@ -264,7 +258,7 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
         for s, e in prep.ends.items()
     }
     cal = intervals.fit_before(
-        prep, _train_val(prep, point), evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.25))
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.25))
     )
     assert cal["scale"] == {"long_candles": 168, "long_weight": 0.25}
     ends = np.concatenate([prep.ends["train"], prep.ends["val"]])
@@ -287,7 +281,7 @@ def test_fit_before_blends_the_configured_days_and_the_bounds_use_them():
         bounds[0], point["val"][0][..., None] * np.exp(k * sigma), rtol=1e-12
     )
     assert intervals.fit_before(
-        prep, _train_val(prep, point), evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.0))
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.0))
     )["scale"] == (intervals.WINDOW_ONLY)
 
 
@@ -320,7 +314,7 @@ def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():
         for s, e in prep.ends.items()
     }
     cal = intervals.fit_before(
-        prep, _train_val(prep, point), evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.25))
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.25))
     )
     block = intervals.score_calibrated(
         prep, "test", prep.ends["test"], evaluate.EvalSpec(L, H), point["test"], cal
@@ -334,7 +328,7 @@ def test_the_interval_is_also_scored_against_the_band_with_its_own_scale():
         assert scores["skill_vs_scaled_band"] == pytest.approx(0.0, abs=1e-12)
         assert scores["band_pinball"] != pytest.approx(own, rel=1e-6)
     plain = intervals.fit_before(
-        prep, _train_val(prep, point), evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.0))
+        prep, "test", point, evaluate.EvalSpec(L, H, LEVELS, False, (7.0, 0.0))
     )
     block = intervals.score_calibrated(
         prep, "test", prep.ends["test"], evaluate.EvalSpec(L, H), point["test"], plain

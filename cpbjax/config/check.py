@@ -267,7 +267,6 @@ def _validate_rest(c) -> None:
     _bool(c, "eval.save_forecasts")
     _check_interval_levels(c.eval.interval_levels)
     _bool(c, "eval.refit_band")
-    _int_range(c, "eval.fit_windows", 0)
     _bool(c, "eval.column_fallback")
     _bool(c, "eval.print_table")
     _int_range(c, "eval.plot_windows", 0, 100)

@@ -33,7 +33,6 @@ ADDED: dict[str, Any] = {
     "train.stream_chunk_steps": 0,  # every series in device memory
     "eval.interval_levels": (),  # no calibrated interval
     "eval.refit_band": False,
-    "eval.fit_windows": 0,  # every window of the splits before
     "eval.column_fallback": False,  # the kept model's correction on every column
     "eval.plot_workers": 0,  # plots drawn at the end of the run
     "sweep.max_settings": 64,  # the cap every earlier sweep ran under

@@ -227,12 +227,6 @@ def base_config() -> ml_collections.ConfigDict:
     # forecasts the baseline's (persistence, the band). Saved with the model; results.json lists the
     # fallen-back columns as baseline_columns (cpbjax/score/column_fallback.py).
     e.column_fallback = True
-    # Every fit after training (the fitted baselines, the band refit, the calibrated
-    # interval) reads every k-th window of the splits before the scored one, k the
-    # smallest stride that leaves train at most this many windows (counted back from the
-    # newest; cpbjax/score/baselines.py fit_stride); 0 reads every window.
-    # Overlapping windows share most of their candles (experiments/fit_windows).
-    e.fit_windows = 0
     e.plots = True  # Write PNG plots under <workdir>/plots/.
     e.plot_windows = 3  # Test windows drawn per series.
     # Processes drawing each finished group's plots while the next group trains (spawned

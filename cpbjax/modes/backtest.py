@@ -71,7 +71,7 @@ def _fold_arrays(prep, run_dir: str, spec: evaluate.EvalSpec) -> dict | str:
     if not np.array_equal(record["last_open_time_ms"], prep.open_time_ms[ends_N]):
         return f"{path} does not hold this fold's test windows (the data changed)"
     ridge, band_N2, _, _ = baselines.fitted_predictions(prep, "test", ends_N, spec)
-    har_N2 = baselines.har_band(prep, "test", ends_N, spec.horizon, spec.fit_windows)
+    har_N2 = baselines.har_band(prep, "test", ends_N, spec.horizon)
     keys = ("last_open_time_ms", "last_candle", "actual", "predicted")
     return {
         **{k: record[k] for k in keys},

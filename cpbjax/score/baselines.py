@@ -222,25 +222,8 @@ def har_predict(fit, ohlc_TC, open_time_ms_T, interval, ends_N, horizon, arrays=
 SPLITS_BEFORE = {"train": (), "val": ("train",), "test": ("train", "val")}
 
 
-def fit_stride(prep, max_windows: int) -> int:
-    """Every how many windows of each split a fit reads (config.eval.fit_windows): 1 (every
-    window) unless train has more than max_windows > 0 windows, then the stride that leaves
-    it at most max_windows. One stride per series, so val's and test's fits read the same
-    train windows and val keeps its weight against train in test's fit."""
-    n_train = len(prep.ends["train"])
-    return 1 if max_windows <= 0 else max(1, -(-n_train // max_windows))
-
-
-def fit_sample(ends_N, stride: int) -> np.ndarray:
-    """The windows of one split a fit reads: every `stride`-th, counted back from the newest
-    (which is always read). Overlapping windows share most of their candles, so a stride
-    below the horizon drops little information (experiments/fit_windows)."""
-    return ends_N[(len(ends_N) - 1) % stride :: stride] if len(ends_N) else ends_N
-
-
-def fit_ends(prep, split, max_windows: int = 0):
-    """Windows a baseline may be fitted on when scoring `split`: the splits before it,
-    each sampled by `fit_stride` (max_windows: config.eval.fit_windows; 0 reads every one).
+def fit_ends(prep, split):
+    """Windows a baseline may be fitted on when scoring `split`: the splits before it.
 
     Test is scored with a fit on train+val; val with a fit on train alone, so that
     no score is in-sample.
@@ -248,8 +231,7 @@ def fit_ends(prep, split, max_windows: int = 0):
     before = SPLITS_BEFORE[split]
     if not before:
         raise ValueError("fitted baselines are scored on 'val' or 'test', not 'train'")
-    stride = fit_stride(prep, max_windows)
-    return np.concatenate([fit_sample(prep.ends[s], stride) for s in before]).astype(np.int64)
+    return np.concatenate([prep.ends[s] for s in before]).astype(np.int64)
 
 
 def _against_naive(errs: dict, model_cols: dict) -> dict:
@@ -273,7 +255,7 @@ def fitted_predictions(prep, split, ends_N, spec):
       (ridge prices float64 [N, H, 4], band prices float64 [N, H, 2] (high, low), the
       fitted band, the number of windows fitted on).
     """
-    fit_on, lookback, horizon = fit_ends(prep, split, spec.fit_windows), spec.lookback, spec.horizon
+    fit_on, lookback, horizon = fit_ends(prep, split), spec.lookback, spec.horizon
     arrays = SeriesArrays(prep.ohlc)
     ridge = fit_ridge(prep.ohlc, fit_on, lookback, horizon, arrays=arrays)
     ridge_pred = ridge_predict(ridge, prep.ohlc, ends_N, lookback, horizon)
@@ -290,12 +272,11 @@ def _vol_band(arrays, fit_on, ends_N, spec):
     return fit, band.band_prices(fit, close_N, arrays.sigma(ends_N, spec.lookback))
 
 
-def har_band(prep, split, ends_N, horizon, max_windows: int = 0) -> np.ndarray:
-    """HAR's high and low forecasts of `split`'s windows, fitted on the splits before it
-    (`fit_ends`: max_windows is config.eval.fit_windows): prices float64 [N, H, 2]."""
+def har_band(prep, split, ends_N, horizon) -> np.ndarray:
+    """HAR's high and low forecasts of `split`'s windows, fitted on the splits before it:
+    prices float64 [N, H, 2]."""
     times, interval, arrays = prep.open_time_ms, prep.interval, SeriesArrays(prep.ohlc)
-    fit_on = fit_ends(prep, split, max_windows)
-    har = fit_har(prep.ohlc, times, interval, fit_on, horizon, arrays)
+    har = fit_har(prep.ohlc, times, interval, fit_ends(prep, split), horizon, arrays)
     high_NH, low_NH = har_predict(har, prep.ohlc, times, interval, ends_N, horizon, arrays)
     return np.stack([high_NH, low_NH], axis=-1)
 
@@ -305,8 +286,7 @@ def fitted_baselines(prep, split, ends_N, spec, model_cols, arrays=None) -> dict
     (spec: the run's evaluate.EvalSpec, its window sizes; arrays: the series'
     SeriesArrays where it is scored, a fresh one by default)."""
     arrays = arrays or SeriesArrays(prep.ohlc)
-    fit_on = fit_ends(prep, split, spec.fit_windows)
-    actual = arrays.next_candles(ends_N, spec.horizon)
+    fit_on, actual = fit_ends(prep, split), arrays.next_candles(ends_N, spec.horizon)
     return {
         "ridge": _ridge_block(prep, fit_on, ends_N, spec, actual, model_cols, arrays),
         "vol_band": _band_block(fit_on, ends_N, spec, actual, model_cols, arrays),

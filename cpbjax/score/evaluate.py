@@ -58,10 +58,6 @@ class EvalSpec:
     # config.eval.baseline_cache resolved: the folder of the scores read from the candles
     # alone (cpbjax/score/baseline_cache.py); "" caches nothing.
     baseline_cache: str = ""
-    # config.eval.fit_windows: every fit after training (the fitted baselines, the band
-    # refit, the interval) reads every k-th window of the splits before the scored one, k
-    # leaving train at most this many (baselines.fit_stride); 0 reads every window.
-    fit_windows: int = 0
 
     def at_levels(self, levels) -> EvalSpec:
         """This spec for an interval at other levels (a saved calibration's): what
@@ -84,7 +80,6 @@ def make_spec(config) -> EvalSpec:
             config.eval.get("baseline_cache", "auto"), baseline_cache.FOLDER
         )
         or "",
-        fit_windows=config.eval.fit_windows,
     )
 
 
@@ -156,7 +151,7 @@ def _fitted_baselines(prep, split, ends_N, spec, columns, arrays) -> dict:
         {"lookback": spec.lookback, "horizon": spec.horizon},
         prep,
         arrays,
-        {"fit": baselines.fit_ends(prep, split, spec.fit_windows), "scored": ends_N},
+        {"fit": baselines.fit_ends(prep, split), "scored": ends_N},
         lambda: baselines.fitted_baselines(prep, split, ends_N, spec, naive_columns, arrays),
     )
 
@@ -250,7 +245,7 @@ def _evaluate_wave(module, params_list, preps, spec, forecasts_dir, counted) -> 
     splits = forecast_splits(module, spec)
     entries, params_list = _decide_columns(module, params_list, preps, spec)
     jobs = [
-        batch_forecast.Job(params, prep, _forecast_ends(prep, s, spec.fit_windows))
+        batch_forecast.Job(params, prep, prep.ends[s])
         for params, prep in zip(params_list, preps, strict=True)
         for s in splits
     ]
@@ -259,8 +254,7 @@ def _evaluate_wave(module, params_list, preps, spec, forecasts_dir, counted) -> 
     def score(j):
         prep, first = preps[j], j * len(splits)
         trained = {
-            s: forecast.priced(prep, jobs[first + k].ends_N, norms[first + k])
-            for k, s in enumerate(splits)
+            s: forecast.priced(prep, prep.ends[s], norms[first + k]) for k, s in enumerate(splits)
         }
         return _score_series(module, params_list[j], prep, spec, trained, entries[j], forecasts_dir)
 
@@ -273,25 +267,6 @@ def forecast_splits(module, spec: EvalSpec) -> tuple:
     band_refit.shifted_forecast)."""
     refit = spec.refit_band and band_refit.applies(module)
     return ("train", "val", "test") if refit or spec.interval_levels else ("val", "test")
-
-
-def _forecast_ends(prep, split: str, max_windows: int) -> np.ndarray:
-    """The windows of `split` whose forecasts scoring reads: every one of a scored split,
-    and of train (forecast only for the fits) those the fits read (baselines.fit_sample)."""
-    if split != "train":
-        return prep.ends[split]
-    return baselines.fit_sample(prep.ends[split], baselines.fit_stride(prep, max_windows))
-
-
-def _fit_forecasts(split: str, prep, fcs: dict, max_windows: int) -> dict:
-    """The forecasts `fcs` (split -> forecast.SplitForecast) of the splits before `split`,
-    of the windows its fits read (baselines.fit_ends): train's are already just those, and
-    train is forecast only for a fit (absent from `fcs` without one)."""
-    stride, out = baselines.fit_stride(prep, max_windows), {}
-    for s in (s for s in baselines.SPLITS_BEFORE[split] if s in fcs):
-        keep_N = np.isin(fcs[s].ends_N, baselines.fit_sample(prep.ends[s], stride))
-        out[s] = fcs[s] if keep_N.all() else forecast.SplitForecast(*(a[keep_N] for a in fcs[s]))
-    return out
 
 
 def _waves(preps, splits) -> list[list[int]]:
@@ -314,14 +289,13 @@ def _score_series(module, params, prep, spec, trained, entry, forecasts_dir) -> 
     refit = spec.refit_band and band_refit.applies(module)
     scored_params, window_mae = params, {}
     for split in ("val", "test"):
-        # the splits before `split` as its fits read them, and `split`
-        fcs = {**_fit_forecasts(split, prep, trained, spec.fit_windows), split: trained[split]}
+        fcs = trained
         if refit:
-            fcs, shift_H2 = band_refit.refit_for(split, prep, fcs, spec, arrays)
+            fcs, shift_H2 = band_refit.refit_for(split, prep, trained, spec, arrays)
             scored_params = band_refit.shifted(params, shift_H2)
         if spec.interval_levels:
-            before = {s: fcs[s] for s in baselines.SPLITS_BEFORE[split]}
-            calibration = intervals.fit_before(prep, before, spec, arrays)
+            point = {s: fcs[s].prices_NHC for s in (*baselines.SPLITS_BEFORE[split], split)}
+            calibration = intervals.fit_before(prep, split, point, spec, arrays)
         entry[split] = evaluate_split(prep, fcs[split], split, spec, calibration, arrays)
         actual = arrays.next_candles(fcs[split].ends_N, spec.horizon)
         window_mae[split] = metrics.window_mae(actual, fcs[split].prices_NHC)

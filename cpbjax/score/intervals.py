@@ -179,7 +179,7 @@ def band_losses(prep, split, ends_N, spec, scale, arrays) -> dict:
             for c, col in enumerate(COLUMNS)
         }
 
-    fit_on = baselines.fit_ends(prep, split, spec.fit_windows)
+    fit_on = baselines.fit_ends(prep, split)
     settings = {
         "lookback": spec.lookback,
         "horizon": spec.horizon,
@@ -272,19 +272,18 @@ def fit_calibration(
     }
 
 
-def fit_before(prep, fcs_before: dict, spec, arrays=None) -> dict:
-    """`fit_calibration` (s-weighted) on the splits before the scored one, as every fitted
+def fit_before(prep, split, point_by_split, spec, arrays=None) -> dict:
+    """`fit_calibration` (s-weighted) on the splits before `split`, as every fitted
     baseline is fitted (baselines.fit_ends): train for val, train+val for test.
 
     Args:
-      fcs_before: each split before the scored one -> the model's forecast.SplitForecast
-        of the windows the fit reads (baselines.fit_ends: config.eval.fit_windows).
+      point_by_split: split -> the model's point forecasts of its windows, [N, H, C].
       spec: the run's evaluate.EvalSpec: its window sizes, interval_levels, and
         interval_vol, the (days, weight) of the scale's long-run blend (VOL_BLEND in a run).
       arrays: the series' SeriesArrays where it is scored (a fresh one by default).
     """
-    point_NHC = np.concatenate([fc.prices_NHC for fc in fcs_before.values()])
-    ends_N = np.concatenate([fc.ends_N for fc in fcs_before.values()]).astype(np.int64)
+    point_NHC = np.concatenate([point_by_split[s] for s in baselines.SPLITS_BEFORE[split]])
+    ends_N = baselines.fit_ends(prep, split)
     scale = scale_settings(prep.interval, *spec.interval_vol)
     return fit_calibration(prep, ends_N, point_NHC, spec, "sigma", scale, arrays)
 
