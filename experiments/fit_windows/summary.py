@@ -103,11 +103,15 @@ def main(argv=None) -> None:
     caps = args.caps.split(",")
     rows = {c: series_rows(os.path.join(args.runs, f"eval-{c}.json")) for c in caps}
     every = rows[caps[0]]
-    print(f"{len(every)} tuning series; `--mode evaluate` seconds: "
-          + ", ".join(f"{c}: {seconds.get(c, '?')}" for c in caps))
+    print(
+        f"{len(every)} tuning series; `--mode evaluate` seconds: "
+        + ", ".join(f"{c}: {seconds.get(c, '?')}" for c in caps)
+    )
     for split in SPLITS:
-        print(f"\n{split}: median change against every window (better / worse series); "
-              "✗ fails the rule\n")
+        print(
+            f"\n{split}: median change against every window (better / worse series); "
+            "✗ fails the rule\n"
+        )
         print("| fit_windows | " + " | ".join(MEASURES) + " | passes |")
         print("|---" * (len(MEASURES) + 2) + "|")
         for cap in caps[1:]:
