@@ -22,7 +22,7 @@ import json
 import statistics
 import sys
 
-PATIENCES = (1, 2, 3, 5, 10, 20, 50, 100)  # read off a run whose own patience is longer
+PATIENCES = (1, 2, 3, 5, 10, 20, 30, 50, 100)  # read off a run whose own patience is longer
 
 
 def histories(path: str) -> dict[str, list[tuple[bool, float]]]:
