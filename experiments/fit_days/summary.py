@@ -21,22 +21,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from cpbjax.data import pairs  # noqa: E402
+from experiments.tuning_rows import SPLITS, tuning_rows  # noqa: E402
 
 COLUMNS = ("close", "high", "low")
 MEASURES = ("high vs band", "low vs band", "cov err", "pinball")
-SPLITS = ("val", "test")
-
-
-def series_rows(path: str) -> dict:
-    """series -> split -> {measure: points} of one evaluation, tuning series only."""
-    with open(path) as f:
-        results = json.load(f)
-    out = {}
-    for name, entry in results["series"].items():
-        if name.split("-")[0] in pairs.TUNING_SYMBOLS and "val" in entry:
-            out[name] = {split: _measures(entry[split]) for split in SPLITS}
-    return out
 
 
 def _measures(scores: dict) -> dict:
@@ -69,7 +57,7 @@ def main(argv=None) -> None:
     with open(os.path.join(args.runs, "seconds.tsv")) as f:
         seconds = dict(line.strip().split("\t") for line in f)
     days = args.days.split(",")
-    rows = {d: series_rows(os.path.join(args.runs, f"eval-{d}.json")) for d in days}
+    rows = {d: tuning_rows(os.path.join(args.runs, f"eval-{d}.json"), _measures) for d in days}
     head = [f"{split} {m}" for split in SPLITS for m in MEASURES]
     print("| fit_days | series | " + " | ".join(head) + " | evaluate s |")
     print("|---" * (len(head) + 3) + "|")

@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from cpbjax.data import pairs  # noqa: E402
+from experiments.tuning_rows import SPLITS, tuning_rows  # noqa: E402
 
 COLUMNS = ("close", "high", "low")
 SKILLS = {  # measure -> (the block of a split's scores, or None for the model's; column)
@@ -36,22 +36,9 @@ SKILLS = {  # measure -> (the block of a split's scores, or None for the model's
     "ridge close": ("ridge", "close"),
 }
 MEASURES = (*SKILLS, "cov err", "pinball")
-SPLITS = ("val", "test")
 # The rule (README.md): every measure's median change at least this (cov err: at most
 # COV_ERR_MAX), and no measure worse on significantly more series than better.
 MEDIAN_MIN, COV_ERR_MAX, SIGN_P = -0.01, 0.1, 0.01
-
-
-def series_rows(path: str) -> dict:
-    """series -> split -> {measure: points, "pinball raw": mean pinball} of one evaluation,
-    tuning series only."""
-    with open(path) as f:
-        results = json.load(f)
-    out = {}
-    for name, entry in results["series"].items():
-        if name.split("-")[0] in pairs.TUNING_SYMBOLS and "val" in entry:
-            out[name] = {split: _measures(entry[split]) for split in SPLITS}
-    return out
 
 
 def _measures(scores: dict) -> dict:
@@ -101,7 +88,7 @@ def main(argv=None) -> None:
     with open(os.path.join(args.runs, "seconds.tsv")) as f:
         seconds = dict(line.strip().split("\t") for line in f)
     caps = args.caps.split(",")
-    rows = {c: series_rows(os.path.join(args.runs, f"eval-{c}.json")) for c in caps}
+    rows = {c: tuning_rows(os.path.join(args.runs, f"eval-{c}.json"), _measures) for c in caps}
     every = rows[caps[0]]
     print(
         f"{len(every)} tuning series; `--mode evaluate` seconds: "
