@@ -14,14 +14,13 @@ read (cpbjax/data/pairs.py); the model was trained on them alone. In points:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments.tuning_rows import SPLITS, tuning_rows  # noqa: E402
+from experiments.tuning_rows import SPLITS, better_worse, evaluations, write_jsonl  # noqa: E402
 
 COLUMNS = ("close", "high", "low")
 MEASURES = ("high vs band", "low vs band", "cov err", "pinball")
@@ -42,9 +41,7 @@ def _measures(scores: dict) -> dict:
 def _paired(rows: dict, every: dict, split: str, measure: str) -> str:
     """The median change against every window and the series it made better / worse."""
     diffs = [rows[s][split][measure] - every[s][split][measure] for s in every]
-    sign = -1 if measure == "cov err" else 1  # a smaller coverage error is better
-    better = sum(sign * d > 0 for d in diffs)
-    worse = sum(sign * d < 0 for d in diffs)
+    better, worse = better_worse(diffs, lower_is_better=measure == "cov err")
     return f"{statistics.median(diffs):+.3f} ({better}/{worse})"
 
 
@@ -54,10 +51,8 @@ def main(argv=None) -> None:
     parser.add_argument("--days", default="0,730,365,180,90")
     parser.add_argument("--jsonl", help="also write each series' measures here, a line each")
     args = parser.parse_args(argv)
-    with open(os.path.join(args.runs, "seconds.tsv")) as f:
-        seconds = dict(line.strip().split("\t") for line in f)
     days = args.days.split(",")
-    rows = {d: tuning_rows(os.path.join(args.runs, f"eval-{d}.json"), _measures) for d in days}
+    rows, seconds = evaluations(args.runs, days, _measures)
     head = [f"{split} {m}" for split in SPLITS for m in MEASURES]
     print("| fit_days | series | " + " | ".join(head) + " | evaluate s |")
     print("|---" * (len(head) + 3) + "|")
@@ -75,10 +70,7 @@ def main(argv=None) -> None:
         cells = [_paired(rows[d], rows[days[0]], s, m) for s in SPLITS for m in MEASURES]
         print(f"| {d} | " + " | ".join(cells) + " |")
     if args.jsonl:
-        with open(args.jsonl, "w") as out:
-            for d in days:
-                for name, row in rows[d].items():
-                    out.write(json.dumps({"fit_days": float(d), "series": name, **row}) + "\n")
+        write_jsonl(args.jsonl, "fit_days", rows, float)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ read (cpbjax/data/pairs.py); the model was trained on them alone. Measures, in p
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -23,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments.tuning_rows import SPLITS, tuning_rows  # noqa: E402
+from experiments.tuning_rows import SPLITS, better_worse, evaluations, write_jsonl  # noqa: E402
 
 COLUMNS = ("close", "high", "low")
 SKILLS = {  # measure -> (the block of a split's scores, or None for the model's; column)
@@ -70,9 +69,7 @@ def sign_p(worse: int, better: int) -> float:
 
 def verdict(diffs: list[float], measure: str) -> tuple[str, bool]:
     """(the cell: median change (better / worse series), whether it passes the rule)."""
-    sign = -1 if measure == "cov err" else 1  # a smaller coverage error is better
-    better = sum(sign * d > 0 for d in diffs)
-    worse = sum(sign * d < 0 for d in diffs)
+    better, worse = better_worse(diffs, lower_is_better=measure == "cov err")
     median = statistics.median(diffs)
     ok = median <= COV_ERR_MAX if measure == "cov err" else median >= MEDIAN_MIN
     ok = ok and sign_p(worse, better) >= SIGN_P
@@ -85,10 +82,8 @@ def main(argv=None) -> None:
     parser.add_argument("--caps", default="0,50000,20000,10000,5000")
     parser.add_argument("--jsonl", help="also write each series' measures here, a line each")
     args = parser.parse_args(argv)
-    with open(os.path.join(args.runs, "seconds.tsv")) as f:
-        seconds = dict(line.strip().split("\t") for line in f)
     caps = args.caps.split(",")
-    rows = {c: tuning_rows(os.path.join(args.runs, f"eval-{c}.json"), _measures) for c in caps}
+    rows, seconds = evaluations(args.runs, caps, _measures)
     every = rows[caps[0]]
     print(
         f"{len(every)} tuning series; `--mode evaluate` seconds: "
@@ -106,10 +101,7 @@ def main(argv=None) -> None:
             passes = all(ok for _, ok in cells)
             print(f"| {cap} | " + " | ".join(c for c, _ in cells) + f" | {passes} |")
     if args.jsonl:
-        with open(args.jsonl, "w") as out:
-            for cap in caps:
-                for name, row in rows[cap].items():
-                    out.write(json.dumps({"fit_windows": int(cap), "series": name, **row}) + "\n")
+        write_jsonl(args.jsonl, "fit_windows", rows, int)
 
 
 if __name__ == "__main__":
